@@ -1,0 +1,143 @@
+"""The exception hierarchy: every failure packer reports on purpose is a ``PackerError``."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PackerError",
+    "FormatError",
+    "NotAPackerFileError",
+    "UnsupportedVersionError",
+    "TruncatedFileError",
+    "CorruptHeaderError",
+    "OffsetOutOfBoundsError",
+    "OverlappingRecordsError",
+    "MisalignedRecordError",
+    "UnsafePathError",
+    "ManifestError",
+    "ChecksumMismatchError",
+    "IndexMismatchError",
+    "DatasetChangedError",
+    "SourceError",
+    "EmptySourceError",
+    "OutputExistsError",
+    "BuildError",
+    "BuildLockedError",
+    "DecodeError",
+    "MissingDependencyError",
+]
+
+
+class PackerError(Exception):
+    """Root of every error packer raises on purpose.
+
+    Attributes:
+        path: the file the error is about, when known.
+        sample: the sample index, when known.
+        offset: the byte offset, when known.
+    """
+
+    #: Exit code the CLI uses for this error class (see ``packer.cli``).
+    exit_code = 3
+
+    def __init__(self, message: str, *, path: object = None, sample: int | None = None,
+                 offset: int | None = None) -> None:
+        self.path = None if path is None else str(path)
+        self.sample = sample
+        self.offset = offset
+        where = []
+        if self.path is not None:
+            where.append(self.path)
+        if sample is not None:
+            where.append(f"sample {sample}")
+        if offset is not None:
+            where.append(f"offset {offset}")
+        self.message = message
+        super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+
+
+class FormatError(PackerError):
+    """A dataset file does not follow the format specification (formats/SPEC.md)."""
+
+    exit_code = 1
+
+
+class NotAPackerFileError(FormatError):
+    """The file does not start with the expected magic (a different kind of file)."""
+
+
+class UnsupportedVersionError(FormatError):
+    """The file's format version is not one this reader accepts."""
+
+
+class TruncatedFileError(FormatError):
+    """The file is shorter (or longer) than its header says."""
+
+
+class CorruptHeaderError(FormatError):
+    """A header field holds a value the specification forbids."""
+
+
+class OffsetOutOfBoundsError(FormatError):
+    """A record points outside its file."""
+
+
+class OverlappingRecordsError(FormatError):
+    """Records are unsorted, overlap, or leave gaps the specification forbids."""
+
+
+class MisalignedRecordError(FormatError):
+    """A record does not start at a multiple of the dataset alignment."""
+
+
+class UnsafePathError(FormatError):
+    """A path stored in a dataset (or a source manifest) would leave its root folder."""
+
+
+class ManifestError(FormatError):
+    """The manifest JSON is missing, malformed, or contradicts the index/shards."""
+
+
+class IndexMismatchError(FormatError):
+    """The index disagrees with the manifest or the shards (counts, sizes)."""
+
+
+class ChecksumMismatchError(FormatError):
+    """Stored bytes do not match their recorded checksum: the data is damaged."""
+
+
+class DatasetChangedError(PackerError):
+    """The dataset was replaced (rebuilt with --overwrite) while a reader was using it."""
+
+
+class SourceError(PackerError):
+    """The build source (image folder or manifest) cannot be used."""
+
+    exit_code = 2
+
+
+class EmptySourceError(SourceError):
+    """The source holds no candidate image files."""
+
+
+class OutputExistsError(PackerError):
+    """The output folder already holds a dataset and --overwrite was not given."""
+
+    exit_code = 2
+
+
+class BuildError(PackerError):
+    """The build could not complete; nothing that opens as a dataset was left behind."""
+
+
+class BuildLockedError(BuildError):
+    """Another build holds the output folder."""
+
+
+class DecodeError(PackerError):
+    """An image's bytes could not be decoded."""
+
+
+class MissingDependencyError(PackerError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    exit_code = 3
