@@ -24,6 +24,7 @@ __all__ = [
     "BuildLockedError",
     "DecodeError",
     "MissingDependencyError",
+    "RejectedImageError",
 ]
 
 
@@ -53,6 +54,20 @@ class PackerError(Exception):
             where.append(f"offset {offset}")
         self.message = message
         super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (build workers, DataLoader workers) intact.
+        return (_rebuild_error, (type(self), self.message, self.path, self.sample, self.offset,
+                                 getattr(self, "reason", None)))
+
+
+def _rebuild_error(cls: type, message: str, path: object, sample: int | None, offset: int | None,
+                   reason: str | None) -> "PackerError":
+    error = cls.__new__(cls)
+    PackerError.__init__(error, message, path=path, sample=sample, offset=offset)
+    if reason is not None:
+        error.reason = reason
+    return error
 
 
 class FormatError(PackerError):
@@ -141,3 +156,15 @@ class MissingDependencyError(PackerError):
     """An optional dependency is not installed; the message names the extra to install."""
 
     exit_code = 3
+
+
+class RejectedImageError(DecodeError):
+    """A source file is not a usable image; ``reason`` is the build report's short code.
+
+    Reasons: ``empty-file``, ``not-an-image``, ``unsupported-format``, ``truncated``,
+    ``decode-failed``, ``too-many-pixels``.
+    """
+
+    def __init__(self, reason: str, message: str, **where: object) -> None:
+        super().__init__(message, **where)
+        self.reason = reason

@@ -1,0 +1,32 @@
+# packer: the two quickstart commands (`make demo`, `make test`) each build their own virtualenv.
+PYTHON ?= python3
+VENV ?= .venv
+# CI and this machine use the local CPU build of torch; real users get whatever torch they pick.
+TORCH_SPEC ?= torch==2.13.0
+# DALI's CPU pipelines run here; set DALI_SPEC= to skip the ~200 MB wheel.
+DALI_SPEC ?= nvidia-dali-cuda130
+PY := $(VENV)/bin/python
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]" $(DALI_SPEC)
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) scripts/demo.py --out demo-out
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) scripts/bench_build.py
+	$(PY) scripts/bench_read.py
+
+clean:
+	rm -rf $(VENV) demo-out bench-out

@@ -1,0 +1,114 @@
+"""Byte movement: backends that read ranges of a shard file (mmap, pread; O_DIRECT and kvikio later).
+
+Every backend implements one small protocol, ``read_into(offset, out)``, plus ``view(offset,
+size)`` where zero-copy is possible. Datasets and adapters consume a backend and parse nothing;
+the shard header was validated when the shard was opened (see ``packer.dataset``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Protocol
+
+from .errors import TruncatedFileError
+
+__all__ = ["ShardBackend", "MmapShard", "PreadShard", "BACKENDS", "open_backend"]
+
+
+class ShardBackend(Protocol):
+    """Reads byte ranges of one open shard file."""
+
+    path: str
+    size: int
+
+    def read_into(self, offset: int, out: Any) -> None:
+        """Fill the writable buffer ``out`` with the bytes at ``offset`` (exactly len(out) bytes)."""
+
+    def view(self, offset: int, size: int) -> memoryview:
+        """The bytes at ``offset``: zero-copy when the backend can (mmap), else a fresh buffer."""
+
+    def close(self) -> None: ...
+
+
+class MmapShard:
+    """The whole shard mapped read-only: zero-copy views, pages shared by every process.
+
+    ``MAP_SHARED`` + ``PROT_READ``: DataLoader workers mapping the same file share the page cache
+    instead of each holding a copy.
+    """
+
+    def __init__(self, fd: int, path: str, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self._view = memoryview(self._map)
+
+    def advise_random(self) -> None:
+        """Hint the kernel that access is random (no read-ahead beyond the page)."""
+        if hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_RANDOM)
+
+    def advise_sequential(self) -> None:
+        if hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+
+    def read_into(self, offset: int, out: Any) -> None:
+        target = memoryview(out).cast("B")
+        target[:] = self._view[offset:offset + target.nbytes]
+
+    def view(self, offset: int, size: int) -> memoryview:
+        return self._view[offset:offset + size]
+
+    def close(self) -> None:
+        self._view.release()
+        try:
+            self._map.close()
+        except BufferError:
+            # A caller still holds a zero-copy view; the mapping is freed when that view goes.
+            pass
+
+
+class PreadShard:
+    """Plain positional reads (``os.preadv``) into the caller's buffer: no mapping, no shared state."""
+
+    def __init__(self, fd: int, path: str, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._fd = os.dup(fd)
+
+    def read_into(self, offset: int, out: Any) -> None:
+        target = memoryview(out).cast("B")
+        done = 0
+        total = target.nbytes
+        while done < total:
+            n = os.preadv(self._fd, [target[done:]], offset + done)
+            if n == 0:
+                raise TruncatedFileError(f"shard ended at {offset + done} while reading {total} bytes at {offset}",
+                                         path=self.path, offset=offset + done)
+            done += n
+
+    def view(self, offset: int, size: int) -> memoryview:
+        buffer = bytearray(size)
+        self.read_into(offset, buffer)
+        return memoryview(buffer)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+BACKENDS: dict[str, type] = {"mmap": MmapShard, "pread": PreadShard}
+
+
+def open_backend(name: str, fd: int, path: str, size: int) -> ShardBackend:
+    """Open backend ``name`` over an already validated shard file descriptor."""
+    if name == "direct":
+        from .direct import DirectShard  # O_DIRECT: lives with the aligned-buffer code
+        return DirectShard(fd, path, size)
+    try:
+        cls = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS) + ['direct']}") from None
+    return cls(fd, path, size)

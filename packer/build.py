@@ -1,0 +1,591 @@
+"""``packer build``: list the source, plan the shards, pack them in parallel, commit atomically.
+
+The build is split in steps that any scheduler can run (see ``--part`` and ``--finish``):
+
+1. **plan** (one process): list the source, compute the shard plan, save it to
+   ``OUT/.packer-build/plan.pkp``. The plan is a pure function of the listing and the options.
+2. **pack shards** (any number of processes, machines or Ray tasks): each planned shard is packed
+   by one task that reads its files, checks them, writes a temporary file, fsyncs it and renames
+   it to its content-addressed name in ``OUT/shards/``, then writes a *shard record* (the
+   per-sample offsets, sizes, checksums and rejections) to ``OUT/.packer-build/done/``. A task
+   touches nothing another task owns, so tasks can run in any order and be retried.
+3. **finish** (one process): check every planned shard has a record from this plan, concatenate
+   the records into the index, write the build report, then write ``manifest.json`` last with
+   ``os.replace`` and fsync the folder. Only now does the folder open as a dataset.
+
+A build killed at any moment leaves either the previous dataset (its manifest and files are
+untouched until the new manifest replaces it) or nothing that opens. ``--resume`` reuses the plan
+and every finished shard record.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import __version__
+from . import format as fmt
+from .codecs import get_codec
+from .errors import (BuildError, BuildLockedError, OutputExistsError, PackerError, RejectedImageError,
+                     SourceError)
+from .imageinfo import probe_image
+from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
+from .sources import Rejection, list_source
+
+__all__ = ["build", "BuildResult", "STAGING_DIR", "pack_planned_shard", "finish_build",
+           "prepare_plan", "parse_part", "shards_of_part", "build_lock", "ProgressSink"]
+
+STAGING_DIR = ".packer-build"
+LOCK_NAME = ".packer.lock"
+PLAN_NAME = "plan.pkp"
+RECORD_DIR = "done"
+TEMP_DIR = "tmp"
+
+#: Called with (files done, bytes done) increments; the local engine forwards them to tqdm.
+ProgressSink = Callable[[int, int], None]
+
+
+@dataclass
+class BuildResult:
+    """What a finished build produced."""
+
+    path: Path
+    sample_count: int
+    shard_count: int
+    rejected: list[Rejection]
+    payload_bytes: int
+    total_bytes: int
+    seconds: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# --- locking ----------------------------------------------------------------------------------
+
+class build_lock:
+    """An ``flock`` on ``OUT/.packer.lock``: exclusive for a build or finish, shared for a part.
+
+    Two builds into one folder cannot both run; the second fails at once with BuildLockedError.
+    The kernel drops the lock when the process dies, so a killed build never leaves it held.
+    """
+
+    def __init__(self, out: Path, *, shared: bool = False) -> None:
+        self.path = out / LOCK_NAME
+        self.shared = shared
+        self._fd: int | None = None
+
+    def __enter__(self) -> "build_lock":
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise BuildError(f"cannot create the lock file: {exc.strerror}", path=self.path) from None
+        try:
+            fcntl.flock(self._fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise BuildLockedError("another packer build is writing this output folder; wait for it "
+                                   "or stop it", path=self.path.parent) from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# --- small file helpers -------------------------------------------------------------------------
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, pieces: Iterable[Any]) -> int:
+    """Write pieces to a unique temp name beside ``path``, fsync, rename; returns the xxh3."""
+    hasher = fmt.Hasher()
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "wb") as handle:
+            for piece in pieces:
+                hasher.update(piece)
+                handle.write(piece)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return hasher.intdigest()
+
+
+def _io_error(exc: OSError, what: str, path: object) -> BuildError:
+    if exc.errno == errno.ENOSPC:
+        return BuildError(f"the disk is full while {what}; free space and run again with --resume", path=path)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return BuildError(f"permission denied while {what} (is the output folder writable?)", path=path)
+    return BuildError(f"I/O error while {what}: {exc.strerror or exc}", path=path)
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+def parse_part(text: str) -> tuple[int, int]:
+    """Parse ``"K/N"`` (0-based K) into (K, N)."""
+    try:
+        k_text, n_text = text.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise SourceError(f"--part must look like K/N (e.g. 0/4), got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise SourceError(f"--part {text}: need 0 <= K < N")
+    return k, n
+
+
+def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
+    """Planned shards of part ``part`` of ``parts``: round-robin, so parts get similar work."""
+    return list(range(part, shard_count, parts))
+
+
+def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
+                 reuse: bool = True) -> BuildPlan:
+    """Load the saved plan if it matches, else list the source and save a new plan.
+
+    Raises:
+        BuildError: a saved plan exists with different options (and ``reuse`` is on).
+    """
+    staging = out / STAGING_DIR
+    plan_path = staging / PLAN_NAME
+    source_root = root if root is not None else (source.parent if source.is_file() else source)
+    if reuse and plan_path.exists():
+        plan = load_plan(plan_path, source_root)
+        if plan.options != options:
+            raise BuildError(
+                f"an unfinished build with different options is in this folder "
+                f"(saved {plan.options.to_json()}, asked {options.to_json()}); use the same options, "
+                f"or build without --resume to start over", path=out)
+        return plan
+    listing = list_source(source, root)
+    plan = make_plan(listing, options, source=source.name)
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / RECORD_DIR).mkdir(exist_ok=True)
+    save_plan(plan, plan_path)
+    return plan
+
+
+# --- packing one planned shard ----------------------------------------------------------------
+
+_RECORD_COLUMNS = ("source", "offset", "size", "checksum", "width", "height", "channels", "image_format")
+
+
+def _record_path(out: Path, shard: int) -> Path:
+    return out / STAGING_DIR / RECORD_DIR / f"shard-{shard:05d}.pkr"
+
+
+def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: ProgressSink | None = None,
+                       fail_on_reject: bool = False) -> dict[str, Any]:
+    """Pack planned shard ``shard``: write its file and its record. Returns the record header.
+
+    Idempotent: a shard whose record already exists for this plan is not packed again.
+
+    Raises:
+        BuildError: an output I/O error (disk full, permissions), or a rejection with
+            ``fail_on_reject``.
+    """
+    record_path = _record_path(out, shard)
+    existing = _read_record(record_path, plan.fingerprint, out)
+    if existing is not None:
+        if progress:
+            progress(len(plan.shard_members(shard)), 0)
+        return existing[0]
+    options = plan.options
+    codec = get_codec(options.codec)
+    alignment = options.alignment
+    data_offset = fmt.shard_data_offset(alignment)
+    listing = plan.listing
+    members = plan.shard_members(shard)
+    rows = {name: [] for name in _RECORD_COLUMNS}
+    rejected: list[dict[str, str]] = []
+    temp_dir = out / STAGING_DIR / TEMP_DIR
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    temp = temp_dir / f"shard-{shard:05d}.{os.getpid()}.partial"
+    position = data_offset
+    pending_files = pending_bytes = 0
+    last_report = time.monotonic()
+    try:
+        with open(temp, "wb", buffering=8 << 20) as handle:
+            handle.write(bytes(data_offset))
+            for source_index in members.tolist():
+                key = listing.key(source_index)
+                payload, info, rejection = _load_and_check(listing.root, key, int(listing.sizes[source_index]),
+                                                           options, codec)
+                pending_files += 1
+                if rejection is not None:
+                    if fail_on_reject:
+                        raise BuildError(f"{rejection.reason}: {rejection.message} (--on-error fail)",
+                                         path=listing.root / key)
+                    rejected.append(rejection.to_json())
+                else:
+                    size = len(payload)
+                    handle.write(payload)
+                    padding = fmt.align_up(size, alignment) - size
+                    if padding:
+                        handle.write(bytes(padding))
+                    rows["source"].append(source_index)
+                    rows["offset"].append(position)
+                    rows["size"].append(size)
+                    rows["checksum"].append(fmt.checksum(payload))
+                    rows["width"].append(info.width)
+                    rows["height"].append(info.height)
+                    rows["channels"].append(info.channels)
+                    rows["image_format"].append(info.image_format)
+                    position += size + padding
+                    pending_bytes += size
+                now = time.monotonic()
+                if progress and now - last_report > 0.2:
+                    progress(pending_files, pending_bytes)
+                    pending_files = pending_bytes = 0
+                    last_report = now
+            count = len(rows["source"])
+            header = fmt.ShardHeader(alignment=alignment, sample_count=max(count, 1), file_size=position,
+                                     shard_number=shard)
+            handle.flush()
+            if count:
+                handle.seek(0)
+                handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
+                handle.flush()
+                os.fsync(handle.fileno())
+        if progress and (pending_files or pending_bytes):
+            progress(pending_files, pending_bytes)
+        record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
+                                  "sample_count": count, "rejected": rejected}
+        if count:
+            digest = _hash_file(temp)
+            final_name = fmt.shard_file_name(shard, digest)
+            (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
+            os.replace(temp, out / final_name)
+            _fsync_dir(out / fmt.SHARD_DIR)
+            record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
+        else:
+            temp.unlink()
+        _write_record(record_path, record, rows)
+        return record
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise _io_error(exc, f"writing shard {shard}", temp) from None
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any
+                    ) -> tuple[bytes, Any, Rejection | None]:
+    """Read one source file and check it; a bad file becomes a Rejection, never an exception."""
+    path = root / key
+    try:
+        with open(path, "rb") as source:
+            data = source.read()
+    except FileNotFoundError:
+        return b"", None, Rejection(key, "missing", "the file vanished after it was listed")
+    except PermissionError as exc:
+        return b"", None, Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
+    except OSError as exc:
+        return b"", None, Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}")
+    if len(data) != listed_size:
+        return b"", None, Rejection(key, "changed-during-build",
+                                    f"listed as {listed_size} bytes, read {len(data)} bytes")
+    try:
+        info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
+        payload, info = codec.encode(data, info, name=key)
+    except RejectedImageError as exc:
+        return b"", None, Rejection(key, exc.reason, exc.message)
+    except PackerError as exc:
+        return b"", None, Rejection(key, "decode-failed", exc.message)
+    return payload, info, None
+
+
+def _hash_file(path: Path) -> int:
+    hasher = fmt.Hasher()
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(16 << 20)
+        view = memoryview(buffer)
+        while True:
+            n = handle.readinto(buffer)
+            if not n:
+                break
+            hasher.update(view[:n])
+    return hasher.intdigest()
+
+
+def _write_record(path: Path, header: dict[str, Any], rows: dict[str, list[int]]) -> None:
+    dtypes = {"source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
+              "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8}
+    columns = {name: np.asarray(rows[name], dtype=dtypes[name]) for name in _RECORD_COLUMNS}
+    columns["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
+    _write_atomic(path, fmt.encode_column_file(fmt.PLAN_MAGIC, len(columns["source"]), columns))
+
+
+def _read_record(path: Path, fingerprint: int, out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """A shard record, if present, from this plan, and its shard file is still there intact in size."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        _, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC, path=path, kind="shard record")
+        header = json.loads(columns.pop("header").tobytes())
+    except (PackerError, KeyError, ValueError):
+        return None  # a damaged record is redone, not trusted
+    if header.get("plan") != fmt.checksum_hex(fingerprint):
+        return None
+    if header["sample_count"]:
+        shard_path = out / header["path"]
+        try:
+            if shard_path.stat().st_size != header["size"]:
+                return None
+        except OSError:
+            return None
+    return header, columns
+
+
+# --- finishing ----------------------------------------------------------------------------------
+
+def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]] = (),
+                 cleanup: bool = True) -> BuildResult:
+    """Assemble the index, report and manifest from every shard record of ``plan``.
+
+    Raises:
+        BuildError: a planned shard has no record from this plan (a part is missing or was built
+            from another plan), or a shard file is missing or the wrong size.
+    """
+    missing, headers, records = [], [], []
+    for shard in range(plan.shard_count):
+        found = _read_record(_record_path(out, shard), plan.fingerprint, out)
+        if found is None:
+            missing.append(shard)
+        else:
+            headers.append(found[0])
+            records.append(found[1])
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise BuildError(f"{len(missing)} of {plan.shard_count} planned shards are not packed yet "
+                         f"(shards {shown}); run the missing parts, or the build with --resume", path=out)
+    listing = plan.listing
+    live = [i for i, h in enumerate(headers) if h["sample_count"]]
+    if not live:
+        raise BuildError(f"every one of the {len(listing)} source files was rejected; see the reasons "
+                         f"with the build report", path=out)
+    shards = [fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"],
+                             checksum=int(headers[i]["checksum"], 16), sample_count=headers[i]["sample_count"])
+              for i in live]
+    source = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
+    counts = np.array([h["sample_count"] for h in (headers[i] for i in live)], dtype=np.int64)
+    keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, source)
+    meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, source)
+    columns = {
+        "shard": np.repeat(np.arange(len(live), dtype=np.uint32), counts),
+        "offset": np.concatenate([records[i]["offset"] for i in live]),
+        "size": np.concatenate([records[i]["size"] for i in live]),
+        "checksum": np.concatenate([records[i]["checksum"] for i in live]),
+        "label": listing.labels[source].astype(np.int64),
+        "width": np.concatenate([records[i]["width"] for i in live]),
+        "height": np.concatenate([records[i]["height"] for i in live]),
+        "channels": np.concatenate([records[i]["channels"] for i in live]),
+        "image_format": np.concatenate([records[i]["image_format"] for i in live]),
+        "key_offsets": key_offsets, "keys": keys, "meta_offsets": meta_offsets, "meta": meta,
+    }
+    rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
+    options = plan.options
+    codec = get_codec(options.codec)
+    build_info = {
+        "options": options.to_json(),
+        "source_kind": listing.kind,
+        "source_files": len(listing) + len(listing.rejected),
+        "packed": int(len(source)),
+        "rejected": len(rejected),
+        "planned_shards": plan.shard_count,
+        "tool": f"packer {__version__}",
+    }
+    return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
+                          alignment=options.alignment, build_info=build_info, rejected=rejected,
+                          history=list(history), cleanup=cleanup)
+
+
+def _gather_blob(blob: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length entries ``rows`` of (blob, offsets), concatenated: vectorised, no Python loop."""
+    starts = offsets[rows].astype(np.int64)
+    lengths = offsets[rows + 1].astype(np.int64) - starts
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    if total == 0:
+        return np.zeros(0, dtype=np.uint8), new_offsets
+    # position p of the output comes from starts[row] + (p - new_offsets[row])
+    row_of = np.repeat(np.arange(len(rows)), lengths)
+    gather = starts[row_of] + (np.arange(total, dtype=np.int64) - new_offsets[:-1].astype(np.int64)[row_of])
+    return blob[gather], new_offsets
+
+
+def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,
+                   classes: Sequence[str], codec: dict[str, Any], alignment: int,
+                   build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
+                   cleanup: bool = True) -> BuildResult:
+    """Write index, report and (last) manifest; then remove files no manifest references.
+
+    Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
+    """
+    rows = len(columns["offset"])
+    fmt.validate_index(rows, columns, shards, alignment, path="(new index)")  # never commit a bad index
+    index_pieces = fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns)
+    index_size = sum(memoryview(p).nbytes for p in index_pieces)
+    staging_index = out / STAGING_DIR / "index.pki"
+    try:
+        index_digest = _write_atomic(staging_index, index_pieces)
+        index_name = fmt.index_file_name(index_digest)
+        os.replace(staging_index, out / index_name)
+        report_lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True)]
+        report_lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
+                         for r in sorted(rejected, key=lambda r: r.key.encode())]
+        _write_atomic(out / fmt.REPORT_NAME, [("\n".join(report_lines) + "\n").encode()])
+        manifest = fmt.Manifest(
+            sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
+            index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
+            shards=tuple(shards), build=build_info, history=tuple(history),
+            created_by=f"packer {__version__}")
+        _write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
+        _fsync_dir(out)
+    except OSError as exc:
+        raise _io_error(exc, "writing the index and manifest", out) from None
+    if cleanup:
+        _remove_unreferenced(out, {s.path for s in shards} | {index_name})
+        shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
+    payload = int(columns["size"].sum())
+    total = sum(s.size for s in shards) + index_size
+    return BuildResult(path=out, sample_count=rows, shard_count=len(shards), rejected=rejected,
+                       payload_bytes=payload, total_bytes=total, summary=build_info)
+
+
+def _remove_unreferenced(out: Path, keep: set[str]) -> None:
+    """Delete shard and index files no longer referenced (a replaced dataset, a killed build).
+
+    Readers that still map them keep their pages (POSIX unlink semantics); a reader that opens
+    one later gets DatasetChangedError.
+    """
+    for path in list((out / fmt.SHARD_DIR).glob("*.pks")) + list(out.glob("index-*.pki")):
+        relative = path.relative_to(out).as_posix()
+        if relative not in keep:
+            path.unlink(missing_ok=True)
+
+
+# --- the whole build --------------------------------------------------------------------------
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SourceError("output exists and is not a folder", path=out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _io_error(exc, "creating the output folder", out) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise BuildError("the output folder is not writable", path=out)
+    if (out / fmt.MANIFEST_NAME).exists() and not overwrite:
+        raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out)
+
+
+def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: BuildOptions = BuildOptions(),
+          *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
+          on_error: str = "skip", root: str | os.PathLike[str] | None = None,
+          part: tuple[int, int] | None = None, engine: str = "local", address: str | None = None,
+          progress: bool = True) -> BuildResult | None:
+    """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
+
+    Args:
+        source: an ImageFolder-layout folder, or a ``.csv``/``.jsonl`` manifest.
+        out: the output folder.
+        options: everything that changes the output bytes.
+        workers: processes packing shards (default: available cores). Output is identical for any value.
+        overwrite: replace an existing dataset (it stays readable until the new manifest lands).
+        resume: continue an interrupted build with the same options, reusing finished shards.
+        on_error: ``"skip"`` (reject and report bad files) or ``"fail"`` (stop at the first).
+        root: the folder manifest paths are relative to (default: the manifest's folder).
+        part: ``(K, N)``: pack only part K of N and return None; run ``finish`` afterwards.
+        engine: ``"local"`` (process pool) or ``"ray"``.
+        address: the Ray cluster address for ``engine="ray"``.
+        progress: show a tqdm bar on stderr.
+
+    Returns:
+        The BuildResult, or None when only a part was packed.
+
+    Raises:
+        SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError.
+    """
+    started = time.monotonic()
+    source_path, out_path = Path(source), Path(out)
+    if on_error not in ("skip", "fail"):
+        raise SourceError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
+    if not source_path.exists():
+        raise SourceError("source does not exist", path=source_path)
+    _check_output(out_path, overwrite or part is not None)
+    if part is not None and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+        raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
+    root_path = Path(root) if root is not None else None
+    with build_lock(out_path, shared=part is not None):
+        staging = out_path / STAGING_DIR
+        if part is None and not resume and staging.exists():
+            shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
+        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or part is not None)
+        shutil.rmtree(staging / TEMP_DIR, ignore_errors=True) if part is None else None
+        shard_ids = (shards_of_part(plan.shard_count, *part) if part is not None
+                     else list(range(plan.shard_count)))
+        run_shards(plan, out_path, shard_ids, workers=workers, engine=engine, address=address,
+                   progress=progress, fail_on_reject=on_error == "fail")
+        if part is not None:
+            return None
+        result = finish_build(plan, out_path)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
+           root: str | os.PathLike[str] | None = None) -> BuildResult:
+    """Combine the parts of a split build into the dataset (``packer build --finish``)."""
+    out_path = Path(out)
+    plan_path = out_path / STAGING_DIR / PLAN_NAME
+    if not plan_path.exists():
+        raise BuildError("no split build to finish here (no saved plan); run the parts first", path=out_path)
+    source_root = Path(root) if root is not None else (
+        (Path(source).parent if Path(source).is_file() else Path(source)) if source is not None else Path("."))
+    with build_lock(out_path):
+        plan = load_plan(plan_path, source_root)
+        return finish_build(plan, out_path)
+
+
+# --- engines ----------------------------------------------------------------------------------
+
+def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None, engine: str,
+               address: str | None, progress: bool, fail_on_reject: bool) -> None:
+    """Pack the given planned shards with the chosen engine, showing one progress bar."""
+    from .progress import BuildProgress
+
+    total_files = int(sum(plan.shard_starts[s + 1] - plan.shard_starts[s] for s in shard_ids))
+    total_bytes = int(sum(int(plan.listing.sizes[plan.shard_members(s)].sum()) for s in shard_ids))
+    with BuildProgress(total_files, total_bytes, enabled=progress) as bar:
+        if engine == "ray":
+            from .engines.ray_engine import run_with_ray
+            run_with_ray(plan, out, shard_ids, address=address, progress=bar.update,
+                         fail_on_reject=fail_on_reject)
+        elif engine == "local":
+            from .engines.local import run_local
+            run_local(plan, out, shard_ids, workers=workers, progress=bar.update, fail_on_reject=fail_on_reject)
+        else:
+            raise SourceError(f"unknown engine {engine!r} (use 'local' or 'ray')")

@@ -1,0 +1,64 @@
+"""The ``packer`` command line: a thin click shell over the library, one module per command.
+
+Exit codes (one place maps errors to them): 0 ok, 1 verify found damage / a format error,
+2 usage or bad input, 3 I/O or environment. ``--json`` prints exactly one JSON document on
+stdout (sorted keys, with the format version); human text and progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from .. import __version__
+from ..errors import PackerError
+from ..format import FORMAT_VERSION
+
+__all__ = ["main", "cli", "emit_json", "run_command"]
+
+EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
+
+
+def emit_json(document: dict[str, Any]) -> None:
+    """Print the one JSON document of a ``--json`` run to stdout."""
+    document = {"format_version": FORMAT_VERSION, "packer_version": __version__, **document}
+    click.echo(json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False))
+
+
+def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> None:
+    """Run a command body and turn PackerError into its exit code and a one-line message."""
+    try:
+        code = body() or EXIT_OK
+    except PackerError as exc:
+        if as_json:
+            emit_json({"ok": False, "error": type(exc).__name__, "message": str(exc)})
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="packer")
+def cli() -> None:
+    """Pack image datasets into large aligned shards, inspect and verify them."""
+
+
+def _register() -> None:
+    from . import build_cmd, inspect_cmd, verify_cmd  # noqa: F401  (each adds its command to `cli`)
+    for name in ("append_cmd", "merge_cmd", "bench_cmd"):
+        try:
+            __import__(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    _register()
+    cli.main(args=argv, prog_name="packer")

@@ -1,0 +1,91 @@
+"""``packer build SRC OUT``: pack an image folder or a manifest into a dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import cli, emit_json, run_command
+from ..plan import DEFAULT_SHARD_SIZE, BuildOptions
+
+
+def parse_size(text: str) -> int:
+    """'512M', '1G', '4096', '64KiB' -> bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = cleaned, ""
+    if cleaned and cleaned[-1] in units:
+        number, unit = cleaned[:-1], cleaned[-1]
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size like 512M, 1G or 4096") from None
+
+
+@cli.command("build")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--root", type=click.Path(path_type=Path), help="Folder that manifest paths are relative to "
+              "(default: the manifest's folder).")
+@click.option("--shard-size", default="512M", show_default=True, help="Target shard size (e.g. 256M, 1G).")
+@click.option("--alignment", default=4096, show_default=True, type=int,
+              help="Payload alignment in bytes: a power of two (1 disables padding).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample-order permutation.")
+@click.option("--no-shuffle", is_flag=True, help="Keep the sorted source order in the shards.")
+@click.option("--codec", default="passthrough", show_default=True, help="How payloads are stored.")
+@click.option("--validate", type=click.Choice(["header", "full"]), default="header", show_default=True,
+              help="header: parse each image's header; full: also decode every image.")
+@click.option("--max-pixels", default=150_000_000, show_default=True, type=int,
+              help="Reject images with more pixels than this (decompression-bomb guard).")
+@click.option("--workers", type=int, default=None, help="Packing processes (default: available cores).")
+@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
+              help="skip: reject bad files with a reason and go on; fail: stop at the first.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted build with the same options.")
+@click.option("--part", default=None, help="Pack only part K/N of the plan (0-based K); then run --finish.")
+@click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
+def build_command(source: Path, out: Path, root: Path | None, shard_size: str, alignment: int, seed: int,
+                  no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
+                  on_error: str, overwrite: bool, resume: bool, part: str | None, finish_only: bool,
+                  engine: str, address: str | None, quiet: bool, as_json: bool) -> None:
+    """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT."""
+    from ..build import build, finish, parse_part
+
+    options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
+                           seed=seed, codec=codec, validate=validate, max_pixels=max_pixels)
+
+    def body() -> int:
+        if finish_only:
+            result = finish(out, source, root)
+        else:
+            result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
+                           on_error=on_error, root=root, part=parse_part(part) if part else None,
+                           engine=engine, address=address, progress=not quiet)
+        if result is None:
+            click.echo(f"part {part} packed into {out}; run `packer build {source} {out} --finish` "
+                       f"when every part is done", err=True)
+            if as_json:
+                emit_json({"ok": True, "part": part})
+            return 0
+        reasons: dict[str, int] = {}
+        for r in result.rejected:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        click.echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
+                   f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
+                   f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
+        if result.rejected:
+            summary = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+            click.echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / 'build-report.jsonl'}",
+                       err=True)
+        if as_json:
+            emit_json({"ok": True, "path": str(out), "samples": result.sample_count, "shards": result.shard_count,
+                       "payload_bytes": result.payload_bytes, "total_bytes": result.total_bytes,
+                       "rejected": len(result.rejected), "rejected_by_reason": reasons})
+        return 0
+
+    run_command(body, as_json=as_json)

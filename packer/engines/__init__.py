@@ -1,0 +1,1 @@
+"""Engines that run the packing of planned shards: a local process pool, or Ray tasks."""

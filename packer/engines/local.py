@@ -1,0 +1,81 @@
+"""The local engine: planned shards packed by a pool of worker processes on this machine."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable
+
+from ..plan import BuildPlan, load_plan
+
+__all__ = ["run_local", "default_workers"]
+
+_state: dict[str, Any] = {}
+
+
+def default_workers() -> int:
+    """The cores this process may use (respects taskset/cgroup CPU affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any) -> None:
+    # Each worker maps the saved plan itself: nothing large crosses the process boundary.
+    _state["plan"] = load_plan(Path(plan_path), Path(root))
+    _state["out"] = Path(out)
+    _state["queue"] = progress_queue
+
+
+def _pack_in_worker(shard: int, fail_on_reject: bool) -> int:
+    from ..build import pack_planned_shard
+
+    progress_queue = _state["queue"]
+    pack_planned_shard(_state["plan"], _state["out"], shard, fail_on_reject=fail_on_reject,
+                       progress=lambda files, nbytes: progress_queue.put((files, nbytes)))
+    return shard
+
+
+def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None,
+              progress: Callable[[int, int], None], fail_on_reject: bool) -> None:
+    """Pack ``shard_ids``; in this process when one worker is asked (or one shard is left)."""
+    from ..build import PLAN_NAME, STAGING_DIR, pack_planned_shard
+
+    workers = default_workers() if workers is None else max(1, workers)
+    if workers == 1 or len(shard_ids) <= 1:
+        for shard in shard_ids:
+            pack_planned_shard(plan, out, shard, progress=progress, fail_on_reject=fail_on_reject)
+        return
+    context = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
+    progress_queue = context.Queue()
+    plan_path = str(out / STAGING_DIR / PLAN_NAME)
+    with ProcessPoolExecutor(max_workers=min(workers, len(shard_ids)), mp_context=context,
+                             initializer=_init_worker,
+                             initargs=(plan_path, str(plan.listing.root), str(out), progress_queue)) as pool:
+        pending: set[Future[int]] = {pool.submit(_pack_in_worker, shard, fail_on_reject) for shard in shard_ids}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                _drain(progress_queue, progress)
+                for future in done:
+                    future.result()  # re-raises a worker's error here
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            _drain(progress_queue, progress)
+
+
+def _drain(progress_queue: Any, progress: Callable[[int, int], None]) -> None:
+    while True:
+        try:
+            files, nbytes = progress_queue.get_nowait()
+        except queue_module.Empty:
+            return
+        progress(files, nbytes)

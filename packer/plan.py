@@ -1,0 +1,175 @@
+"""The shard plan: which listed file goes to which shard, in which order, fixed before packing.
+
+The plan is a pure function of the source listing and the build options (seed included). It is
+saved in the output's staging folder as a column file (magic ``PKPLAN``), so every part of a
+split build (``--part K/N``), a resumed build and the final ``--finish`` step work from the same
+bytes. Its fingerprint (the xxh3 of the file) is stamped on every finished shard record, so
+parts built from a different plan are refused instead of mixed.
+
+Shards are filled greedily in pack order by the files' listed sizes, each sample rounded up to
+the alignment: a shard closes before the sample that would push it over the target size, and a
+sample larger than the target gets a shard of its own. Planned shard ``i`` is written with
+``shard_number = i``; a planned shard whose every file is rejected is simply absent.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .errors import BuildError, PackerError
+from .sources import Rejection, SourceListing
+
+__all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
+           "DEFAULT_SHARD_SIZE"]
+
+#: Default target shard size: large enough for GPUDirect-sized reads and few files, small
+#: enough that a damaged or re-built shard is cheap to replace.
+DEFAULT_SHARD_SIZE = 512 << 20
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything that changes the bytes of a build (and nothing that does not, like workers)."""
+
+    alignment: int = fmt.DEFAULT_ALIGNMENT
+    shard_size: int = DEFAULT_SHARD_SIZE
+    shuffle: bool = True
+    seed: int = 0
+    codec: str = "passthrough"
+    validate: str = "header"
+    max_pixels: int = 150_000_000
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BuildPlan:
+    """A listing, the options, the pack order and the planned shard boundaries."""
+
+    listing: SourceListing
+    options: BuildOptions
+    order: np.ndarray          # int64 listing indices, in pack order
+    shard_starts: np.ndarray   # int64 positions in ``order`` where planned shard i starts; len = shards + 1
+    fingerprint: int = 0       # xxh3 of the saved plan file (0 until saved or loaded)
+    source: str = ""           # how the source was given (informative)
+
+    @property
+    def shard_count(self) -> int:
+        return len(self.shard_starts) - 1
+
+    def shard_members(self, shard: int) -> np.ndarray:
+        """Listing indices of planned shard ``shard``, in pack order."""
+        return self.order[self.shard_starts[shard]:self.shard_starts[shard + 1]]
+
+
+def plan_shards(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarray:
+    """Greedy shard boundaries over ``sizes`` (already in pack order); returns starts, len = shards + 1.
+
+    O(shards * log n) with a cumulative sum, so ten million entries plan in well under a second.
+    """
+    count = len(sizes)
+    if count == 0:
+        return np.zeros(1, dtype=np.int64)
+    padded = (sizes.astype(np.uint64) + np.uint64(alignment - 1)) & np.uint64(~(alignment - 1) & (2**64 - 1))
+    cumulative = np.cumsum(padded, dtype=np.uint64)
+    capacity = max(shard_size - fmt.shard_data_offset(alignment), 1)
+    starts = [0]
+    start = 0
+    while start < count:
+        before = int(cumulative[start - 1]) if start else 0
+        end = int(np.searchsorted(cumulative, before + capacity, side="right"))
+        end = max(end, start + 1)  # an oversize sample gets a shard of its own
+        starts.append(end)
+        start = end
+    return np.asarray(starts, dtype=np.int64)
+
+
+def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = "") -> BuildPlan:
+    """Order the listing (a seeded permutation unless ``shuffle`` is off) and cut it into shards."""
+    fmt.check_alignment(options.alignment)
+    if options.shard_size < options.alignment:
+        raise BuildError(f"shard size {options.shard_size} is smaller than the alignment {options.alignment}")
+    count = len(listing)
+    if options.shuffle:
+        order = np.random.Generator(np.random.PCG64(options.seed)).permutation(count).astype(np.int64)
+    else:
+        order = np.arange(count, dtype=np.int64)
+    starts = plan_shards(listing.sizes[order], options.alignment, options.shard_size)
+    return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts, source=source)
+
+
+def _plan_header(plan: BuildPlan) -> bytes:
+    header = {
+        "options": plan.options.to_json(),
+        "kind": plan.listing.kind,
+        "classes": list(plan.listing.classes),
+        "rejected": [r.to_json() for r in plan.listing.rejected],
+        "source": plan.source,
+    }
+    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def save_plan(plan: BuildPlan, path: Path) -> int:
+    """Write the plan atomically to ``path``; returns (and records) its fingerprint."""
+    listing = plan.listing
+    columns = {
+        "key_offsets": listing.key_offsets, "keys": listing.key_blob,
+        "sizes": listing.sizes, "labels": listing.labels,
+        "meta_offsets": listing.meta_offsets, "meta": listing.meta_blob,
+        "order": plan.order.astype(np.uint64), "shard_starts": plan.shard_starts.astype(np.uint64),
+        "header": np.frombuffer(_plan_header(plan), dtype=np.uint8),
+    }
+    pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
+    hasher = fmt.Hasher()
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temp, "wb") as handle:
+        for piece in pieces:
+            hasher.update(piece)
+            handle.write(piece)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    plan.fingerprint = hasher.intdigest()
+    return plan.fingerprint
+
+
+def load_plan(path: Path, root: Path) -> BuildPlan:
+    """Read a saved plan (validated like any packer file: it may be stale or damaged)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise BuildError(f"cannot read the build plan: {exc.strerror}", path=path) from None
+    try:
+        rows, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC, path=path, kind="plan")
+        header = json.loads(columns["header"].tobytes())
+        options = BuildOptions(**header["options"])
+        listing = SourceListing(
+            root=root, kind=header["kind"], classes=tuple(header["classes"]),
+            key_blob=columns["keys"], key_offsets=columns["key_offsets"], sizes=columns["sizes"],
+            labels=columns["labels"], meta_blob=columns["meta"], meta_offsets=columns["meta_offsets"],
+            rejected=[Rejection(**r) for r in header["rejected"]])
+        order = columns["order"].astype(np.int64)
+        starts = columns["shard_starts"].astype(np.int64)
+    except PackerError as exc:
+        raise BuildError(f"the saved build plan is damaged ({exc}); delete {path.parent} to start over",
+                         path=path) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BuildError(f"the saved build plan is unusable ({exc!r}); delete {path.parent} to start over",
+                         path=path) from None
+    n = len(listing.sizes)
+    if (rows != n or len(order) != n or len(listing.key_offsets) != n + 1 or len(listing.labels) != n
+            or len(starts) < 1 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 0)
+            or (n and (order.min() < 0 or order.max() >= n))):
+        raise BuildError(f"the saved build plan is inconsistent; delete {path.parent} to start over", path=path)
+    return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts,
+                     fingerprint=fmt.checksum(data), source=header.get("source", ""))
