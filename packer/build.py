@@ -169,6 +169,7 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     source_root = root if root is not None else (source.parent if source.is_file() else source)
     if reuse and plan_path.exists():
         plan = load_plan(plan_path, source_root)
+        _check_same_source(plan, source_root)
         if plan.options != options:
             raise BuildError(
                 f"an unfinished build with different options is in this folder "
@@ -181,6 +182,27 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     (staging / RECORD_DIR).mkdir(exist_ok=True)
     save_plan(plan, plan_path)
     return plan
+
+
+def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> None:
+    """A reused plan must describe this source: spot-check a spread of listed files' sizes.
+
+    Listing ten million files again for every part would cost more than the check is worth;
+    a spread of probes catches a part pointed at the wrong folder or a re-generated source.
+    """
+    listing = plan.listing
+    count = len(listing)
+    for i in sorted({int(x) for x in np.linspace(0, count - 1, num=min(probes, count))}):
+        key = listing.key(i)
+        try:
+            size = os.stat(source_root / key).st_size
+        except OSError:
+            size = -1
+        if size != int(listing.sizes[i]):
+            raise BuildError(f"the unfinished build here was planned from a different source: {key!r} is "
+                             f"{'missing' if size < 0 else f'{size} bytes'} under {source_root}, the plan says "
+                             f"{int(listing.sizes[i])} bytes; point SRC at the same folder, or start over "
+                             f"without --resume", path=source_root)
 
 
 # --- packing one planned shard ----------------------------------------------------------------
@@ -257,8 +279,9 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
                     pending_files = pending_bytes = 0
                     last_report = now
             count = len(rows["source"])
+            number = plan.first_shard_number + shard
             header = fmt.ShardHeader(alignment=alignment, sample_count=max(count, 1), file_size=position,
-                                     shard_number=shard)
+                                     shard_number=number)
             handle.flush()
             if count:
                 handle.seek(0)
@@ -271,7 +294,7 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
                                   "sample_count": count, "rejected": rejected}
         if count:
             digest = _hash_file(temp)
-            final_name = fmt.shard_file_name(shard, digest)
+            final_name = fmt.shard_file_name(number, digest)
             (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
             os.replace(temp, out / final_name)
             _fsync_dir(out / fmt.SHARD_DIR)

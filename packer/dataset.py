@@ -49,7 +49,7 @@ def _read_manifest_bytes(root: Path) -> bytes:
     try:
         with open(path, "rb") as handle:
             data = handle.read(fmt.MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
+    except FileNotFoundError:  # [R42]
         staging = (root / ".packer-build").exists()
         raise NotAPackerFileError(
             "no manifest.json: not a packer dataset" + (
@@ -69,7 +69,7 @@ def _safe_open(root: Path, relative: str, expected_size: int) -> tuple[int, str]
         raise UnsafePathError(f"{relative!r} resolves outside the dataset folder (to {real})", path=root)
     try:
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
+    except FileNotFoundError:  # [R43]
         raise DatasetChangedError(f"{relative} is missing: the dataset was replaced or deleted while in use, "
                                   f"or the copy is incomplete", path=full) from None
     except OSError as exc:
@@ -95,7 +95,6 @@ class DatasetIndex:
         self.path = Path(path)
         self._manifest_bytes = manifest_bytes if manifest_bytes is not None else _read_manifest_bytes(self.path)
         self.manifest = fmt.parse_manifest(self._manifest_bytes, path=self.path / fmt.MANIFEST_NAME)
-        _check_shard_names(self.manifest)
         entry = self.manifest.index
         fd, real = _safe_open(self.path, entry.path, entry.size)
         try:
@@ -105,7 +104,7 @@ class DatasetIndex:
         finally:
             os.close(fd)
         digest = fmt.checksum(self._map)
-        if digest != entry.checksum:  # the whole index is hashed: a damaged table is never trusted
+        if digest != entry.checksum:  # [R39] the whole index is hashed: a damaged table is never trusted
             raise fmt.ChecksumMismatchError(
                 f"index checksum mismatch: manifest says {fmt.checksum_hex(entry.checksum)}, file hashes to "
                 f"{fmt.checksum_hex(digest)} (the index is damaged or belongs to another build)", path=real)
@@ -113,7 +112,7 @@ class DatasetIndex:
         self.index = fmt.validate_index(rows, columns, list(self.manifest.shards), self.manifest.alignment,
                                         path=real)
         labels = self.index.label
-        if self.manifest.classes and len(labels) and (labels.min() < 0 or labels.max() >= len(self.manifest.classes)):
+        if self.manifest.classes and len(labels) and (labels.min() < 0 or labels.max() >= len(self.manifest.classes)):  # [R40]
             bad = int(np.argmax((labels < 0) | (labels >= len(self.manifest.classes))))
             raise IndexMismatchError(f"has label {int(labels[bad])} but the manifest lists "
                                      f"{len(self.manifest.classes)} classes", path=real, sample=bad)
@@ -228,20 +227,6 @@ class DatasetIndex:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_shard_names(manifest: fmt.Manifest) -> None:
-    """[R38] shard numbers in the names strictly increase along the manifest's list."""
-    previous = -1
-    for position, entry in enumerate(manifest.shards):
-        match = _SHARD_NUMBER.fullmatch(entry.path)
-        if match is None:
-            raise UnsafePathError(f"shard {position} path {entry.path!r} is not shards/shard-<number>-<xxh3>.pks")
-        number = int(match.group(1))
-        if number <= previous:
-            raise ManifestError(f"shard {position} ({entry.path}) is not numbered after the shard before it "
-                                f"({previous}); shards must be listed in increasing number order")
-        previous = number
 
 
 @dataclass(frozen=True)

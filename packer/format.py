@@ -10,7 +10,11 @@ All integers are little-endian. A dataset is a folder::
     manifest.json                         commit record, written last
     index-<xxh3>.pki                      flat per-sample index (column file)
     shards/shard-<nnnnn>-<xxh3>.pks       shard files: header + aligned sample payloads
-    build-report.jsonl                    every source file: packed or rejected, with the reason
+    build-report.jsonl                    informative: the build summary and every rejected file
+
+``<xxh3>`` is the 16-hex-digit xxh3 of the whole file, ``<nnnnn>`` the planned shard number
+(at least 5 digits). Checks run at open live here and in ``packer.dataset`` (file-system checks:
+real paths, sizes on disk, the index checksum); both carry the spec's ``[Rn]`` tags.
 """
 
 from __future__ import annotations
@@ -40,13 +44,17 @@ from .errors import (
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT",
-    "MANIFEST_NAME", "REPORT_NAME", "SHARD_MAGIC", "INDEX_MAGIC", "PLAN_MAGIC",
-    "SHARD_HEADER_SIZE", "COLUMN_FILE_HEADER_SIZE", "COLUMN_ENTRY_SIZE", "CHECKSUM_ALGORITHM",
+    "MANIFEST_NAME", "REPORT_NAME", "SHARD_DIR", "SHARD_MAGIC", "INDEX_MAGIC", "PLAN_MAGIC",
+    "SHARD_HEADER_SIZE", "COLUMN_FILE_HEADER_SIZE", "COLUMN_ENTRY_SIZE", "COLUMN_ALIGNMENT",
+    "CHECKSUM_ALGORITHM", "MAX_MANIFEST_BYTES", "MAX_SAMPLES", "MAX_SHARDS", "MAX_COLUMNS",
+    "MAX_FILE_SIZE", "MAX_SHARD_NUMBER", "MAX_COLUMN_NAME_BYTES",
     "ImageFormat", "INDEX_COLUMNS",
     "align_up", "check_alignment", "checksum", "checksum_hex", "Hasher", "parse_checksum_hex",
-    "ShardHeader", "shard_data_offset", "shard_file_name", "index_file_name",
+    "verify_checksum",
+    "ShardHeader", "shard_data_offset", "shard_file_name", "index_file_name", "shard_number_of",
     "encode_column_file", "parse_column_file", "validate_index", "IndexColumns",
-    "ShardEntry", "FileEntry", "Manifest", "parse_manifest", "dump_manifest", "check_relative_path",
+    "ShardEntry", "FileEntry", "Manifest", "MANIFEST_FIELDS", "parse_manifest", "dump_manifest",
+    "check_relative_path",
 ]
 
 FORMAT_NAME = "packer-dataset"
@@ -67,6 +75,13 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
 MAX_COLUMNS = 64
+#: Offsets, sample sizes and file sizes stay below 2^62, so ``offset + size + alignment - 1``
+#: can never overflow a u64 (nor numpy's int64 when tables are converted).
+MAX_FILE_SIZE = (1 << 62) - 1
+#: Shard numbers are u32 in the shard header.
+MAX_SHARD_NUMBER = (1 << 32) - 1
+#: Column names are stored NUL-padded in a 24-byte field.
+MAX_COLUMN_NAME_BYTES = 24
 
 SHARD_MAGIC = b"PKSHARD\x00"
 INDEX_MAGIC = b"PKINDEX\x00"
@@ -79,7 +94,7 @@ PLAN_MAGIC = b"PKPLAN\x00\x00"
 #  16  Q  data_offset     align_up(64, alignment): where the first payload starts
 #  24  Q  sample_count    >= 1
 #  32  Q  file_size       total size in bytes, a multiple of alignment
-#  40  I  shard_number    position of this shard in the manifest's shard list
+#  40  I  shard_number    planned shard number, the one in the file name
 #  44  20x reserved (zero)
 _SHARD_HEADER = struct.Struct("<8sIIQQQI20x")
 SHARD_HEADER_SIZE = _SHARD_HEADER.size
@@ -107,10 +122,15 @@ COLUMN_ALIGNMENT = 64
 assert COLUMN_FILE_HEADER_SIZE == 64 and COLUMN_ENTRY_SIZE == 64
 
 _ALLOWED_DTYPES = {"<u8", "<i8", "<u4", "|u1"}
+_COLUMN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 class ImageFormat:
-    """Values of the ``image_format`` index column: what the payload bytes are."""
+    """Values of the ``image_format`` index column: what the payload bytes are.
+
+    Values 8-255 are reserved: a reader treats a value missing from ``NAMES`` as ``UNKNOWN``
+    and never refuses a dataset for it (new formats are a compatible addition).
+    """
 
     UNKNOWN = 0
     JPEG = 1
@@ -172,6 +192,11 @@ def checksum_hex(value: int) -> str:
 
 
 def parse_checksum_hex(text: object, *, path: object = None, what: str = "checksum") -> int:
+    """The value of a manifest checksum spelling (exactly 16 lowercase hex digits).
+
+    Raises:
+        ManifestError: anything else (upper case, wrong length, not a string).
+    """
     if not isinstance(text, str) or not re.fullmatch(r"[0-9a-f]{16}", text):
         raise ManifestError(f"{what} must be 16 lowercase hex digits, got {text!r}", path=path)
     return int(text, 16)
@@ -184,9 +209,11 @@ class Hasher:
         self._state = xxhash.xxh3_64()
 
     def update(self, data: Any) -> None:
+        """Hash the next bytes of the file."""
         self._state.update(data)
 
     def intdigest(self) -> int:
+        """The xxh3-64 of everything hashed so far."""
         return self._state.intdigest()
 
 
@@ -198,17 +225,28 @@ def shard_data_offset(alignment: int) -> int:
 
 
 def shard_file_name(shard_number: int, content_checksum: int) -> str:
-    """Relative path of a shard. The content checksum in the name means a rebuild never reuses
-    the name of a file whose bytes differ, so a reader holding old tables never reads new bytes."""
+    """Relative path of a shard: ``shards/shard-<number, >= 5 digits>-<xxh3 hex>.pks``.
+
+    The content checksum in the name means a rebuild never reuses the name of a file whose bytes
+    differ, so a reader holding old tables never reads new bytes.
+
+    Raises:
+        ValueError: ``shard_number`` outside 0..MAX_SHARD_NUMBER (it is a u32 in the header).
+    """
+    if not 0 <= shard_number <= MAX_SHARD_NUMBER:
+        raise ValueError(f"shard number {shard_number} outside 0..{MAX_SHARD_NUMBER}")
     return f"{SHARD_DIR}/shard-{shard_number:05d}-{checksum_hex(content_checksum)}.pks"
 
 
 def index_file_name(content_checksum: int) -> str:
+    """Relative path of an index: ``index-<xxh3 hex>.pki``."""
     return f"index-{checksum_hex(content_checksum)}.pki"
 
 
 @dataclass(frozen=True)
 class ShardHeader:
+    """The 64-byte shard header (spec section 3.1)."""
+
     alignment: int
     sample_count: int
     file_size: int
@@ -227,8 +265,17 @@ class ShardHeader:
 
     @classmethod
     def parse(cls, head: bytes, *, path: object = None, actual_size: int | None = None) -> "ShardHeader":
-        """Parse and validate the first 64 bytes of a shard (spec R1-R5)."""
-        if len(head) < SHARD_HEADER_SIZE:
+        """Parse and validate the first 64 bytes of a shard (spec R21, R1-R3, R22, R23, R4, R5).
+
+        Args:
+            head: at least the first 64 bytes of the file (fewer if the file is shorter).
+            path: the file, for error messages.
+            actual_size: the size on disk; when given, it must equal ``file_size`` (R5).
+
+        Raises:
+            NotAPackerFileError, TruncatedFileError, UnsupportedVersionError, CorruptHeaderError.
+        """
+        if len(head) < SHARD_HEADER_SIZE:  # [R21]
             if head[: len(SHARD_MAGIC)] != SHARD_MAGIC[: len(head)] or not head:
                 raise NotAPackerFileError(f"not a packer shard (starts with {bytes(head[:8])!r})", path=path)
             raise TruncatedFileError(
@@ -241,16 +288,16 @@ class ShardHeader:
                 f"shard format version {version} is not supported (this reader accepts "
                 f"{sorted(SUPPORTED_VERSIONS)}); upgrade packer", path=path)
         check_alignment(alignment, path=path)  # [R3]
-        if data_offset != shard_data_offset(alignment):
+        if data_offset != shard_data_offset(alignment):  # [R22]
             raise CorruptHeaderError(
                 f"data_offset {data_offset} must be {shard_data_offset(alignment)} for alignment {alignment}",
                 path=path)
-        if count < 1 or count > MAX_SAMPLES:
+        if count < 1 or count > MAX_SAMPLES:  # [R23]
             raise CorruptHeaderError(f"sample_count {count} outside 1..{MAX_SAMPLES}", path=path)
-        if file_size % alignment or file_size < data_offset + 1:  # [R4]
+        if file_size % alignment or file_size < data_offset + 1 or file_size > MAX_FILE_SIZE:  # [R4]
             raise CorruptHeaderError(
-                f"file_size {file_size} must be a multiple of {alignment} and hold at least one sample",
-                path=path)
+                f"file_size {file_size} must be a multiple of {alignment}, hold at least one sample "
+                f"and be below 2^62", path=path)
         if actual_size is not None and actual_size != file_size:  # [R5]
             raise TruncatedFileError(
                 f"shard is {actual_size} bytes on disk but its header says {file_size}"
@@ -266,10 +313,29 @@ def encode_column_file(magic: bytes, row_count: int, columns: Mapping[str, np.nd
 
     Columns are written in the given order, each starting at a multiple of 64, zero padding
     between them. The caller hashes and writes the pieces (no large concatenation in memory).
+
+    Args:
+        magic: ``INDEX_MAGIC`` or ``PLAN_MAGIC``.
+        row_count: the file's ``row_count`` (``N``), 0..MAX_SAMPLES.
+        columns: name -> 1-D array; names ASCII ``[a-z_][a-z0-9_]*`` of at most 24 bytes,
+            dtypes ``<u8``, ``<i8``, ``<u4`` or ``|u1``.
+
+    Raises:
+        ValueError: a column count, name, dtype or row count a reader would refuse.
     """
     count = len(columns)
     if not 1 <= count <= MAX_COLUMNS:
         raise ValueError(f"a column file holds 1..{MAX_COLUMNS} columns, got {count}")
+    if len(magic) != 8:
+        raise ValueError(f"magic must be 8 bytes, got {magic!r}")
+    if not 0 <= row_count <= MAX_SAMPLES:
+        raise ValueError(f"row_count {row_count} outside 0..{MAX_SAMPLES}")
+    for name in columns:
+        # the same rule readers enforce [R27]: writing a name they would refuse is a bug here
+        if (not isinstance(name, str) or not name.isascii() or len(name) > MAX_COLUMN_NAME_BYTES
+                or not _COLUMN_NAME.fullmatch(name)):
+            raise ValueError(f"column name {name!r} must be ASCII [a-z_][a-z0-9_]* of at most "
+                             f"{MAX_COLUMN_NAME_BYTES} bytes")
     header_size = COLUMN_FILE_HEADER_SIZE + COLUMN_ENTRY_SIZE * count
     pos = align_up(header_size, COLUMN_ALIGNMENT)
     entries, bodies = [], []
@@ -301,10 +367,21 @@ def parse_column_file(buf: Any, magic: bytes, *, path: object = None, kind: str 
 
     The arrays are zero-copy views of ``buf`` (e.g. an mmap). Nothing is allocated in
     proportion to any stored count before that count has been checked against the file size.
+    Checks, in order: R21, R1, R2, R5, R24, R25, R26, then per column R27, R28, R7, R6.
+
+    Args:
+        buf: the whole file (bytes-like).
+        magic: the expected magic.
+        path: the file, for error messages.
+        kind: what the file is ("index", "plan"), for error messages.
+
+    Raises:
+        NotAPackerFileError, TruncatedFileError, UnsupportedVersionError, CorruptHeaderError,
+        OverlappingRecordsError, OffsetOutOfBoundsError.
     """
-    mv = memoryview(buf)
+    mv = memoryview(buf).cast("B")
     size = mv.nbytes
-    if size < COLUMN_FILE_HEADER_SIZE:
+    if size < COLUMN_FILE_HEADER_SIZE:  # [R21]
         if size == 0 or bytes(mv[: min(size, 8)]) != magic[: min(size, 8)]:
             raise NotAPackerFileError(f"not a packer {kind} file (starts with {bytes(mv[:8])!r})", path=path)
         raise TruncatedFileError(f"{kind} file is {size} bytes, shorter than its 64-byte header", path=path)
@@ -319,24 +396,24 @@ def parse_column_file(buf: Any, magic: bytes, *, path: object = None, kind: str 
         raise TruncatedFileError(
             f"{kind} file is {size} bytes on disk but its header says {file_size}"
             f" ({'truncated' if size < file_size else 'extended'})", path=path)
-    if not 1 <= count <= MAX_COLUMNS:
+    if not 1 <= count <= MAX_COLUMNS:  # [R24]
         raise CorruptHeaderError(f"column_count {count} outside 1..{MAX_COLUMNS}", path=path)
-    if header_size != COLUMN_FILE_HEADER_SIZE + COLUMN_ENTRY_SIZE * count or header_size > size:
+    if header_size != COLUMN_FILE_HEADER_SIZE + COLUMN_ENTRY_SIZE * count or header_size > size:  # [R25]
         raise CorruptHeaderError(f"header_size {header_size} does not match {count} columns", path=path)
-    if rows > MAX_SAMPLES:
+    if rows > MAX_SAMPLES:  # [R26]
         raise CorruptHeaderError(f"row_count {rows} exceeds the limit {MAX_SAMPLES}", path=path)
     columns: dict[str, np.ndarray] = {}
     previous_end = header_size
     for i in range(count):
         raw_name, raw_dtype, offset, length = _COLUMN_ENTRY.unpack_from(mv, COLUMN_FILE_HEADER_SIZE + i * COLUMN_ENTRY_SIZE)
-        try:
+        try:  # [R27]
             name = raw_name.rstrip(b"\x00").decode("ascii")
-            typestr = raw_dtype.rstrip(b"\x00").decode("ascii")
         except UnicodeDecodeError:
-            raise CorruptHeaderError(f"column {i} has a non-ASCII name or dtype", path=path) from None
-        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or name in columns:
+            raise CorruptHeaderError(f"column {i} has a non-ASCII name {raw_name!r}", path=path) from None
+        if not _COLUMN_NAME.fullmatch(name) or name in columns:  # [R27]
             raise CorruptHeaderError(f"column {i} has an invalid or repeated name {name!r}", path=path)
-        if typestr not in _ALLOWED_DTYPES:
+        typestr = raw_dtype.rstrip(b"\x00").decode("ascii", "replace")
+        if typestr not in _ALLOWED_DTYPES:  # [R28]
             raise CorruptHeaderError(f"column {name!r} has unsupported dtype {typestr!r}", path=path)
         itemsize = np.dtype(typestr).itemsize
         if offset % COLUMN_ALIGNMENT or offset < previous_end:  # [R7]
@@ -379,9 +456,24 @@ class IndexColumns:
 
 def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[ShardEntry]",
                    alignment: int, *, path: object = None) -> IndexColumns:
-    """Check an index's columns against the spec and the manifest's shard list (R8-R14).
+    """Check an index's columns against the spec and the manifest's shard list.
 
+    Checks, in order: R8, R9, then (when there are rows) R10, R11, R12, R29, R13, R14, and R15.
     Vectorised: about 10 ms per million samples.
+
+    Args:
+        rows: the column file's ``row_count``.
+        columns: name -> array, as returned by ``parse_column_file`` (unknown names are ignored).
+        shards: the manifest's shard entries, in manifest order.
+        alignment: the manifest's alignment.
+        path: the index file, for error messages.
+
+    Returns:
+        The index columns, as views of ``columns``.
+
+    Raises:
+        CorruptHeaderError, IndexMismatchError, OffsetOutOfBoundsError, OverlappingRecordsError,
+        MisalignedRecordError: errors about one sample carry its number (``.sample``).
     """
     for name, (typestr, rule) in INDEX_COLUMNS.items():  # [R8]
         if name not in columns:
@@ -413,18 +505,15 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
             raise OverlappingRecordsError(
                 f"is in shard {int(shard_col[bad])} but the manifest's per-shard counts place it in "
                 f"shard {int(expected_shard[bad])}", path=path, sample=bad)
-        # [R11] sizes: at least 1 byte, and below the file size of their shard.
-        if int(size.min()) < 1:
+        if int(size.min()) < 1:  # [R11]
             bad = int(np.argmin(size))
             raise CorruptHeaderError("has size 0; every sample holds at least one byte", path=path, sample=bad)
-        # [R12] offsets aligned; [R13] tight packing: each sample starts where the previous one's
-        # aligned end is (or at the data offset for a shard's first); [R14] the last one ends in the file.
-        if alignment > 1 and np.any(offset & np.uint64(alignment - 1)):
+        if alignment > 1 and np.any(offset & np.uint64(alignment - 1)):  # [R12]
             bad = int(np.argmax(offset & np.uint64(alignment - 1)))
             raise MisalignedRecordError(f"starts at {int(offset[bad])}, not a multiple of {alignment}",
                                         path=path, sample=bad)
-        sizes_limit = np.uint64(1 << 62)
-        if int(size.max()) >= int(sizes_limit) or int(offset.max()) >= int(sizes_limit):
+        sizes_limit = np.uint64(MAX_FILE_SIZE + 1)
+        if int(size.max()) >= int(sizes_limit) or int(offset.max()) >= int(sizes_limit):  # [R29]
             bad = int(np.argmax((size >= sizes_limit) | (offset >= sizes_limit)))
             raise OffsetOutOfBoundsError("has an offset or size beyond 2^62", path=path, sample=bad)
         mask = np.uint64(~(alignment - 1) & ((1 << 64) - 1))
@@ -434,6 +523,8 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
         firsts = np.zeros(len(shards), dtype=np.int64)
         np.cumsum(counts[:-1], out=firsts[1:])
         expected[firsts] = shard_data_offset(alignment)
+        # [R13] tight packing: each sample starts at the previous one's aligned end (a shard's
+        # first at the data offset), so no gap, overlap or reordering can hide in the table.
         if not np.array_equal(offset, expected):
             bad = int(np.argmax(offset != expected))
             raise OverlappingRecordsError(
@@ -443,7 +534,7 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
         lasts = firsts + counts - 1
         ends = aligned_end[lasts]
         for shard_number, (entry, end) in enumerate(zip(shards, ends.tolist())):
-            if end != entry.size:
+            if end != entry.size:  # [R14]
                 raise OffsetOutOfBoundsError(
                     f"shard {shard_number} ({entry.path}) is {entry.size} bytes but its samples end at {end}",
                     path=path, sample=int(lasts[shard_number]))
@@ -458,20 +549,55 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
 
 # --- the manifest ---------------------------------------------------------------------------
 
-_SHARD_PATH = re.compile(r"shards/[A-Za-z0-9_][A-Za-z0-9._-]{0,200}\.pks")
-_INDEX_PATH = re.compile(r"index-[A-Za-z0-9._-]{1,200}\.pki")
+# Stored names are exactly what a writer produces (shard_file_name, index_file_name): the shard
+# number spelt with at least 5 digits and no extra leading zero, then the file's xxh3. Nothing
+# else can match, so no stored path can hold '/', '..' or a drive, and no two spellings exist.
+_SHARD_PATH = re.compile(r"shards/shard-(\d{5}|[1-9]\d{5,9})-([0-9a-f]{16})\.pks")
+_INDEX_PATH = re.compile(r"index-([0-9a-f]{16})\.pki")
+
+#: Top-level manifest members this version knows; ``dump_manifest`` keeps any others.
+MANIFEST_FIELDS = frozenset({
+    "format", "format_version", "created_by", "checksum_algorithm", "alignment", "sample_count",
+    "codec", "classes", "index", "shards", "build", "history"})
 
 
 def check_relative_path(text: object, pattern: re.Pattern[str], *, what: str, path: object = None) -> str:
-    """A stored path must match its pattern exactly: relative, no '..', no separators beyond it."""
-    if not isinstance(text, str) or not pattern.fullmatch(text) or ".." in text:
-        raise UnsafePathError(f"{what} {text!r} is not a safe relative path inside the dataset "
-                              f"(expected {pattern.pattern})", path=path)
+    """Return ``text`` if it matches ``pattern`` in full (and holds no ``..``), else raise.
+
+    Raises:
+        UnsafePathError: not a string, or not a path this format allows [R19].
+    """
+    if not isinstance(text, str) or not pattern.fullmatch(text) or ".." in text:  # [R19]
+        raise UnsafePathError(f"{what} {text!r} is not a valid dataset path (expected "
+                              f"{_describe_pattern(pattern)}, relative, inside the dataset)", path=path)
     return text
+
+
+def _describe_pattern(pattern: re.Pattern[str]) -> str:
+    if pattern is _SHARD_PATH:
+        return "shards/shard-<number, at least 5 digits>-<16 hex digits>.pks"
+    if pattern is _INDEX_PATH:
+        return "index-<16 hex digits>.pki"
+    return pattern.pattern
+
+
+def shard_number_of(relative_path: str) -> int:
+    """The planned shard number in a shard path (``shards/shard-00012-<hex>.pks`` -> 12).
+
+    Raises:
+        UnsafePathError: the path is not a shard path of this format.
+    """
+    match = _SHARD_PATH.fullmatch(relative_path) if isinstance(relative_path, str) else None
+    if match is None:
+        raise UnsafePathError(f"shard path {relative_path!r} is not a valid dataset path (expected "
+                              f"{_describe_pattern(_SHARD_PATH)})")
+    return int(match.group(1))
 
 
 @dataclass(frozen=True)
 class FileEntry:
+    """A file the manifest lists: relative path, size in bytes, xxh3 of the whole file."""
+
     path: str
     size: int
     checksum: int
@@ -479,15 +605,26 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class ShardEntry:
+    """One entry of the manifest's ``shards`` list."""
+
     path: str
     size: int
     checksum: int
     sample_count: int
 
+    @property
+    def number(self) -> int:
+        """The planned shard number from the file name (the header's ``shard_number``, R38)."""
+        return shard_number_of(self.path)
+
 
 @dataclass(frozen=True)
 class Manifest:
-    """The validated manifest. ``raw`` keeps the parsed JSON for display (build options etc.)."""
+    """The validated manifest.
+
+    ``raw`` keeps the parsed JSON: for display (build options etc.) and so that ``dump_manifest``
+    keeps top-level members this version does not know (forward compatibility).
+    """
 
     sample_count: int
     alignment: int
@@ -506,47 +643,67 @@ def _need(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *, wh
     if key not in obj:
         raise ManifestError(f"{where} lacks required field {key!r}", path=path)
     value = obj[key]
+    # JSON true/false parse as bool, a subclass of int: never accept them as numbers
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ManifestError(f"{where} field {key!r} must be {name}, got {type(value).__name__}", path=path)
+        raise ManifestError(f"{where} field {key!r} must be {_json_type(name)}, got "
+                            f"{_json_type(type(value).__name__)}", path=path)
     return value
 
 
+def _json_type(python_name: str) -> str:
+    return {"int": "an integer", "str": "a string", "dict": "an object", "list": "an array",
+            "bool": "a boolean", "float": "a number with a fraction or exponent",
+            "NoneType": "null"}.get(python_name, python_name)
+
+
 def _need_count(obj: Mapping[str, Any], key: str, *, where: str, path: object, low: int = 0,
-                high: int = MAX_SAMPLES << 24) -> int:
+                high: int = MAX_FILE_SIZE) -> int:
     value = _need(obj, key, int, where=where, path=path)
-    if isinstance(value, bool) or not low <= value <= high:
+    if not low <= value <= high:
         raise ManifestError(f"{where} field {key!r} = {value} outside {low}..{high}", path=path)
     return value
 
 
 def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
-    """Parse and validate manifest JSON bytes (spec R16-R20). Paths are checked, not opened."""
-    if len(data) > MAX_MANIFEST_BYTES:
+    """Parse and validate manifest JSON bytes; stored paths are checked, not opened.
+
+    Checks, in order: R30, R31, R32, R16, R33, R34, then R35 and R19 field by field (see the
+    spec, section 8.3), R36, per shard entry R35, R19, R37, R17, and finally R18.
+
+    Args:
+        data: the bytes of ``manifest.json`` (read at most ``MAX_MANIFEST_BYTES + 1`` of them).
+        path: the manifest file, for error messages.
+
+    Raises:
+        ManifestError, NotAPackerFileError, UnsupportedVersionError, UnsafePathError.
+    """
+    if len(data) > MAX_MANIFEST_BYTES:  # [R30]
         raise ManifestError(f"manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} limit", path=path)
-    if not data.lstrip()[:1] == b"{":
-        raise NotAPackerFileError(f"not a packer manifest (starts with {data[:16]!r})", path=path)
-    try:
-        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    if not data.lstrip()[:1] == b"{":  # [R31]
+        raise NotAPackerFileError(f"not a packer manifest (starts with {bytes(data[:16])!r})", path=path)
+    try:  # [R32]
+        obj = json.loads(bytes(data).decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"manifest is not valid UTF-8 JSON: {exc}", path=path) from None
-    if not isinstance(obj, dict):
+    if not isinstance(obj, dict):  # [R32]
         raise ManifestError("manifest must be a JSON object", path=path)
     if obj.get("format") != FORMAT_NAME:  # [R16]
         raise NotAPackerFileError(f"manifest format is {obj.get('format')!r}, expected {FORMAT_NAME!r}",
                                   path=path)
-    version = _need(obj, "format_version", int, where="manifest", path=path)
-    if version not in SUPPORTED_VERSIONS:
+    version = _need(obj, "format_version", int, where="manifest", path=path)  # [R16]
+    if version not in SUPPORTED_VERSIONS:  # [R16]
         raise UnsupportedVersionError(f"dataset format version {version} is not supported (this reader "
                                       f"accepts {sorted(SUPPORTED_VERSIONS)}); upgrade packer", path=path)
-    algorithm = _need(obj, "checksum_algorithm", str, where="manifest", path=path)
-    if algorithm != CHECKSUM_ALGORITHM:
+    algorithm = _need(obj, "checksum_algorithm", str, where="manifest", path=path)  # [R33]
+    if algorithm != CHECKSUM_ALGORITHM:  # [R33]
         raise ManifestError(f"checksum_algorithm {algorithm!r} is not {CHECKSUM_ALGORITHM!r}", path=path)
-    alignment = _need(obj, "alignment", int, where="manifest", path=path)
+    alignment = _need(obj, "alignment", int, where="manifest", path=path)  # [R34]
     try:
-        check_alignment(alignment, path=path)
+        check_alignment(alignment, path=path)  # [R34]
     except CorruptHeaderError as exc:
         raise ManifestError(exc.message, path=path) from None
+    # [R35] field types and ranges, interleaved with [R19] for stored paths
     sample_count = _need_count(obj, "sample_count", where="manifest", path=path, high=MAX_SAMPLES)
     codec = _need(obj, "codec", dict, where="manifest", path=path)
     _need(codec, "name", str, where="manifest codec", path=path)
@@ -557,16 +714,16 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
     index = FileEntry(
         path=check_relative_path(_need(index_obj, "path", str, where="manifest index", path=path),
                                  _INDEX_PATH, what="index path", path=path),
-        size=_need_count(index_obj, "size", where="manifest index", path=path),
+        size=_need_count(index_obj, "size", where="manifest index", path=path, low=1),
         checksum=parse_checksum_hex(index_obj.get("checksum"), path=path, what="index checksum"))
     shard_list = _need(obj, "shards", list, where="manifest", path=path)
-    if len(shard_list) > MAX_SHARDS:
+    if len(shard_list) > MAX_SHARDS:  # [R36]
         raise ManifestError(f"manifest lists {len(shard_list)} shards, over the {MAX_SHARDS} limit", path=path)
     shards = []
-    seen = set()
+    previous_number = -1
     for i, item in enumerate(shard_list):
         where = f"manifest shard {i}"
-        if not isinstance(item, dict):
+        if not isinstance(item, dict):  # [R35]
             raise ManifestError(f"{where} must be an object", path=path)
         entry = ShardEntry(
             path=check_relative_path(_need(item, "path", str, where=where, path=path), _SHARD_PATH,
@@ -574,12 +731,20 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
             size=_need_count(item, "size", where=where, path=path, low=1),
             checksum=parse_checksum_hex(item.get("checksum"), path=path, what=f"shard {i} checksum"),
             sample_count=_need_count(item, "sample_count", where=where, path=path, low=1, high=MAX_SAMPLES))
-        if entry.size % alignment:
+        if entry.size % alignment:  # [R37]
             raise ManifestError(f"{where} size {entry.size} is not a multiple of the alignment {alignment}",
                                 path=path)
-        if entry.path in seen:  # [R17]
-            raise ManifestError(f"{where} repeats the path {entry.path!r}", path=path)
-        seen.add(entry.path)
+        # [R17] planned shard numbers strictly increase along the list (gaps are fine: a planned
+        # shard whose files were all rejected is absent), so paths are unique too
+        number = entry.number
+        if number > MAX_SHARD_NUMBER:
+            raise ManifestError(f"{where} ({entry.path}) has number {number}, over the u32 limit "
+                                f"{MAX_SHARD_NUMBER}", path=path)
+        if number <= previous_number:
+            raise ManifestError(f"{where} ({entry.path}) is not numbered after the shard before it "
+                                f"({previous_number}); shards must be listed in increasing number order",
+                                path=path)
+        previous_number = number
         shards.append(entry)
     if sum(s.sample_count for s in shards) != sample_count:  # [R18]
         raise ManifestError(f"sample_count {sample_count} differs from the sum of the shards' counts "
@@ -587,9 +752,9 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
     build = obj.get("build", {})
     history = obj.get("history", [])
     if not isinstance(build, dict) or not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        raise ManifestError("manifest 'build' must be an object and 'history' a list of objects", path=path)
+        raise ManifestError("manifest 'build' must be an object and 'history' a list of objects", path=path)  # [R35]
     created_by = obj.get("created_by", "")
-    if not isinstance(created_by, str):
+    if not isinstance(created_by, str):  # [R35]
         raise ManifestError("manifest 'created_by' must be a string", path=path)
     return Manifest(sample_count=sample_count, alignment=alignment, codec=codec, classes=tuple(classes),
                     index=index, shards=tuple(shards), build=build, history=tuple(history),
@@ -601,8 +766,17 @@ def _reject_constant(name: str) -> Any:
 
 
 def dump_manifest(manifest: Manifest) -> bytes:
-    """Canonical manifest bytes: sorted keys, two-space indent, trailing newline."""
-    obj = {
+    """Canonical manifest bytes: sorted keys, two-space indent, UTF-8, trailing newline.
+
+    Top-level members of ``manifest.raw`` that this version does not know are kept as they are
+    (a tool that rewrites a manifest, e.g. ``append``, must not drop a newer writer's fields);
+    the known members are always written from the typed fields.
+
+    Raises:
+        ValueError: a value JSON cannot hold (NaN, infinity, a non-serialisable object).
+    """
+    obj = {key: value for key, value in manifest.raw.items() if key not in MANIFEST_FIELDS}
+    obj.update({
         "format": FORMAT_NAME,
         "format_version": manifest.format_version,
         "created_by": manifest.created_by,
@@ -617,15 +791,20 @@ def dump_manifest(manifest: Manifest) -> bytes:
                     "checksum": checksum_hex(s.checksum)} for s in manifest.shards],
         "build": manifest.build,
         "history": list(manifest.history),
-    }
-    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    })
+    text = json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    return (text + "\n").encode("utf-8")
 
 
 def verify_checksum(data: Any, expected: int, *, path: object = None, sample: int | None = None,
                     offset: int | None = None, what: str = "sample") -> None:
-    """Raise ChecksumMismatchError when ``data`` does not hash to ``expected``."""
+    """Check that ``data`` hashes to ``expected`` (a sample read with checksums on, ``verify``).
+
+    Raises:
+        ChecksumMismatchError: the bytes are damaged [R41].
+    """
     got = checksum(data)
-    if got != expected:
+    if got != expected:  # [R41]
         raise ChecksumMismatchError(f"{what} checksum mismatch: expected {checksum_hex(expected)}, "
                                     f"got {checksum_hex(got)} (the stored bytes are damaged)",
                                     path=path, sample=sample, offset=offset)

@@ -61,6 +61,7 @@ class BuildPlan:
     shard_starts: np.ndarray   # int64 positions in ``order`` where planned shard i starts; len = shards + 1
     fingerprint: int = 0       # xxh3 of the saved plan file (0 until saved or loaded)
     source: str = ""           # how the source was given (informative)
+    first_shard_number: int = 0  # planned shard i is written as shard number first + i (append continues)
 
     @property
     def shard_count(self) -> int:
@@ -86,14 +87,16 @@ def plan_shards(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarra
     start = 0
     while start < count:
         before = int(cumulative[start - 1]) if start else 0
-        end = int(np.searchsorted(cumulative, before + capacity, side="right"))
+        # np.uint64 needle: a Python int would make numpy convert the whole array on every call.
+        end = int(np.searchsorted(cumulative, np.uint64(before + capacity), side="right"))
         end = max(end, start + 1)  # an oversize sample gets a shard of its own
         starts.append(end)
         start = end
     return np.asarray(starts, dtype=np.int64)
 
 
-def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = "") -> BuildPlan:
+def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = "",
+              first_shard_number: int = 0) -> BuildPlan:
     """Order the listing (a seeded permutation unless ``shuffle`` is off) and cut it into shards."""
     fmt.check_alignment(options.alignment)
     if options.shard_size < options.alignment:
@@ -104,7 +107,8 @@ def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = ""
     else:
         order = np.arange(count, dtype=np.int64)
     starts = plan_shards(listing.sizes[order], options.alignment, options.shard_size)
-    return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts, source=source)
+    return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts, source=source,
+                     first_shard_number=first_shard_number)
 
 
 def _plan_header(plan: BuildPlan) -> bytes:
@@ -114,6 +118,7 @@ def _plan_header(plan: BuildPlan) -> bytes:
         "classes": list(plan.listing.classes),
         "rejected": [r.to_json() for r in plan.listing.rejected],
         "source": plan.source,
+        "first_shard_number": plan.first_shard_number,
     }
     return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -172,4 +177,5 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
             or (n and (order.min() < 0 or order.max() >= n))):
         raise BuildError(f"the saved build plan is inconsistent; delete {path.parent} to start over", path=path)
     return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts,
-                     fingerprint=fmt.checksum(data), source=header.get("source", ""))
+                     fingerprint=fmt.checksum(data), source=header.get("source", ""),
+                     first_shard_number=int(header.get("first_shard_number", 0)))

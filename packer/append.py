@@ -1,0 +1,187 @@
+"""``packer append DATASET SRC``: add samples as new shards and commit a new manifest generation.
+
+Existing shard files are never rewritten: the new samples go into new shards numbered after the
+last one, a new index (old rows + new rows) gets a new content-addressed name, and the manifest is
+replaced atomically. A reader that opened the old manifest keeps its old index and shards (no
+file it uses is removed or changed). Class names that are new get the next label ids; existing
+ids never change. Each generation is recorded in the manifest's ``history``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .build import (STAGING_DIR, BuildResult, _gather_blob, _read_record, _record_path, build_lock,
+                    commit_dataset, run_shards)
+from .dataset import open_index
+from .errors import BuildError, EmptySourceError
+from .plan import BuildOptions, make_plan, save_plan
+from .sources import Rejection, SourceListing, list_source
+
+__all__ = ["append"]
+
+_NUMBER = re.compile(r"shards/shard-(\d+)-")
+
+
+def _relabel(listing: SourceListing, old_classes: tuple[str, ...]) -> tuple[SourceListing, tuple[str, ...]]:
+    """Map the new source's labels onto the dataset's classes; unseen class names get new ids."""
+    if not listing.classes:
+        if old_classes and len(listing):
+            raise BuildError("the dataset has class names but the new source has integer labels; "
+                             "label the new source by class name")
+        return listing, old_classes
+    if not old_classes and len(listing):
+        raise BuildError("the dataset has integer labels but the new source has class names")
+    classes = list(old_classes)
+    known = {name: i for i, name in enumerate(classes)}
+    mapping = np.empty(len(listing.classes), dtype=np.int64)
+    for new_id, name in enumerate(listing.classes):
+        if name not in known:
+            known[name] = len(classes)
+            classes.append(name)
+        mapping[new_id] = known[name]
+    listing.labels = mapping[listing.labels] if len(listing) else listing.labels
+    listing.classes = tuple(classes)
+    return listing, tuple(classes)
+
+
+def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceListing:
+    """Reject source files whose key is already in the dataset (a sample is appended once)."""
+    keep = np.ones(len(listing), dtype=bool)
+    for i in range(len(listing)):
+        start, end = int(listing.key_offsets[i]), int(listing.key_offsets[i + 1])
+        if listing.key_blob[start:end].tobytes() in existing:
+            keep[i] = False
+            listing.rejected.append(Rejection(listing.key(i), "duplicate-entry", "already in the dataset"))
+    if keep.all():
+        return listing
+    rows = np.flatnonzero(keep)
+    keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, rows)
+    meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, rows)
+    return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
+                         key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
+                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected)
+
+
+def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+           workers: int | None = None, seed: int | None = None, progress: bool = True) -> BuildResult:
+    """Append the images of ``source`` to ``dataset`` as new shards (the library form of ``packer append``).
+
+    The build options of the dataset (alignment, shard size, codec, validation, shuffle) are reused;
+    ``seed`` defaults to the original seed plus the generation number, so each generation is shuffled
+    differently but reproducibly.
+
+    Raises:
+        BuildError, EmptySourceError, BuildLockedError, PackerError (a damaged dataset).
+    """
+    started = time.monotonic()
+    out = Path(dataset)
+    with build_lock(out):
+        old = open_index(out)
+        manifest = old.manifest
+        generation = len(manifest.history) + 1 if manifest.history else 1
+        stored = dict(manifest.build.get("options", {}))
+        try:
+            options = BuildOptions(**stored) if stored else BuildOptions(alignment=manifest.alignment)
+        except TypeError as exc:
+            raise BuildError(f"the dataset's recorded build options are not understood: {exc}", path=out) from None
+        options = BuildOptions(**{**options.to_json(), "alignment": manifest.alignment,
+                                  "seed": options.seed + generation if seed is None else seed})
+        listing = list_source(Path(source), root)
+        listing, classes = _relabel(listing, manifest.classes)
+        existing = {bytes(old.index.keys[int(a):int(b)]) for a, b in
+                    zip(old.index.key_offsets[:-1], old.index.key_offsets[1:])}
+        listing = _drop_existing_keys(listing, existing)
+        if len(listing) == 0:
+            raise EmptySourceError("every file of the new source is already in the dataset or rejected",
+                                   path=Path(source))
+        last_number = int(_NUMBER.match(manifest.shards[-1].path).group(1)) if manifest.shards else -1  # type: ignore[union-attr]
+        plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
+        staging = out / STAGING_DIR
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "done").mkdir(parents=True)
+        save_plan(plan, staging / "plan.pkp")
+        run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
+                   progress=progress, fail_on_reject=False)
+        headers, records = [], []
+        for shard in range(plan.shard_count):
+            found = _read_record(_record_path(out, shard), plan.fingerprint, out)
+            if found is None:
+                raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
+            headers.append(found[0])
+            records.append(found[1])
+        live = [i for i, h in enumerate(headers) if h["sample_count"]]
+        new_rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
+        if not live:
+            raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
+        source_rows = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
+        counts = [h["sample_count"] for h in (headers[i] for i in live)]
+        keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, source_rows)
+        meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
+        ix = old.index
+        old_shards = len(manifest.shards)
+        columns = {
+            "shard": np.concatenate([ix.shard, np.repeat(np.arange(old_shards, old_shards + len(live),
+                                                                   dtype=np.uint32), counts)]),
+            "offset": np.concatenate([ix.offset] + [records[i]["offset"] for i in live]),
+            "size": np.concatenate([ix.size] + [records[i]["size"] for i in live]),
+            "checksum": np.concatenate([ix.checksum] + [records[i]["checksum"] for i in live]),
+            "label": np.concatenate([ix.label, listing.labels[source_rows]]),
+            "width": np.concatenate([ix.width] + [records[i]["width"] for i in live]),
+            "height": np.concatenate([ix.height] + [records[i]["height"] for i in live]),
+            "channels": np.concatenate([ix.channels] + [records[i]["channels"] for i in live]),
+            "image_format": np.concatenate([ix.image_format] + [records[i]["image_format"] for i in live]),
+            "key_offsets": np.concatenate([ix.key_offsets, key_offsets[1:] + ix.key_offsets[-1]]),
+            "keys": np.concatenate([ix.keys, keys]),
+            "meta_offsets": np.concatenate([ix.meta_offsets, meta_offsets[1:] + ix.meta_offsets[-1]]),
+            "meta": np.concatenate([ix.meta, meta]),
+        }
+        shards = list(manifest.shards) + [
+            fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"], checksum=int(headers[i]["checksum"], 16),
+                           sample_count=headers[i]["sample_count"]) for i in live]
+        history = list(manifest.history) or [{
+            "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
+            "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
+        history.append({"generation": generation, "kind": "append", "source": Path(source).name,
+                        "samples": int(len(source_rows)), "shards": len(live), "rejected": len(new_rejected),
+                        "classes": len(classes), "first_shard_number": last_number + 1,
+                        "options": options.to_json()})
+        old_rejected = _previous_rejections(out)
+        build_info = dict(manifest.build)
+        build_info.update(packed=manifest.sample_count + int(len(source_rows)),
+                          rejected=len(old_rejected) + len(new_rejected))
+        old.close()
+        result = commit_dataset(out, columns, shards, classes=classes, codec=manifest.codec,
+                                alignment=manifest.alignment, build_info=build_info,
+                                rejected=old_rejected + new_rejected, history=history, cleanup=False)
+        shutil.rmtree(staging, ignore_errors=True)
+    result.rejected = new_rejected
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _previous_rejections(out: Path) -> list[Rejection]:
+    """The rejected entries of earlier generations, kept in the new build report."""
+    rejected = []
+    try:
+        lines = (out / fmt.REPORT_NAME).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            entry: dict[str, Any] = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("type") == "rejected":
+            rejected.append(Rejection(str(entry.get("key", "")), str(entry.get("reason", "")),
+                                      str(entry.get("message", ""))))
+    return rejected

@@ -1,0 +1,76 @@
+"""The Ray engine: planned shards packed as Ray tasks on an existing cluster or a local one.
+
+Nothing about the output depends on the engine: each task runs the same
+``pack_planned_shard`` as the local engine, against the plan saved in the output folder (which
+every node must see, e.g. on a shared filesystem), so the result is byte-identical. Ray retries
+a task whose worker died; a retried task redoes its shard from scratch (shard files are
+content-addressed and records are written atomically, so a half-finished attempt leaves nothing
+that the retry could mistake for done work).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import MissingDependencyError
+from ..plan import BuildPlan
+
+__all__ = ["run_with_ray"]
+
+_plans: dict[str, BuildPlan] = {}
+
+
+def _pack_remote(plan_path: str, root: str, out: str, shard: int, fail_on_reject: bool) -> tuple[int, int]:
+    """Body of one Ray task: returns (files handled, payload bytes packed)."""
+    from ..build import pack_planned_shard
+    from ..plan import load_plan
+
+    plan = _plans.get(plan_path)
+    if plan is None:  # one plan load per Ray worker process, reused by its later tasks
+        plan = _plans[plan_path] = load_plan(Path(plan_path), Path(root))
+    counts = [0, 0]
+
+    def tally(files: int, nbytes: int) -> None:
+        counts[0] += files
+        counts[1] += nbytes
+
+    pack_planned_shard(plan, Path(out), shard, progress=tally, fail_on_reject=fail_on_reject)
+    return counts[0], counts[1]
+
+
+def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: str | None,
+                 progress: Callable[[int, int], None], fail_on_reject: bool, num_cpus: int | None = None,
+                 max_retries: int = 3) -> None:
+    """Run one Ray task per planned shard and wait for all, feeding one progress bar."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("the Ray engine needs Ray: pip install 'packer[ray]'") from None
+    from ..build import PLAN_NAME, STAGING_DIR
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        init_args: dict[str, Any] = {"address": address, "include_dashboard": False, "log_to_driver": False,
+                                     "configure_logging": False}
+        if address is None and num_cpus is not None:
+            init_args["num_cpus"] = num_cpus
+        ray.init(**init_args)
+    try:
+        task = ray.remote(max_retries=max_retries, retry_exceptions=False)(_pack_remote)
+        plan_path = str((out / STAGING_DIR / PLAN_NAME).resolve())
+        pending = [task.remote(plan_path, str(Path(plan.listing.root).resolve()), str(out.resolve()), shard,
+                               fail_on_reject) for shard in shard_ids]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in done:
+                files, nbytes = ray.get(ref)  # re-raises the task's error (as a RayTaskError)
+                progress(files, nbytes)
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if cause is not None and isinstance(cause, Exception):
+            raise cause from None  # surface the PackerError a task raised, not Ray's wrapper
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()

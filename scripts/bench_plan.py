@@ -1,0 +1,74 @@
+"""Plan a build of N synthetic entries (default 10,000,000): time and peak memory of the planner.
+
+    python scripts/bench_plan.py [--entries 10000000] [--out /tmp/plan-bench]
+
+The listing is synthesised as flat arrays (keys like ``c0042/000001234.jpg`` in one UTF-8 blob,
+sizes drawn around 110 KB), exactly the form ``packer.sources`` produces while walking a folder,
+then planned (seeded permutation + greedy shard cut) and saved as the plan file a split build
+uses. Prints the seconds of each step, the plan file size, and the peak RSS of the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from packer.plan import BuildOptions, make_plan, save_plan
+from packer.sources import SourceListing
+
+
+def synthetic_listing(entries: int, classes: int = 1000, seed: int = 0) -> SourceListing:
+    """Fixed-width keys ``cNNNN/NNNNNNNNN.jpg`` built digit by digit with numpy (no Python strings)."""
+    rng = np.random.default_rng(seed)
+    width = 19
+    index = np.arange(entries, dtype=np.int64)
+    labels = (index * classes) // max(entries, 1)
+    blob = np.empty((entries, width), dtype=np.uint8)
+    blob[:, 0] = ord("c")
+    for position, power in enumerate(range(3, -1, -1)):
+        blob[:, 1 + position] = ord("0") + (labels // 10**power) % 10
+    blob[:, 5] = ord("/")
+    for position, power in enumerate(range(8, -1, -1)):
+        blob[:, 6 + position] = ord("0") + (index // 10**power) % 10
+    blob[:, 15:19] = np.frombuffer(b".jpg", dtype=np.uint8)
+    sizes = np.clip(rng.normal(110_000, 40_000, entries), 2_000, 2_000_000).astype(np.uint64)
+    return SourceListing(
+        root=Path("."), kind="folder", classes=tuple(f"c{c:04d}" for c in range(classes)),
+        key_blob=blob.reshape(-1), key_offsets=np.arange(entries + 1, dtype=np.uint64) * width,
+        sizes=sizes, labels=labels, meta_blob=np.zeros(0, dtype=np.uint8),
+        meta_offsets=np.zeros(entries + 1, dtype=np.uint64))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entries", type=int, default=10_000_000)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="packer-plan-"))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    listing = synthetic_listing(args.entries)
+    t1 = time.perf_counter()
+    plan = make_plan(listing, BuildOptions())
+    t2 = time.perf_counter()
+    save_plan(plan, out / "plan.pkp")
+    t3 = time.perf_counter()
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    size_mib = (out / "plan.pkp").stat().st_size / 2**20
+    print(f"entries            {args.entries:,}")
+    print(f"synthesise listing {t1 - t0:6.2f} s")
+    print(f"plan (permute+cut) {t2 - t1:6.2f} s   -> {plan.shard_count:,} shards of <= 512 MiB")
+    print(f"save plan          {t3 - t2:6.2f} s   -> {size_mib:,.0f} MiB plan file")
+    print(f"peak RSS           {peak_mib:,.0f} MiB ({peak_mib * 2**20 / args.entries:.0f} bytes per entry)")
+    (out / "plan.pkp").unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
