@@ -49,9 +49,12 @@ def cli() -> None:
     """Pack image datasets into large aligned shards, inspect and verify them."""
 
 
+COMMAND_MODULES = ("build_cmd", "inspect_cmd", "verify_cmd", "append_cmd", "bench_cmd")
+
+
 def _register() -> None:
-    from . import build_cmd, inspect_cmd, verify_cmd  # noqa: F401  (each adds its command to `cli`)
-    for name in ("append_cmd", "merge_cmd", "bench_cmd"):
+    """Import the command modules; each adds its command to ``cli``."""
+    for name in COMMAND_MODULES:
         try:
             __import__(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,176 @@
+"""packer build: determinism, layout, inputs (folder, CSV, JSONL), options and clear errors."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer import format as fmt
+from packer.build import build
+from packer.dataset import open_dataset
+from packer.errors import EmptySourceError, OutputExistsError, SourceError
+from packer.plan import BuildOptions, plan_shards
+
+
+def write_images(root: Path, classes: dict[str, int], *, seed: int = 0, size: int = 24) -> list[Path]:
+    rng = np.random.default_rng(seed)
+    paths = []
+    for name, count in classes.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            path = root / name / f"{i:03d}.jpg"
+            pixels = rng.integers(0, 255, (size + i % 5, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(path, quality=80)
+            paths.append(path)
+    return paths
+
+
+def dataset_files(path: Path) -> dict[str, bytes]:
+    """Every file of a dataset except the lock: name -> bytes."""
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != ".packer.lock"}
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    write_images(root, {"cat": 7, "dog": 5, "emu": 6})
+    return root
+
+
+def test_round_trip_every_byte_and_label(source: Path, tmp_path: Path) -> None:
+    result = build(source, tmp_path / "ds", BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    assert result.sample_count == 18 and result.shard_count > 1 and not result.rejected
+    with open_dataset(tmp_path / "ds", verify_checksums=True) as ds:
+        assert ds.classes == ("cat", "dog", "emu")
+        seen = set()
+        for i in range(len(ds)):
+            key = ds.key(i)
+            seen.add(key)
+            assert ds.read(i) == (source / key).read_bytes()
+            assert ds.classes[int(ds.labels[i])] == key.split("/")[0]
+            with Image.open(source / key) as image:
+                assert (int(ds.index.width[i]), int(ds.index.height[i])) == image.size
+        assert len(seen) == 18
+
+
+def test_identical_bytes_whatever_the_worker_count(source: Path, tmp_path: Path) -> None:
+    options = BuildOptions(shard_size=12 << 10, seed=7)
+    build(source, tmp_path / "w1", options, workers=1, progress=False)
+    build(source, tmp_path / "w2", options, workers=2, progress=False)
+    build(source, tmp_path / "w3", options, workers=3, progress=False)
+    one = dataset_files(tmp_path / "w1")
+    assert one == dataset_files(tmp_path / "w2") == dataset_files(tmp_path / "w3")
+    assert any(name.startswith("shards/") for name in one)
+
+
+def test_seed_changes_order_and_no_shuffle_keeps_sorted(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "a", BuildOptions(seed=1), workers=1, progress=False)
+    build(source, tmp_path / "b", BuildOptions(seed=2), workers=1, progress=False)
+    build(source, tmp_path / "s", BuildOptions(shuffle=False), workers=1, progress=False)
+    keys = {name: list(open_dataset(tmp_path / name).keys()) for name in "abs"}
+    assert keys["a"] != keys["b"] and sorted(keys["a"]) == sorted(keys["b"])
+    assert keys["s"] == sorted(keys["s"], key=str.encode)
+    assert keys["a"] != keys["s"]  # shuffled by default: streaming is not class-sorted
+
+
+def test_layout_is_aligned_and_padding_is_zero(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    ds = open_dataset(tmp_path / "ds")
+    for number, entry in enumerate(ds.manifest.shards):
+        data = (tmp_path / "ds" / entry.path).read_bytes()
+        assert len(data) % 4096 == 0 and data[:8] == fmt.SHARD_MAGIC
+        first, end = ds.shard_range(number)
+        cursor = fmt.shard_data_offset(4096)
+        assert not any(data[fmt.SHARD_HEADER_SIZE:cursor])
+        for i in range(first, end):
+            offset, size = int(ds.index.offset[i]), int(ds.index.size[i])
+            assert offset == cursor and offset % 4096 == 0
+            cursor = fmt.align_up(offset + size, 4096)
+            assert not any(data[offset + size:cursor])
+        assert cursor == len(data)
+
+
+def test_alignment_one_packs_tightly(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", BuildOptions(alignment=1), workers=1, progress=False)
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.manifest.alignment == 1
+    total = sum(p.stat().st_size for p in source.rglob("*.jpg"))
+    assert sum(s.size for s in ds.manifest.shards) == total + fmt.SHARD_HEADER_SIZE * len(ds.manifest.shards)
+
+
+def test_oversize_sample_gets_a_shard_of_its_own() -> None:
+    sizes = np.array([100, 5000, 100, 100, 9000, 100], dtype=np.uint64)
+    starts = plan_shards(sizes, alignment=1, shard_size=1000 + fmt.SHARD_HEADER_SIZE)
+    assert starts.tolist() == [0, 1, 2, 4, 5, 6]
+
+
+def test_manifest_inputs_csv_and_jsonl(source: Path, tmp_path: Path) -> None:
+    files = sorted(source.rglob("*.jpg"))
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("path,label,caption\n" + "".join(
+        f"{p.relative_to(source).as_posix()},{p.parent.name},\"a {p.stem}, photo\"\n" for p in files))
+    build(csv_path, tmp_path / "csv", BuildOptions(), root=source, workers=1, progress=False)
+    ds = open_dataset(tmp_path / "csv")
+    assert ds.classes == ("cat", "dog", "emu") and len(ds) == len(files)
+    i = ds.find("dog/002.jpg")
+    assert ds.metadata(i) == {"caption": "a 002, photo"} and ds.classes[int(ds.labels[i])] == "dog"
+
+    jsonl = tmp_path / "list.jsonl"
+    jsonl.write_text("".join(json.dumps({"path": p.relative_to(source).as_posix(), "label": n,
+                                         "metadata": {"n": n}}) + "\n" for n, p in enumerate(files)))
+    build(jsonl, tmp_path / "jsonl", BuildOptions(), root=source, workers=1, progress=False)
+    ds = open_dataset(tmp_path / "jsonl")
+    assert ds.classes == () and sorted(ds.labels.tolist()) == list(range(len(files)))
+    for i in range(len(ds)):
+        assert ds.metadata(i) == {"n": int(ds.labels[i])}
+
+
+def test_manifest_rows_outside_root_missing_and_duplicate_are_rejected(source: Path, tmp_path: Path) -> None:
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("path,label\ncat/000.jpg,cat\n../escape.jpg,cat\ncat/000.jpg,cat\nnope.jpg,dog\n"
+                        "/etc/passwd,dog\n,dog\n")
+    result = build(csv_path, tmp_path / "ds", BuildOptions(), root=source, workers=1, progress=False)
+    reasons = sorted(r.reason for r in result.rejected)
+    assert result.sample_count == 1
+    assert reasons == ["bad-manifest-row", "duplicate-entry", "missing", "outside-root", "outside-root"]
+    report = (tmp_path / "ds" / "build-report.jsonl").read_text().splitlines()
+    summary = json.loads(report[0])
+    assert summary["type"] == "summary" and summary["packed"] + summary["rejected"] == 6
+    assert len(report) == 1 + 5
+
+
+def test_refuses_existing_dataset_without_overwrite(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        build(source, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    before = dataset_files(tmp_path / "ds")
+    build(source, tmp_path / "ds", BuildOptions(seed=3), workers=1, progress=False, overwrite=True)
+    after = dataset_files(tmp_path / "ds")
+    assert before != after
+    # old shard and index files are gone: only what the new manifest references is left
+    manifest = fmt.parse_manifest(after["manifest.json"])
+    referenced = {s.path for s in manifest.shards} | {manifest.index.path}
+    assert {n for n in after if n.startswith(("shards/", "index-"))} == referenced
+    assert not (tmp_path / "ds" / ".packer-build").exists()
+
+
+def test_clear_errors_for_missing_and_empty_sources(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="does not exist"):
+        build(tmp_path / "nope", tmp_path / "out", progress=False)
+    (tmp_path / "empty" / "cls").mkdir(parents=True)
+    with pytest.raises(EmptySourceError, match="no files"):
+        build(tmp_path / "empty", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_rebuild_into_same_folder_gives_same_bytes(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "a", BuildOptions(), workers=2, progress=False)
+    build(source, tmp_path / "b", BuildOptions(), workers=1, progress=False)
+    comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
+    assert not comparison.diff_files and not comparison.left_only and not comparison.right_only
