@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]" $(DALI_SPEC)
+	$(PY) -m pip install --quiet -e ".[dev,ray]" $(DALI_SPEC)
 	touch $@
 
 venv: $(VENV)/.installed

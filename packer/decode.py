@@ -9,11 +9,11 @@ JPEG (and MPO, whose first image is decoded):
     libjpeg-turbo through ``simplejpeg.decode_jpeg(data, colorspace="RGB")`` with its accurate
     defaults (integer DCT, smooth chroma upsampling). A grayscale JPEG comes out with its gray
     value in all three channels. CMYK and YCCK JPEGs are decoded by Pillow instead, as
-    ``Image.convert("RGB")``: R = (255 - C) * (255 - K) / 255, likewise G from M and B from Y,
-    with no colour profile applied. A JPEG that simplejpeg refuses (its strict mode rejects some
-    damaged files that Pillow still decodes) is also handed to Pillow; only when Pillow fails
-    too is it an error. Both decoders use libjpeg-turbo, so the two paths agree to within a
-    level or two.
+    ``Image.convert("RGB")``: R = (255 - C) * (255 - K) / 255 (rounded), likewise G from M and
+    B from Y, with no colour profile applied. A JPEG that simplejpeg refuses (its strict mode
+    rejects some damaged files that Pillow still decodes) is also handed to Pillow; only when
+    Pillow fails too is it an error. Both decoders run libjpeg-turbo with the same settings;
+    on the files tested their RGB outputs are identical.
 
 PNG, WEBP, GIF, BMP, TIFF (through Pillow), first frame only for animated GIF and WEBP and
 multi-page TIFF. By Pillow mode:
@@ -64,6 +64,8 @@ ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
 # libjpeg-turbo colour spaces that go to Pillow, so the CMYK formula does not depend on which
 # simplejpeg version is installed (older ones refuse CMYK, newer ones convert it themselves).
 _PILLOW_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
+_PILLOW_FORMATS = frozenset({ImageFormat.PNG, ImageFormat.WEBP, ImageFormat.GIF, ImageFormat.BMP,
+                             ImageFormat.TIFF})
 _ALPHA_RGB_MODES = frozenset({"RGBA", "RGBX", "RGBa"})
 _ALPHA_GRAY_MODES = frozenset({"LA", "La"})
 
@@ -76,7 +78,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         data: the encoded image; any C-contiguous buffer works, including zero-copy slices of
             a memory-mapped shard (memoryview, numpy uint8 array).
         image_format: an ``ImageFormat`` value saying which decoder to use (the ``image_format``
-            index column); ``None`` detects it from the magic bytes.
+            index column); ``None`` or ``ImageFormat.UNKNOWN`` detects it from the magic bytes.
         name: the sample's name or key, used in error messages.
 
     Returns:
@@ -92,23 +94,23 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes",
                           path=path)
-    if image_format is None:
+    if image_format is None or image_format == ImageFormat.UNKNOWN:
         image_format = detect_format(view)
     if image_format == ImageFormat.JPEG:
         return _decode_jpeg(view, path)
+    if image_format in _PILLOW_FORMATS:
+        return _decode_with_pillow(view, int(image_format), path)
     if image_format == ImageFormat.RAW:
         raise DecodeError(
             "image_format 7 (raw) holds undecoded pixels without a shape; reshape the payload "
             "with the index's height, width and channels instead of decoding it", path=path)
-    if image_format in ImageFormat.NAMES and image_format != ImageFormat.UNKNOWN:
-        return _decode_with_pillow(view, image_format, path)
     if image_format == ImageFormat.UNKNOWN:
         raise DecodeError(
             f"expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image, found bytes starting "
             f"{bytes(view[:16])!r}", path=path)
     raise DecodeError(
-        f"unknown image_format {image_format}; expected one of "
-        f"{sorted(ImageFormat.NAMES)} ({', '.join(ImageFormat.NAMES.values())})", path=path)
+        f"unknown image_format {image_format}; decodable values are 1 to 6 (jpeg, png, webp, "
+        f"gif, bmp, tiff), or None to detect the format", path=path)
 
 
 def decode_jpeg_rgb(data: ImageBytes, *, name: str = "") -> np.ndarray:

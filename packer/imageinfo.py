@@ -69,6 +69,8 @@ _TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and B
 # Sizes of the BMP info headers Pillow reads (core, OS/2 v2 short and long, v1..v5); checking
 # them keeps a text file that happens to start with "BM" from being called a BMP.
 _BMP_HEADER_SIZES = frozenset({12, 16, 40, 52, 56, 64, 108, 124})
+# What Pillow's ImageFile raises when a plugin parsed a header with a zero size or no mode.
+_NO_SIZE_OR_MODE = "not identified by this driver"
 # How far from the end of the file an end marker may sit (padding or junk after it is common).
 _TAIL = 64
 
@@ -105,7 +107,7 @@ def detect_format(data: BytesLike) -> int:
         size at offset 14), TIFF (``'II*\\0'``, ``'MM\\0*'`` or their BigTIFF forms), else
         ``ImageFormat.UNKNOWN``.
     """
-    head = bytes(data[:18])
+    head = bytes(_byte_view(data[:18])[:18])
     if head[:3] == b"\xff\xd8\xff":
         return ImageFormat.JPEG
     if head[:4] == b"\x89PNG":
@@ -245,6 +247,10 @@ def _open_header(view: bytes | memoryview, image_format: int, path: str | None) 
                            f"({len(view)} bytes) is truncated")
             if problem is not None:
                 raise RejectedImageError("truncated", problem, path=path) from exc
+            if str(exc) == _NO_SIZE_OR_MODE:
+                raise RejectedImageError(
+                    "not-an-image", f"{format_name} header gives a zero width or height (or no "
+                    f"pixel mode); expected at least 1x1 pixels", path=path) from exc
             raise RejectedImageError(
                 "decode-failed",
                 f"starts with the {format_name} signature but its header cannot be parsed: "
@@ -268,9 +274,7 @@ def _open_header(view: bytes | memoryview, image_format: int, path: str | None) 
 def _decode_fully(img: Image.Image, pil_format: str, path: str | None) -> None:
     """Decode the first frame, mapping failures to ``truncated`` or ``decode-failed``."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img.load()
+        img.load()
     except Image.DecompressionBombError as exc:
         raise RejectedImageError("too-many-pixels", f"Pillow refused the image: {exc}",
                                  path=path) from exc
