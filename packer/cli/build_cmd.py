@@ -33,7 +33,16 @@ def parse_size(text: str) -> int:
               help="Payload alignment in bytes: a power of two (1 disables padding).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample-order permutation.")
 @click.option("--no-shuffle", is_flag=True, help="Keep the sorted source order in the shards.")
-@click.option("--codec", default="passthrough", show_default=True, help="How payloads are stored.")
+@click.option("--codec", default="passthrough", show_default=True,
+              help="How payloads are stored: passthrough (source bytes), jpeg (re-encoded) or raw "
+                   "(decoded pixels); options as NAME:key=value,... or with the flags below.")
+@click.option("--max-size", type=int, default=None,
+              help="jpeg: shrink so the --resize-side side is at most this many pixels.")
+@click.option("--quality", type=int, default=None, help="jpeg: JPEG quality 1-100 (default 90).")
+@click.option("--resize-side", type=click.Choice(["longer", "shorter"]), default=None,
+              help="jpeg: which side --max-size bounds (default longer).")
+@click.option("--size", "raw_size", default=None,
+              help="raw: stored HEIGHTxWIDTH in pixels (e.g. 224x224): resize and centre crop.")
 @click.option("--validate", type=click.Choice(["header", "full"]), default="header", show_default=True,
               help="header: parse each image's header; full: also decode every image.")
 @click.option("--max-pixels", default=150_000_000, show_default=True, type=int,
@@ -52,10 +61,19 @@ def parse_size(text: str) -> int:
 def build_command(source: Path, out: Path, root: Path | None, shard_size: str, alignment: int, seed: int,
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, finish_only: bool,
-                  engine: str, address: str | None, quiet: bool, as_json: bool) -> None:
+                  engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
+                  quality: int | None, resize_side: str | None, raw_size: str | None) -> None:
     """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT."""
     from ..build import build, finish, parse_part
+    from ..codecs import merge_codec_options
+    from ..errors import BuildError
 
+    try:
+        codec = merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
+                                            "size": raw_size})
+    except BuildError as exc:
+        raise click.UsageError(f"{exc.message} (--codec {codec}; --max-size, --quality and "
+                               f"--resize-side are jpeg options, --size is a raw option)") from None
     options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
                            seed=seed, codec=codec, validate=validate, max_pixels=max_pixels)
 
