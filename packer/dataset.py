@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import re
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,17 @@ __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset"]
 #: Shards kept open per process by default (each holds one fd and, for mmap, one mapping).
 DEFAULT_MAX_OPEN_SHARDS = 64
 
-KNOWN_BACKENDS = frozenset({"mmap", "pread", "direct"})
+KNOWN_BACKENDS = frozenset({"mmap", "pread", "direct", "kvikio"})
+
+_PAGE = 4096
+
+
+def _aligned_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 buffer whose first byte is page-aligned."""
+    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    skip = -raw.ctypes.data % _PAGE
+    return raw[skip:skip + nbytes]
+
 
 _SHARD_NUMBER = re.compile(r"shards/shard-(\d{5,})-[0-9a-f]{16}\.pks")
 
@@ -46,9 +57,15 @@ def _read_manifest_bytes(root: Path) -> bytes:
         raise NotAPackerFileError("dataset folder does not exist", path=root)
     if not root.is_dir():
         raise NotAPackerFileError("not a dataset folder (expected a folder holding manifest.json)", path=root)
+    if path.exists() and not path.is_file():  # [R44] a FIFO would block the open below forever
+        raise NotAPackerFileError("manifest.json is not a regular file", path=path)
     try:
         with open(path, "rb") as handle:
-            data = handle.read(fmt.MAX_MANIFEST_BYTES + 1)
+            # read(n) allocates n bytes up front: ask for the file's size (capped), not the cap.
+            size = min(os.fstat(handle.fileno()).st_size, fmt.MAX_MANIFEST_BYTES)
+            data = handle.read(size + 1)
+            if len(data) > size:  # it grew since fstat: read on, up to the cap
+                data += handle.read(fmt.MAX_MANIFEST_BYTES + 1 - len(data))
     except FileNotFoundError:  # [R42]
         staging = (root / ".packer-build").exists()
         raise NotAPackerFileError(
@@ -68,13 +85,19 @@ def _safe_open(root: Path, relative: str, expected_size: int) -> tuple[int, str]
     if os.path.commonpath([real_root, real]) != real_root:  # [R19]
         raise UnsafePathError(f"{relative!r} resolves outside the dataset folder (to {real})", path=root)
     try:
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO planted in place of a dataset file must not hang the open.
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:  # [R43]
         raise DatasetChangedError(f"{relative} is missing: the dataset was replaced or deleted while in use, "
                                   f"or the copy is incomplete", path=full) from None
     except OSError as exc:
         raise TruncatedFileError(f"cannot open {relative}: {exc.strerror}", path=full) from None
-    size = os.fstat(fd).st_size
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # [R44] a folder, FIFO or device would fail later, or hang
+        os.close(fd)
+        raise NotAPackerFileError(f"{relative} is not a regular file", path=full)
+    os.set_blocking(fd, True)
+    size = info.st_size
     if size != expected_size:  # [R20]
         os.close(fd)
         raise TruncatedFileError(f"is {size} bytes on disk but the manifest says {expected_size}"
@@ -340,9 +363,12 @@ class Dataset(DatasetIndex):
         Samples ``i, i+1, ...`` in the same shard are contiguous on disk (aligned padding between
         them), so a run is one aligned block: one ``read_into`` call, no per-sample syscalls.
         """
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
-        if idx.size and (idx.min() < -n or idx.max() >= n):
+        if idx.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return Batch(data=np.zeros(0, dtype=np.uint8), starts=empty, sizes=empty)
+        if idx.min() < -n or idx.max() >= n:
             raise IndexError(f"batch holds an index outside 0..{n - 1}")
         idx = np.where(idx < 0, idx + n, idx)
         ix = self.index
@@ -358,12 +384,17 @@ class Dataset(DatasetIndex):
         run_last = np.append(run_first[1:], len(unique)) - 1
         run_start = offsets[run_first]
         run_bytes = offsets[run_last] + sizes[run_last] - run_start
+        if self.manifest.alignment % _PAGE == 0:
+            # Whole pages: the run's tail padding is in the file (zeros), and page-sized reads into
+            # page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
+            run_bytes = (run_bytes + (_PAGE - 1)) // _PAGE * _PAGE
+        # Each run lands at a page-aligned position of one page-aligned buffer.
         run_pos = np.zeros(len(run_first) + 1, dtype=np.int64)
-        np.cumsum(run_bytes, out=run_pos[1:])
-        data = np.empty(int(run_pos[-1]), dtype=np.uint8)
+        np.cumsum((run_bytes + (_PAGE - 1)) // _PAGE * _PAGE, out=run_pos[1:])
+        data = _aligned_buffer(int(run_pos[-1]))
         for r in range(len(run_first)):
             backend = self.shard(int(shard_of[run_first[r]]))
-            backend.read_into(int(run_start[r]), data[run_pos[r]:run_pos[r + 1]])
+            backend.read_into(int(run_start[r]), data[run_pos[r]:run_pos[r] + run_bytes[r]])
         unique_starts = run_pos[run_ids] + (offsets - run_start[run_ids])
         where = np.searchsorted(unique, idx)
         batch = Batch(data=data, starts=unique_starts[where], sizes=sizes[where])
@@ -395,7 +426,8 @@ def open_dataset(path: str | os.PathLike[str], *, backend: str = "mmap", verify_
 
     Args:
         path: the dataset folder (holding ``manifest.json``).
-        backend: ``"mmap"`` (default, zero-copy, shared pages), ``"pread"``, ``"direct"`` (O_DIRECT).
+        backend: ``"mmap"`` (default, zero-copy, shared pages), ``"pread"``, ``"direct"`` (O_DIRECT),
+            ``"kvikio"`` (GPUDirect Storage; ``read_into`` accepts CUDA buffers, see ``packer.gpu``).
         verify_checksums: check every sample's xxh3 on read (about 20 GB/s).
         max_open_shards: LRU bound on open shard files per process.
 

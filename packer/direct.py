@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (DatasetChangedError, MisalignedRecordError, OffsetOutOfBoundsError, PackerError,
+from .errors import (DatasetChangedError, DirectIOUnsupportedError, MisalignedRecordError, OffsetOutOfBoundsError, PackerError,
                      TruncatedFileError)
 
 __all__ = ["DIRECT_BLOCK", "DEFAULT_BOUNCE_BYTES", "DirectShard", "DirectIOUnsupportedError",
@@ -49,12 +49,6 @@ __all__ = ["DIRECT_BLOCK", "DEFAULT_BOUNCE_BYTES", "DirectShard", "DirectIOUnsup
 DIRECT_BLOCK = 4096
 #: Largest piece read through the bounce buffer at once (per thread, allocated on first use).
 DEFAULT_BOUNCE_BYTES = 8 << 20
-
-
-class DirectIOUnsupportedError(PackerError):
-    """The file system holding the dataset refuses ``O_DIRECT``; use another backend."""
-
-    exit_code = 3
 
 
 def _align_down(value: int) -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "DecodeError",
     "MissingDependencyError",
     "RejectedImageError",
+    "DirectIOUnsupportedError",
 ]
 
 
@@ -146,6 +147,12 @@ class BuildError(PackerError):
 
 class BuildLockedError(BuildError):
     """Another build holds the output folder."""
+
+
+class DirectIOUnsupportedError(PackerError):
+    """The file system holding the dataset refuses ``O_DIRECT``; use another backend."""
+
+    exit_code = 3
 
 
 class DecodeError(PackerError):

@@ -106,7 +106,10 @@ def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = ""
         order = np.random.Generator(np.random.PCG64(options.seed)).permutation(count).astype(np.int64)
     else:
         order = np.arange(count, dtype=np.int64)
-    starts = plan_shards(listing.sizes[order], options.alignment, options.shard_size)
+    from .codecs import get_codec  # a re-encoding codec changes payload sizes: plan by its estimate
+
+    estimated = get_codec(options.codec).estimate_sizes(listing.sizes[order])
+    starts = plan_shards(estimated, options.alignment, options.shard_size)
     return BuildPlan(listing=listing, options=options, order=order, shard_starts=starts, source=source,
                      first_shard_number=first_shard_number)
 
@@ -136,13 +139,17 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
     hasher = fmt.Hasher()
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temp, "wb") as handle:
-        for piece in pieces:
-            hasher.update(piece)
-            handle.write(piece)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "wb") as handle:
+            for piece in pieces:
+                hasher.update(piece)
+                handle.write(piece)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # a full disk must not leave a partial plan behind
+        raise
     plan.fingerprint = hasher.intdigest()
     return plan.fingerprint
 

@@ -82,7 +82,7 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], 
     for codec in CODECS:
         for alignment in (1, 4096):
             out = base / f"ds-{codec.split(':')[0]}-{alignment}"
-            build(source, out, BuildOptions(codec=codec, alignment=alignment, shard_size=24 << 10, shuffle=False),
+            build(source, out, BuildOptions(codec=codec, alignment=alignment, shard_size=(24 << 10) if alignment > 1 else (8 << 10), shuffle=False),
                   workers=1, progress=False)
             built[codec, alignment] = out
     return built
