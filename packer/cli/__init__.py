@@ -1,8 +1,9 @@
 """The ``packer`` command line: a thin click shell over the library, one module per command.
 
 Exit codes (one place maps errors to them): 0 ok, 1 verify found damage / a format error,
-2 usage or bad input, 3 I/O or environment. ``--json`` prints exactly one JSON document on
-stdout (sorted keys, with the format version); human text and progress bars go to stderr.
+2 usage or bad input, 3 I/O or environment. With ``--json`` stdout holds exactly one JSON
+document (sorted keys, with the format version); without it, a command's report (inspect,
+verify) goes to stdout so it can be piped. Progress bars, warnings and errors always go to stderr.
 """
 
 from __future__ import annotations

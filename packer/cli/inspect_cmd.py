@@ -1,0 +1,169 @@
+"""``packer inspect DATASET``: the summary, one sample (``--sample``, ``--extract``), a contact sheet."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import cli, emit_json, run_command
+from ..errors import OutputExistsError, PackerError
+
+__all__ = ["inspect_command", "write_new_file", "resolve_sample"]
+
+
+def write_new_file(path: Path, data: bytes | memoryview, *, force: bool) -> None:
+    """Write ``data`` to exactly ``path``, never anywhere else.
+
+    Without ``force`` an existing file (or symlink, even a dangling one) is refused (``O_EXCL``);
+    with ``force`` a regular file is truncated and rewritten, but a symlink is still refused
+    (``O_NOFOLLOW``), so the bytes never land outside the path given.
+
+    Raises:
+        OutputExistsError: ``path`` exists (without ``force``), is a symlink or a folder (exit 2).
+        PackerError: the file cannot be written (exit 3).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_TRUNC if force else os.O_EXCL
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise OutputExistsError("already exists; pass --force to overwrite it", path=path) from None
+    except IsADirectoryError:
+        raise OutputExistsError("is a folder; give a file name", path=path) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OutputExistsError("is a symbolic link; refusing to write through it", path=path) from None
+        raise PackerError(f"cannot write: {exc.strerror}", path=path) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise PackerError(f"cannot write: {exc.strerror}", path=path) from None
+
+
+def resolve_sample(index: Any, text: str) -> int:
+    """A sample number from ``--sample``: an integer (negative counts from the end) or a key.
+
+    Raises:
+        click.BadParameter: out of range, or no sample has that key (exit 2).
+    """
+    count = len(index)
+    try:
+        number = int(text)
+    except ValueError:
+        try:
+            return index.find(text)
+        except KeyError:
+            raise click.BadParameter(f"no sample has the key {text!r}", param_hint="--sample") from None
+    if not -count <= number < count:
+        raise click.BadParameter(f"sample {number} is out of range: the dataset holds {count} samples",
+                                 param_hint="--sample")
+    return number % count
+
+
+def _format_sample(info: dict[str, Any]) -> str:
+    rows = [
+        ("sample", f"{info['index']}"),
+        ("key", info["key"]),
+        ("class", f"{info['class']} (label {info['label']})" if info["class"] is not None else str(info["label"])),
+        ("shard", f"{info['shard']} ({info['shard_path']})"),
+        ("offset", f"{info['offset']}"),
+        ("size", f"{info['size']} bytes"),
+        ("checksum", info["checksum"]),
+        ("image", f"{info['image_format']} {info['width']}x{info['height']}, {info['channels']} channel(s)"),
+        ("metadata", json.dumps(info["metadata"], sort_keys=True, ensure_ascii=False) if info["metadata"] else "none"),
+    ]
+    return "\n".join(f"{name:<9}  {value}" for name, value in rows)
+
+
+@cli.command("inspect")
+@click.argument("dataset", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
+              help="Show one sample: its number (negative counts from the end) or its key.")
+@click.option("--extract", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
+              help="With --sample: write the sample's stored bytes to exactly FILE.")
+@click.option("--grid", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="OUT.png",
+              help="Write a contact sheet of sample thumbnails to OUT.png.")
+@click.option("--grid-count", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Samples on the contact sheet (drawn at random with --seed).")
+@click.option("--grid-columns", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Thumbnails per row.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the contact sheet's pick.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --extract or --grid file.")
+def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
+                    grid_count: int, grid_columns: int, seed: int, force: bool) -> None:
+    """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
+    image sizes and rejected files. Never reads the shards unless asked for sample bytes."""
+    if extract is not None and sample is None:
+        raise click.UsageError("--extract needs --sample to say which sample to write")
+    if dataset.is_file() and dataset.name == "manifest.json":
+        dataset = dataset.parent
+
+    def body() -> int:
+        document: dict[str, Any] = {"ok": True}
+        if sample is None and grid is None:
+            from ..summary import format_summary, summarize
+
+            summary = summarize(dataset)
+            if as_json:
+                document.update(summary)
+            else:
+                click.echo(format_summary(summary))
+        if sample is not None:
+            _sample(dataset, sample, extract, force, as_json, document)
+        if grid is not None:
+            _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document)
+        if as_json:
+            emit_json(document)
+        return 0
+
+    run_command(body, as_json=as_json)
+
+
+def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json: bool,
+            document: dict[str, Any]) -> None:
+    from ..dataset import open_dataset, open_index
+    from ..format import verify_checksum
+
+    if extract is None:
+        with open_index(dataset) as index:
+            info = index.sample_info(resolve_sample(index, text))
+    else:
+        with open_dataset(dataset) as ds:
+            number = resolve_sample(ds, text)
+            info = ds.sample_info(number)
+            data = ds.read(number)
+            # Never hand out damaged bytes silently: `packer verify` reports the damage in full.
+            verify_checksum(data, int(ds.index.checksum[number]), path=info["shard_path"], sample=number,
+                            offset=info["offset"])
+        write_new_file(extract, data, force=force)
+        document["extracted"] = {"path": str(extract), "bytes": len(data)}
+        click.echo(f"wrote the {len(data)} bytes of sample {number} ({info['key']}) to {extract}", err=True)
+    document["sample"] = info
+    if not as_json:
+        click.echo(_format_sample(info))
+
+
+def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
+          document: dict[str, Any]) -> None:
+    from ..dataset import open_dataset
+    from ..grid import contact_sheet
+
+    if not force and (out.exists() or out.is_symlink()):  # fail before decoding anything
+        raise OutputExistsError("already exists; pass --force to overwrite it", path=out)
+    png = io.BytesIO()
+    with open_dataset(dataset) as ds:
+        result = contact_sheet(ds, png, count=count, columns=columns, seed=seed)
+    write_new_file(out, png.getbuffer(), force=force)
+    result["path"] = str(out)
+    document["grid"] = result
+    failed = f"; {len(result['failed'])} could not be shown (marked !): {result['failed']}" if result["failed"] else ""
+    click.echo(f"wrote a {result['width']}x{result['height']} contact sheet of {len(result['samples'])} "
+               f"samples to {out}{failed}", err=True)

@@ -1,0 +1,169 @@
+"""Does ``packer verify`` run as fast as reading the shards? Time it against plain reads, same run.
+
+    python scripts/bench_verify.py [--images 3000] [--size-kb 110] [--workers N] [--rounds 3] [--work DIR]
+
+Builds (or reuses) a dataset of ~110 KB JPEGs from ``make_sample.make_big_folder`` (about 330 MB
+for 3000 images), then alternates, ``--rounds`` times:
+
+  * ``cat``: ``cat`` every shard file to /dev/null, one process (what "reading the shards" costs);
+  * ``preadv``: the same reads verify issues (16 MiB ``os.preadv`` chunks) with no hashing;
+  * ``verify``: ``packer.verify.verify(workers=1)``: whole-file xxh3, per-sample xxh3, padding;
+  * ``cat xN`` and ``verify xN``: N shards read in parallel (N = ``--workers``), when N > 1.
+
+Each is measured cold (the dataset's pages evicted with ``posix_fadvise(DONTNEED)``, which needs
+no root and touches no other file; ``--drop-caches`` uses ``/proc/sys/vm/drop_caches`` instead
+when run as root) and warm (files already in the page cache). Prints the median MB/s per mode
+and the ratios verify / cat (1.0 = as fast as reading). Numbers on a shared or virtual machine
+are noisy: compare the ratios, not the absolute speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import make_sample  # noqa: E402
+
+from packer.build import build  # noqa: E402
+from packer.dataset import open_index  # noqa: E402
+from packer.plan import BuildOptions  # noqa: E402
+from packer.verify import CHUNK_SIZE, verify  # noqa: E402
+
+
+def dataset_files(folder: Path) -> list[Path]:
+    with open_index(folder) as index:
+        return [folder / entry.path for entry in index.manifest.shards]
+
+
+def evict(files: list[Path], global_drop: bool) -> None:
+    """Push the files out of the page cache so the next read comes from the device."""
+    if global_drop:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as handle:
+            handle.write("3\n")
+        return
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_fraction(files: list[Path]) -> float | None:
+    """Share of the files' pages in the page cache, via util-linux ``fincore`` when present."""
+    if shutil.which("fincore") is None:
+        return None
+    done = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE",
+                           *map(str, files)], capture_output=True, text=True)
+    if done.returncode:
+        return None
+    resident = total = 0
+    for line in done.stdout.split("\n"):
+        if line.strip():
+            res, size = line.split()
+            resident, total = resident + int(res), total + int(size)
+    return resident / total if total else None
+
+
+def cat(files: list[Path], parallel: int = 1) -> None:
+    subprocess.run(f"printf '%s\\0' {' '.join(repr(str(f)) for f in files)} | xargs -0 -P {parallel} -n 1 cat "
+                   f"> /dev/null", shell=True, check=True)
+
+
+def preadv(files: list[Path]) -> None:
+    buffer = bytearray(CHUNK_SIZE)
+    view = memoryview(buffer)
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            position, size = 0, os.fstat(fd).st_size
+            while position < size:
+                position += os.preadv(fd, [view], position)
+        finally:
+            os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--size-kb", type=int, default=110)
+    parser.add_argument("--shard-size", type=int, default=64 << 20)
+    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "packer-bench-verify")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="evict with /proc/sys/vm/drop_caches (root; affects the whole machine)")
+    args = parser.parse_args()
+
+    source, out = args.work / f"src-{args.images}-{args.size_kb}", args.work / f"ds-{args.images}-{args.size_kb}"
+    complete = source.with_name(source.name + ".complete")  # outside the source: never packed
+    if not complete.exists():
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        make_sample.make_big_folder(source, args.images, size_kb=args.size_kb)
+        complete.touch()
+    if not (out / "manifest.json").exists():
+        build(source, out, BuildOptions(shard_size=args.shard_size), workers=args.workers, overwrite=True,
+              progress=False)
+    files = dataset_files(out)
+    total = sum(f.stat().st_size for f in files)
+    print(f"dataset: {out} ({args.images} images, {len(files)} shards, {total / 1e6:.0f} MB); "
+          f"{os.cpu_count()} CPUs; chunk {CHUNK_SIZE >> 20} MiB")
+
+    def run_verify(workers: int) -> None:
+        report = verify(out, workers=workers, progress=False)
+        if not report.ok:
+            raise SystemExit(f"verify found problems in the benchmark dataset: {report.problems[:3]}")
+
+    modes: dict[str, Callable[[], None]] = {"cat": lambda: cat(files), "preadv": lambda: preadv(files),
+                                            "verify": lambda: run_verify(1)}
+    if args.workers > 1 and len(files) > 1:
+        modes[f"cat x{args.workers}"] = lambda: cat(files, args.workers)
+        modes[f"verify x{args.workers}"] = lambda: run_verify(args.workers)
+    speeds: dict[tuple[str, str], list[float]] = {}
+    residency: list[float] = []
+    for _ in range(args.rounds):
+        for cache in ("cold", "warm"):
+            for name, body in modes.items():
+                if cache == "cold":
+                    evict(files, args.drop_caches)
+                    fraction = resident_fraction(files)
+                    if fraction is not None:
+                        residency.append(fraction)
+                else:
+                    body()  # warm the cache (and the code path) before timing
+                started = time.perf_counter()
+                body()
+                speeds.setdefault((cache, name), []).append(total / (time.perf_counter() - started) / 1e6)
+    if residency:
+        print(f"after eviction, {100 * max(residency):.1f} % of the shard bytes were still cached (worst round)")
+    else:
+        print("fincore not found: could not confirm the eviction")
+    for cache in ("cold", "warm"):
+        median = {name: statistics.median(speeds[(cache, name)]) for name in modes}
+        line = ", ".join(f"{name} {mbps:,.0f} MB/s" for name, mbps in median.items())
+        print(f"{cache} ({args.rounds} rounds, median): {line}")
+        ratios = [f"verify/cat {median['verify'] / median['cat']:.2f}",
+                  f"verify/preadv {median['verify'] / median['preadv']:.2f}"]
+        if f"verify x{args.workers}" in median:
+            ratios.append(f"verify x{args.workers}/cat x{args.workers} "
+                          f"{median[f'verify x{args.workers}'] / median[f'cat x{args.workers}']:.2f}")
+            ratios.append(f"verify x{args.workers}/cat {median[f'verify x{args.workers}'] / median['cat']:.2f}")
+        print(f"{cache} ratios: " + ", ".join(ratios) + "   (1.00 = as fast as reading)")
+
+
+if __name__ == "__main__":
+    main()
