@@ -53,9 +53,9 @@ _SHARD_NUMBER = re.compile(r"shards/shard-(\d{5,})-[0-9a-f]{16}\.pks")
 
 def _read_manifest_bytes(root: Path) -> bytes:
     path = root / fmt.MANIFEST_NAME
-    if not root.exists():
+    if not root.exists():  # [R42]
         raise NotAPackerFileError("dataset folder does not exist", path=root)
-    if not root.is_dir():
+    if not root.is_dir():  # [R42]
         raise NotAPackerFileError("not a dataset folder (expected a folder holding manifest.json)", path=root)
     if path.exists() and not path.is_file():  # [R44] a FIFO would block the open below forever
         raise NotAPackerFileError("manifest.json is not a regular file", path=path)

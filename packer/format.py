@@ -405,7 +405,8 @@ def parse_column_file(buf: Any, magic: bytes, *, path: object = None, kind: str 
     columns: dict[str, np.ndarray] = {}
     previous_end = header_size
     for i in range(count):
-        raw_name, raw_dtype, offset, length = _COLUMN_ENTRY.unpack_from(mv, COLUMN_FILE_HEADER_SIZE + i * COLUMN_ENTRY_SIZE)
+        entry_at = COLUMN_FILE_HEADER_SIZE + i * COLUMN_ENTRY_SIZE
+        raw_name, raw_dtype, offset, length = _COLUMN_ENTRY.unpack_from(mv, entry_at)
         try:  # [R27]
             name = raw_name.rstrip(b"\x00").decode("ascii")
         except UnicodeDecodeError:

@@ -1,0 +1,841 @@
+"""Regenerate ``formats/vectors/`` (the spec's golden datasets) byte for byte from fixed inputs.
+
+Usage::
+
+    python scripts/make_vectors.py            # rewrite formats/vectors/ in place
+    python scripts/make_vectors.py --check    # regenerate into a temp folder, compare, exit 1 on a difference
+    python scripts/make_vectors.py --out DIR  # write the vectors somewhere else
+
+Inputs are fixed byte strings (PNG with stored deflate blocks, BMP, GIF and a baseline JPEG
+written out in hex), so the vectors do not depend on the Pillow or zlib version. Valid vectors are
+built with ``packer.build.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
+damaged in exactly one way. After a damage to the index or a shard header, the file is re-hashed,
+renamed and the manifest updated, so that the only defect is the one the vector is about (except
+the vectors that are about a stale size or checksum). Every invalid vector is opened here once and
+must raise its expected error, so a generator bug cannot commit a wrong vector.
+
+The manifest records ``created_by: packer <version>``: bumping the version changes the vectors;
+rerun this script and commit the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPO))
+
+import packer  # noqa: E402
+from packer import format as fmt  # noqa: E402
+from packer.build import LOCK_NAME, STAGING_DIR, build, commit_dataset  # noqa: E402
+from packer.plan import BuildOptions  # noqa: E402
+
+__all__ = ["generate", "compare_trees", "VALID", "main"]
+
+DEFAULT_OUT = REPO / "formats" / "vectors"
+
+# --- fixed input images -------------------------------------------------------------------------
+
+
+def png_bytes(width: int, height: int, seed: int) -> bytes:
+    """An 8-bit RGB PNG whose IDAT is one *stored* deflate block: no compressor involved."""
+    raw = b"".join(
+        b"\x00" + bytes((seed * 37 + x * 11 + y * 53 + c * 91) & 0xFF for x in range(width) for c in range(3))
+        for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    stored = (b"\x78\x01\x01" + struct.pack("<HH", len(raw), len(raw) ^ 0xFFFF) + raw
+              + struct.pack(">I", zlib.adler32(raw)))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stored) + chunk(b"IEND", b"")
+
+
+def bmp_bytes(width: int, height: int, seed: int) -> bytes:
+    """An uncompressed 24-bit BMP (BITMAPINFOHEADER), rows padded to 4 bytes."""
+    row = (width * 3 + 3) & ~3
+    pixels = b"".join(
+        bytes((seed * 29 + x * 7 + y * 13 + c * 71) & 0xFF for x in range(width) for c in range(3)).ljust(row, b"\0")
+        for y in range(height))
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(pixels), 2835, 2835, 0, 0)
+    return b"BM" + struct.pack("<IHHI", 14 + 40 + len(pixels), 0, 0, 54) + info + pixels
+
+
+#: A 1x1 palette GIF89a.
+GIF_1X1 = bytes.fromhex("47494638396101000100800000000000ffffff21f90401000000002c00000000010001000002024401003b")
+#: An 8x8 grey baseline JPEG (made once with Pillow, quality 50, optimize; frozen here as bytes).
+JPEG_8X8 = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616"
+    "183123251d283a333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ff"
+    "c0000b080008000801011100ffc40014000100000000000000000000000000000000ffc4001410010000000000"
+    "0000000000000000000000ffda0008010100003f003fffd9")
+
+# --- building -------------------------------------------------------------------------------------
+
+
+def _write_files(root: Path, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _build(source: Path, out: Path, options: BuildOptions) -> None:
+    build(source, out, options, workers=1, progress=False)
+    (out / LOCK_NAME).unlink(missing_ok=True)  # the build's lock file is not part of a dataset
+
+
+def _describe_samples(out: Path, inputs: dict[str, bytes], info: dict[str, tuple[int, int, int, int]],
+                      labels: dict[str, int], metadata: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Expected samples in dataset order; every value comes from the inputs, only the order from the index."""
+    with packer.open_index(out) as index:
+        keys = list(index.keys())
+    samples = []
+    for key in keys:
+        data = inputs[key]
+        image_format, width, height, channels = info[key]
+        samples.append({"key": key, "label": labels[key], "size": len(data),
+                        "xxh3": fmt.checksum_hex(fmt.checksum(data)), "image_format": image_format,
+                        "width": width, "height": height, "channels": channels,
+                        "metadata": metadata.get(key, {})})
+    return samples
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_bytes((json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+# (format, width, height, channels) of each fixed input, as the header of the bytes says
+_PNG_A, _PNG_B, _PNG_C = png_bytes(5, 3, 1), png_bytes(4, 4, 2), png_bytes(7, 2, 3)
+_BMP_A = bmp_bytes(3, 2, 4)
+_INFO_PNG_A, _INFO_PNG_B, _INFO_PNG_C = (2, 5, 3, 3), (2, 4, 4, 3), (2, 7, 2, 3)
+_INFO_BMP_A, _INFO_GIF, _INFO_JPEG = (5, 3, 2, 3), (4, 1, 1, 1), (1, 8, 8, 1)
+
+
+def _folder_vector(out: Path, tmp: Path, *, files: dict[str, tuple[bytes, tuple[int, int, int, int]]],
+                   classes: list[str], options: BuildOptions, description: str,
+                   extra_inputs: dict[str, bytes] | None = None) -> None:
+    source = tmp / f"src-{out.name}"
+    _write_files(source, {key: data for key, (data, _) in files.items()})
+    _write_files(source, extra_inputs or {})
+    _build(source, out, options)
+    inputs = {key: data for key, (data, _) in files.items()}
+    info = {key: i for key, (_, i) in files.items()}
+    labels = {key: classes.index(key.split("/")[0]) for key in files}
+    samples = _describe_samples(out, inputs, info, labels, {})
+    _write_json(out / "expected.json", {
+        "description": description, "source": "folder", "options": options.to_json(),
+        "classes": classes, "sample_count": len(samples), "alignment": options.alignment,
+        "samples": samples})
+
+
+def make_base_align512(out: Path, tmp: Path) -> None:
+    _folder_vector(out, tmp, files={
+        "cat/a.png": (_PNG_A, _INFO_PNG_A), "cat/b.jpg": (JPEG_8X8, _INFO_JPEG), "dog/c.bmp": (_BMP_A, _INFO_BMP_A)},
+        classes=["cat", "dog"], options=BuildOptions(alignment=512, shard_size=1536, shuffle=False),
+        description="3 samples in 2 shards (2 + 1), alignment 512, no shuffle; every invalid vector is "
+                    "this dataset damaged in one way")
+
+
+def make_two_shards_align4096(out: Path, tmp: Path) -> None:
+    _folder_vector(out, tmp, files={
+        "cat/a.png": (_PNG_A, _INFO_PNG_A), "cat/b.jpg": (JPEG_8X8, _INFO_JPEG),
+        "dog/c.bmp": (_BMP_A, _INFO_BMP_A), "dog/d.gif": (GIF_1X1, _INFO_GIF)},
+        classes=["cat", "dog"], options=BuildOptions(alignment=4096, shard_size=12288, seed=0),
+        description="4 samples (PNG, JPEG, BMP, GIF) in 2 shards of 12288 bytes, alignment 4096, "
+                    "shuffled with seed 0")
+
+
+def make_align1(out: Path, tmp: Path) -> None:
+    _folder_vector(out, tmp, files={
+        "a/1.png": (_PNG_A, _INFO_PNG_A), "a/2.gif": (GIF_1X1, _INFO_GIF), "b/3.jpg": (JPEG_8X8, _INFO_JPEG),
+        "b/4.png": (_PNG_B, _INFO_PNG_B), "c/5.bmp": (_BMP_A, _INFO_BMP_A)},
+        classes=["a", "b", "c"], options=BuildOptions(alignment=1, shard_size=300, seed=7),
+        description="alignment 1: payloads packed back to back, data_offset 64; shuffled with seed 7")
+
+
+def make_rejected_gap(out: Path, tmp: Path) -> None:
+    _folder_vector(out, tmp, files={
+        "a/1.png": (_PNG_A, _INFO_PNG_A), "a/3.bmp": (_BMP_A, _INFO_BMP_A), "a/4.png": (_PNG_C, _INFO_PNG_C)},
+        extra_inputs={"a/2.txt": b"not an image, rejected by its bytes\n", "a/.DS_Store": b"hidden",
+                      "top-level.png": _PNG_B},
+        classes=["a"], options=BuildOptions(alignment=512, shard_size=1024, shuffle=False),
+        description="one file per planned shard; planned shard 1 (a/2.txt) is rejected, so the manifest "
+                    "lists shards 0, 2 and 3 (a gap in the numbers) and the index's shard column is 0, 1, 2; "
+                    "build-report.jsonl lists the three rejected files")
+
+
+def make_manifest_metadata(out: Path, tmp: Path) -> None:
+    source = tmp / "src-manifest-metadata"
+    rows = [
+        {"path": "img/x.png", "label": 7, "metadata": {"caption": "a red thing", "split": "train"}},
+        {"path": "img/\u00f1and\u00fa.jpg", "label": 0, "metadata": {"caption": "\u00fcnicode \u2713", "n": 3}},
+        {"path": "img/y.bmp", "label": -1, "metadata": {}},
+        {"path": "img/z.gif", "label": 123456789, "metadata": {"nested": {"b": [1, 2], "a": None}}},
+    ]
+    inputs = {"img/x.png": _PNG_C, "img/\u00f1and\u00fa.jpg": JPEG_8X8, "img/y.bmp": _BMP_A, "img/z.gif": GIF_1X1}
+    info = {"img/x.png": _INFO_PNG_C, "img/\u00f1and\u00fa.jpg": _INFO_JPEG, "img/y.bmp": _INFO_BMP_A,
+            "img/z.gif": _INFO_GIF}
+    _write_files(source, inputs)
+    lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    (source / "list.jsonl").write_bytes(lines.encode("utf-8"))
+    options = BuildOptions(alignment=512, shard_size=2048, seed=3)
+    _build(source / "list.jsonl", out, options)
+    labels = {row["path"]: row["label"] for row in rows}
+    metadata = {row["path"]: row["metadata"] for row in rows}
+    samples = _describe_samples(out, inputs, info, labels, metadata)
+    _write_json(out / "expected.json", {
+        "description": "built from a JSONL manifest: integer labels (no classes, so any integer, -1 = "
+                       "unlabeled), per-sample JSON metadata (empty for {}), a non-ASCII key; alignment 512",
+        "source": "manifest", "options": options.to_json(), "classes": [], "sample_count": len(samples),
+        "alignment": 512, "samples": samples})
+
+
+def make_empty(out: Path, tmp: Path) -> None:
+    out.mkdir(parents=True)
+    (out / STAGING_DIR).mkdir()
+    empty64, empty8 = np.zeros(0, np.uint64), np.zeros(0, np.uint8)
+    columns = {"shard": np.zeros(0, np.uint32), "offset": empty64, "size": empty64, "checksum": empty64,
+               "label": np.zeros(0, np.int64), "width": np.zeros(0, np.uint32), "height": np.zeros(0, np.uint32),
+               "channels": empty8, "image_format": empty8, "key_offsets": np.zeros(1, np.uint64), "keys": empty8,
+               "meta_offsets": np.zeros(1, np.uint64), "meta": empty8}
+    commit_dataset(out, columns, [], classes=(), codec={"name": "passthrough"}, alignment=4096,
+                   build_info={"note": "written by scripts/make_vectors.py, not by a build"}, rejected=[],
+                   history=[])
+    _write_json(out / "expected.json", {
+        "description": "zero samples, zero shards: a valid dataset (written with packer.build.commit_dataset)",
+        "source": "none", "options": {}, "classes": [], "sample_count": 0, "alignment": 4096, "samples": []})
+
+
+def make_unknown_fields(out: Path, base: Path) -> None:
+    """Forward compatibility: things a newer writer may add, which this reader must ignore."""
+    shutil.copytree(base, out, symlinks=True)
+    rows, columns = _index_columns(out)
+    columns["image_format"] = columns["image_format"].copy()
+    columns["image_format"][0] = 200  # a reserved value: read as "unknown", never refused
+    columns["x_future"] = np.arange(rows, dtype=np.uint32) + 1000  # an index column this reader does not know
+    _replace_index(out, _encode_index(rows, columns))
+    manifest = _manifest(out)
+    manifest["x_future"] = {"note": "a top-level member from a newer writer"}
+    manifest["index"]["x_note"] = "an unknown member inside the index entry"
+    manifest["shards"][0]["x_note"] = "an unknown member inside a shard entry"
+    manifest["codec"]["x_param"] = 1
+    _write_manifest(out, manifest)
+    (out / "shards" / "shard-00009-0000000000000000.pks").write_bytes(b"a stale file no manifest lists\n")
+    (out / "notes.txt").write_bytes(b"readers ignore files the manifest does not list\n")
+    expected = json.loads((base / "expected.json").read_bytes())
+    expected["samples"][0]["image_format"] = 200
+    expected["description"] = ("base-align512 plus an unknown index column, unknown manifest members at three "
+                               "levels, a reserved image_format value (200) and unlisted files")
+    _write_json(out / "expected.json", expected)
+
+
+#: name -> maker(out, tmp); ``base-align512`` first: the others and the invalid vectors derive from it.
+VALID: dict[str, Callable[[Path, Path], None]] = {
+    "base-align512": make_base_align512,
+    "two-shards-align4096": make_two_shards_align4096,
+    "align1": make_align1,
+    "rejected-gap": make_rejected_gap,
+    "manifest-metadata": make_manifest_metadata,
+    "empty": make_empty,
+}
+
+# --- mutation helpers ---------------------------------------------------------------------------
+
+
+def _canonical(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / fmt.MANIFEST_NAME).read_bytes())
+
+
+def _write_manifest(folder: Path, obj: Any) -> None:
+    (folder / fmt.MANIFEST_NAME).write_bytes(_canonical(obj))
+
+
+def _index_bytes(folder: Path) -> bytes:
+    return (folder / _manifest(folder)["index"]["path"]).read_bytes()
+
+
+def _replace_index(folder: Path, data: bytes, *, rename: bool = True, update_manifest: bool = True) -> None:
+    """Write new index bytes under their content name and point the manifest at them."""
+    manifest = _manifest(folder)
+    old = folder / manifest["index"]["path"]
+    digest = fmt.checksum(data)
+    name = fmt.index_file_name(digest) if rename else manifest["index"]["path"]
+    old.unlink()
+    (folder / name).write_bytes(data)
+    if update_manifest:
+        manifest["index"].update(path=name, size=len(data), checksum=fmt.checksum_hex(digest))
+        _write_manifest(folder, manifest)
+
+
+def _index_columns(folder: Path) -> tuple[int, dict[str, np.ndarray]]:
+    rows, columns = fmt.parse_column_file(_index_bytes(folder), fmt.INDEX_MAGIC)
+    return rows, {name: array.copy() for name, array in columns.items()}
+
+
+def _encode_index(rows: int, columns: dict[str, np.ndarray]) -> bytes:
+    return b"".join(bytes(piece) for piece in fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns))
+
+
+def _patch_index_columns(folder: Path, change: Callable[[dict[str, np.ndarray]], int | None]) -> None:
+    rows, columns = _index_columns(folder)
+    new_rows = change(columns)
+    _replace_index(folder, _encode_index(rows if new_rows is None else new_rows, columns))
+
+
+def _column_entry_offset(data: bytes, name: str) -> int:
+    count = struct.unpack_from("<I", data, 32)[0]
+    for i in range(count):
+        at = fmt.COLUMN_FILE_HEADER_SIZE + i * fmt.COLUMN_ENTRY_SIZE
+        if data[at:at + 24].rstrip(b"\0") == name.encode():
+            return at
+    raise KeyError(name)
+
+
+def _patch_index_bytes(folder: Path, change: Callable[[bytearray], None]) -> None:
+    data = bytearray(_index_bytes(folder))
+    change(data)
+    _replace_index(folder, bytes(data))
+
+
+def _shard_path(folder: Path, position: int) -> Path:
+    return folder / _manifest(folder)["shards"][position]["path"]
+
+
+def _replace_shard(folder: Path, position: int, data: bytes, *, update_size: bool = True) -> None:
+    """Write new shard bytes under their content name (same number) and update the manifest entry."""
+    manifest = _manifest(folder)
+    entry = manifest["shards"][position]
+    digest = fmt.checksum(data)
+    name = fmt.shard_file_name(fmt.shard_number_of(entry["path"]), digest)
+    (folder / entry["path"]).unlink()
+    (folder / name).write_bytes(data)
+    entry.update(path=name, checksum=fmt.checksum_hex(digest))
+    if update_size:
+        entry["size"] = len(data)
+    _write_manifest(folder, manifest)
+
+
+def _patch_shard_header(folder: Path, position: int, fmt_char: str, at: int, value: Any) -> None:
+    data = bytearray(_shard_path(folder, position).read_bytes())
+    struct.pack_into("<" + fmt_char, data, at, value)
+    _replace_shard(folder, position, bytes(data))
+
+
+def _edit_manifest(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def mutate(folder: Path) -> None:
+        manifest = _manifest(folder)
+        change(manifest)
+        _write_manifest(folder, manifest)
+    return mutate
+
+
+def _set(*path_and_value: Any) -> Callable[[Path], None]:
+    *keys, value = path_and_value
+
+    def change(manifest: dict[str, Any]) -> None:
+        target = manifest
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return _edit_manifest(change)
+
+
+def _raw_manifest(transform: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def mutate(folder: Path) -> None:
+        path = folder / fmt.MANIFEST_NAME
+        path.write_bytes(transform(path.read_bytes()))
+    return mutate
+
+
+def _shard_name(folder: Path, position: int) -> str:
+    return _manifest(folder)["shards"][position]["path"]
+
+
+# --- invalid vectors ------------------------------------------------------------------------------
+
+_LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
+                b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 1664\n")
+
+
+def _lfs_pointer_manifest(folder: Path) -> None:
+    (folder / fmt.MANIFEST_NAME).write_bytes(_LFS_POINTER)
+
+
+def _no_manifest(folder: Path) -> None:
+    (folder / fmt.MANIFEST_NAME).unlink()
+    (folder / STAGING_DIR).mkdir()
+    (folder / STAGING_DIR / "README").write_bytes(b"an unfinished build leaves its staging folder here\n")
+
+
+def _manifest_folder(folder: Path) -> None:
+    (folder / fmt.MANIFEST_NAME).unlink()
+    (folder / fmt.MANIFEST_NAME).mkdir()
+    (folder / fmt.MANIFEST_NAME / "x").write_bytes(b"a folder where manifest.json should be\n")
+
+
+def _shard_folder(folder: Path) -> None:
+    path = _shard_path(folder, 1)
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_bytes(b"a folder where a shard should be\n")
+
+
+def _swap_shards(manifest: dict[str, Any]) -> None:
+    manifest["shards"].reverse()
+
+
+def _shard_twice(manifest: dict[str, Any]) -> None:
+    manifest["shards"].append(dict(manifest["shards"][0]))
+    manifest["sample_count"] = sum(s["sample_count"] for s in manifest["shards"])
+
+
+def _remove_field(name: str) -> Callable[[Path], None]:
+    return _edit_manifest(lambda manifest: manifest.pop(name))
+
+
+def _flip_index_byte(folder: Path) -> None:
+    path = folder / _manifest(folder)["index"]["path"]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # inside zero padding or the meta blob: the size stays right, the hash does not
+    path.write_bytes(bytes(data))
+
+
+def _truncate_index(folder: Path) -> None:
+    path = folder / _manifest(folder)["index"]["path"]
+    path.write_bytes(path.read_bytes()[:-64])
+
+
+def _truncate_shard(folder: Path) -> None:
+    path = _shard_path(folder, 1)
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _extend_shard(folder: Path) -> None:
+    path = _shard_path(folder, 1)
+    path.write_bytes(path.read_bytes() + bytes(512))
+
+
+def _extend_shard_and_manifest(folder: Path) -> None:
+    _replace_shard(folder, 1, _shard_path(folder, 1).read_bytes() + bytes(512))
+
+
+def _delete(which: str) -> Callable[[Path], None]:
+    def mutate(folder: Path) -> None:
+        manifest = _manifest(folder)
+        relative = manifest["index"]["path"] if which == "index" else manifest["shards"][1]["path"]
+        (folder / relative).unlink()
+    return mutate
+
+
+def _symlink_out(folder: Path) -> None:
+    path = _shard_path(folder, 1)
+    path.unlink()
+    os.symlink("../../outside-the-dataset.pks", path)  # leads out of the dataset folder (dangling)
+
+
+def _index_file(data: bytes) -> Callable[[Path], None]:
+    return lambda folder: _replace_index(folder, data)
+
+
+def _index_header(fmt_char: str, at: int, value: int) -> Callable[[Path], None]:
+    return lambda folder: _patch_index_bytes(folder, lambda data: struct.pack_into("<" + fmt_char, data, at, value))
+
+
+def _index_entry(column: str, field_offset: int, fmt_char: str, value: Any) -> Callable[[Path], None]:
+    def change(data: bytearray) -> None:
+        struct.pack_into("<" + fmt_char, data, _column_entry_offset(bytes(data), column) + field_offset, value)
+    return lambda folder: _patch_index_bytes(folder, change)
+
+
+def _overlap_columns(data: bytearray) -> None:
+    first = _column_entry_offset(bytes(data), "shard")
+    second = _column_entry_offset(bytes(data), "offset")
+    struct.pack_into("<Q", data, second + 32, struct.unpack_from("<Q", data, first + 32)[0])
+
+
+def _column(name: str, row: int, value: int) -> Callable[[Path], None]:
+    def change(columns: dict[str, np.ndarray]) -> None:
+        columns[name][row] = value
+    return lambda folder: _patch_index_columns(folder, change)
+
+
+def _drop_column(name: str) -> Callable[[Path], None]:
+    def change(columns: dict[str, np.ndarray]) -> None:
+        del columns[name]
+    return lambda folder: _patch_index_columns(folder, change)
+
+
+def _retype_label(columns: dict[str, np.ndarray]) -> None:
+    columns["label"] = columns["label"].astype(np.uint64)
+
+
+def _short_width(columns: dict[str, np.ndarray]) -> None:
+    columns["width"] = columns["width"][:-1]
+
+
+def _drop_last_row(columns: dict[str, np.ndarray]) -> int:
+    rows = len(columns["offset"])
+    for name, (_, rule) in fmt.INDEX_COLUMNS.items():
+        if rule == "N":
+            columns[name] = columns[name][:-1]
+    for blob, offsets in (("keys", "key_offsets"), ("meta", "meta_offsets")):
+        columns[offsets] = columns[offsets][:-1]
+        columns[blob] = columns[blob][:int(columns[offsets][-1])]
+    return rows - 1
+
+
+def _shard_column(values: list[int]) -> Callable[[Path], None]:
+    def change(columns: dict[str, np.ndarray]) -> None:
+        columns["shard"] = np.asarray(values, dtype=np.uint32)
+    return lambda folder: _patch_index_columns(folder, change)
+
+
+def _decreasing_key_offsets(columns: dict[str, np.ndarray]) -> None:
+    key_offsets = columns["key_offsets"]
+    key_offsets[1] = key_offsets[2] + 1  # then key_offsets[2] < key_offsets[1]
+
+
+def _flip_payload_byte(folder: Path) -> None:
+    data = bytearray(_shard_path(folder, 0).read_bytes())
+    data[512 + 20] ^= 0xFF  # inside sample 0's payload; the shard is re-hashed, the sample is not
+    _replace_shard(folder, 0, bytes(data))
+
+
+def _gzip_magic(folder: Path) -> None:
+    data = bytearray(_shard_path(folder, 0).read_bytes())
+    data[:8] = b"\x1f\x8b\x08\x00\x00\x00\x00\x00"
+    _replace_shard(folder, 0, bytes(data))
+
+
+def _shard_alignment_256(folder: Path) -> None:
+    data = bytearray(_shard_path(folder, 0).read_bytes())
+    struct.pack_into("<IQ", data, 12, 256, 256)  # alignment and the matching data_offset
+    _replace_shard(folder, 0, bytes(data))
+
+
+H_VERSION, H_ALIGNMENT, H_DATA_OFFSET, H_COUNT, H_FILE_SIZE, H_NUMBER = 8, 12, 16, 24, 32, 40
+
+#: name -> (requirement, error class, message fragment, stage, what the damage is, mutate(folder)).
+#: stage: "open" = open_index/open_dataset raise; "read" = opening works, reading every sample
+#: raises (shards are opened lazily); "verify" = reading with verify_checksums=True raises.
+INVALID: dict[str, tuple[str, str, str, str, str, Callable[[Path], None]]] = {
+    # manifest
+    "manifest-missing": ("R42", "NotAPackerFileError", "no manifest.json", "open",
+                         "manifest.json deleted; an unfinished build's staging folder is present", _no_manifest),
+    "manifest-is-a-folder": ("R44", "NotAPackerFileError", "manifest.json is not a regular file", "open",
+                             "manifest.json is a folder", _manifest_folder),
+    "manifest-lfs-pointer": ("R31", "NotAPackerFileError", "not a packer manifest (starts with b'version https:",
+                             "open", "manifest.json is a git-LFS pointer", _lfs_pointer_manifest),
+    "manifest-truncated-json": ("R32", "ManifestError", "not valid UTF-8 JSON", "open",
+                                "manifest.json cut in half", _raw_manifest(lambda b: b[:len(b) // 2])),
+    "manifest-not-utf8": ("R32", "ManifestError", "not valid UTF-8 JSON", "open",
+                          "a class name holds the byte 0xff",
+                          _raw_manifest(lambda b: b.replace(b'"cat"', b'"c\xfft"'))),
+    "manifest-nan": ("R32", "ManifestError", "NaN is not valid JSON", "open", "sample_count is NaN",
+                     _raw_manifest(lambda b: b.replace(b'"sample_count": 3', b'"sample_count": NaN'))),
+    "manifest-wrong-format": ("R16", "NotAPackerFileError", "manifest format is 'webdataset'", "open",
+                              "format is \"webdataset\"", _set("format", "webdataset")),
+    "manifest-version-2": ("R16", "UnsupportedVersionError", "dataset format version 2 is not supported", "open",
+                           "format_version is 2", _set("format_version", 2)),
+    "manifest-version-string": ("R16", "ManifestError", "field 'format_version' must be an integer, got a string",
+                                "open", "format_version is \"1\"", _set("format_version", "1")),
+    "manifest-checksum-algorithm": ("R33", "ManifestError", "checksum_algorithm 'crc32' is not 'xxh3_64'", "open",
+                                    "checksum_algorithm is \"crc32\"", _set("checksum_algorithm", "crc32")),
+    "manifest-alignment-768": ("R34", "ManifestError", "power of two", "open", "alignment is 768",
+                               _set("alignment", 768)),
+    "manifest-bool-as-int": ("R35", "ManifestError", "field 'sample_count' must be an integer, got a boolean",
+                             "open", "sample_count is true", _set("sample_count", True)),
+    "manifest-count-2pow63": ("R35", "ManifestError", "field 'sample_count' = 9223372036854775808 outside",
+                              "open", "sample_count is 2^63", _set("sample_count", 1 << 63)),
+    "manifest-shard-size-2pow62": ("R35", "ManifestError", "field 'size' = 4611686018427387904 outside", "open",
+                                   "shards[0].size is 2^62 (sizes must stay below 2^62)",
+                                   _set("shards", 0, "size", 1 << 62)),
+    "manifest-missing-codec": ("R35", "ManifestError", "lacks required field 'codec'", "open",
+                               "the codec member is missing", _remove_field("codec")),
+    "manifest-classes-string": ("R35", "ManifestError", "field 'classes' must be an array, got a string", "open",
+                                "classes is \"cat,dog\"", _set("classes", "cat,dog")),
+    "manifest-checksum-uppercase": ("R35", "ManifestError", "shard 0 checksum must be 16 lowercase hex digits",
+                                    "open", "shards[0].checksum in upper case",
+                                    _edit_manifest(lambda m: m["shards"][0].update(
+                                        checksum=m["shards"][0]["checksum"].upper()))),
+    "manifest-history-not-list": ("R35", "ManifestError", "'history' a list of objects", "open",
+                                  "history is an object", _set("history", {"build": 1})),
+    "path-dotdot": ("R19", "UnsafePathError", "is not a valid dataset path", "open",
+                    "shards[1].path goes through 'shards/../'",
+                    _edit_manifest(lambda m: m["shards"][1].update(path="shards/../" + m["shards"][1]["path"]))),
+    "path-absolute": ("R19", "UnsafePathError", "is not a valid dataset path", "open",
+                      "shards[0].path is absolute",
+                      _edit_manifest(lambda m: m["shards"][0].update(path="/tmp/" + m["shards"][0]["path"]))),
+    "path-short-number": ("R19", "UnsafePathError", "shards/shard-<number, at least 5 digits>", "open",
+                          "shards[0].path spells the number with 1 digit",
+                          _edit_manifest(lambda m: m["shards"][0].update(
+                              path=m["shards"][0]["path"].replace("shard-00000-", "shard-0-")))),
+    "index-path-dotdot": ("R19", "UnsafePathError", "index path", "open", "index.path is '../index-<hex>.pki'",
+                          _edit_manifest(lambda m: m["index"].update(path="../" + m["index"]["path"]))),
+    "symlink-escape": ("R19", "UnsafePathError", "resolves outside the dataset folder", "read",
+                       "shard 1 is a symlink to ../../outside-the-dataset.pks", _symlink_out),
+    "shards-not-increasing": ("R17", "ManifestError", "is not numbered after the shard before it", "open",
+                              "the two shard entries listed in reverse order", _edit_manifest(_swap_shards)),
+    "shard-listed-twice": ("R17", "ManifestError", "is not numbered after the shard before it", "open",
+                           "shard 0 listed again at the end (sample_count adjusted)", _edit_manifest(_shard_twice)),
+    "shard-size-not-multiple": ("R37", "ManifestError", "size 1000 is not a multiple of the alignment 512", "open",
+                                "shards[1].size is 1000", _set("shards", 1, "size", 1000)),
+    "sample-count-sum": ("R18", "ManifestError", "differs from the sum of the shards' counts", "open",
+                         "sample_count is 4, the shards hold 3", _set("sample_count", 4)),
+    # index file
+    "index-missing": ("R43", "DatasetChangedError", "is missing", "open", "the index file is deleted",
+                      _delete("index")),
+    "index-truncated": ("R20", "TruncatedFileError", "(truncated)", "open",
+                        "the index file lost its last 64 bytes; the manifest is unchanged", _truncate_index),
+    "index-checksum-mismatch": ("R39", "ChecksumMismatchError", "index checksum mismatch", "open",
+                                "one index byte flipped; size unchanged, manifest unchanged", _flip_index_byte),
+    "index-lfs-pointer": ("R1", "NotAPackerFileError", "not a packer index file (starts with b'version ", "open",
+                          "the index file is a git-LFS pointer (manifest updated to its size and hash)",
+                          _index_file(_LFS_POINTER)),
+    "index-short": ("R21", "TruncatedFileError", "shorter than its 64-byte header", "open",
+                    "the index file is its first 10 bytes (manifest updated)",
+                    lambda folder: _replace_index(folder, _index_bytes(folder)[:10])),
+    "index-version-2": ("R2", "UnsupportedVersionError", "index format version 2 is not supported", "open",
+                        "index header version is 2", _index_header("I", 8, 2)),
+    "index-extended": ("R5", "TruncatedFileError", "(extended)", "open",
+                       "64 zero bytes appended to the index (manifest updated)",
+                       lambda folder: _replace_index(folder, _index_bytes(folder) + bytes(64))),
+    "index-column-count-0": ("R24", "CorruptHeaderError", "column_count 0 outside 1..64", "open",
+                             "index column_count is 0", _index_header("I", 32, 0)),
+    "index-header-size": ("R25", "CorruptHeaderError", "header_size 960 does not match 13 columns", "open",
+                          "index header_size is 960 (64 more than 13 columns need)", _index_header("I", 12, 960)),
+    "index-row-count-2pow63": ("R26", "CorruptHeaderError", "row_count 9223372036854775808 exceeds the limit",
+                               "open", "index row_count is 2^63", _index_header("Q", 24, 1 << 63)),
+    "index-column-bad-name": ("R27", "CorruptHeaderError", "invalid or repeated name 'Label'", "open",
+                              "column 'label' renamed 'Label'", _index_entry("label", 0, "24s", b"Label")),
+    "index-column-bad-dtype": ("R28", "CorruptHeaderError", "unsupported dtype '<f8'", "open",
+                               "column 'label' has dtype '<f8'", _index_entry("label", 24, "8s", b"<f8")),
+    "index-columns-overlap": ("R7", "OverlappingRecordsError", "column 'offset' starts at", "open",
+                              "column 'offset' starts where column 'shard' starts",
+                              lambda folder: _patch_index_bytes(folder, _overlap_columns)),
+    "index-column-past-end": ("R6", "OffsetOutOfBoundsError", "runs past the end", "open",
+                              "column 'meta' claims 2^61 elements", _index_entry("meta", 40, "Q", 1 << 61)),
+    "index-missing-column": ("R8", "CorruptHeaderError", "lacks required column 'checksum'", "open",
+                             "the 'checksum' column is absent", _drop_column("checksum")),
+    "index-column-wrong-dtype": ("R8", "CorruptHeaderError", "has dtype <u8, expected <i8", "open",
+                                 "column 'label' is <u8", lambda f: _patch_index_columns(f, _retype_label)),
+    "index-column-wrong-length": ("R8", "IndexMismatchError", "'width' has 2 entries, expected 3", "open",
+                                  "column 'width' has N-1 entries", lambda f: _patch_index_columns(f, _short_width)),
+    "index-row-count-mismatch": ("R9", "IndexMismatchError", "index holds 2 samples but the manifest's shards hold 3",
+                                 "open", "the index lost its last row (a consistent 2-row index)",
+                                 lambda f: _patch_index_columns(f, _drop_last_row)),
+    "index-shard-out-of-range": ("R10", "OffsetOutOfBoundsError", "names shard 7 but the manifest lists 2", "open",
+                                 "sample 2 in shard 7", _column("shard", 2, 7)),
+    "index-shard-order": ("R10", "OverlappingRecordsError", "per-shard counts place it in shard 0", "open",
+                          "shard column is 0, 1, 1 (the manifest says 2 + 1)", _shard_column([0, 1, 1])),
+    "index-size-zero": ("R11", "CorruptHeaderError", "has size 0", "open", "sample 1 has size 0",
+                        _column("size", 1, 0)),
+    "index-misaligned-offset": ("R12", "MisalignedRecordError", "not a multiple of 512", "open",
+                                "sample 1 starts at 1032", _column("offset", 1, 1032)),
+    "index-offset-2pow62": ("R29", "OffsetOutOfBoundsError", "beyond 2^62", "open", "sample 2 starts at 2^62",
+                            _column("offset", 2, 1 << 62)),
+    "index-overlap": ("R13", "OverlappingRecordsError", "starts at 512 but the layout requires 1024", "open",
+                      "sample 1 starts at 512, on top of sample 0", _column("offset", 1, 512)),
+    "index-gap": ("R13", "OverlappingRecordsError", "starts at 1536 but the layout requires 1024", "open",
+                  "sample 1 starts at 1536, leaving a gap", _column("offset", 1, 1536)),
+    "index-offset-past-end": ("R14", "OffsetOutOfBoundsError", "is 1024 bytes but its samples end at 1536", "open",
+                              "sample 2 (the last of shard 1) is 600 bytes: its aligned end is past the shard",
+                              _column("size", 2, 600)),
+    "index-key-offsets-decrease": ("R15", "OverlappingRecordsError", "'key_offsets' must start at 0, never decrease",
+                                   "open", "key_offsets[1] > key_offsets[2]",
+                                   lambda f: _patch_index_columns(f, _decreasing_key_offsets)),
+    "label-out-of-range": ("R40", "IndexMismatchError", "has label 2 but the manifest lists 2 classes", "open",
+                           "sample 0 has label 2 with classes [cat, dog]", _column("label", 0, 2)),
+    # shards
+    "shard-missing": ("R43", "DatasetChangedError", "is missing", "read", "shard 1 deleted", _delete("shard")),
+    "shard-is-a-folder": ("R44", "NotAPackerFileError", "is not a regular file", "read",
+                          "shard 1 is a folder", _shard_folder),
+    "shard-truncated": ("R20", "TruncatedFileError", "(truncated)", "read",
+                        "shard 1 lost its last 100 bytes; the manifest is unchanged", _truncate_shard),
+    "shard-extended": ("R20", "TruncatedFileError", "(extended)", "read",
+                       "512 zero bytes appended to shard 1; the manifest is unchanged", _extend_shard),
+    "shard-extended-manifest-updated": ("R14", "OffsetOutOfBoundsError", "is 1536 bytes but its samples end at 1024",
+                                        "open", "512 zero bytes appended to shard 1, manifest size and hash updated",
+                                        _extend_shard_and_manifest),
+    "shard-bad-magic": ("R1", "NotAPackerFileError", "not a packer shard (starts with b'\\x1f\\x8b", "read",
+                        "shard 0 starts with a gzip magic", _gzip_magic),
+    "shard-version-2": ("R2", "UnsupportedVersionError", "shard format version 2 is not supported", "read",
+                        "shard 0 header version is 2", lambda f: _patch_shard_header(f, 0, "I", H_VERSION, 2)),
+    "shard-alignment-3": ("R3", "CorruptHeaderError", "power of two", "read", "shard 0 header alignment is 3",
+                          lambda f: _patch_shard_header(f, 0, "I", H_ALIGNMENT, 3)),
+    "shard-data-offset": ("R22", "CorruptHeaderError", "data_offset 64 must be 512", "read",
+                          "shard 0 header data_offset is 64",
+                          lambda f: _patch_shard_header(f, 0, "Q", H_DATA_OFFSET, 64)),
+    "shard-count-2pow63": ("R23", "CorruptHeaderError", "sample_count 9223372036854775808 outside", "read",
+                           "shard 0 header sample_count is 2^63",
+                           lambda f: _patch_shard_header(f, 0, "Q", H_COUNT, 1 << 63)),
+    "shard-file-size-not-multiple": ("R4", "CorruptHeaderError", "file_size 1000 must be a multiple of 512", "read",
+                                     "shard 0 header file_size is 1000",
+                                     lambda f: _patch_shard_header(f, 0, "Q", H_FILE_SIZE, 1000)),
+    "shard-header-size-mismatch": ("R5", "TruncatedFileError", "header says 2048 (truncated)", "read",
+                                   "shard 0 header file_size is 2048, the file is 1536 bytes",
+                                   lambda f: _patch_shard_header(f, 0, "Q", H_FILE_SIZE, 2048)),
+    "shard-header-alignment-mismatch": ("R38", "ManifestError", "disagrees with the manifest", "read",
+                                        "shard 0 header alignment 256 (data_offset 256), manifest 512",
+                                        _shard_alignment_256),
+    "shard-header-count-mismatch": ("R38", "ManifestError", "disagrees with the manifest", "read",
+                                    "shard 0 header sample_count is 1, the manifest says 2",
+                                    lambda f: _patch_shard_header(f, 0, "Q", H_COUNT, 1)),
+    "shard-header-number-mismatch": ("R38", "ManifestError", "disagrees with the manifest", "read",
+                                     "shard 1 header shard_number is 5, its name says 1",
+                                     lambda f: _patch_shard_header(f, 1, "I", H_NUMBER, 5)),
+    "sample-checksum-mismatch": ("R41", "ChecksumMismatchError", "sample checksum mismatch", "verify",
+                                 "one payload byte of sample 0 flipped (the shard's own hash updated)",
+                                 _flip_payload_byte),
+}
+
+# --- generation -----------------------------------------------------------------------------------
+
+
+def _check_invalid(folder: Path, expected: dict[str, str]) -> None:
+    """Open the damaged dataset as the tests do; raise AssertionError if it fails differently."""
+    stage = expected["stage"]
+
+    def matches(exc: packer.PackerError) -> None:
+        if type(exc).__name__ != expected["error"] or expected["message"] not in str(exc):
+            raise AssertionError(f"raised {type(exc).__name__}: {exc}")
+
+    try:
+        dataset = packer.open_dataset(folder, verify_checksums=stage == "verify")
+    except packer.PackerError as exc:
+        if stage != "open":
+            raise AssertionError(f"opening raised {type(exc).__name__}: {exc}") from None
+        matches(exc)
+        return
+    with dataset:
+        if stage == "open":
+            raise AssertionError("opened without error")
+        try:
+            for i in range(len(dataset)):
+                dataset.read(i)
+        except packer.PackerError as exc:
+            matches(exc)
+            return
+    raise AssertionError("read every sample without error")
+
+
+def generate(out: Path) -> None:
+    """Write every vector under ``out`` (which must not exist), and a README listing them."""
+    out = Path(out)
+    out.mkdir(parents=True)
+    valid, invalid = out / "valid", out / "invalid"
+    valid.mkdir()
+    invalid.mkdir()
+    with tempfile.TemporaryDirectory(prefix="packer-vectors-") as tmp:
+        for name, maker in VALID.items():
+            maker(valid / name, Path(tmp))
+        make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
+    base = valid / "base-align512"
+    for name, (requirement, error, message, stage, description, mutate) in INVALID.items():
+        folder = invalid / name
+        shutil.copytree(base, folder, symlinks=True, ignore=shutil.ignore_patterns("expected.json", fmt.REPORT_NAME))
+        mutate(folder)
+        expected = {"error": error, "message": message, "requirement": requirement, "stage": stage,
+                    "description": description}
+        try:
+            _check_invalid(folder, expected)
+        except AssertionError as exc:
+            raise SystemExit(f"invalid vector {name}: expected {error} ({message!r}) at {stage}, but {exc}")
+        _write_json(folder / "expected.json", expected)
+    _write_readme(out)
+
+
+def _write_readme(out: Path) -> None:
+    lines = [
+        "# Test vectors (generated: do not edit)",
+        "",
+        "Produced by `python scripts/make_vectors.py` from fixed input bytes; `tests/test_vectors.py`",
+        "regenerates them and compares the trees byte for byte, then reads every vector. See",
+        "formats/SPEC.md section 12.",
+        "",
+        "- `valid/<name>/`: a dataset that MUST open; `expected.json` lists every sample in dataset",
+        "  order (key, label, size, xxh3 of the bytes, image_format, width, height, channels, metadata).",
+        "- `invalid/<name>/`: `valid/base-align512` damaged in one way; `expected.json` gives the error",
+        "  class, a fragment of its message, the requirement id and the stage: `open` (opening raises),",
+        "  `read` (opening works, reading every sample raises: shards are opened lazily) or `verify`",
+        "  (reading with sample checksums on raises).",
+        "",
+        "## Valid",
+        "",
+    ]
+    for folder in sorted((out / "valid").iterdir()):
+        description = json.loads((folder / "expected.json").read_bytes())["description"]
+        lines.append(f"- `{folder.name}`: {description}")
+    lines += ["", "## Invalid", "", "| Vector | Requirement | Error | Stage | Damage |", "|---|---|---|---|---|"]
+    for name, (requirement, error, _message, stage, description, _) in sorted(
+            INVALID.items(), key=lambda item: (int(item[1][0][1:]), item[0])):
+        lines.append(f"| `{name}` | {requirement} | `{error}` | {stage} | {description} |")
+    (out / "README.md").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def _tree(root: Path) -> dict[str, tuple[str, bytes]]:
+    """relative path -> ("file", bytes) or ("link", target), without following links."""
+    entries: dict[str, tuple[str, bytes]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            relative = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                entries[relative] = ("link", os.readlink(path).encode())
+            elif path.is_file():
+                entries[relative] = ("file", path.read_bytes())
+    return entries
+
+
+def compare_trees(expected: Path, got: Path) -> list[str]:
+    """Differences between two vector trees (empty when byte-identical, links compared as links)."""
+    a, b = _tree(expected), _tree(got)
+    problems = [f"only in {expected}: {p}" for p in sorted(a.keys() - b.keys())]
+    problems += [f"only in {got}: {p}" for p in sorted(b.keys() - a.keys())]
+    problems += [f"differs: {p}" for p in sorted(a.keys() & b.keys()) if a[p] != b[p]]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder to (re)write (default: formats/vectors)")
+    parser.add_argument("--check", action="store_true", help="compare a fresh generation with --out; write nothing")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="packer-vectors-") as tmp:
+        fresh = Path(tmp) / "vectors"
+        generate(fresh)
+        if args.check:
+            problems = compare_trees(args.out, fresh)
+            for line in problems:
+                print(line, file=sys.stderr)
+            print("vectors are up to date" if not problems else f"{len(problems)} difference(s)", file=sys.stderr)
+            return 1 if problems else 0
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        shutil.copytree(fresh, args.out, symlinks=True)
+    total = sum(len(data) for _, data in _tree(args.out).values())
+    print(f"wrote {len(VALID) + 1} valid and {len(INVALID)} invalid vectors to {args.out} ({total} bytes)",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
