@@ -53,6 +53,12 @@ class MmapShard:
         if hasattr(self._map, "madvise"):
             self._map.madvise(mmap.MADV_SEQUENTIAL)
 
+    def advise_willneed(self, offset: int, size: int) -> None:
+        """Ask the kernel to read ``size`` bytes at ``offset`` ahead, as one large asynchronous read."""
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_WILLNEED") and size > 0:
+            start = offset - offset % mmap.PAGESIZE  # madvise wants a page-aligned start
+            self._map.madvise(mmap.MADV_WILLNEED, start, min(offset + size, self.size) - start)
+
     def read_into(self, offset: int, out: Any) -> None:
         target = memoryview(out).cast("B")
         target[:] = self._view[offset:offset + target.nbytes]
@@ -88,6 +94,11 @@ class PreadShard:
                                          path=self.path, offset=offset + done)
             done += n
 
+    def advise_willneed(self, offset: int, size: int) -> None:
+        """Ask the kernel to read ``size`` bytes at ``offset`` into the page cache ahead of use."""
+        if hasattr(os, "posix_fadvise") and size > 0:
+            os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)
+
     def view(self, offset: int, size: int) -> memoryview:
         buffer = bytearray(size)
         self.read_into(offset, buffer)
@@ -107,8 +118,11 @@ def open_backend(name: str, fd: int, path: str, size: int) -> ShardBackend:
     if name == "direct":
         from .direct import DirectShard  # O_DIRECT: lives with the aligned-buffer code
         return DirectShard(fd, path, size)
+    if name == "kvikio":
+        from .gpu import KvikioShard  # GPUDirect Storage: imports kvikio lazily, says what is missing
+        return KvikioShard(fd, path, size)
     try:
         cls = BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS) + ['direct']}") from None
+        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS) + ['direct', 'kvikio']}") from None
     return cls(fd, path, size)

@@ -178,9 +178,12 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
         return plan
     listing = list_source(source, root)
     plan = make_plan(listing, options, source=source.name)
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / RECORD_DIR).mkdir(exist_ok=True)
-    save_plan(plan, plan_path)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        (staging / RECORD_DIR).mkdir(exist_ok=True)
+        save_plan(plan, plan_path)
+    except OSError as exc:
+        raise _io_error(exc, "saving the build plan", plan_path) from None
     return plan
 
 
@@ -239,7 +242,10 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
     rows = {name: [] for name in _RECORD_COLUMNS}
     rejected: list[dict[str, str]] = []
     temp_dir = out / STAGING_DIR / TEMP_DIR
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        temp_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _io_error(exc, f"writing shard {shard}", temp_dir) from None
     temp = temp_dir / f"shard-{shard:05d}.{os.getpid()}.partial"
     position = data_offset
     pending_files = pending_bytes = 0
@@ -406,8 +412,13 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     listing = plan.listing
     live = [i for i, h in enumerate(headers) if h["sample_count"]]
     if not live:
-        raise BuildError(f"every one of the {len(listing)} source files was rejected; see the reasons "
-                         f"with the build report", path=out)
+        # No dataset, so no build report either: the reasons go in the message.
+        reasons: dict[str, int] = {}
+        for r in list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        raise BuildError(f"every one of the {len(listing)} source files was rejected ({shown}); nothing to pack",
+                         path=out)
     shards = [fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"],
                              checksum=int(headers[i]["checksum"], 16), sample_count=headers[i]["sample_count"])
               for i in live]
@@ -508,6 +519,10 @@ def _remove_unreferenced(out: Path, keep: set[str]) -> None:
         relative = path.relative_to(out).as_posix()
         if relative not in keep:
             path.unlink(missing_ok=True)
+    # Temp files of a killed build's _write_atomic (we hold the lock: no writer owns them now).
+    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME):
+        for path in out.glob(f".{name}.*.tmp"):
+            path.unlink(missing_ok=True)
 
 
 # --- the whole build --------------------------------------------------------------------------
@@ -558,11 +573,18 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         raise SourceError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
     if not source_path.exists():
         raise SourceError("source does not exist", path=source_path)
-    _check_output(out_path, overwrite or part is not None)
+    # --resume continues a build that was replacing a dataset, or that committed and was killed
+    # while cleaning up: its saved plan shows it was allowed to write here.
+    continuing = resume and part is None and (out_path / STAGING_DIR / PLAN_NAME).is_file()
+    _check_output(out_path, overwrite or part is not None or continuing)
     if part is not None and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
     root_path = Path(root) if root is not None else None
     with build_lock(out_path, shared=part is not None):
+        if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
+            # Checked again under the lock: another build may have committed since the check above.
+            raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it",
+                                    path=out_path)
         staging = out_path / STAGING_DIR
         if part is None and not resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)

@@ -159,7 +159,8 @@ def _utf8_name(relative: str) -> bytes | None:
 
 
 def _printable(relative: str) -> str:
-    return relative.encode("utf-8", "backslashreplace").decode("utf-8")
+    # The name's real bytes, an invalid one shown as \xff (not as the surrogate escape \udcff).
+    return os.fsencode(relative).decode("utf-8", "backslashreplace")
 
 
 def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_module
+import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +26,23 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any) -> None:
+def _exit_with_parent(parent_pid: int) -> None:
+    """Exit as soon as the build process is gone (killed with SIGKILL, say).
+
+    A forked worker inherits the build's ``flock`` on the output folder (the lock belongs to the
+    open file, which fork shares) and, orphaned, would wait for work forever, keeping the folder
+    locked so that ``--resume`` is refused until someone kills it by hand.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="packer-exit-with-parent", daemon=True).start()
+
+
+def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any, parent_pid: int) -> None:
+    _exit_with_parent(parent_pid)
     # Each worker maps the saved plan itself: nothing large crosses the process boundary.
     _state["plan"] = load_plan(Path(plan_path), Path(root))
     _state["out"] = Path(out)
@@ -55,7 +73,7 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
     plan_path = str(out / STAGING_DIR / PLAN_NAME)
     with ProcessPoolExecutor(max_workers=min(workers, len(shard_ids)), mp_context=context,
                              initializer=_init_worker,
-                             initargs=(plan_path, str(plan.listing.root), str(out), progress_queue)) as pool:
+                             initargs=(plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid())) as pool:
         pending: set[Future[int]] = {pool.submit(_pack_in_worker, shard, fail_on_reject) for shard in shard_ids}
         try:
             while pending:
