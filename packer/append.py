@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -28,9 +27,6 @@ from .plan import BuildOptions, make_plan, save_plan
 from .sources import Rejection, SourceListing, list_source
 
 __all__ = ["append"]
-
-_NUMBER = re.compile(r"shards/shard-(\d+)-")
-
 
 def _relabel(listing: SourceListing, old_classes: tuple[str, ...]) -> tuple[SourceListing, tuple[str, ...]]:
     """Map the new source's labels onto the dataset's classes; unseen class names get new ids."""
@@ -104,7 +100,7 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         if len(listing) == 0:
             raise EmptySourceError("every file of the new source is already in the dataset or rejected",
                                    path=Path(source))
-        last_number = int(_NUMBER.match(manifest.shards[-1].path).group(1)) if manifest.shards else -1  # type: ignore[union-attr]
+        last_number = manifest.shards[-1].number if manifest.shards else -1
         plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
         staging = out / STAGING_DIR
         shutil.rmtree(staging, ignore_errors=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -48,7 +47,6 @@ def _aligned_buffer(nbytes: int) -> np.ndarray:
     return raw[skip:skip + nbytes]
 
 
-_SHARD_NUMBER = re.compile(r"shards/shard-(\d{5,})-[0-9a-f]{16}\.pks")
 
 
 def _read_manifest_bytes(root: Path) -> bytes:
@@ -316,7 +314,7 @@ class Dataset(DatasetIndex):
         try:
             head = os.pread(fd, fmt.SHARD_HEADER_SIZE, 0)
             header = fmt.ShardHeader.parse(head, path=real, actual_size=entry.size)
-            expected_number = int(_SHARD_NUMBER.fullmatch(entry.path).group(1))  # type: ignore[union-attr]
+            expected_number = entry.number
             if (header.alignment != self.manifest.alignment or header.sample_count != entry.sample_count
                     or header.shard_number != expected_number):  # [R38]
                 raise ManifestError(
