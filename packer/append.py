@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .build import (STAGING_DIR, BuildResult, _gather_blob, _read_record, _record_path, build_lock,
+from .build import (STAGING_DIR, BuildResult, _read_record, _record_path, build_lock,
                     commit_dataset, run_shards)
 from .dataset import open_index
 from .errors import BuildError, EmptySourceError
 from .plan import BuildOptions, make_plan, save_plan
-from .sources import Rejection, SourceListing, list_source
+from .sources import Rejection, SourceListing, gather_blob, list_source, select_rows
 
 __all__ = ["append"]
 
@@ -58,14 +58,7 @@ def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceL
         if listing.key_blob[start:end].tobytes() in existing:
             keep[i] = False
             listing.rejected.append(Rejection(listing.key(i), "duplicate-entry", "already in the dataset"))
-    if keep.all():
-        return listing
-    rows = np.flatnonzero(keep)
-    keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, rows)
-    meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, rows)
-    return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
-                         key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
-                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected)
+    return listing if keep.all() else select_rows(listing, keep)
 
 
 def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
@@ -121,8 +114,8 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
             raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
         source_rows = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
         counts = [h["sample_count"] for h in (headers[i] for i in live)]
-        keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, source_rows)
-        meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
+        keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source_rows)
+        meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
         ix = old.index
         old_shards = len(manifest.shards)
         columns = {

@@ -39,7 +39,7 @@ from .errors import (BuildError, BuildLockedError, OutputExistsError, PackerErro
                      SourceError)
 from .imageinfo import probe_image
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
-from .sources import Rejection, list_source
+from .sources import Rejection, gather_blob, list_source
 
 __all__ = ["build", "BuildResult", "STAGING_DIR", "pack_planned_shard", "finish_build",
            "prepare_plan", "parse_part", "shards_of_part", "build_lock", "ProgressSink"]
@@ -424,8 +424,8 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
               for i in live]
     source = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
     counts = np.array([h["sample_count"] for h in (headers[i] for i in live)], dtype=np.int64)
-    keys, key_offsets = _gather_blob(listing.key_blob, listing.key_offsets, source)
-    meta, meta_offsets = _gather_blob(listing.meta_blob, listing.meta_offsets, source)
+    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source)
+    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source)
     columns = {
         "shard": np.repeat(np.arange(len(live), dtype=np.uint32), counts),
         "offset": np.concatenate([records[i]["offset"] for i in live]),
@@ -453,21 +453,6 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
                           alignment=options.alignment, build_info=build_info, rejected=rejected,
                           history=list(history), cleanup=cleanup)
-
-
-def _gather_blob(blob: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Variable-length entries ``rows`` of (blob, offsets), concatenated: vectorised, no Python loop."""
-    starts = offsets[rows].astype(np.int64)
-    lengths = offsets[rows + 1].astype(np.int64) - starts
-    new_offsets = np.zeros(len(rows) + 1, dtype=np.uint64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    if total == 0:
-        return np.zeros(0, dtype=np.uint8), new_offsets
-    # position p of the output comes from starts[row] + (p - new_offsets[row])
-    row_of = np.repeat(np.arange(len(rows)), lengths)
-    gather = starts[row_of] + (np.arange(total, dtype=np.int64) - new_offsets[:-1].astype(np.int64)[row_of])
-    return blob[gather], new_offsets
 
 
 def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,

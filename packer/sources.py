@@ -20,7 +20,6 @@ million files costs about 100 bytes per file, not a kilobyte of Python objects.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import stat
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import xxhash
 
 from .errors import EmptySourceError, SourceError
 
@@ -249,32 +249,37 @@ def list_image_folder(root: str | os.PathLike[str]) -> SourceListing:
 
 
 def _manifest_rows(path: Path) -> Iterator[tuple[int, dict[str, object] | None, str]]:
-    """Yield (line number, row, error) from a CSV or JSONL manifest."""
+    """Yield (line number, row, error) from a CSV or JSONL manifest, streaming line by line."""
+    suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".ndjson", ".csv", ".tsv"):
+        raise SourceError("manifest must be .csv, .tsv or .jsonl", path=path)
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        handle = open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise SourceError(f"cannot read the manifest: {exc.strerror}", path=path) from None
+    try:
+        with handle:
+            if suffix in (".jsonl", ".ndjson"):
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as exc:
+                        yield number, None, f"line is not JSON: {exc}"
+                        continue
+                    yield (number, row, "") if isinstance(row, dict) else (number, None, "line is not a JSON object")
+            else:
+                reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+                if not reader.fieldnames or "path" not in reader.fieldnames:
+                    raise SourceError(f"CSV manifest needs a header row with a 'path' column (and 'label'), "
+                                      f"got {reader.fieldnames}", path=path)
+                for row in reader:
+                    yield reader.line_num, dict(row), ""
     except UnicodeDecodeError as exc:
-        raise SourceError(f"manifest is not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                yield number, None, f"line is not JSON: {exc}"
-                continue
-            yield (number, row, "") if isinstance(row, dict) else (number, None, "line is not a JSON object")
-    elif path.suffix.lower() in (".csv", ".tsv"):
-        reader = csv.DictReader(io.StringIO(text), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        if not reader.fieldnames or "path" not in reader.fieldnames:
-            raise SourceError(f"CSV manifest needs a header row with a 'path' column (and 'label'), "
-                              f"got {reader.fieldnames}", path=path)
-        for number, row in enumerate(reader, 2):
-            yield number, dict(row), ""
-    else:
-        raise SourceError("manifest must be .csv, .tsv or .jsonl", path=path)
+        raise SourceError(f"manifest is not UTF-8 text ({exc.reason})", path=path) from None
+    except csv.Error as exc:
+        raise SourceError(f"manifest is not valid CSV: {exc}", path=path) from None
 
 
 def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> SourceListing:
@@ -282,6 +287,8 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
 
     CSV columns other than ``path`` and ``label`` become the sample's metadata (strings); JSONL
     rows may carry a ``metadata`` object. Labels are all integers or all class-name strings.
+    Streaming: rows go straight into flat arrays, so a manifest of 100 M rows is never a list of
+    100 M Python objects; duplicates are found afterwards by sorting 64-bit key hashes.
 
     Raises:
         SourceError: unreadable manifest, mixed label kinds, missing header.
@@ -293,41 +300,44 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     root_path = Path(root) if root is not None else manifest_path.parent
     if not root_path.is_dir():
         raise SourceError("manifest root is not a folder", path=root_path)
-    real_root = os.path.realpath(root_path)
-    rows: list[tuple[str, object, bytes]] = []
     out = _ListingBuilder()
-    seen: set[str] = set()
+    key_hashes = array("Q")
+    class_ids: dict[str, int] = {}  # class name -> id in order of first appearance (remapped below)
+    label_kinds: set[str] = set()
     for number, row, error in _manifest_rows(manifest_path):
         where = f"{manifest_path.name}:{number}"
         if row is None:
             out.reject(where, "bad-manifest-row", error)
             continue
         rel, label = row.get("path"), row.get("label")
-        if not isinstance(rel, str) or not rel or label is None or label == "":
+        if not isinstance(rel, str) or not rel or label is None or label == "" or isinstance(label, bool):
             out.reject(where, "bad-manifest-row", "row needs a non-empty 'path' and a 'label'")
             continue
-        if "metadata" in row:
-            meta_obj = row["metadata"]
+        if isinstance(label, int) or (isinstance(label, str) and _is_int_text(label)):
+            label_kinds.add("int")
+            value = int(label)
+        elif isinstance(label, str):
+            label_kinds.add("name")
+            value = class_ids.setdefault(label, len(class_ids))
         else:
-            meta_obj = {k: v for k, v in row.items() if k not in ("path", "label") and k is not None}
-        meta = json.dumps(meta_obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() \
-            if meta_obj not in ({}, None) else b""
-        rows.append((rel, label, meta))
-    string_labels = [lbl for _, lbl, _ in rows if isinstance(lbl, str) and not _is_int_text(lbl)]
-    if string_labels and len(string_labels) != len(rows):
-        raise SourceError("manifest mixes integer and class-name labels; use one kind", path=manifest_path)
-    classes = tuple(sorted(set(string_labels), key=lambda s: s.encode())) if string_labels else ()
-    class_id = {name: i for i, name in enumerate(classes)}
-    for rel, label, meta in rows:
-        key = rel.replace(os.sep, "/")
-        if key in seen:
-            out.reject(key, "duplicate-entry", "the manifest lists this path more than once")
+            out.reject(where, "bad-manifest-row", f"label must be an integer or a class name, got {label!r}")
             continue
-        seen.add(key)
-        full = os.path.join(root_path, rel)
-        if os.path.isabs(rel) or os.path.commonpath([real_root, os.path.realpath(full)]) != real_root:
+        if len(label_kinds) > 1:
+            raise SourceError(f"manifest mixes integer and class-name labels (line {number}); use one kind",
+                              path=manifest_path)
+        meta_obj = row["metadata"] if "metadata" in row else {
+            k: v for k, v in row.items() if k not in ("path", "label") and k is not None}
+        meta = (json.dumps(meta_obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+                if meta_obj not in ({}, None) else b"")
+        key = rel.replace(os.sep, "/")
+        normal = os.path.normpath(rel)
+        # Lexical check only (like the folder walk, symlinks are followed): resolving every path
+        # with realpath would cost one lstat per path component per row.
+        if os.path.isabs(rel) or normal == ".." or normal.startswith(".." + os.sep):
             out.reject(key, "outside-root", f"path leads outside the root {root_path}")
             continue
+        key = normal.replace(os.sep, "/")  # one spelling per file: "a/./b.jpg" is "a/b.jpg"
+        full = os.path.join(root_path, normal)
         try:
             st = os.stat(full)
         except FileNotFoundError:
@@ -339,12 +349,73 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         if not stat.S_ISREG(st.st_mode):
             out.reject(key, "not-a-file", "not a regular file")
             continue
-        value = class_id[label] if classes else int(label)  # type: ignore[arg-type]
-        out.add(key.encode("utf-8"), st.st_size, value, meta)
+        encoded = key.encode("utf-8", "surrogateescape")
+        out.add(encoded, st.st_size, value, meta)
+        key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
+    classes: tuple[str, ...] = ()
+    if "name" in label_kinds:
+        classes = tuple(sorted(class_ids, key=str.encode))
+        remap = np.empty(len(class_ids), dtype=np.int64)
+        for sorted_id, name in enumerate(classes):
+            remap[class_ids[name]] = sorted_id
+        labels = np.frombuffer(out.labels, dtype=np.int64)
+        out.labels = array("q", remap[labels].tobytes()) if len(labels) else out.labels
     listing = out.finish(root_path, "manifest", classes)
+    listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))
     if len(listing) == 0:
-        raise EmptySourceError(f"manifest lists no usable files ({len(out.rejected)} rejected)", path=manifest_path)
+        raise EmptySourceError(f"manifest lists no usable files ({len(listing.rejected)} rejected)", path=manifest_path)
     return listing
+
+
+def gather_blob(blob: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Entries ``rows`` of a (blob, offsets) pair, concatenated: vectorised, no Python loop."""
+    rows = np.asarray(rows, dtype=np.int64)
+    starts = offsets[rows].astype(np.int64)
+    lengths = offsets[rows + 1].astype(np.int64) - starts
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    if total == 0:
+        return np.zeros(0, dtype=np.uint8), new_offsets
+    # byte p of the output comes from starts[row] + (p - new_offsets[row])
+    row_of = np.repeat(np.arange(len(rows)), lengths)
+    gather = starts[row_of] + (np.arange(total, dtype=np.int64) - new_offsets[:-1].astype(np.int64)[row_of])
+    return blob[gather], new_offsets
+
+
+def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
+    """The listing restricted to the rows where ``keep`` is true (order kept)."""
+    rows = np.flatnonzero(keep)
+    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, rows)
+    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, rows)
+    return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
+                         key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
+                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected)
+
+
+def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
+    """Reject every repeat of a key (the first occurrence is packed)."""
+    if len(key_hashes) < 2:
+        return listing
+    order = np.argsort(key_hashes, kind="stable")  # stable: equal keys stay in manifest order
+    sorted_hashes = key_hashes[order]
+    repeats = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) + 1
+    if not len(repeats):
+        return listing
+    keep = np.ones(len(listing), dtype=bool)
+    group_start = -1
+    seen: set[str] = set()
+    for position in repeats.tolist():  # only rows whose hash repeats: compare the keys themselves
+        if group_start < 0 or sorted_hashes[position] != sorted_hashes[group_start]:
+            group_start = position - 1
+            seen = {listing.key(int(order[group_start]))}
+        row = int(order[position])
+        key = listing.key(row)
+        if key in seen:
+            keep[row] = False
+            listing.rejected.append(Rejection(key, "duplicate-entry", "the manifest lists this path more than once"))
+        seen.add(key)
+    return select_rows(listing, keep) if not keep.all() else listing
 
 
 def _is_int_text(text: str) -> bool:

@@ -174,3 +174,16 @@ def test_rebuild_into_same_folder_gives_same_bytes(source: Path, tmp_path: Path)
     build(source, tmp_path / "b", BuildOptions(), workers=1, progress=False)
     comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
     assert not comparison.diff_files and not comparison.left_only and not comparison.right_only
+
+
+def test_manifest_duplicates_are_found_by_hash_then_key(source: Path, tmp_path: Path) -> None:
+    csv_path = tmp_path / "list.csv"
+    rows = ["cat/000.jpg,cat", "dog/001.jpg,dog", "cat/000.jpg,cat", "emu/002.jpg,emu", "cat/000.jpg,emu",
+            "dog/001.jpg,dog"]
+    csv_path.write_text("path,label\n" + "\n".join(rows) + "\n")
+    result = build(csv_path, tmp_path / "ds", BuildOptions(shuffle=False), root=source, workers=1, progress=False)
+    assert sorted((r.key, r.reason) for r in result.rejected) == [
+        ("cat/000.jpg", "duplicate-entry"), ("cat/000.jpg", "duplicate-entry"), ("dog/001.jpg", "duplicate-entry")]
+    ds = open_dataset(tmp_path / "ds")
+    assert list(ds.keys()) == ["cat/000.jpg", "dog/001.jpg", "emu/002.jpg"]  # first occurrences, in order
+    assert [ds.classes[int(label)] for label in ds.labels] == ["cat", "dog", "emu"]
