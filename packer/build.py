@@ -528,7 +528,8 @@ def _check_output(out: Path, overwrite: bool) -> None:
 def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: BuildOptions = BuildOptions(),
           *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
-          part: tuple[int, int] | None = None, engine: str = "local", address: str | None = None,
+          part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
+          address: str | None = None,
           progress: bool = True) -> BuildResult | None:
     """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
 
@@ -542,6 +543,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         on_error: ``"skip"`` (reject and report bad files) or ``"fail"`` (stop at the first).
         root: the folder manifest paths are relative to (default: the manifest's folder).
         part: ``(K, N)``: pack only part K of N and return None; run ``finish`` afterwards.
+        plan_only: list the source and save the plan (for the parts to share), then return None.
         engine: ``"local"`` (process pool) or ``"ray"``.
         address: the Ray cluster address for ``engine="ray"``.
         progress: show a tqdm bar on stderr.
@@ -560,21 +562,25 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         raise SourceError("source does not exist", path=source_path)
     # --resume continues a build that was replacing a dataset, or that committed and was killed
     # while cleaning up: its saved plan shows it was allowed to write here.
-    continuing = resume and part is None and (out_path / STAGING_DIR / PLAN_NAME).is_file()
-    _check_output(out_path, overwrite or part is not None or continuing)
-    if part is not None and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+    split = part is not None or plan_only  # one step of a split build: shares the folder with others
+    continuing = resume and not split and (out_path / STAGING_DIR / PLAN_NAME).is_file()
+    _check_output(out_path, overwrite or split or continuing)
+    if split and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
     root_path = Path(root) if root is not None else None
-    with build_lock(out_path, shared=part is not None):
+    with build_lock(out_path, shared=split):
         if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
             # Checked again under the lock: another build may have committed since the check above.
             raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it",
                                     path=out_path)
         staging = out_path / STAGING_DIR
-        if part is None and not resume and staging.exists():
+        if not split and not resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
-        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or part is not None)
-        shutil.rmtree(staging / TEMP_DIR, ignore_errors=True) if part is None else None
+        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split)
+        if plan_only:
+            return None
+        if not split:
+            shutil.rmtree(staging / TEMP_DIR, ignore_errors=True)
         shard_ids = (shards_of_part(plan.shard_count, *part) if part is not None
                      else list(range(plan.shard_count)))
         run_shards(plan, out_path, shard_ids, workers=workers, engine=engine, address=address,

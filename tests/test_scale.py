@@ -134,3 +134,14 @@ def test_plan_of_a_million_entries_is_fast_and_small() -> None:
     assert sorted(plan.order[:1000].tolist()) != plan.order[:1000].tolist()
     # the planner's working memory: a few arrays of 8 bytes per entry, no per-entry objects
     assert peak < 64 * 1_000_000, f"planning 1M entries peaked at {peak / 1e6:.0f} MB"
+
+
+def test_plan_only_then_parts(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "split"
+    assert build(source, out, OPTIONS, plan_only=True, progress=False) is None
+    assert (out / ".packer-build" / "plan.pkp").is_file() and not (out / "shards").exists()
+    for k in range(2):
+        build(source, out, OPTIONS, part=(k, 2), workers=1, progress=False)
+    finish(out, source)
+    build(source, tmp_path / "single", OPTIONS, workers=1, progress=False)
+    assert dataset_files(out) == dataset_files(tmp_path / "single")

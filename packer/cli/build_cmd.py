@@ -53,6 +53,7 @@ def parse_size(text: str) -> int:
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted build with the same options.")
 @click.option("--part", default=None, help="Pack only part K/N of the plan (0-based K); then run --finish.")
+@click.option("--plan-only", is_flag=True, help="List SOURCE and save the shard plan for --part runs, then stop.")
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
@@ -60,7 +61,8 @@ def parse_size(text: str) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 def build_command(source: Path, out: Path, root: Path | None, shard_size: str, alignment: int, seed: int,
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
-                  on_error: str, overwrite: bool, resume: bool, part: str | None, finish_only: bool,
+                  on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
+                  finish_only: bool,
                   engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
                   quality: int | None, resize_side: str | None, raw_size: str | None) -> None:
     """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT."""
@@ -83,12 +85,13 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         else:
             result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
                            on_error=on_error, root=root, part=parse_part(part) if part else None,
-                           engine=engine, address=address, progress=not quiet)
+                           plan_only=plan_only, engine=engine, address=address, progress=not quiet)
         if result is None:
-            click.echo(f"part {part} packed into {out}; run `packer build {source} {out} --finish` "
-                       f"when every part is done", err=True)
+            done = "plan saved" if plan_only else f"part {part} packed"
+            click.echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "
+                       f"--finish`", err=True)
             if as_json:
-                emit_json({"ok": True, "part": part})
+                emit_json({"ok": True, "part": part, "plan_only": plan_only})
             return 0
         reasons: dict[str, int] = {}
         for r in result.rejected:
