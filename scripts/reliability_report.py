@@ -1,0 +1,68 @@
+"""Run the reliability and security suites and print their trial counts and outcomes.
+
+    python scripts/reliability_report.py [--json]
+
+Runs ``tests/test_reliability_build.py``, ``test_reliability_corruption.py``, ``test_hostile.py``,
+``test_messy_folder.py`` and ``test_concurrent_readers.py`` with pytest (``-s``, so each suite's
+summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
+Exit status: pytest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = ["tests/test_reliability_build.py", "tests/test_reliability_corruption.py", "tests/test_hostile.py",
+          "tests/test_messy_folder.py", "tests/test_concurrent_readers.py"]
+#: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
+_SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
+                      r"readers during \d+ overwrite rebuilds): (.*)$")
+_RESULT = re.compile(r"^=*\s*(.*\d+ (?:passed|failed).*?)\s*=*$")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="Print one JSON document instead of text.")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", *SUITES, "-s", "-q", "-p", "no:cacheprovider", "-rfEx"],
+                          cwd=REPO, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    summaries: dict[str, object] = {}
+    result = ""
+    for line in done.stdout.splitlines():
+        match = _SUMMARY.match(line.strip())
+        if match:
+            label, body = match.groups()
+            try:
+                summaries[label] = json.loads(body)
+            except ValueError:
+                summaries[label] = body
+        elif _RESULT.match(line.strip()):
+            result = _RESULT.match(line.strip()).group(1)  # type: ignore[union-attr]
+    if args.json:
+        print(json.dumps({"exit_code": done.returncode, "result": result, "seconds": round(seconds, 1),
+                          "summaries": summaries}, indent=2, sort_keys=True))
+    else:
+        for label, body in summaries.items():
+            print(f"{label}:")
+            if isinstance(body, dict):
+                for key, value in sorted(body.items()):
+                    print(f"  {key:60s} {value}")
+            else:
+                print(f"  {body}")
+        print(f"pytest: {result or 'no result line'} (exit {done.returncode}, {seconds:.1f} s)")
+        if done.returncode:
+            print(done.stdout[-6000:], file=sys.stderr)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
