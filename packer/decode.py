@@ -54,7 +54,7 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageinfo import _byte_view, _open_with_plugin, _plugin_factory, detect_format
+from .imageinfo import DEFAULT_MAX_PIXELS, _byte_view, _open_with_plugin, _plugin_factory, detect_format
 
 __all__ = ["decode_image", "decode_jpeg_rgb"]
 
@@ -71,7 +71,7 @@ _ALPHA_GRAY_MODES = frozenset({"LA", "La"})
 
 
 def decode_image(data: ImageBytes, image_format: int | None = None, *,
-                 name: str = "") -> np.ndarray:
+                 name: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode one image's bytes to RGB pixels, following the rule in the module docstring.
 
     Args:
@@ -80,12 +80,15 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         image_format: an ``ImageFormat`` value saying which decoder to use (the ``image_format``
             index column); ``None`` or ``ImageFormat.UNKNOWN`` detects it from the magic bytes.
         name: the sample's name or key, used in error messages.
+        max_pixels: refuse (before allocating) an image whose header declares more than this
+            many pixels: the decompression-bomb guard, the same default as ``packer build``.
 
     Returns:
         A new, writable, C-contiguous ``uint8`` array of shape ``(height, width, 3)``, RGB.
 
     Raises:
-        DecodeError: the bytes cannot be decoded as ``image_format``, the format is unknown, or
+        DecodeError: the bytes cannot be decoded as ``image_format``, the format is unknown, the
+            header declares more than ``max_pixels`` pixels, or
             it is ``ImageFormat.RAW`` (raw pixels carry no shape: reshape them with the index's
             height, width and channels instead).
     """
@@ -97,9 +100,9 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     if image_format is None or image_format == ImageFormat.UNKNOWN:
         image_format = detect_format(view)
     if image_format == ImageFormat.JPEG:
-        return _decode_jpeg(view, path)
+        return _decode_jpeg(view, path, max_pixels)
     if image_format in _PILLOW_FORMATS:
-        return _decode_with_pillow(view, int(image_format), path)
+        return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels)
     if image_format == ImageFormat.RAW:
         raise DecodeError(
             "image_format 7 (raw) holds undecoded pixels without a shape; reshape the payload "
@@ -113,7 +116,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         f"gif, bmp, tiff), or None to detect the format", path=path)
 
 
-def decode_jpeg_rgb(data: ImageBytes, *, name: str = "") -> np.ndarray:
+def decode_jpeg_rgb(data: ImageBytes, *, name: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode JPEG bytes to RGB pixels: simplejpeg, or Pillow for CMYK/YCCK and refused files.
 
     Args:
@@ -130,41 +133,55 @@ def decode_jpeg_rgb(data: ImageBytes, *, name: str = "") -> np.ndarray:
     view = _byte_view(data)
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected a JPEG, found 0 bytes", path=path)
-    return _decode_jpeg(view, path)
+    return _decode_jpeg(view, path, max_pixels)
 
 
-def _decode_jpeg(view: bytes | memoryview, path: str | None) -> np.ndarray:
+def _check_pixels(width: int, height: int, max_pixels: int, path: str | None) -> None:
+    if width * height > max_pixels:
+        raise DecodeError(f"the header declares {width}x{height} = {width * height} pixels, over the limit of "
+                          f"{max_pixels} (a decompression bomb, or raise max_pixels)", path=path)
+
+
+def _decode_jpeg(view: bytes | memoryview, path: str | None, max_pixels: int) -> np.ndarray:
     try:
         # ~2 us, against ~1.5 ms for decoding a 500x375 image: cheap enough to ask every time.
-        colorspace = simplejpeg.decode_jpeg_header(view)[2]
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(view)
     except Exception as exc:  # noqa: BLE001 - let Pillow have a go, and report both
-        return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc)
+        return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc, max_pixels=max_pixels)
+    _check_pixels(width, height, max_pixels, path)
     if colorspace in _PILLOW_JPEG_COLORSPACES:
-        return _decode_with_pillow(view, ImageFormat.JPEG, path)
+        return _decode_with_pillow(view, ImageFormat.JPEG, path, max_pixels=max_pixels)
     try:
         return simplejpeg.decode_jpeg(view, colorspace="RGB")
     except Exception as exc:  # noqa: BLE001 - strict mode refuses some files Pillow accepts
-        return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc)
+        return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc, max_pixels=max_pixels)
 
 
 def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str | None, *,
-                        simplejpeg_error: BaseException | None = None) -> np.ndarray:
+                        simplejpeg_error: BaseException | None = None,
+                        max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     format_name = ImageFormat.NAMES[image_format].upper()
     factory = _plugin_factory(image_format)
     if factory is None:
         raise DecodeError(f"this Pillow build has no {format_name} plugin; install a Pillow "
                           f"built with {format_name} support", path=path)
-    try:
-        img = _open_with_plugin(view, image_format, factory)
-        img.load()  # first frame only: Pillow opens animated and multi-page files at frame 0
-        return _to_rgb(img)
-    except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
+    def failure(exc: BaseException) -> DecodeError:
         detail = f"{type(exc).__name__}: {exc}"
         if simplejpeg_error is not None:
             detail = (f"simplejpeg: {type(simplejpeg_error).__name__}: {simplejpeg_error}; "
                       f"Pillow: {detail}")
-        raise DecodeError(f"cannot decode the bytes as {format_name}: {detail}",
-                          path=path) from exc
+        return DecodeError(f"cannot decode the bytes as {format_name}: {detail}", path=path)
+
+    try:
+        img = _open_with_plugin(view, image_format, factory)
+    except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
+        raise failure(exc) from exc
+    _check_pixels(img.width, img.height, max_pixels, path)  # before load() allocates the pixels
+    try:
+        img.load()  # first frame only: Pillow opens animated and multi-page files at frame 0
+        return _to_rgb(img)
+    except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
+        raise failure(exc) from exc
 
 
 def _to_rgb(img: Image.Image) -> np.ndarray:

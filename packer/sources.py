@@ -9,6 +9,8 @@ The listing is the input of the shard plan, so its order is part of the determin
   an image by its bytes, so a ``.jpg`` that is really text is *rejected with a reason*, not
   skipped. Hidden entries (a leading ``.``) and files at the top level are rejected too.
 * Symlinks are followed (files and folders); a dangling one or a loop is rejected with a reason.
+  Each real folder is listed once: a second path to it (through a symlink) is rejected as a
+  ``duplicate-entry``, which also keeps a fan-out of folder links from listing exponentially.
 * Manifest input (CSV with a ``path,label[,...]`` header, or JSONL objects with ``path``,
   ``label`` and optional ``metadata``): listed in the manifest's order, paths relative to a root.
   String labels become sorted class names; integer labels are kept as they are.
@@ -120,6 +122,7 @@ class _ListingBuilder:
         self.meta_blob = bytearray()
         self.meta_offsets = array("Q", [0])
         self.rejected: list[Rejection] = []
+        self.listed_folders: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) -> first relative path
 
     def add(self, key: bytes, size: int, label: int, meta: bytes = b"") -> None:
         self.key_blob += key
@@ -191,6 +194,11 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             if ident in ancestors:
                 out.reject(_printable(rel + "/"), "symlink-loop", "folder leads back to one of its parents")
                 continue
+            if ident in out.listed_folders:  # each real folder is listed once, whatever links reach it
+                out.reject(_printable(rel + "/"), "duplicate-entry",
+                           f"the same folder as {out.listed_folders[ident]}/ (reached again through a symlink)")
+                continue
+            out.listed_folders[ident] = _printable(rel)
             _walk_class(Path(entry.path), rel, label, out, ancestors | {ident})
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
@@ -237,6 +245,11 @@ def list_image_folder(root: str | os.PathLike[str]) -> SourceListing:
     root_stat = root_path.stat()
     for label, (name, entry) in enumerate(class_dirs):
         st = entry.stat(follow_symlinks=True)
+        if (st.st_dev, st.st_ino) in out.listed_folders:
+            out.reject(_printable(name + "/"), "duplicate-entry", f"the same folder as class "
+                       f"{out.listed_folders[(st.st_dev, st.st_ino)]}/ (a symlink); this class stays empty")
+            continue
+        out.listed_folders[(st.st_dev, st.st_ino)] = _printable(name)
         _walk_class(Path(entry.path), name, label, out,
                     frozenset({(root_stat.st_dev, root_stat.st_ino), (st.st_dev, st.st_ino)}))
     listing = out.finish(root_path, "folder", tuple(name for name, _ in class_dirs))

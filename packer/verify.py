@@ -24,6 +24,7 @@ found while opening the manifest and index (``open_index``) make one problem of 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -329,7 +330,8 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
             shard=task.shard, path=task.path, sample_range=everything))
         return result
     try:
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO planted in place of a shard must not hang verify (checked just below).
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         result.problems.append(Problem(
             kind="missing", message=f"shard file is missing: its {task.sample_count} samples cannot be read",
@@ -341,6 +343,13 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
                                     f"samples cannot be read", shard=task.shard, path=task.path,
             sample_range=everything))
         return result
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # [R44]
+        os.close(fd)
+        result.problems.append(Problem(
+            kind="missing", message=f"is not a regular file: its {task.sample_count} samples cannot be read",
+            shard=task.shard, path=task.path, sample_range=everything))
+        return result
+    os.set_blocking(fd, True)
     try:
         _scan_open_shard(fd, task, result, on_progress, buffer)
     except OSError as exc:

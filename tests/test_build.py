@@ -187,3 +187,21 @@ def test_manifest_duplicates_are_found_by_hash_then_key(source: Path, tmp_path: 
     ds = open_dataset(tmp_path / "ds")
     assert list(ds.keys()) == ["cat/000.jpg", "dog/001.jpg", "emu/002.jpg"]  # first occurrences, in order
     assert [ds.classes[int(label)] for label in ds.labels] == ["cat", "dog", "emu"]
+
+
+def test_symlinked_folders_are_listed_once_not_exponentially(tmp_path: Path) -> None:
+    from packer.sources import list_image_folder
+
+    root = tmp_path / "src"
+    write_images(root, {"a": 1})
+    previous = root / "a"
+    for level in range(16):  # each level links twice to the one below: 2^16 paths without the rule
+        folder = root / "a" / f"level{level:02d}"
+        folder.mkdir()
+        for name in ("x", "y"):
+            (folder / name).symlink_to(previous, target_is_directory=True)
+        previous = folder
+    listing = list_image_folder(root)
+    assert len(listing) == 1
+    reasons = {r.reason for r in listing.rejected}
+    assert reasons <= {"duplicate-entry", "symlink-loop"} and len(listing.rejected) < 64
