@@ -1,4 +1,4 @@
-"""Byte movement: backends that read ranges of a shard file (mmap, pread; O_DIRECT and kvikio later).
+"""Byte movement: backends that read ranges of a shard file (mmap, pread; O_DIRECT in direct.py, kvikio in gpu.py).
 
 Every backend implements one small protocol, ``read_into(offset, out)``, plus ``view(offset,
 size)`` where zero-copy is possible. Datasets and adapters consume a backend and parse nothing;

@@ -1,0 +1,290 @@
+"""The NVIDIA DALI adapter: picklable external sources that feed packed samples to DALI pipelines.
+
+DALI decodes and augments on the GPU (``fn.decoders.image(device="mixed")`` is nvJPEG with a
+hardware decoder where there is one); packer supplies the bytes. Two sources, both yielding
+``(data, label)`` per sample, ``data`` a ``numpy.uint8`` array (the stored payload: 1-D encoded
+bytes, or ``(H, W, C)`` pixels for a ``raw``-codec dataset) and ``label`` a 0-d ``int64`` array
+(``-1`` when unlabeled); with ``return_index=True`` a third output carries the sample index.
+
+``PackedSampleSource`` -- for ``fn.external_source(source=..., batch=False, parallel=True)``
+    A stateless callable of DALI's ``SampleInfo``: sample ``info.idx_in_epoch`` of epoch
+    ``first_epoch + info.epoch_idx`` is a pure function of (seed, epoch, shard), so DALI's worker
+    processes can compute any sample in any order. Past the end of an epoch it keeps raising
+    ``StopIteration`` (DALI prefetches beyond the end). Sample mode cannot emit a short batch, so
+    every shard's epoch is a whole number of full batches: with ``drop_last=False`` (default) the
+    last partial batch is completed with the shard's first samples of the epoch, with
+    ``drop_last=True`` the order's tail is dropped.
+
+``PackedBatchSource`` / ``PackedBatchIterator`` -- for ``fn.external_source(source=..., batch=True)``
+    Whole batches, each read with one coalesced ``read_batch`` (runs of adjacent samples are one
+    read). ``PackedBatchSource`` is a stateless callable of DALI's ``BatchInfo``
+    (``parallel=True, batch_info=True``); ``PackedBatchIterator`` is iterated by DALI
+    (``parallel=False, cycle="raise"``: each ``iter()`` starts the next epoch). The last batch
+    of an epoch may be short (the same size on every shard) unless ``drop_last=True``.
+
+Order and sharding are ``packer.order``'s (the same as ``packer.torch``): ``order`` is
+``"random"`` (default), ``"block"`` or ``"sequential"``; orders are functions of
+``(seed, epoch)``; shard ``shard_id`` of ``num_shards`` gets its rank's share of each global step
+and every shard gets the same number of batches. To resume, pass ``first_epoch`` and
+``consumed`` (the global position within ``first_epoch``, from ``packer.order``'s state).
+
+Files are opened lazily inside the process that reads (each DALI worker, after fork or spawn),
+never shared across a fork; pickling a source costs a few hundred bytes (path and settings). The
+index version is pinned: a worker that finds the dataset replaced raises ``DatasetChangedError``.
+
+Example: a GPU training pipeline (PyTorch)::
+
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    from packer.dali import PackedSampleSource
+
+    BATCH = 256
+    source = PackedSampleSource("/data/imagenet-packed", batch_size=BATCH, shard_id=rank,
+                                num_shards=world_size, seed=0)
+
+    @pipeline_def(batch_size=BATCH, num_threads=8, device_id=local_rank,
+                  py_num_workers=8, py_start_method="spawn")
+    def train_pipeline():
+        jpegs, labels = fn.external_source(source=source, num_outputs=2, batch=False,
+                                           parallel=True, dtype=[types.UINT8, types.INT64])
+        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], std=[0.229 * 255, 0.224 * 255, 0.225 * 255])
+        return images, labels.gpu()
+
+    pipe = train_pipeline()
+    pipe.build()
+    loader = DALIGenericIterator(pipe, ["images", "labels"], auto_reset=True,
+                                 last_batch_policy=LastBatchPolicy.DROP)
+    for epoch in range(epochs):          # the source's epochs advance with the pipeline's
+        for batch in loader:
+            images, labels = batch[0]["images"], batch[0]["labels"]   # on the GPU
+
+(``py_start_method="spawn"`` is the safe choice once CUDA is initialised in the parent; the
+source is picklable. On a machine without a GPU the same pipeline runs with ``device_id=None``
+and ``fn.decoders.image(device="cpu")``.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import DatasetChangedError
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, ReadOrder, index_blocks
+
+__all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator"]
+
+
+def _dataset_path_and_version(source: Any) -> tuple[str, int, int]:
+    """(folder, index checksum, sample count) of a path or an open dataset, touching no shard."""
+    from .dataset import DatasetIndex, open_index
+
+    if isinstance(source, DatasetIndex):
+        return str(source.path), source.manifest.index.checksum, len(source)
+    with open_index(source) as index:
+        return str(index.path), index.manifest.index.checksum, len(index)
+
+
+class _PackedSource:
+    """Settings, the per-process dataset and the per-epoch plan shared by both sources."""
+
+    def __init__(self, dataset: Any, batch_size: int, *, shard_id: int = 0, num_shards: int = 1,
+                 order: str = "random", seed: int = 0, drop_last: bool = False, first_epoch: int = 0,
+                 consumed: int = 0, block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False) -> None:
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+        if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id must be an integer in 0..{num_shards - 1}, got {shard_id!r}")
+        for name, value in (("first_epoch", first_epoch), ("consumed", consumed)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                                    batch_size=batch_size, drop_last=drop_last)
+        self.path, self._index_checksum, self.num_samples = _dataset_path_and_version(dataset)
+        if consumed > self.num_samples:
+            raise ValueError(f"consumed={consumed} exceeds the {self.num_samples} samples of an epoch")
+        self.batch_size = batch_size
+        self.shard_id = shard_id
+        self.num_shards = num_shards
+        self.first_epoch = first_epoch
+        self.consumed = consumed
+        self.backend = backend
+        self.verify_checksums = verify_checksums
+        self.return_index = return_index
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._dataset: Any = None
+        self._blocks: np.ndarray | None = None
+        self._raw_shape: tuple[int, int, int] | None = None
+        self._plans: dict[int, RankPlan] = {}
+
+    # Pickles carry the settings only: each DALI worker opens its own files.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_pid", "_dataset", "_blocks", "_raw_shape", "_plans"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def _open(self) -> Any:
+        """This process's dataset, opened on first use (again after a fork)."""
+        if self._dataset is None or self._pid != os.getpid():
+            from .codecs import raw_sample_shape
+            from .dataset import open_dataset
+
+            self._reset_process_state()
+            dataset = open_dataset(self.path, backend=self.backend, verify_checksums=self.verify_checksums)
+            if dataset.manifest.index.checksum != self._index_checksum:
+                dataset.close()
+                raise DatasetChangedError("the dataset was replaced after the DALI source was created",
+                                          path=self.path)
+            if self.read_order.kind == "block":
+                ix = dataset.index
+                self._blocks = index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
+            if dataset.manifest.codec.get("name") == "raw":
+                self._raw_shape = raw_sample_shape(dataset.manifest.codec, path=self.path)
+            self._dataset = dataset
+        return self._dataset
+
+    def epoch_start(self, epoch: int) -> int:
+        """The global position the shard's share of ``epoch`` starts from (``consumed`` for the first)."""
+        return self.consumed if epoch == self.first_epoch else 0
+
+    def plan(self, epoch: int) -> RankPlan:
+        """This shard's batches of ``epoch`` (cached: DALI asks for the same epoch many times)."""
+        plan = self._plans.get(epoch)
+        if plan is None:
+            self._open()
+            plan = self.read_order.plan(self.num_samples, epoch=epoch, consumed=self.epoch_start(epoch),
+                                        rank=self.shard_id, world_size=self.num_shards, blocks=self._blocks)
+            self._plans = {epoch: plan}  # one epoch at a time per worker: bounded memory
+        return plan
+
+    def num_batches(self, epoch: int | None = None) -> int:
+        """Batches per shard in ``epoch`` (default ``first_epoch``): the same on every shard."""
+        epoch = self.first_epoch if epoch is None else epoch
+        return self.read_order.share(self.num_samples, consumed=self.epoch_start(epoch),
+                                     world_size=self.num_shards).num_batches
+
+    def _payload(self, data: Any) -> np.ndarray:
+        array = np.frombuffer(data, dtype=np.uint8)
+        if self._raw_shape is not None:
+            return array.reshape(self._raw_shape)
+        return array
+
+    def _outputs(self, data: np.ndarray, i: int) -> tuple[np.ndarray, ...]:
+        label = np.array(int(self._dataset.index.label[i]), dtype=np.int64)
+        if self.return_index:
+            return data, label, np.array(i, dtype=np.int64)
+        return data, label
+
+
+class PackedSampleSource(_PackedSource):
+    """``fn.external_source(source=PackedSampleSource(...), batch=False, parallel=True, num_outputs=2)``.
+
+    Args:
+        dataset: a dataset folder (or an open dataset, of which only the path and version are kept).
+        batch_size: the pipeline's batch size (the order deals global steps of
+            ``num_shards * batch_size`` samples).
+        shard_id, num_shards: this pipeline's shard (DALI's names for rank and world size).
+        order: ``"random"``, ``"block"`` or ``"sequential"``.
+        seed: orders are functions of (seed, epoch).
+        drop_last: drop the order's tail instead of completing the last batch (see the module doc).
+        first_epoch: the epoch DALI's epoch 0 is (to resume, or to continue a schedule).
+        consumed: global position within ``first_epoch`` to start from (resuming mid-epoch).
+        block_bytes, window: settings of the ``"block"`` order.
+        backend: the reader backend used inside workers (``"mmap"``, ``"pread"``, ``"direct"``).
+        verify_checksums: check each sample's xxh3 as it is read.
+        return_index: add a third output, the sample index.
+    """
+
+    def epoch_length(self, epoch: int | None = None) -> int:
+        """Samples this shard emits in ``epoch``: ``num_batches * batch_size``, full batches only."""
+        return self.num_batches(epoch) * self.batch_size
+
+    def sample_index(self, epoch: int, idx_in_epoch: int) -> int:
+        """The dataset sample at position ``idx_in_epoch`` of this shard's ``epoch``.
+
+        Raises:
+            StopIteration: past the end of the epoch (for every later position too).
+        """
+        plan = self.plan(epoch)
+        mine = plan.indices
+        if idx_in_epoch < 0 or len(mine) == 0 or idx_in_epoch >= plan.num_batches * self.batch_size:
+            raise StopIteration
+        # Padding the short last batch: wrap to the shard's first samples of the epoch.
+        return int(mine[idx_in_epoch % len(mine)])
+
+    def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
+        epoch = self.first_epoch + int(sample_info.epoch_idx)
+        i = self.sample_index(epoch, int(sample_info.idx_in_epoch))
+        dataset = self._open()
+        return self._outputs(self._payload(dataset.get(i)), i)
+
+
+class _BatchReader(_PackedSource):
+    def read(self, epoch: int, iteration: int) -> tuple[list[np.ndarray], ...]:
+        """Batch ``iteration`` of this shard's ``epoch``: lists of payload arrays and labels.
+
+        Raises:
+            StopIteration: past the last batch of the epoch.
+        """
+        plan = self.plan(epoch)
+        if not 0 <= iteration < plan.num_batches:
+            raise StopIteration
+        indices = plan.batch(iteration)
+        dataset = self._open()
+        batch = dataset.read_batch(indices)
+        data = [self._payload(batch.data[start:start + size])
+                for start, size in zip(batch.starts.tolist(), batch.sizes.tolist())]
+        labels = [np.array(label, dtype=np.int64) for label in dataset.index.label[indices].tolist()]
+        if self.return_index:
+            return data, labels, [np.array(i, dtype=np.int64) for i in indices.tolist()]
+        return data, labels
+
+
+class PackedBatchSource(_BatchReader):
+    """``fn.external_source(source=PackedBatchSource(...), batch=True, parallel=True, batch_info=True)``.
+
+    A stateless callable of DALI's ``BatchInfo`` (or of the iteration number, with
+    ``batch_info=False``: then every epoch is ``first_epoch``). Arguments as for
+    ``PackedSampleSource``. Not iterable on purpose: DALI treats an iterable source as an
+    iterator, whatever else it is (use ``PackedBatchIterator`` for that).
+    """
+
+    def __call__(self, batch_info: Any) -> tuple[list[np.ndarray], ...]:
+        if isinstance(batch_info, (int, np.integer)):
+            return self.read(self.first_epoch, int(batch_info))
+        return self.read(self.first_epoch + int(batch_info.epoch_idx), int(batch_info.iteration))
+
+
+class PackedBatchIterator(_BatchReader):
+    """``fn.external_source(source=PackedBatchIterator(...), batch=True, cycle="raise")``: serial batch mode.
+
+    Each ``iter()`` starts the next epoch (the first is ``first_epoch``); DALI calls ``iter()``
+    again when an epoch ends (``cycle="raise"``). Arguments as for ``PackedSampleSource``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._iterations = 0
+
+    def __iter__(self) -> Iterator[tuple[list[np.ndarray], ...]]:
+        epoch = self.first_epoch + self._iterations
+        self._iterations += 1
+        return self._epoch_batches(epoch)
+
+    def _epoch_batches(self, epoch: int) -> Iterator[tuple[list[np.ndarray], ...]]:
+        for iteration in range(self.plan(epoch).num_batches):
+            yield self.read(epoch, iteration)

@@ -1,0 +1,894 @@
+"""GPU byte movement: the kvikio (GPUDirect Storage) backend and batch loaders that land shards in GPU memory.
+
+Nothing here imports torch, kvikio or CuPy at module import: ``import packer.gpu`` is cheap and
+works on a machine without a GPU. Each class imports what it needs when it is created and says
+which extra to install when something is missing (``pip install 'packer[gpu]'``).
+
+``KvikioShard`` (``open_dataset(path, backend="kvikio")``)
+    The backend protocol over ``kvikio.CuFile``: ``read_into(offset, out)`` reads straight into
+    device memory when ``out`` is a CUDA array (anything with ``__cuda_array_interface__``: a
+    CuPy array, a torch CUDA tensor), through GPUDirect Storage when the cuFile driver is active
+    and through kvikio's POSIX compatibility mode (a pinned bounce buffer) otherwise. kvikio
+    splits each read into tasks of ``task_size`` bytes (default 8 MiB) run by its thread pool.
+    Host buffers and ``view`` use plain ``pread``. ``gds_status()`` reports which path is live.
+
+``GpuRawBatches``
+    Batches of a ``raw``-codec dataset (decoded ``uint8`` HWC pixels at a fixed size) as
+    ``(B, H, W, C)`` uint8 tensors on the GPU. Per batch: the batch's samples are grouped into
+    runs of consecutive samples of one shard; each run is one aligned block of the shard file
+    (formats/SPEC.md §3.3), read with one call straight into a device staging buffer (kvikio) or
+    into pinned host memory and copied (``io="host"``). Because every raw sample occupies
+    exactly ``stride = align_up(H*W*C, A)`` bytes, the concatenated blocks hold the batch's
+    distinct samples at multiples of ``stride``: one strided view plus one gather kernel puts
+    them in batch order. The order is ``packer.order``'s (``"block"`` by default: shuffled blocks
+    of about ``block_bytes``, samples shuffled within windows of blocks, each global step sorted
+    so a rank reads long runs, then each batch shuffled by the gather), dealt to ranks with
+    equal batch counts, resumable at ``(seed, epoch, consumed)``, like ``packer.torch``'s readers.
+
+``GpuJpegBatches``
+    Batches of an encoded dataset: coalesced block reads into pinned host memory, then
+    ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG, batched). Non-JPEG samples are
+    decoded on the CPU (``packer.decode``) and copied. Yields a list of ``(3, H, W)`` uint8 CUDA
+    tensors (sizes differ) and the labels; pass ``transform`` to resize/stack on the GPU.
+
+Both loaders take ``device="cpu"`` to run the same planning, reading, view and read-ahead code
+on the host (CPU tensors out): that is how CI tests them, and a usable fallback.
+
+Overlap: with ``double_buffer=True`` a background thread prepares batch ``k+1`` (reads, copy,
+gather, on its own CUDA stream, synchronised before hand-off) while the caller computes on batch
+``k``. The tensors handed out are fresh allocations, never the staging buffers, and are marked
+with ``record_stream`` for the consumer's stream, so the caching allocator cannot recycle them
+while the caller's kernels still read them.
+
+Example::
+
+    from packer.gpu import GpuRawBatches
+    loader = GpuRawBatches("/data/imagenet-raw224", batch_size=256, order="block", seed=0)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:          # (256, 224, 224, 3) uint8 on cuda:0, (256,) int64
+            x = images.permute(0, 3, 1, 2).float().div_(255)
+            ...
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from . import format as fmt
+from .backends import PreadShard
+from .errors import (DatasetChangedError, IndexMismatchError, MissingDependencyError, OffsetOutOfBoundsError,
+                     PackerError, TruncatedFileError)
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder, index_blocks
+
+__all__ = ["DEFAULT_TASK_SIZE", "DEFAULT_READ_BLOCK", "KvikioShard", "gds_status", "cuda_driver_status",
+           "set_kvikio_threads", "BatchPlan", "plan_batch", "GpuRawBatches", "GpuJpegBatches"]
+
+#: Bytes per kvikio task: large enough for full NVMe/GDS bandwidth, small enough to spread over threads.
+DEFAULT_TASK_SIZE = 8 << 20
+#: Largest single host ``pread`` the loaders issue; longer runs are split and read in parallel.
+DEFAULT_READ_BLOCK = 8 << 20
+#: Device staging buffers start 4 KiB-aligned: what cuFile needs to DMA without a bounce buffer.
+_DEVICE_ALIGNMENT = 4096
+
+_GPU_EXTRA = "pip install 'packer[gpu]'"
+
+
+# --- environment -------------------------------------------------------------------------------
+
+def _import_kvikio() -> Any:
+    """Import kvikio, or raise ``MissingDependencyError`` naming the extra."""
+    try:
+        import kvikio
+        import kvikio.defaults  # noqa: F401  (older versions do not import it eagerly)
+    except Exception as exc:  # noqa: BLE001 - ImportError, OSError or RuntimeError when a .so is missing
+        raise MissingDependencyError(
+            f"the kvikio backend needs kvikio (GPUDirect Storage reads), which cannot be imported "
+            f"({exc}); install it with {_GPU_EXTRA}") from None
+    return kvikio
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingDependencyError(f"GPU batches need PyTorch, which is not installed ({exc}); install it "
+                                     f"with pip install 'packer[torch]' (and {_GPU_EXTRA} for kvikio)") from None
+    return torch
+
+
+def cuda_driver_status() -> tuple[bool, str]:
+    """Whether an NVIDIA driver with at least one GPU is usable, and a one-line explanation.
+
+    Asks the driver API directly (``libcuda.so.1``: ``cuInit``, ``cuDeviceGetCount``) rather than
+    a framework, so it works without torch or CuPy. This initialises CUDA in the calling
+    process: call it where the GPU will be used (not in a parent that forks workers later).
+    """
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return False, f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({exc})"
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return False, f"the NVIDIA driver is installed but cuInit failed (CUDA error {rc}: no usable GPU?)"
+    count = ctypes.c_int(0)
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0 or count.value < 1:
+        return False, "the NVIDIA driver sees no GPU"
+    return True, f"{count.value} GPU(s) visible"
+
+
+def _require_cuda_driver(what: str, path: object = None) -> None:
+    ok, why = cuda_driver_status()
+    if not ok:
+        raise MissingDependencyError(f"{what} needs an NVIDIA GPU and its driver ({why}); read with "
+                                     f"backend='pread' (or 'direct') on machines without one", path=path)
+
+
+def _kvikio_get(kvikio: Any, name: str) -> Any:
+    """A kvikio setting across versions: ``defaults.get(name)`` (25.x+) or ``defaults.<name>()`` (older)."""
+    defaults = kvikio.defaults
+    getter = getattr(defaults, "get", None)
+    if callable(getter):
+        try:
+            return getter(name)
+        except (KeyError, ValueError, AttributeError, TypeError):
+            pass
+    legacy = getattr(defaults, name, None)
+    return legacy() if callable(legacy) else None
+
+
+def set_kvikio_threads(num_threads: int) -> None:
+    """Size kvikio's I/O thread pool (``defaults.set("num_threads", n)``, or ``num_threads_reset`` before 25.x)."""
+    kvikio = _import_kvikio()
+    defaults = kvikio.defaults
+    setter = getattr(defaults, "set", None)
+    if callable(setter):
+        try:
+            setter("num_threads", int(num_threads))  # applies globally; the returned manager is optional
+            return
+        except (KeyError, ValueError, TypeError):
+            pass
+    reset = getattr(defaults, "num_threads_reset", None)
+    if callable(reset):
+        reset(int(num_threads))
+
+
+def _mode_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):  # kvikio < 24.12 returned a bool
+        return "ON" if value else "OFF"
+    name = getattr(value, "name", None)
+    return str(name if name is not None else value).upper()
+
+
+def gds_status() -> dict[str, Any]:
+    """What the kvikio backend would do here (JSON-ready).
+
+    Keys: ``kvikio`` (importable), ``kvikio_version``, ``error`` (why not, else None),
+    ``cuda_driver`` and ``cuda`` (the driver check and its explanation), ``compat_mode``
+    (``"ON"``, ``"OFF"``, ``"AUTO"`` or None), ``compat_mode_preferred`` (kvikio will use its
+    POSIX path), ``gds_available`` (the cuFile driver reports GDS), ``num_threads``,
+    ``task_size``, and ``gds_active``: reads into device memory go through GPUDirect Storage.
+    """
+    status: dict[str, Any] = {"kvikio": False, "kvikio_version": None, "error": None, "cuda_driver": False,
+                              "cuda": None, "compat_mode": None, "compat_mode_preferred": None,
+                              "gds_available": None, "num_threads": None, "task_size": None,
+                              "gds_active": False}
+    try:
+        kvikio = _import_kvikio()
+    except MissingDependencyError as exc:
+        status["error"] = exc.message
+        return status
+    status["kvikio"] = True
+    status["kvikio_version"] = getattr(kvikio, "__version__", None)
+    status["cuda_driver"], status["cuda"] = cuda_driver_status()
+    try:
+        status["compat_mode"] = _mode_name(_kvikio_get(kvikio, "compat_mode"))
+        status["num_threads"] = _kvikio_get(kvikio, "num_threads")
+        status["task_size"] = _kvikio_get(kvikio, "task_size")
+        preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)
+        status["compat_mode_preferred"] = (bool(preferred()) if callable(preferred)
+                                           else status["compat_mode"] == "ON")
+    except Exception as exc:  # noqa: BLE001 - a status report must not fail on a kvikio quirk
+        status["error"] = f"kvikio settings unreadable: {exc}"
+    if status["cuda_driver"]:
+        try:
+            import kvikio.cufile_driver as driver
+            getter = getattr(driver, "get", None)
+            if callable(getter):
+                status["gds_available"] = bool(getter("is_gds_available"))
+            else:  # before 25.x
+                status["gds_available"] = bool(driver.DriverProperties().is_gds_available)
+        except Exception as exc:  # noqa: BLE001 - no libcufile is a normal answer: GDS unavailable
+            status["gds_available"] = False
+            status["error"] = status["error"] or f"cuFile driver unavailable: {exc}"
+    status["gds_active"] = bool(status["cuda_driver"] and status["gds_available"]
+                                and status["compat_mode_preferred"] is False)
+    return status
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+def _cuda_nbytes(out: Any) -> int:
+    """Byte length of a C-contiguous CUDA array described by ``__cuda_array_interface__``."""
+    cai = out.__cuda_array_interface__
+    count = 1
+    for extent in cai["shape"]:
+        count *= int(extent)
+    itemsize = int(cai["typestr"][2:])
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        expected, step = [], itemsize
+        for extent in reversed(cai["shape"]):
+            expected.append(step)
+            step *= int(extent)
+        if any(int(extent) > 1 and int(s) != e
+               for extent, s, e in zip(cai["shape"], strides, reversed(expected))):
+            raise ValueError("read_into needs a C-contiguous CUDA buffer")
+    return count * itemsize
+
+
+def _host_view(out: Any) -> Any:
+    """A writable buffer-protocol view of a host buffer (torch CPU tensors have none: use ``.numpy()``)."""
+    try:
+        memoryview(out)
+    except TypeError:
+        if hasattr(out, "numpy"):
+            return out.numpy()
+        raise
+    return out
+
+
+def _is_cuda_buffer(out: Any) -> bool:
+    try:
+        return hasattr(out, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - torch raises for CPU tensors on some versions
+        return False
+
+
+class KvikioShard:
+    """One shard read through kvikio: device buffers by cuFile (GDS or compat mode), host buffers by pread.
+
+    Args:
+        fd: the validated shard file descriptor (not kept; a dup is, for host reads).
+        path: the shard's real path: kvikio opens it again, and the two must be the same file.
+        size: the shard's size in bytes.
+        task_size: bytes per kvikio task (reads are split and run by kvikio's thread pool).
+
+    Raises:
+        MissingDependencyError: kvikio is not installed, or there is no CUDA driver/GPU.
+        DatasetChangedError: the path no longer names the file behind ``fd``.
+    """
+
+    def __init__(self, fd: int, path: str, size: int, *, task_size: int = DEFAULT_TASK_SIZE) -> None:
+        kvikio = _import_kvikio()
+        _require_cuda_driver("the kvikio backend", path)
+        self.path = path
+        self.size = size
+        self.task_size = int(task_size)
+        self._host = PreadShard(fd, path, size)
+        try:
+            self._file = kvikio.CuFile(path, "r")
+        except Exception as exc:  # kvikio raises RuntimeError for open/register failures
+            self._host.close()
+            raise PackerError(f"kvikio cannot open the shard: {exc}", path=path) from None
+        try:
+            mine, theirs = os.fstat(self._file.fileno()), os.fstat(fd)
+        except (OSError, AttributeError, TypeError):
+            mine = theirs = None
+        if mine is not None and (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+            self.close()
+            raise DatasetChangedError("the shard file was replaced between validation and the kvikio open",
+                                      path=path)
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or offset + nbytes > self.size:
+            raise OffsetOutOfBoundsError(f"read of {nbytes} bytes at {offset} runs past the shard's "
+                                         f"{self.size} bytes", path=self.path, offset=offset)
+
+    def start_read(self, offset: int, out: Any) -> Callable[[], None]:
+        """Start filling ``out`` from ``offset``; returns a function that waits and checks the length.
+
+        Device buffers are read asynchronously by kvikio's pool; host buffers are read now.
+        """
+        if not _is_cuda_buffer(out):
+            self._host.read_into(offset, _host_view(out))
+            return _done
+        nbytes = _cuda_nbytes(out)
+        self._check_range(offset, nbytes)
+        future = self._file.pread(out, nbytes, offset, task_size=self.task_size)
+
+        def wait() -> None:
+            got = int(future.get())
+            if got != nbytes:
+                raise TruncatedFileError(f"kvikio read {got} of {nbytes} bytes at {offset}", path=self.path,
+                                         offset=offset + got)
+        return wait
+
+    def read_into(self, offset: int, out: Any) -> None:
+        """Fill ``out`` (a CUDA array or a writable host buffer) with the bytes at ``offset``."""
+        self.start_read(offset, out)()
+
+    def view(self, offset: int, size: int) -> memoryview:
+        """The bytes at ``offset`` in a fresh host buffer (pread)."""
+        return self._host.view(offset, size)
+
+    def close(self) -> None:
+        file = getattr(self, "_file", None)
+        if file is not None:
+            self._file = None
+            file.close()
+        self._host.close()
+
+
+def _done() -> None:
+    return None
+
+
+# --- batch planning ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How to read one batch with one read per run of consecutive samples (host-side arithmetic).
+
+    The batch buffer holds the runs' aligned blocks back to back (run ``r`` at ``run_pos[r]``);
+    each block is a whole number of alignment units, so every run starts aligned in the buffer
+    when the buffer does.
+
+    Attributes:
+        indices: the requested sample indices, in batch order (may repeat).
+        unique: the distinct samples, sorted.
+        where: ``indices[j] == unique[where[j]]``.
+        sample_pos: position of ``unique[u]`` in the buffer.
+        sizes: payload size of ``unique[u]``.
+        run_shard, run_offset, run_bytes: each run's shard, file offset and block length.
+        run_pos: ``len(runs) + 1`` buffer positions; ``run_pos[-1]`` is the buffer size.
+    """
+
+    indices: np.ndarray
+    unique: np.ndarray
+    where: np.ndarray
+    sample_pos: np.ndarray
+    sizes: np.ndarray
+    run_shard: np.ndarray
+    run_offset: np.ndarray
+    run_bytes: np.ndarray
+    run_pos: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.run_pos[-1])
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Buffer position of each requested sample, in batch order."""
+        return self.sample_pos[self.where]
+
+    def reads(self, max_bytes: int, alignment: int = 1) -> list[tuple[int, int, int, int]]:
+        """``(shard, file_offset, buffer_pos, nbytes)`` reads, runs split into pieces of at most ``max_bytes``.
+
+        Pieces are multiples of ``alignment`` (except a run's last), so they stay aligned.
+        """
+        piece = max(alignment, max_bytes - max_bytes % alignment if alignment > 1 else max_bytes)
+        out: list[tuple[int, int, int, int]] = []
+        for shard, offset, nbytes, pos in zip(self.run_shard.tolist(), self.run_offset.tolist(),
+                                              self.run_bytes.tolist(), self.run_pos[:-1].tolist()):
+            done = 0
+            while done < nbytes:
+                step = min(piece, nbytes - done)
+                out.append((shard, offset + done, pos + done, step))
+                done += step
+        return out
+
+
+def plan_batch(index: Any, indices: Any, alignment: int) -> BatchPlan:
+    """Group a batch into runs of consecutive samples of one shard and lay their blocks out.
+
+    Args:
+        index: the dataset's ``IndexColumns`` (``DatasetIndex.index``).
+        indices: sample indices (non-negative, in range; already checked by the order).
+        alignment: the dataset alignment ``A``: each run's block ends at ``align_up(end, A)``,
+            which never passes the end of the shard file (formats/SPEC.md §3.3).
+    """
+    idx = np.asarray(indices, dtype=np.int64)
+    unique, where = np.unique(idx, return_inverse=True)
+    shard_of = np.asarray(index.shard[unique], dtype=np.int64)
+    offsets = np.asarray(index.offset[unique], dtype=np.int64)
+    sizes = np.asarray(index.size[unique], dtype=np.int64)
+    breaks = np.ones(len(unique), dtype=bool)
+    if len(unique) > 1:
+        breaks[1:] = (np.diff(unique) != 1) | (shard_of[1:] != shard_of[:-1])
+    run_of = np.cumsum(breaks) - 1
+    first = np.flatnonzero(breaks)
+    last = np.append(first[1:], len(unique)) - 1
+    run_offset = offsets[first]
+    ends = offsets[last] + sizes[last]
+    if alignment > 1:
+        ends = (ends + (alignment - 1)) // alignment * alignment
+    run_bytes = ends - run_offset
+    run_pos = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(run_bytes, out=run_pos[1:])
+    sample_pos = run_pos[:-1][run_of] + (offsets - run_offset[run_of])
+    return BatchPlan(indices=idx, unique=unique, where=where.reshape(-1).astype(np.int64), sample_pos=sample_pos,
+                     sizes=sizes, run_shard=shard_of[first], run_offset=run_offset, run_bytes=run_bytes,
+                     run_pos=run_pos)
+
+
+# --- read-ahead --------------------------------------------------------------------------------
+
+class _ReadAhead:
+    """Runs ``produce(k)`` for ``k`` in ``range(count)`` on a background thread, ``depth`` results ahead.
+
+    Errors raised by ``produce`` are re-raised in the consumer, at the batch where they happened.
+    ``setup`` returns a context manager entered on the thread (e.g. a CUDA stream).
+    """
+
+    def __init__(self, produce: Callable[[int], Any], count: int, depth: int,
+                 setup: Callable[[], Any] | None = None) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(produce, count, setup), daemon=True,
+                                        name="packer-gpu-read-ahead")
+        self._thread.start()
+
+    def _put(self, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, produce: Callable[[int], Any], count: int, setup: Callable[[], Any] | None) -> None:
+        try:
+            context = setup() if setup is not None else None
+            if context is not None:
+                context.__enter__()
+            try:
+                for k in range(count):
+                    if self._stop.is_set() or not self._put(("item", produce(k))):
+                        return
+            finally:
+                if context is not None:
+                    context.__exit__(None, None, None)
+            self._put(("done", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            self._put(("error", exc))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            kind, value = self._queue.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.05)
+
+
+# --- the loaders -------------------------------------------------------------------------------
+
+class _GpuBatches:
+    """Order, rank share, resumable position and the read path shared by the two loaders."""
+
+    def __init__(self, source: Any, batch_size: int, *, order: str, seed: int, rank: int | None,
+                 world_size: int | None, drop_last: bool, device: str, io: str, double_buffer: bool,
+                 block_bytes: int, window: int, read_block: int, io_threads: int, backend: str) -> None:
+        from .dataset import Dataset, open_dataset
+
+        torch = _import_torch()
+        from .torch import resolve_rank
+
+        self._torch = torch
+        self.device = torch.device(device)
+        if self.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be a CUDA device or 'cpu', got {device!r}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise MissingDependencyError(
+                f"device={device!r} but PyTorch sees no CUDA GPU (torch {torch.__version__}, CUDA "
+                f"{torch.version.cuda}); use device='cpu', or install a CUDA build of torch")
+        if io not in ("auto", "kvikio", "host"):
+            raise ValueError(f"io must be 'auto', 'kvikio' or 'host', got {io!r}")
+        if self.device.type == "cpu":
+            if io == "kvikio":
+                raise ValueError("io='kvikio' reads into GPU memory; it needs a CUDA device")
+            io = "host"
+        elif io == "auto":
+            try:
+                _import_kvikio()
+                io = "kvikio"
+            except MissingDependencyError:
+                io = "host"
+        if io == "kvikio":
+            # kvikio's pool defaults to one thread: one task in flight is far below NVMe/GDS bandwidth.
+            current = _kvikio_get(_import_kvikio(), "num_threads")
+            if not isinstance(current, int) or current < io_threads:
+                set_kvikio_threads(io_threads)
+        self.io = io
+        self.dataset: Dataset = source if isinstance(source, Dataset) else open_dataset(source, backend=backend)
+        self._owns_dataset = not isinstance(source, Dataset)
+        # A private reader for the loader's thread (LRU of open shards is not thread-safe), pinned
+        # to the same index version as the caller's dataset.
+        self._reader = Dataset(self.dataset.path, backend="kvikio" if io == "kvikio" else backend)
+        if self._reader.manifest.index.checksum != self.dataset.manifest.index.checksum:
+            self._reader.close()
+            raise DatasetChangedError("the dataset was replaced since it was opened", path=self.dataset.path)
+        self.alignment = self.dataset.alignment
+        ix = self.dataset.index
+        blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes) if order == "block" else None
+        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                                    batch_size=batch_size, drop_last=drop_last)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.num_samples = len(self.dataset)
+        self._blocks = blocks
+        self._epoch = 0
+        self._start = 0
+        self._handed_out = 0
+        self.double_buffer = bool(double_buffer)
+        self.read_block = max(int(read_block), self.alignment)
+        self.io_threads = max(1, int(io_threads))
+        self._pool: ThreadPoolExecutor | None = None
+        self._host_staging: Any = None
+        self._device_staging: Any = None
+
+    # --- order and position (the same contract as packer.torch's readers) ---
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (a loaded mid-epoch position is kept for its epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if int(epoch) != self._epoch:
+            self._start = 0
+            self._handed_out = 0
+        self._epoch = int(epoch)
+
+    def share(self) -> RankShare:
+        return self.read_order.share(self.num_samples, consumed=self._start, world_size=self.world_size)
+
+    def plan(self) -> RankPlan:
+        """This rank's batches for the rest of the current epoch."""
+        return self.read_order.plan(self.num_samples, epoch=self._epoch, consumed=self._start, rank=self.rank,
+                                    world_size=self.world_size, blocks=self._blocks)
+
+    def __len__(self) -> int:
+        return self.share().num_batches
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position (see ``packer.order.ReadOrder.state_dict``).
+
+        Args:
+            batches_consumed: batches this rank consumed in the current iteration; default what
+                this loader handed out (exact: the read-ahead is not counted).
+        """
+        count = self._handed_out if batches_consumed is None else batches_consumed
+        consumed = self.share().consumed_after(count)
+        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration reads exactly the rest of the saved epoch, for any world size."""
+        self._epoch, self._start = self.read_order.check_state(state, self.num_samples)
+        self._handed_out = 0
+
+    # --- reading ---
+    def _host_buffer(self, nbytes: int) -> Any:
+        """A reusable host staging buffer (pinned when the batches go to a GPU): (tensor, numpy view)."""
+        torch = self._torch
+        if self._host_staging is None or self._host_staging[0].numel() < nbytes:
+            capacity = max(nbytes, 1)
+            self._host_staging = None
+            pinned = self.device.type == "cuda"
+            tensor = torch.empty(capacity + _DEVICE_ALIGNMENT, dtype=torch.uint8, pin_memory=pinned)
+            pad = (-tensor.data_ptr()) % _DEVICE_ALIGNMENT  # aligned for O_DIRECT backends, too
+            tensor = tensor[pad:pad + capacity]
+            self._host_staging = (tensor, tensor.numpy())
+        return self._host_staging
+
+    def _device_buffer(self, nbytes: int) -> Any:
+        torch = self._torch
+        if self._device_staging is None or self._device_staging.numel() < nbytes:
+            capacity = max(nbytes, 1)
+            self._device_staging = None
+            tensor = torch.empty(capacity + _DEVICE_ALIGNMENT, dtype=torch.uint8, device=self.device)
+            pad = (-tensor.data_ptr()) % _DEVICE_ALIGNMENT
+            self._device_staging = tensor[pad:pad + capacity]
+        return self._device_staging
+
+    def _read_host(self, plan: BatchPlan, out: np.ndarray) -> None:
+        """Fill ``out`` with the plan's blocks: large preads, in parallel when there are several."""
+        reads = plan.reads(self.read_block, self.alignment)
+        numbers = set(plan.run_shard.tolist())
+        # Parallel reads need every shard open at once: not when the batch spans more than the LRU.
+        if len(reads) == 1 or self.io_threads == 1 or len(numbers) > self._reader.max_open_shards:
+            for shard, offset, pos, nbytes in reads:
+                self._reader.shard(shard).read_into(offset, out[pos:pos + nbytes])
+            return
+        shards = {shard: self._reader.shard(shard) for shard in numbers}
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="packer-gpu-io")
+        futures = [self._pool.submit(shards[shard].read_into, offset, out[pos:pos + nbytes])
+                   for shard, offset, pos, nbytes in reads]
+        for future in futures:
+            future.result()
+
+    def _read_device(self, plan: BatchPlan) -> Any:
+        """The plan's blocks in device memory: kvikio straight in, or host pinned + copy."""
+        if self.io == "kvikio":
+            buffer = self._device_buffer(plan.nbytes)
+            # All runs in flight at once, unless the batch spans more shards than the LRU keeps open
+            # (opening one more would close a file with a read still in flight).
+            overlap = len(set(plan.run_shard.tolist())) <= self._reader.max_open_shards
+            waits = []
+            for shard, offset, pos, nbytes in zip(plan.run_shard.tolist(), plan.run_offset.tolist(),
+                                                  plan.run_pos[:-1].tolist(), plan.run_bytes.tolist()):
+                wait = self._reader.shard(shard).start_read(offset, buffer[pos:pos + nbytes])
+                if overlap:
+                    waits.append(wait)
+                else:
+                    wait()
+            for wait in waits:
+                wait()
+            return buffer[:plan.nbytes]
+        tensor, array = self._host_buffer(plan.nbytes)
+        self._read_host(plan, array)
+        if self.device.type == "cpu":
+            return tensor[:plan.nbytes]
+        return tensor[:plan.nbytes].to(self.device, non_blocking=True)
+
+    def _labels(self, plan: BatchPlan) -> Any:
+        labels = self._torch.from_numpy(np.ascontiguousarray(self.dataset.index.label[plan.indices]))
+        return labels if self.device.type == "cpu" else labels.to(self.device, non_blocking=True)
+
+    def batch_indices(self, plan: RankPlan, k: int, epoch: int | None = None) -> np.ndarray:
+        """The sample indices of batch ``k`` of ``plan``, in the order the loader yields them.
+
+        With the ``"block"`` order, ``packer.order`` sorts each global step (so a rank reads long
+        runs); the loader then shuffles the batch itself, seeded by (seed, epoch, rank, k): the
+        runs are still read whole, and the gather that lays out the batch applies the shuffle
+        for free. Other orders are yielded as planned.
+        """
+        indices = plan.batch(k)
+        if self.read_order.kind != "block" or len(indices) < 2:
+            return indices
+        epoch = self._epoch if epoch is None else epoch
+        rng = np.random.Generator(np.random.PCG64([self.read_order.seed, epoch, self.rank, k]))
+        return indices[rng.permutation(len(indices))]
+
+    def _produce(self, indices: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def _stream_context(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        torch = self._torch
+        stream = torch.cuda.Stream(device=self.device)
+        return torch.cuda.stream(stream)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            self._torch.cuda.current_stream(self.device).synchronize()
+
+    def _hand_out(self, item: Any) -> Any:
+        if self.device.type == "cuda":
+            stream = self._torch.cuda.current_stream(self.device)
+            for tensor in _tensors(item):
+                if tensor.is_cuda:
+                    tensor.record_stream(stream)  # allocated on the read-ahead stream
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        plan = self.plan()
+        epoch = self._epoch
+        count = plan.num_batches
+        self._handed_out = 0
+
+        def produce(k: int) -> Any:
+            item = self._produce(self.batch_indices(plan, k, epoch))
+            self._synchronize()
+            return item
+
+        if self.double_buffer:
+            ahead = _ReadAhead(produce, count, depth=1, setup=self._stream_context)
+            try:
+                for item in ahead:
+                    item = self._hand_out(item)
+                    self._handed_out += 1  # counted when handed out: state_dict() in the loop body is exact
+                    yield item
+            finally:
+                ahead.close()
+        else:
+            for k in range(count):
+                item = produce(k)
+                self._handed_out += 1
+                yield item
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._host_staging = self._device_staging = None
+        self._reader.close()
+        if self._owns_dataset:
+            self.dataset.close()
+
+    def __enter__(self) -> "_GpuBatches":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _tensors(item: Any) -> Iterator[Any]:
+    if isinstance(item, dict):
+        item = list(item.values())
+    if isinstance(item, (tuple, list)):
+        for part in item:
+            yield from _tensors(part)
+    elif hasattr(item, "record_stream"):
+        yield item
+
+
+class GpuRawBatches(_GpuBatches):
+    """``(images, labels)`` batches of a ``raw``-codec dataset: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 on ``device``.
+
+    Args:
+        source: a dataset folder or an open ``Dataset`` (its codec must be ``raw``).
+        batch_size: samples per batch per rank.
+        order: ``"block"`` (default), ``"random"`` or ``"sequential"`` (``packer.order``).
+        seed: the run's seed; orders are functions of (seed, epoch).
+        rank, world_size: this rank's share; default from ``torch.distributed``, else (0, 1).
+        drop_last: full batches only (``packer.order``'s drop rule) instead of padding.
+        device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the host path, for tests and fallbacks).
+        io: ``"kvikio"`` (reads into GPU memory), ``"host"`` (pinned memory + copy) or ``"auto"``
+            (kvikio when importable).
+        double_buffer: prepare the next batch on a background thread while the caller computes.
+        block_bytes, window: the block shuffle's block span and window (``packer.order``).
+        read_block: largest single host read; longer runs are split and read in parallel.
+        io_threads: parallel reads (host reads, and at least this many kvikio threads).
+        backend: backend for host reads (``"pread"``, ``"mmap"``, ``"direct"``).
+
+    Raises:
+        ManifestError: the dataset is not ``raw``.
+        IndexMismatchError: a sample's size or format disagrees with the manifest's raw shape.
+        MissingDependencyError: torch missing, or ``device="cuda"`` without a GPU.
+    """
+
+    def __init__(self, source: Any, batch_size: int, *, order: str = "block", seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 device: str = "cuda", io: str = "auto", double_buffer: bool = True,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 read_block: int = DEFAULT_READ_BLOCK, io_threads: int = 8, backend: str = "pread") -> None:
+        from .codecs import raw_sample_shape, raw_sample_stride
+
+        super().__init__(source, batch_size, order=order, seed=seed, rank=rank, world_size=world_size,
+                         drop_last=drop_last, device=device, io=io, double_buffer=double_buffer,
+                         block_bytes=block_bytes, window=window, read_block=read_block, io_threads=io_threads,
+                         backend=backend)
+        try:
+            self.shape = raw_sample_shape(self.dataset.manifest.codec, path=self.dataset.path)
+            self.stride = raw_sample_stride(self.shape, self.alignment)
+            ix = self.dataset.index
+            sample_bytes = self.shape[0] * self.shape[1] * self.shape[2]
+            bad = np.flatnonzero((ix.size != sample_bytes) | (ix.image_format != fmt.ImageFormat.RAW))
+            if len(bad):
+                i = int(bad[0])
+                raise IndexMismatchError(
+                    f"is {int(ix.size[i])} bytes of image_format {int(ix.image_format[i])}, but the raw codec "
+                    f"says every sample is {sample_bytes} bytes ({'x'.join(map(str, self.shape))}) of "
+                    f"format {fmt.ImageFormat.RAW}", path=self.dataset.path, sample=i)
+        except PackerError:
+            self.close()
+            raise
+
+    def _produce(self, indices: np.ndarray) -> Any:
+        torch = self._torch
+        batch = plan_batch(self.dataset.index, indices, self.alignment)
+        block = self._read_device(batch)
+        height, width, channels = self.shape
+        # Runs are whole multiples of the stride, so distinct sample u sits at u * stride: a view of
+        # (samples, sample bytes) rows skips the padding, and one row gather puts them in batch order.
+        rows = torch.as_strided(block, (len(batch.unique), height * width * channels), (self.stride, 1))
+        where = torch.from_numpy(batch.where)
+        if self.device.type == "cuda":
+            where = where.to(self.device, non_blocking=True)
+        images = rows.index_select(0, where).view(len(batch.indices), height, width, channels)
+        return images, self._labels(batch)
+
+
+class GpuJpegBatches(_GpuBatches):
+    """``(images, labels)`` batches of an encoded dataset, decoded on the GPU by nvJPEG (torchvision).
+
+    ``images`` is a list of ``(3, H, W)`` uint8 tensors on ``device`` (RGB; sizes differ), or
+    whatever ``transform(list)`` returns (it runs on the read-ahead thread and stream, e.g. a
+    resize and ``torch.stack``); ``labels`` is ``(B,)`` int64 on ``device``. JPEG payloads are
+    decoded in one batched ``torchvision.io.decode_jpeg(..., device=device)`` call; other formats
+    (and JPEGs nvJPEG refuses, e.g. CMYK) are decoded on the CPU by ``packer.decode``. With
+    ``device="cpu"`` everything is decoded by ``packer.decode`` (simplejpeg).
+
+    Arguments are those of ``GpuRawBatches`` (``order`` defaults to ``"random"``; ``io`` is
+    always host: compressed bytes are decoded from pinned host memory), plus ``transform``.
+
+    Raises:
+        MissingDependencyError: ``device="cuda"`` without torchvision (use ``packer.dali``).
+    """
+
+    def __init__(self, source: Any, batch_size: int, *, order: str = "random", seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 device: str = "cuda", double_buffer: bool = True, transform: Callable[[list[Any]], Any] | None = None,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 read_block: int = DEFAULT_READ_BLOCK, io_threads: int = 8, backend: str = "pread") -> None:
+        super().__init__(source, batch_size, order=order, seed=seed, rank=rank, world_size=world_size,
+                         drop_last=drop_last, device=device, io="host", double_buffer=double_buffer,
+                         block_bytes=block_bytes, window=window, read_block=read_block, io_threads=io_threads,
+                         backend=backend)
+        self.transform = transform
+        self._decode_jpeg = None
+        if self.device.type == "cuda":
+            try:
+                from torchvision.io import ImageReadMode, decode_jpeg
+            except ImportError as exc:
+                self.close()
+                raise MissingDependencyError(
+                    f"GPU JPEG decoding needs torchvision (nvJPEG), which cannot be imported ({exc}); install "
+                    f"torchvision, or decode on the GPU with DALI (packer.dali, pip install 'packer[dali]')"
+                ) from None
+            self._decode_jpeg = decode_jpeg
+            self._rgb = ImageReadMode.RGB
+
+    def _cpu_decode(self, data: Any, image_format: int, i: int) -> Any:
+        from .decode import decode_image
+
+        pixels = decode_image(data, image_format, name=self.dataset.key(i))
+        image = self._torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+        return image if self.device.type == "cpu" else image.to(self.device, non_blocking=True)
+
+    def _produce(self, indices: np.ndarray) -> Any:
+        batch = plan_batch(self.dataset.index, indices, self.alignment)
+        tensor, array = self._host_buffer(batch.nbytes)
+        self._read_host(batch, array)
+        formats = self.dataset.index.image_format
+        images: list[Any] = [None] * len(batch.unique)
+        starts, sizes = batch.sample_pos.tolist(), batch.sizes.tolist()
+        gpu = [u for u, i in enumerate(batch.unique.tolist())
+               if self._decode_jpeg is not None and int(formats[i]) == fmt.ImageFormat.JPEG]
+        if gpu:
+            inputs = [tensor[starts[u]:starts[u] + sizes[u]] for u in gpu]
+            try:
+                decoded = self._decode_jpeg(inputs, mode=self._rgb, device=self.device)
+            except (RuntimeError, TypeError, ValueError):
+                decoded = [None] * len(gpu)  # one bad file fails the batch call: retry one by one below
+                for n, data in enumerate(inputs):
+                    try:
+                        decoded[n] = self._decode_jpeg(data, mode=self._rgb, device=self.device)
+                    except (RuntimeError, TypeError, ValueError):
+                        pass
+            for u, image in zip(gpu, decoded):
+                images[u] = image
+        for u, i in enumerate(batch.unique.tolist()):
+            if images[u] is None:
+                images[u] = self._cpu_decode(array[starts[u]:starts[u] + sizes[u]], int(formats[i]), i)
+        ordered = [images[u] for u in batch.where.tolist()]
+        result = self.transform(ordered) if self.transform is not None else ordered
+        return result, self._labels(batch)

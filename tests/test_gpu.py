@@ -1,0 +1,468 @@
+"""packer.gpu: the kvikio backend's errors and protocol (with a fake kvikio), batch planning, and the
+GPU batch loaders' host path (``device="cpu"``); tests marked ``gpu`` run the real CUDA paths."""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer import gpu
+from packer.build import build
+from packer.dataset import open_dataset
+from packer.errors import (IndexMismatchError, ManifestError, MissingDependencyError, OffsetOutOfBoundsError,
+                           TruncatedFileError)
+from packer.order import ReadOrder
+from packer.plan import BuildOptions
+
+torch = pytest.importorskip("torch")
+
+
+def _has_gpu() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+needs_gpu = pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU with CUDA")
+
+RAW_SHAPE = (12, 10, 3)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import make_sample
+
+    base = tmp_path_factory.mktemp("gpu-src")
+    make_sample.make_image_folder(base / "jpeg", classes=3, per_class=8, seed=11, formats=("jpeg",))
+    make_sample.make_image_folder(base / "mixed", classes=2, per_class=4, seed=12,
+                                  formats=("jpeg", "png", "jpeg-gray", "webp"))
+    return base
+
+
+@pytest.fixture(scope="module")
+def raw_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-raw") / "ds"
+    # 24 samples of 360 bytes -> stride 4096; ~5 samples per shard: several shards and runs.
+    build(sources / "jpeg", out, BuildOptions(shard_size=20 << 10, codec="raw:size=12x10"), workers=1,
+          progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def raw_dataset_unaligned(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-raw1") / "ds"
+    build(sources / "jpeg", out, BuildOptions(shard_size=3000, alignment=8, codec="raw:size=12x10"), workers=1,
+          progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jpeg_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-jpeg") / "ds"
+    build(sources / "mixed", out, BuildOptions(shard_size=24 << 10), workers=1, progress=False)
+    return out
+
+
+def _collect(loader: gpu._GpuBatches) -> tuple[list[int], list]:
+    """Iterate one epoch: (sample indices in order, the batches), checking the plan's batch sizes."""
+    plan = loader.plan()
+    assert len(loader) == plan.num_batches
+    indices: list[int] = []
+    batches = list(loader)
+    assert len(batches) == plan.num_batches
+    for k in range(plan.num_batches):
+        indices += loader.batch_indices(plan, k).tolist()
+        assert sorted(loader.batch_indices(plan, k).tolist()) == sorted(plan.batch(k).tolist())
+    return indices, batches
+
+
+# --- batch planning --------------------------------------------------------------------------
+
+def test_plan_batch_coalesces_runs_and_keeps_the_order(raw_dataset: Path) -> None:
+    with open_dataset(raw_dataset) as ds:
+        ix = ds.index
+        shard0 = ds.shard_range(0)
+        wanted = [shard0[0] + 2, shard0[0], shard0[0] + 1, shard0[0] + 1, shard0[1]]  # a repeat, a new shard
+        plan = gpu.plan_batch(ix, wanted, ds.alignment)
+        assert plan.unique.tolist() == sorted(set(wanted))
+        assert len(plan.run_offset) == 2  # three consecutive samples of shard 0, then shard 1
+        assert plan.run_bytes.tolist() == [3 * 4096, 4096] and plan.nbytes == 4 * 4096
+        buffer = np.zeros(plan.nbytes, dtype=np.uint8)
+        for shard, offset, pos, nbytes in plan.reads(4096, ds.alignment):
+            assert nbytes <= 4096 and offset % 4096 == 0 and pos % 4096 == 0
+            ds.shard(shard).read_into(offset, buffer[pos:pos + nbytes])
+        for j, i in enumerate(wanted):
+            start = int(plan.starts[j])
+            assert buffer[start:start + int(ix.size[i])].tobytes() == ds.read(i)
+
+
+# --- GpuRawBatches, host path ---------------------------------------------------------------
+
+@pytest.mark.parametrize("order", ["block", "random", "sequential"])
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_raw_batches_match_the_stored_pixels(raw_dataset: Path, order: str, double_buffer: bool) -> None:
+    loader = gpu.GpuRawBatches(raw_dataset, 5, order=order, seed=3, device="cpu", double_buffer=double_buffer,
+                               read_block=4096, block_bytes=8192)
+    with loader, open_dataset(raw_dataset) as ds:
+        indices, batches = _collect(loader)
+        assert sorted(indices) == list(range(24)) and len(batches) == 5
+        position = 0
+        for images, labels in batches:
+            assert images.dtype == torch.uint8 and images.shape[1:] == RAW_SHAPE and images.is_contiguous()
+            assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
+            for j in range(images.shape[0]):
+                i = indices[position + j]
+                assert images[j].numpy().tobytes() == ds.read(i)
+                assert int(labels[j]) == int(ds.labels[i])
+            position += images.shape[0]
+        if order == "sequential":
+            assert indices == list(range(24))
+
+
+def test_raw_batches_with_an_alignment_below_the_sample(raw_dataset_unaligned: Path) -> None:
+    with gpu.GpuRawBatches(raw_dataset_unaligned, 7, device="cpu", order="random") as loader, \
+            open_dataset(raw_dataset_unaligned) as ds:
+        assert loader.stride == 360 and len(ds.manifest.shards) > 1
+        indices, batches = _collect(loader)
+        images = torch.cat([b[0] for b in batches])
+        for j, i in enumerate(indices):
+            assert images[j].numpy().tobytes() == ds.read(i)
+
+
+def test_exact_epochs_and_rank_partitions(raw_dataset: Path) -> None:
+    for drop_last in (False, True):
+        per_rank = []
+        for rank in range(3):
+            with gpu.GpuRawBatches(raw_dataset, 4, seed=5, rank=rank, world_size=3, drop_last=drop_last,
+                                   device="cpu") as loader:
+                indices, batches = _collect(loader)
+                per_rank.append(indices)
+                labels = torch.cat([b[1] for b in batches]).tolist()
+                assert labels == [int(x) for x in open_dataset(raw_dataset).labels[indices]]
+        assert len({len(r) for r in per_rank}) == 1  # equal shares, equal batch counts
+        everything = sum(per_rank, [])
+        if drop_last:
+            assert len(everything) == 24 and len(set(everything)) == 24  # 24 = 2 steps of 3 x 4
+        else:
+            assert set(everything) == set(range(24)) and len(everything) == 24
+        # The batches packer.order deals (each shuffled inside: the block order sorts its steps).
+        expected = ReadOrder(kind="block", seed=5, batch_size=4, drop_last=drop_last)
+        with open_dataset(raw_dataset) as ds:
+            from packer.order import index_blocks
+
+            blocks = index_blocks(ds.index.offset, ds.index.size, ds.index.shard)
+            for rank in range(3):
+                plan = expected.plan(24, epoch=0, rank=rank, world_size=3, blocks=blocks)
+                got = per_rank[rank]
+                assert [sorted(got[k * 4:(k + 1) * 4]) for k in range(plan.num_batches)] == \
+                    [plan.batch(k).tolist() for k in range(plan.num_batches)]
+                assert got != plan.indices.tolist()
+
+
+def test_epochs_differ_and_resume_mid_epoch(raw_dataset: Path) -> None:
+    with gpu.GpuRawBatches(raw_dataset, 4, order="random", seed=1, device="cpu") as loader:
+        first, _ = _collect(loader)
+        loader.set_epoch(1)
+        second, _ = _collect(loader)
+        assert first != second and sorted(first) == sorted(second)
+        iterator = iter(loader)
+        for _ in range(2):
+            next(iterator)
+        state = loader.state_dict()
+        assert state["epoch"] == 1 and state["consumed"] == 8
+        iterator.close()
+    with gpu.GpuRawBatches(raw_dataset, 8, order="random", seed=1, device="cpu") as resumed:
+        resumed.load_state_dict(state)
+        rest, _ = _collect(resumed)
+        assert rest == second[8:]
+        assert resumed.state_dict()["consumed"] == 24  # the epoch is complete (as in packer.torch)
+        resumed.set_epoch(2)
+        assert len(resumed) == 3 and resumed.state_dict()["consumed"] == 0
+
+
+def test_read_ahead_stops_when_the_loop_breaks(raw_dataset: Path) -> None:
+    before = threading.active_count()
+    with gpu.GpuRawBatches(raw_dataset, 2, device="cpu") as loader:
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+    assert threading.active_count() <= before
+
+
+def test_read_errors_reach_the_consumer(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = gpu.GpuRawBatches(raw_dataset, 4, device="cpu", order="sequential")
+    calls = {"n": 0}
+    real = loader._read_host
+
+    def failing(plan: gpu.BatchPlan, out: np.ndarray) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise TruncatedFileError("simulated short read", path="shard", offset=4096)
+        real(plan, out)
+
+    monkeypatch.setattr(loader, "_read_host", failing)
+    got = []
+    with pytest.raises(TruncatedFileError, match="simulated"):
+        for images, _ in loader:
+            got.append(images)
+    assert len(got) == 2
+    loader.close()
+
+
+def test_raw_batches_refuse_encoded_datasets(jpeg_dataset: Path) -> None:
+    with pytest.raises(ManifestError, match="not 'raw'"):
+        gpu.GpuRawBatches(jpeg_dataset, 4, device="cpu")
+
+
+def test_raw_batches_check_sizes_against_the_codec(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer import codecs
+
+    monkeypatch.setattr(codecs, "raw_sample_shape", lambda entry, path=None: (12, 10, 4))
+    with pytest.raises(IndexMismatchError, match="raw codec says"):
+        gpu.GpuRawBatches(raw_dataset, 4, device="cpu")
+
+
+def test_cuda_device_without_a_gpu_is_a_clear_error(raw_dataset: Path) -> None:
+    if _has_gpu():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(MissingDependencyError, match="sees no CUDA GPU.*device='cpu'"):
+        gpu.GpuRawBatches(raw_dataset, 4, device="cuda")
+    with pytest.raises(ValueError, match="io='kvikio'"):
+        gpu.GpuRawBatches(raw_dataset, 4, device="cpu", io="kvikio")
+
+
+# --- GpuJpegBatches, host path ---------------------------------------------------------------
+
+def test_jpeg_batches_decode_like_packer_decode(jpeg_dataset: Path) -> None:
+    from packer.decode import decode_image
+
+    with gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", seed=2, read_block=8192) as loader, \
+            open_dataset(jpeg_dataset) as ds:
+        indices, batches = _collect(loader)
+        assert sorted(indices) == list(range(len(ds)))
+        images = [image for batch in batches for image in batch[0]]
+        labels = torch.cat([batch[1] for batch in batches]).tolist()
+        for image, label, i in zip(images, labels, indices):
+            expected = decode_image(ds.read(i), int(ds.index.image_format[i]))
+            assert image.dtype == torch.uint8 and tuple(image.shape) == (3, *expected.shape[:2])
+            assert np.array_equal(image.permute(1, 2, 0).numpy(), expected)
+            assert label == int(ds.labels[i])
+
+
+def test_jpeg_batches_transform(jpeg_dataset: Path) -> None:
+    def stack_resized(images: list) -> object:
+        return torch.stack([torch.nn.functional.interpolate(im[None].float(), size=(8, 8))[0] for im in images])
+
+    with gpu.GpuJpegBatches(jpeg_dataset, 4, device="cpu", transform=stack_resized, drop_last=True) as loader:
+        for images, labels in loader:
+            assert images.shape == (4, 3, 8, 8) and labels.shape == (4,)
+
+
+def test_jpeg_batches_on_cuda_need_torchvision(jpeg_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    if not _has_gpu():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "torchvision.io", None)  # import fails as if not installed
+    with pytest.raises(MissingDependencyError, match="torchvision.*DALI"):
+        gpu.GpuJpegBatches(jpeg_dataset, 4, device="cuda")
+
+
+# --- the kvikio backend ----------------------------------------------------------------------
+
+def test_kvikio_backend_without_kvikio_or_gpu_is_a_clear_error(raw_dataset: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_kvikio() -> None:
+        raise MissingDependencyError("the kvikio backend needs kvikio ...; install it with pip install 'packer[gpu]'")
+
+    monkeypatch.setattr(gpu, "_import_kvikio", no_kvikio)
+    with open_dataset(raw_dataset, backend="kvikio") as ds:
+        with pytest.raises(MissingDependencyError, match=r"packer\[gpu\]"):
+            ds.read(0)
+    monkeypatch.setattr(gpu, "_import_kvikio", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (False, "no NVIDIA driver: libcuda.so.1 is missing"))
+    with open_dataset(raw_dataset, backend="kvikio") as ds:
+        with pytest.raises(MissingDependencyError, match="needs an NVIDIA GPU.*libcuda.*backend='pread'") as info:
+            ds.read(0)
+        assert info.value.path is not None and info.value.path.endswith(".pks")
+
+
+def test_kvikio_backend_here_fails_cleanly(raw_dataset: Path) -> None:
+    """Whatever is installed here (nothing, kvikio without a driver, or a GPU): a typed error or bytes."""
+    with open_dataset(raw_dataset, backend="kvikio") as ds, open_dataset(raw_dataset) as reference:
+        try:
+            data = ds.read(3)
+        except MissingDependencyError as exc:
+            assert "packer[gpu]" in str(exc) or "NVIDIA GPU" in str(exc)
+        else:
+            assert data == reference.read(3)
+
+
+def test_gds_status_never_raises() -> None:
+    status = gpu.gds_status()
+    assert {"kvikio", "cuda_driver", "compat_mode", "gds_available", "gds_active", "error"} <= set(status)
+    if not status["kvikio"]:
+        assert "packer[gpu]" in status["error"] and status["gds_active"] is False
+
+
+class _FakeCudaBuffer:
+    """Host memory that presents itself as a CUDA array (the fake kvikio below writes into it)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.host = np.zeros(nbytes, dtype=np.uint8)
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (0, False), "version": 3,
+                                         "strides": None}
+
+
+class _FakeFuture:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def get(self) -> int:
+        return self.value
+
+
+def _fake_kvikio(calls: list) -> types.SimpleNamespace:
+    class CuFile:
+        def __init__(self, path: str, flags: str) -> None:
+            self.fd = os.open(path, os.O_RDONLY)
+
+        def fileno(self) -> int:
+            return self.fd
+
+        def pread(self, buf: _FakeCudaBuffer, size: int, file_offset: int, task_size: int | None = None):
+            calls.append((size, file_offset, task_size))
+            data = os.pread(self.fd, size, file_offset)
+            buf.host[:len(data)] = np.frombuffer(data, np.uint8)
+            return _FakeFuture(len(data))
+
+        def close(self) -> None:
+            os.close(self.fd)
+
+    return types.SimpleNamespace(CuFile=CuFile)
+
+
+def test_kvikio_shard_protocol_with_a_fake_kvikio(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list = []
+    monkeypatch.setattr(gpu, "_import_kvikio", lambda: _fake_kvikio(calls))
+    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (True, "fake GPU"))
+    with open_dataset(raw_dataset, backend="kvikio") as ds, open_dataset(raw_dataset) as reference:
+        shard = ds.shard(0)
+        assert isinstance(shard, gpu.KvikioShard)
+        first, end = ds.shard_range(0)
+        offset = int(ds.index.offset[first])
+        block = _FakeCudaBuffer((end - first) * 4096)
+        shard.read_into(offset, block)  # one aligned block, straight "into device memory"
+        assert calls == [(block.host.size, offset, gpu.DEFAULT_TASK_SIZE)]
+        for i in range(first, end):
+            start = int(ds.index.offset[i]) - offset
+            assert block.host[start:start + 360].tobytes() == reference.read(i)
+        assert ds.read(1) == reference.read(1)  # host reads: pread, not kvikio
+        assert ds.read_batch([0, 1, 2]).data.size > 0 and len(calls) == 1
+        with pytest.raises(OffsetOutOfBoundsError):
+            shard.read_into(shard.size - 4096, _FakeCudaBuffer(8192))
+        short = _FakeCudaBuffer(4096)
+        monkeypatch.setattr(shard, "size", shard.size + 4096)  # as if the file shrank under us
+        with pytest.raises(TruncatedFileError, match="kvikio read 0 of 4096"):
+            shard.read_into(shard.size - 4096, short)
+
+
+def test_cuda_nbytes_refuses_strided_buffers() -> None:
+    fake = _FakeCudaBuffer(16)
+    fake.__cuda_array_interface__ = {"shape": (4, 2), "typestr": "<u2", "data": (0, False), "version": 3,
+                                     "strides": (8, 2)}
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gpu._cuda_nbytes(fake)
+    fake.__cuda_array_interface__["strides"] = (4, 2)
+    assert gpu._cuda_nbytes(fake) == 16
+
+
+# --- real GPU paths (skipped without one) ----------------------------------------------------
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("io", ["host", "kvikio"])
+def test_gpu_raw_batches_equal_the_host_path(raw_dataset: Path, io: str) -> None:
+    if io == "kvikio":
+        try:
+            gpu._import_kvikio()
+        except MissingDependencyError as exc:
+            pytest.skip(str(exc))
+    with gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cuda", io=io) as loader, \
+            gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cpu") as host:
+        assert loader.io == io
+        for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
+            assert images.is_cuda and labels.is_cuda
+            assert torch.equal(images.cpu(), cpu_images) and torch.equal(labels.cpu(), cpu_labels)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_kvikio_backend_reads_into_device_memory(raw_dataset: Path) -> None:
+    try:
+        gpu._import_kvikio()
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+    with open_dataset(raw_dataset, backend="kvikio") as ds, open_dataset(raw_dataset) as reference:
+        first, end = ds.shard_range(0)
+        offset = int(ds.index.offset[first])
+        out = torch.empty((end - first) * 4096, dtype=torch.uint8, device="cuda")
+        ds.shard(0).read_into(offset, out)
+        host = out.cpu().numpy()
+        for i in range(first, end):
+            start = int(ds.index.offset[i]) - offset
+            assert host[start:start + 360].tobytes() == reference.read(i)
+        assert ds.read(first) == reference.read(first)
+    status = gpu.gds_status()
+    assert status["kvikio"] and status["cuda_driver"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_jpeg_batches_decode_on_the_gpu(jpeg_dataset: Path) -> None:
+    pytest.importorskip("torchvision")
+    with gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cuda") as loader, \
+            gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cpu") as host:
+        for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
+            assert torch.equal(labels.cpu(), cpu_labels)
+            for image, reference in zip(images, cpu_images):
+                assert image.is_cuda and image.shape == reference.shape
+                # nvJPEG and libjpeg-turbo differ by rounding (IDCT, chroma upsampling): a few levels.
+                assert (image.cpu().int() - reference.int()).abs().float().mean() < 3.0
+
+
+def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The io='kvikio' branch (one read per run into the staging buffer), with CPU tensors standing in."""
+    calls: list = []
+    fake = _fake_kvikio(calls)
+
+    def pread(self, buf, size, file_offset, task_size=None):  # noqa: ANN001 - the fake's signature
+        calls.append((size, file_offset, task_size))
+        data = os.pread(self.fd, size, file_offset)
+        buf.numpy()[:len(data)] = np.frombuffer(data, np.uint8)
+        return _FakeFuture(len(data))
+
+    fake.CuFile.pread = pread
+    monkeypatch.setattr(gpu, "_import_kvikio", lambda: fake)
+    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (True, "fake GPU"))
+    monkeypatch.setattr(gpu, "_is_cuda_buffer", lambda out: isinstance(out, torch.Tensor))
+    monkeypatch.setattr(gpu, "_cuda_nbytes", lambda out: out.numel())
+    from packer.dataset import Dataset
+
+    with gpu.GpuRawBatches(raw_dataset, 6, seed=8, device="cpu") as loader, \
+            gpu.GpuRawBatches(raw_dataset, 6, seed=8, device="cpu") as reference:
+        loader._reader.close()
+        loader._reader = Dataset(raw_dataset, backend="kvikio")
+        loader.io = "kvikio"
+        for (images, labels), (expected, expected_labels) in zip(loader, reference):
+            assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
+        assert calls and all(size % 4096 == 0 and offset % 4096 == 0 for size, offset, _ in calls)
+        # A torch CPU tensor given to a kvikio shard goes through pread (no buffer protocol needed).
+        shard = loader._reader.shard(0)
+        monkeypatch.setattr(gpu, "_is_cuda_buffer", lambda out: False)
+        out = torch.empty(360, dtype=torch.uint8)
+        shard.read_into(int(loader.dataset.index.offset[0]), out)
+        assert out.numpy().tobytes() == loader.dataset.read(0)
