@@ -217,42 +217,68 @@ def _record_path(out: Path, shard: int) -> Path:
     return out / STAGING_DIR / RECORD_DIR / f"shard-{shard:05d}.pkr"
 
 
-def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: ProgressSink | None = None,
-                       fail_on_reject: bool = False) -> dict[str, Any]:
-    """Pack planned shard ``shard``: write its file and its record. Returns the record header.
+@dataclass
+class SegmentResult:
+    """One packed slice of a planned shard: a temp file of aligned payloads and their rows.
 
-    Idempotent: a shard whose record already exists for this plan is not packed again.
-
-    Raises:
-        BuildError: an output I/O error (disk full, permissions), or a rejection with
-            ``fail_on_reject``.
+    Segment 0's file starts with the (zeroed) header region; the others start at their first
+    payload. Every segment's length is a multiple of the alignment, so appending segments in
+    order gives exactly the bytes a single writer would have written.
     """
-    record_path = _record_path(out, shard)
-    existing = _read_record(record_path, plan.fingerprint, out)
-    if existing is not None:
-        if progress:
-            progress(len(plan.shard_members(shard)), 0)
-        return existing[0]
-    options = plan.options
-    codec = get_codec(options.codec)
-    alignment = options.alignment
-    data_offset = fmt.shard_data_offset(alignment)
-    listing = plan.listing
+
+    shard: int
+    segment: int
+    path: str
+    length: int
+    rows: dict[str, list[int]]
+    rejected: list[dict[str, str]]
+
+
+def segment_count(plan: BuildPlan, shard: int, wanted: int, min_bytes: int = 16 << 20) -> int:
+    """How many segments to split planned shard ``shard`` into: ``wanted``, but none under ``min_bytes``."""
     members = plan.shard_members(shard)
-    rows = {name: [] for name in _RECORD_COLUMNS}
-    rejected: list[dict[str, str]] = []
+    if wanted <= 1 or len(members) < 2:
+        return 1
+    total = int(plan.listing.sizes[members].sum())
+    return max(1, min(wanted, len(members), total // min_bytes))
+
+
+def _segment_members(plan: BuildPlan, shard: int, segment: int, segments: int) -> np.ndarray:
+    members = plan.shard_members(shard)
+    bounds = np.linspace(0, len(members), segments + 1).astype(np.int64)
+    return members[bounds[segment]:bounds[segment + 1]]
+
+
+def _temp_dir(out: Path, shard: int) -> Path:
     temp_dir = out / STAGING_DIR / TEMP_DIR
     try:
         temp_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _io_error(exc, f"writing shard {shard}", temp_dir) from None
-    temp = temp_dir / f"shard-{shard:05d}.{os.getpid()}.partial"
-    position = data_offset
+    return temp_dir
+
+
+def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segments: int = 1, *,
+                 progress: ProgressSink | None = None, fail_on_reject: bool = False) -> SegmentResult:
+    """Read, check and write one segment of planned shard ``shard`` to a temp file.
+
+    Raises:
+        BuildError: an output I/O error (disk full, permissions), or a rejection with ``fail_on_reject``.
+    """
+    options = plan.options
+    codec = get_codec(options.codec)
+    alignment = options.alignment
+    listing = plan.listing
+    members = _segment_members(plan, shard, segment, segments)
+    rows: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
+    rejected: list[dict[str, str]] = []
+    temp = _temp_dir(out, shard) / f"shard-{shard:05d}.seg-{segment:03d}.{os.getpid()}.partial"
+    position = fmt.shard_data_offset(alignment) if segment == 0 else 0
     pending_files = pending_bytes = 0
     last_report = time.monotonic()
     try:
         with open(temp, "wb", buffering=8 << 20) as handle:
-            handle.write(bytes(data_offset))
+            handle.write(bytes(position))
             for source_index in members.tolist():
                 key = listing.key(source_index)
                 payload, info, rejection = _load_and_check(listing.root, key, int(listing.sizes[source_index]),
@@ -284,37 +310,107 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
                     progress(pending_files, pending_bytes)
                     pending_files = pending_bytes = 0
                     last_report = now
-            count = len(rows["source"])
-            number = plan.first_shard_number + shard
-            header = fmt.ShardHeader(alignment=alignment, sample_count=max(count, 1), file_size=position,
-                                     shard_number=number)
-            handle.flush()
-            if count:
-                handle.seek(0)
-                handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
-                handle.flush()
-                os.fsync(handle.fileno())
-        if progress and (pending_files or pending_bytes):
-            progress(pending_files, pending_bytes)
-        record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
-                                  "sample_count": count, "rejected": rejected}
-        if count:
-            digest = _hash_file(temp)
-            final_name = fmt.shard_file_name(number, digest)
-            (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
-            os.replace(temp, out / final_name)
-            _fsync_dir(out / fmt.SHARD_DIR)
-            record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
-        else:
-            temp.unlink()
-        _write_record(record_path, record, rows)
-        return record
     except OSError as exc:
         temp.unlink(missing_ok=True)
         raise _io_error(exc, f"writing shard {shard}", temp) from None
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+    if progress and (pending_files or pending_bytes):
+        progress(pending_files, pending_bytes)
+    return SegmentResult(shard=shard, segment=segment, path=str(temp), length=position, rows=rows,
+                         rejected=rejected)
+
+
+def _append_file(target: Any, source_path: str, length: int) -> None:
+    """Append ``length`` bytes of a file to ``target`` in the kernel (copy_file_range), no user-space copy."""
+    with open(source_path, "rb") as source:
+        copied = 0
+        while copied < length:
+            n = os.copy_file_range(source.fileno(), target.fileno(), length - copied)
+            if n == 0:
+                raise BuildError(f"segment file ended after {copied} of {length} bytes", path=source_path)
+            copied += n
+
+
+def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[SegmentResult]) -> dict[str, Any]:
+    """Join a planned shard's segments (in order) into its file, commit it, and write its record.
+
+    Raises:
+        BuildError: an output I/O error.
+    """
+    parts = sorted(parts, key=lambda p: p.segment)
+    alignment = plan.options.alignment
+    first = Path(parts[0].path)
+    rows: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
+    rejected: list[dict[str, str]] = []
+    try:
+        with open(first, "r+b") as handle:
+            position = 0
+            for part in parts:
+                if part.segment:
+                    handle.seek(position)
+                    _append_file(handle, part.path, part.length)
+                    os.unlink(part.path)
+                for name in _RECORD_COLUMNS:
+                    values = part.rows[name]
+                    rows[name].extend([v + position for v in values] if name == "offset" else values)
+                rejected.extend(part.rejected)
+                position += part.length
+            count = len(rows["source"])
+            number = plan.first_shard_number + shard
+            if count:
+                header = fmt.ShardHeader(alignment=alignment, sample_count=count, file_size=position,
+                                         shard_number=number)
+                handle.seek(0)
+                handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
+                handle.flush()
+                os.fsync(handle.fileno())
+        record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
+                                  "sample_count": count, "rejected": rejected}
+        if count:
+            digest = _hash_file(first)
+            final_name = fmt.shard_file_name(number, digest)
+            (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
+            os.replace(first, out / final_name)
+            _fsync_dir(out / fmt.SHARD_DIR)
+            record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
+        else:
+            first.unlink()
+        _write_record(_record_path(out, shard), record, rows)
+        return record
+    except OSError as exc:
+        for part in parts:
+            Path(part.path).unlink(missing_ok=True)
+        raise _io_error(exc, f"writing shard {shard}", first) from None
+    except BaseException:
+        for part in parts:
+            Path(part.path).unlink(missing_ok=True)
+        raise
+
+
+def shard_is_done(plan: BuildPlan, out: Path, shard: int) -> bool:
+    """Whether planned shard ``shard`` has a valid record from this plan (resume, parts)."""
+    return _read_record(_record_path(out, shard), plan.fingerprint, out) is not None
+
+
+def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: ProgressSink | None = None,
+                       fail_on_reject: bool = False) -> dict[str, Any]:
+    """Pack planned shard ``shard``: write its file and its record. Returns the record header.
+
+    Idempotent: a shard whose record already exists for this plan is not packed again.
+
+    Raises:
+        BuildError: an output I/O error (disk full, permissions), or a rejection with
+            ``fail_on_reject``.
+    """
+    existing = _read_record(_record_path(out, shard), plan.fingerprint, out)
+    if existing is not None:
+        if progress:
+            progress(len(plan.shard_members(shard)), 0)
+        return existing[0]
+    part = pack_segment(plan, out, shard, progress=progress, fail_on_reject=fail_on_reject)
+    return assemble_shard(plan, out, shard, [part])
 
 
 def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any

@@ -205,3 +205,24 @@ def test_symlinked_folders_are_listed_once_not_exponentially(tmp_path: Path) -> 
     assert len(listing) == 1
     reasons = {r.reason for r in listing.rejected}
     assert reasons <= {"duplicate-entry", "symlink-loop"} and len(listing.rejected) < 64
+
+
+def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path: Path, monkeypatch) -> None:
+    """Fewer shards than workers: shards are packed as parallel segments, joined in order."""
+    import packer.build as build_module
+
+    (source / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")  # a rejection inside a segment
+    options = BuildOptions(shard_size=1 << 30)  # one shard
+    build(source, tmp_path / "one", options, workers=1, progress=False)
+    calls = []
+    real = build_module.segment_count
+
+    def tiny_segments(plan, shard, wanted, min_bytes=1):
+        calls.append(wanted)
+        return real(plan, shard, wanted, min_bytes=1)
+
+    monkeypatch.setattr(build_module, "segment_count", tiny_segments)
+    build(source, tmp_path / "seg", options, workers=3, progress=False)
+    assert calls == [6]  # one shard, 3 workers: 6 segments
+    assert dataset_files(tmp_path / "seg") == dataset_files(tmp_path / "one")
+    assert not list((tmp_path / "seg").rglob("*.partial"))

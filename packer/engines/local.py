@@ -58,33 +58,74 @@ def _pack_in_worker(shard: int, fail_on_reject: bool) -> int:
     return shard
 
 
+def _segment_in_worker(shard: int, segment: int, segments: int, fail_on_reject: bool) -> Any:
+    from ..build import pack_segment
+
+    progress_queue = _state["queue"]
+    return pack_segment(_state["plan"], _state["out"], shard, segment, segments, fail_on_reject=fail_on_reject,
+                        progress=lambda files, nbytes: progress_queue.put((files, nbytes)))
+
+
 def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None,
               progress: Callable[[int, int], None], fail_on_reject: bool) -> None:
-    """Pack ``shard_ids``; in this process when one worker is asked (or one shard is left)."""
-    from ..build import PLAN_NAME, STAGING_DIR, pack_planned_shard
+    """Pack ``shard_ids`` over a process pool (in this process when one worker is asked).
+
+    With at least as many shards as workers, each task is one whole shard. With fewer (a small
+    dataset, or a last part), shards are split into segments packed in parallel and joined in
+    order with ``copy_file_range``: the bytes are the same as a single writer's, so the output
+    does not depend on the number of workers.
+    """
+    from ..build import PLAN_NAME, STAGING_DIR, assemble_shard, pack_planned_shard, segment_count, shard_is_done
 
     workers = default_workers() if workers is None else max(1, workers)
-    if workers == 1 or len(shard_ids) <= 1:
+    if workers == 1:
         for shard in shard_ids:
             pack_planned_shard(plan, out, shard, progress=progress, fail_on_reject=fail_on_reject)
         return
+    todo = []
+    for shard in shard_ids:
+        if shard_is_done(plan, out, shard):
+            progress(len(plan.shard_members(shard)), 0)
+        else:
+            todo.append(shard)
+    if not todo:
+        return
+    wanted = -(-2 * workers // len(todo)) if len(todo) < workers else 1  # ~2 tasks per worker
+    segments = {shard: segment_count(plan, shard, wanted) for shard in todo}
     context = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
     progress_queue = context.Queue()
     plan_path = str(out / STAGING_DIR / PLAN_NAME)
-    with ProcessPoolExecutor(max_workers=min(workers, len(shard_ids)), mp_context=context,
+    tasks = sum(segments.values())
+    with ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=context,
                              initializer=_init_worker,
                              initargs=(plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid())) as pool:
-        pending: set[Future[int]] = {pool.submit(_pack_in_worker, shard, fail_on_reject) for shard in shard_ids}
+        pending: set[Future[Any]] = set()
+        for shard in todo:
+            if segments[shard] == 1:
+                pending.add(pool.submit(_pack_in_worker, shard, fail_on_reject))
+            else:
+                pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
+                               for k in range(segments[shard]))
+        finished: dict[int, list[Any]] = {}
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
                 _drain(progress_queue, progress)
                 for future in done:
-                    future.result()  # re-raises a worker's error here
+                    result = future.result()  # re-raises a worker's error here
+                    if isinstance(result, int):
+                        continue
+                    parts = finished.setdefault(result.shard, [])
+                    parts.append(result)
+                    if len(parts) == segments[result.shard]:
+                        assemble_shard(plan, out, result.shard, parts)
         except BaseException:
             for future in pending:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
+            for parts in finished.values():  # segments of shards that will not be assembled
+                for part in parts:
+                    Path(part.path).unlink(missing_ok=True)
             raise
         finally:
             _drain(progress_queue, progress)
