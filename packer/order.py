@@ -1,0 +1,469 @@
+"""Read orders: which samples each rank and worker reads, in which order, as a function of (seed, epoch).
+
+Pure numpy, no torch: the PyTorch readers (``packer.torch``) and the DALI adapter share it.
+
+Three layers, each a plain function of its arguments (no global RNG, no hidden state):
+
+1. **The global epoch order** ``epoch_order(kind, num_samples, seed=, epoch=)``: a permutation of
+   ``0..num_samples-1`` that depends only on (kind, seed, epoch) and, for ``"block"``, the block
+   boundaries and window.
+
+   * ``"sequential"``: index order (storage order: samples are packed in index order).
+   * ``"random"``: a uniform random permutation.
+   * ``"block"``: a locality-preserving shuffle for datasets larger than RAM or on network
+     filesystems. The index is cut into *blocks*, runs of consecutive samples of one shard
+     spanning about ``block_bytes`` of the file (``index_blocks``). The order of the blocks is
+     shuffled, then the samples of every ``window`` consecutive (shuffled) blocks are shuffled
+     together. A reader can fetch each block with one large read (or one ``WILLNEED`` hint) and
+     never needs more than a window of blocks in flight.
+
+   Seeding: ``numpy.random.Generator(PCG64([seed, epoch]))``, so epochs differ, and one seed
+   reproduces a run on any machine.
+
+2. **Dealing to ranks** ``deal(order, consumed=, rank=, world_size=, batch_size=, drop_last=)``.
+   The epoch is consumed as a *prefix* of the global order in global steps of
+   ``world_size * batch_size`` samples: at step ``s`` the ranks together take positions
+   ``[s*W*B, (s+1)*W*B)`` and rank ``r`` takes the ``r``-th slice of ``B`` of them. So after any
+   number of steps, the samples consumed are exactly the first ``consumed`` positions of the global
+   order, whatever the world size, batch size or number of workers: a job can save
+   ``(seed, epoch, consumed)`` and resume with a different number of workers or ranks, and it sees
+   exactly the remaining samples of the epoch, none twice.
+
+   With the ``"block"`` order each global step is sorted by sample index before it is split, so a
+   rank's batch comes from about ``1/world_size`` of the step's blocks, read as long contiguous
+   runs, and different ranks read different blocks. (Each rank's batches are then less mixed
+   than the global batch; the global batch is unchanged.)
+
+   **Equal shares (the pad/drop rule).** From a position ``consumed`` the ``R = N - consumed``
+   remaining positions are cut to a length every rank can share equally:
+
+   * ``drop_last=False`` (default): ``R`` is padded up to a multiple of ``world_size`` with the
+     first positions of the epoch order (wrapping around), as ``DistributedSampler`` does. Every
+     rank gets ``ceil(R / W)`` samples; all batches are full except possibly the last one, which
+     has the same size on every rank. At most ``W - 1`` samples are seen twice per epoch.
+   * ``drop_last=True``: ``R`` is cut down to a multiple of ``W * B``, dropping the end of the
+     epoch order; every rank gets only full batches. At most ``W*B - 1`` samples are skipped.
+
+   Either way every rank gets the same number of samples and of batches, by construction.
+
+3. **Dealing to workers**: a rank's batches go round-robin to its DataLoader workers, worker
+   ``w`` of ``K`` taking batches ``w, w+K, ...`` (``RankPlan.worker_batches``). This is the order
+   in which ``torch.utils.data.DataLoader`` collects results from its workers, so a loader's
+   ``k``-th batch is the rank's ``k``-th batch and ``RankPlan.consumed_after(k)`` is the global
+   position to save.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import xxhash
+
+__all__ = [
+    "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
+    "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
+    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder",
+]
+
+#: The order kinds understood by ``epoch_order``.
+ORDERS = ("sequential", "random", "block")
+#: Default block size for the block shuffle: large enough for one efficient sequential read on a
+#: network filesystem, small enough that a window of blocks fits comfortably in the page cache.
+DEFAULT_BLOCK_BYTES = 4 << 20
+#: Default number of consecutive shuffled blocks whose samples are shuffled together (128 MiB).
+DEFAULT_WINDOW = 32
+#: Block length, in samples, when only the sample count is known (no index to measure bytes).
+DEFAULT_BLOCK_SAMPLES = 64
+#: Version of the dictionaries returned by ``ReadOrder.state_dict``.
+STATE_VERSION = 1
+
+
+def _check_nonnegative(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator for one epoch: ``PCG64([seed, epoch])``, independent of any global RNG."""
+    return np.random.Generator(np.random.PCG64([_check_nonnegative("seed", seed),
+                                                _check_nonnegative("epoch", epoch)]))
+
+
+def sequential_order(num_samples: int) -> np.ndarray:
+    """``0..num_samples-1`` as int64 (index order, which is storage order)."""
+    return np.arange(_check_nonnegative("num_samples", num_samples), dtype=np.int64)
+
+
+def random_order(num_samples: int, *, seed: int, epoch: int) -> np.ndarray:
+    """A uniform random permutation of ``0..num_samples-1`` (int64), a function of (seed, epoch)."""
+    return epoch_rng(seed, epoch).permutation(_check_nonnegative("num_samples", num_samples)).astype(np.int64)
+
+
+def index_blocks(offset: np.ndarray, size: np.ndarray, shard: np.ndarray,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES) -> np.ndarray:
+    """Cut an index into blocks of consecutive samples of one shard spanning about ``block_bytes``.
+
+    A block is a maximal run of consecutive samples in the same shard whose offsets fall in the
+    same ``block_bytes``-aligned window of the shard file, so it is one contiguous byte range of
+    at most ``block_bytes`` plus its last sample. A sample larger than ``block_bytes`` is a block
+    of its own. Vectorised: a few array passes, no Python loop over samples.
+
+    Args:
+        offset: the index's ``offset`` column (byte offset of each sample in its shard).
+        size: the index's ``size`` column (kept for the signature's symmetry with readers that
+            compute byte ranges; the cut only needs the offsets).
+        shard: the index's ``shard`` column.
+        block_bytes: the target block span in bytes.
+
+    Returns:
+        int64 block boundaries ``b`` of length ``blocks + 1``: block ``j`` holds samples
+        ``b[j]..b[j+1]-1``; ``b[0] == 0`` and ``b[-1] == len(offset)``.
+    """
+    block_bytes = _check_positive("block_bytes", block_bytes)
+    count = len(offset)
+    if len(size) != count or len(shard) != count:
+        raise ValueError("offset, size and shard must have the same length")
+    if count == 0:
+        return np.zeros(1, dtype=np.int64)
+    block_of = np.asarray(offset, dtype=np.uint64) // np.uint64(block_bytes)
+    starts = np.empty(count, dtype=bool)
+    starts[0] = True
+    np.not_equal(block_of[1:], block_of[:-1], out=starts[1:])
+    starts[1:] |= np.asarray(shard[1:]) != np.asarray(shard[:-1])
+    del block_of
+    return np.append(np.flatnonzero(starts), count).astype(np.int64)
+
+
+def uniform_blocks(num_samples: int, block_samples: int = DEFAULT_BLOCK_SAMPLES) -> np.ndarray:
+    """Block boundaries of ``block_samples`` consecutive samples each (the last may be shorter).
+
+    For readers that only know the sample count; ``index_blocks`` measures blocks in bytes.
+    """
+    num_samples = _check_nonnegative("num_samples", num_samples)
+    block_samples = _check_positive("block_samples", block_samples)
+    return np.append(np.arange(0, num_samples, block_samples, dtype=np.int64), num_samples).astype(np.int64)
+
+
+def block_order(blocks: np.ndarray, *, seed: int, epoch: int, window: int = DEFAULT_WINDOW) -> np.ndarray:
+    """The block shuffle: shuffle the blocks, then the samples within each window of blocks.
+
+    Args:
+        blocks: block boundaries from ``index_blocks`` or ``uniform_blocks``.
+        seed, epoch: the order is a function of these (and ``blocks``, ``window``) only.
+        window: how many consecutive shuffled blocks have their samples shuffled together;
+            1 keeps each block's samples in storage order.
+
+    Returns:
+        An int64 permutation of ``0..blocks[-1]-1``.
+    """
+    window = _check_positive("window", window)
+    bounds = np.asarray(blocks, dtype=np.int64)
+    if bounds.ndim != 1 or len(bounds) < 1 or bounds[0] != 0 or np.any(np.diff(bounds) < 0):
+        raise ValueError("blocks must be non-decreasing boundaries starting at 0")
+    rng = epoch_rng(seed, epoch)
+    count = int(bounds[-1])
+    block_count = len(bounds) - 1
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    lengths = np.diff(bounds)
+    perm = rng.permutation(block_count)
+    placed_lengths = lengths[perm]
+    placed_ends = np.cumsum(placed_lengths)
+    # Output position p inside placed block q comes from sample bounds[perm[q]] + (p - start of q).
+    order = np.arange(count, dtype=np.int64)
+    order += np.repeat(bounds[perm] - (placed_ends - placed_lengths), placed_lengths)
+    if window > 1:
+        window_ends = placed_ends[window - 1::window].tolist()
+        if not window_ends or window_ends[-1] != count:
+            window_ends.append(count)
+        start = 0
+        for end in window_ends:  # one shuffle per window: (blocks / window) calls, not per sample
+            rng.shuffle(order[start:end])
+            start = end
+    return order
+
+
+def epoch_order(kind: str, num_samples: int, *, seed: int = 0, epoch: int = 0,
+                blocks: np.ndarray | None = None, window: int = DEFAULT_WINDOW) -> np.ndarray:
+    """The global order of one epoch: a permutation of ``0..num_samples-1`` (int64).
+
+    Args:
+        kind: ``"sequential"``, ``"random"`` or ``"block"``.
+        num_samples: the dataset's sample count.
+        seed, epoch: the order is a function of these only (and the block layout).
+        blocks: block boundaries for ``"block"`` (default: ``uniform_blocks(num_samples)``).
+        window: blocks per shuffle window for ``"block"``.
+
+    Raises:
+        ValueError: an unknown kind, or blocks that do not cover ``num_samples``.
+    """
+    num_samples = _check_nonnegative("num_samples", num_samples)
+    if kind == "sequential":
+        return sequential_order(num_samples)
+    if kind == "random":
+        return random_order(num_samples, seed=seed, epoch=epoch)
+    if kind == "block":
+        if blocks is None:
+            blocks = uniform_blocks(num_samples)
+        if int(blocks[-1]) != num_samples:
+            raise ValueError(f"blocks cover {int(blocks[-1])} samples, expected {num_samples}")
+        return block_order(blocks, seed=seed, epoch=epoch, window=window)
+    raise ValueError(f"unknown order {kind!r}; choose one of {list(ORDERS)}")
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """How much of the rest of an epoch each rank reads (arithmetic only, no order needed).
+
+    Attributes:
+        num_samples: the dataset's sample count.
+        world_size, batch_size: how the epoch is dealt.
+        consumed: the global position the share starts from (clamped to the sample count).
+        total: global positions covered from there, padding included, a multiple of world_size.
+        per_rank: samples each rank reads (``total // world_size``).
+        full_steps: global steps of ``world_size * batch_size`` samples.
+        num_batches: batches per rank (``full_steps`` plus one partial batch if any).
+    """
+
+    num_samples: int
+    world_size: int
+    batch_size: int
+    consumed: int
+    total: int
+    per_rank: int
+    full_steps: int
+    num_batches: int
+
+    def consumed_after(self, batches: int) -> int:
+        """The global position once every rank has consumed its first ``batches`` batches.
+
+        All ranks move in lock step, so this is the same on every rank: save it (with the seed
+        and epoch) to resume. Once the last batch is consumed it is ``num_samples``: the epoch
+        is done (padding and the dropped tail included).
+        """
+        batches = _check_nonnegative("batches", batches)
+        if batches >= self.num_batches:
+            return self.num_samples
+        return self.consumed + batches * self.world_size * self.batch_size
+
+    def consumed_after_samples(self, samples: int) -> int:
+        """Like ``consumed_after`` for a count of this rank's samples (only whole batches count)."""
+        samples = _check_nonnegative("samples", samples)
+        if samples >= self.per_rank:
+            return self.num_samples
+        return self.consumed_after(samples // self.batch_size)
+
+
+def rank_share(num_samples: int, *, consumed: int, world_size: int, batch_size: int,
+               drop_last: bool) -> RankShare:
+    """Apply the pad/drop rule (see the module docstring) to the rest of an epoch."""
+    num_samples = _check_nonnegative("num_samples", num_samples)
+    consumed = min(_check_nonnegative("consumed", consumed), num_samples)
+    world_size = _check_positive("world_size", world_size)
+    batch_size = _check_positive("batch_size", batch_size)
+    remaining = num_samples - consumed
+    step = world_size * batch_size
+    total = (remaining // step) * step if drop_last else -(-remaining // world_size) * world_size
+    full_steps = total // step
+    num_batches = full_steps + (1 if total % step else 0)
+    return RankShare(num_samples=num_samples, world_size=world_size, batch_size=batch_size, consumed=consumed,
+                     total=total, per_rank=total // world_size, full_steps=full_steps, num_batches=num_batches)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of one epoch from a global position: its samples, cut into batches.
+
+    Attributes:
+        indices: int64 sample indices this rank reads, in order.
+        batch_bounds: int64, ``num_batches + 1`` offsets into ``indices``.
+        share: the arithmetic of the share (see ``RankShare``).
+    """
+
+    indices: np.ndarray
+    batch_bounds: np.ndarray
+    share: RankShare
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_bounds) - 1
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def batch(self, k: int) -> np.ndarray:
+        """The sample indices of this rank's batch ``k`` (a view)."""
+        if not 0 <= k < self.num_batches:
+            raise IndexError(f"batch {k} out of range: this rank has {self.num_batches} batches")
+        return self.indices[self.batch_bounds[k]:self.batch_bounds[k + 1]]
+
+    def worker_batches(self, worker: int, num_workers: int) -> range:
+        """The batches DataLoader worker ``worker`` of ``num_workers`` serves: round-robin."""
+        num_workers = _check_positive("num_workers", num_workers)
+        if not 0 <= worker < num_workers:
+            raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+        return range(worker, self.num_batches, num_workers)
+
+    def consumed_after(self, batches: int) -> int:
+        """The global position once every rank has consumed its first ``batches`` batches."""
+        return self.share.consumed_after(batches)
+
+    def consumed_after_samples(self, samples: int) -> int:
+        """The global position once every rank has consumed its first ``samples`` samples."""
+        return self.share.consumed_after_samples(samples)
+
+
+def deal(order: np.ndarray, *, consumed: int = 0, rank: int = 0, world_size: int = 1, batch_size: int = 1,
+         drop_last: bool = False, sort_steps: bool = False) -> RankPlan:
+    """Deal the rest of an epoch's global order to one rank (see the module docstring).
+
+    Args:
+        order: the epoch's global order (``epoch_order``).
+        consumed: global samples already consumed this epoch (a prefix of ``order``).
+        rank, world_size: which share to return.
+        batch_size: samples per rank per global step.
+        drop_last: the drop rule instead of the pad rule.
+        sort_steps: sort each global step by sample index before splitting it among ranks, so each
+            rank reads contiguous runs (used for the block order).
+
+    Returns:
+        The rank's ``RankPlan``.
+    """
+    world_size = _check_positive("world_size", world_size)
+    rank = _check_nonnegative("rank", rank)
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+    order = np.asarray(order, dtype=np.int64)
+    count = len(order)
+    share = rank_share(count, consumed=consumed, world_size=world_size, batch_size=batch_size,
+                       drop_last=drop_last)
+    step = world_size * batch_size
+    end = share.consumed + share.total
+    sequence = order[share.consumed:min(end, count)]  # a view: no copy of the epoch order
+    if end > count:  # padding wraps around to the first positions of the epoch order
+        sequence = np.concatenate([sequence, order[np.arange(end - count) % count]])
+    elif sort_steps:
+        sequence = sequence.copy()  # sorted in place below: never touch the caller's order
+    head = sequence[:share.full_steps * step].reshape(share.full_steps, step)
+    tail = sequence[share.full_steps * step:]
+    if sort_steps:
+        head.sort(axis=1)
+        tail.sort()
+    mine = [head.reshape(share.full_steps, world_size, batch_size)[:, rank, :].reshape(-1)]
+    if len(tail):
+        mine.append(tail.reshape(world_size, -1)[rank])
+    indices = np.concatenate(mine)
+    bounds = np.arange(0, share.full_steps * batch_size + 1, batch_size, dtype=np.int64)
+    if len(tail):
+        bounds = np.append(bounds, len(indices))
+    return RankPlan(indices=indices, batch_bounds=bounds, share=share)
+
+
+def _blocks_fingerprint(blocks: np.ndarray) -> str:
+    bounds = np.ascontiguousarray(blocks, dtype="<i8")
+    return f"{len(bounds) - 1}:{xxhash.xxh3_64_intdigest(memoryview(bounds).cast('B')):016x}"
+
+
+@dataclass(frozen=True)
+class ReadOrder:
+    """An order's settings, and the (seed, epoch, consumed) state that positions a run in it.
+
+    Everything a reader needs to build a rank's plan for an epoch; torch-free, picklable and
+    small. ``blocks`` is not stored: readers pass the dataset's block boundaries (from
+    ``index_blocks``) so nothing proportional to the dataset travels with the settings.
+
+    Attributes:
+        kind: ``"sequential"``, ``"random"`` or ``"block"``.
+        seed: the run's seed.
+        block_bytes: block span for ``"block"`` (when blocks come from an index).
+        window: blocks per shuffle window for ``"block"``.
+        batch_size: samples per rank per global step.
+        drop_last: the drop rule instead of the pad rule.
+    """
+
+    kind: str = "random"
+    seed: int = 0
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    window: int = DEFAULT_WINDOW
+    batch_size: int = 1
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ORDERS:
+            raise ValueError(f"unknown order {self.kind!r}; choose one of {list(ORDERS)}")
+        _check_nonnegative("seed", self.seed)
+        _check_positive("block_bytes", self.block_bytes)
+        _check_positive("window", self.window)
+        _check_positive("batch_size", self.batch_size)
+
+    def epoch_order(self, num_samples: int, epoch: int, blocks: np.ndarray | None = None) -> np.ndarray:
+        """The global order of ``epoch``."""
+        return epoch_order(self.kind, num_samples, seed=self.seed, epoch=epoch, blocks=blocks, window=self.window)
+
+    def plan(self, num_samples: int, *, epoch: int, consumed: int = 0, rank: int = 0, world_size: int = 1,
+             blocks: np.ndarray | None = None) -> RankPlan:
+        """Rank ``rank``'s plan for the rest of ``epoch`` from global position ``consumed``."""
+        share = rank_share(num_samples, consumed=consumed, world_size=world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last)
+        if share.total == 0:  # nothing left: skip computing the permutation
+            empty = np.zeros(0, dtype=np.int64)
+            return RankPlan(indices=empty, batch_bounds=np.zeros(1, dtype=np.int64), share=share)
+        order = self.epoch_order(num_samples, epoch, blocks)
+        return deal(order, consumed=share.consumed, rank=rank, world_size=world_size,
+                    batch_size=self.batch_size, drop_last=self.drop_last, sort_steps=self.kind == "block")
+
+    def share(self, num_samples: int, *, consumed: int = 0, world_size: int = 1) -> RankShare:
+        """The pad/drop arithmetic for the rest of an epoch (no permutation computed)."""
+        return rank_share(num_samples, consumed=consumed, world_size=world_size, batch_size=self.batch_size,
+                          drop_last=self.drop_last)
+
+    def state_dict(self, num_samples: int, *, epoch: int, consumed: int,
+                   blocks: np.ndarray | None = None) -> dict[str, Any]:
+        """The resumable position: a small JSON-ready dict.
+
+        It records what decides the global order (so a resume with other settings is refused,
+        not silently wrong): the order, seed and sample count, and for the block order the
+        window and a fingerprint of the block boundaries (``"<count>:<xxh3>"``); then
+        ``(epoch, consumed)``. World size, batch size and worker count are deliberately
+        absent: the position is valid under any of them.
+        """
+        state: dict[str, Any] = {"version": STATE_VERSION, "order": self.kind, "seed": self.seed,
+                                 "num_samples": int(num_samples), "epoch": _check_nonnegative("epoch", epoch),
+                                 "consumed": min(_check_nonnegative("consumed", consumed), int(num_samples))}
+        if self.kind == "block":
+            state["window"] = self.window
+            state["blocks"] = _blocks_fingerprint(uniform_blocks(num_samples) if blocks is None else blocks)
+        return state
+
+    def check_state(self, state: Mapping[str, Any], num_samples: int,
+                    blocks: np.ndarray | None = None) -> tuple[int, int]:
+        """Validate a ``state_dict`` against these settings; returns ``(epoch, consumed)``.
+
+        Raises:
+            ValueError: the state is malformed or was saved with a different order, seed,
+                block layout or dataset size (resuming would read the wrong samples).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a read-order state must be a dict, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"read-order state version {state.get('version')!r} is not {STATE_VERSION}")
+        expected = self.state_dict(num_samples, epoch=0, consumed=0, blocks=blocks)
+        for key in ("order", "seed", "num_samples", "window", "blocks"):
+            if state.get(key) != expected.get(key):
+                raise ValueError(f"the saved state has {key}={state.get(key)!r} but this reader has "
+                                 f"{expected.get(key)!r}; resuming would not see the remaining samples "
+                                 f"of the saved epoch")
+        epoch = _check_nonnegative("epoch", state.get("epoch"))
+        consumed = _check_nonnegative("consumed", state.get("consumed"))
+        if consumed > num_samples:
+            raise ValueError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
+        return epoch, consumed

@@ -1,0 +1,708 @@
+"""PyTorch readers: a map-style dataset, order-aware samplers, an iterable block reader, and collate.
+
+This is the only module of packer that imports torch (``pip install 'packer[torch]'``).
+
+Which to use
+------------
+* ``PackedDataset`` + ``PackedBatchSampler`` (or ``PackedSampler``, or torch's own
+  ``DistributedSampler``): the classic map-style path. The sampler runs in the main process;
+  workers receive batches of indices and read each batch with one coalesced ``read_batch``
+  (``__getitems__``).
+* ``PackedIterableDataset``: reads the order itself, splitting each rank's batches across the
+  DataLoader workers, with whole-block read-ahead for the block shuffle. Use it with
+  ``DataLoader(dataset, batch_size=None, ...)``: it yields collated batches.
+
+Samples
+-------
+A sample is ``(image, label)``. ``image`` is a ``torch.uint8`` tensor, decoded with
+``packer.decode.decode_image`` (simplejpeg for JPEG, Pillow otherwise; always 3-channel RGB):
+``(3, H, W)`` with ``layout="CHW"`` (the default, what torchvision models and transforms
+expect) or ``(H, W, 3)`` with ``layout="HWC"``. Samples stored with the ``raw`` codec are
+reshaped from the index's height, width and channels instead of decoded (``(C, H, W)`` or
+``(H, W, C)``, C as stored). ``decode=False`` gives the stored bytes as a 1-D uint8 tensor.
+``decode=<callable>`` replaces the decoder: it is called as ``decode(data, image_format)``
+with the sample's bytes (a uint8 numpy array or memoryview) and its ``ImageFormat`` value, and
+returns an ``(H, W, C)`` uint8 numpy array or tensor (e.g. a fused decode + random-resized-crop);
+the layout is applied to its result. ``transform`` is then applied to the image tensor
+(torchvision transforms work) and ``target_transform`` to the int label.
+
+Memory
+------
+Nothing here holds per-sample Python objects. Datasets pickle as the manifest bytes plus
+options (a few KB whatever the sample count), the index is a shared read-only mapping, shards
+are opened lazily in each worker after fork, and samplers (main process) yield indices from
+numpy arrays in small chunks. A ``PackedDataset`` worker's own memory does not depend on the
+dataset size (``scripts/bench_memory.py``). A ``PackedIterableDataset`` worker computes the
+epoch order itself, keeps only its own batches (4 bytes per sample of its share: 2 MB for a
+million samples over two workers) and returns the order's temporaries to the OS.
+
+Resuming mid-epoch
+------------------
+The position in an epoch is ``(seed, epoch, consumed)``, ``consumed`` counting samples globally
+(see ``packer.order``), so it is valid for any number of workers and ranks. The loop counts the
+batches it consumed on this rank since the start of the (resumed) epoch and asks for the state::
+
+    sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=8, collate_fn=collate,
+                        pin_memory=True, persistent_workers=True)
+    if checkpoint:
+        sampler.load_state_dict(checkpoint["sampler"])
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)       # keeps the loaded position for the loaded epoch
+        for step, (images, labels) in enumerate(loader, 1):
+            ...
+            if step % 1000 == 0:
+                save({"sampler": sampler.state_dict(batches_consumed=step)})
+
+``PackedIterableDataset`` works the same way (``dataset.set_epoch``, ``dataset.state_dict(
+batches_consumed=step)``, ``dataset.load_state_dict(state)`` before creating the loader's
+iterator); its epoch and position live in a small shared-memory tensor, so they reach
+persistent workers too. Without ``batches_consumed`` the readers report what they handed out
+themselves, which is exact only when they are iterated directly: a DataLoader prefetches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Sequence, Union
+
+import numpy as np
+
+from .errors import DecodeError, MissingDependencyError
+
+try:
+    import torch
+    import torch.utils.data as torch_data
+except ImportError as _exc:  # pragma: no cover - exercised only without torch
+    raise MissingDependencyError(
+        f"packer.torch needs PyTorch, which is not installed ({_exc}); install it with "
+        f"pip install 'packer[torch]'") from None
+
+from . import format as fmt
+from .dataset import Dataset, DatasetIndex, open_dataset
+from .decode import decode_image  # imported before the workers fork, so they share its pages
+from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder,
+                    index_blocks, uniform_blocks)
+
+__all__ = ["PackedDataset", "PackedSampler", "PackedBatchSampler", "PackedIterableDataset", "collate",
+           "resolve_rank", "LAYOUTS"]
+
+LAYOUTS = ("CHW", "HWC")
+#: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
+_YIELD_CHUNK = 4096
+#: Blocks a worker remembers having asked the kernel to read ahead (a small, fixed set).
+_ADVISED_BLOCKS = 256
+
+DecodeFn = Callable[[Any, int], Any]
+PathOrDataset = Union[str, "os.PathLike[str]", Dataset]
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
+
+    Raises:
+        ValueError: only one of the two is given, or rank is outside ``0..world_size-1``.
+    """
+    if rank is None and world_size is None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world_size = 0, 1
+    elif rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither (to use torch.distributed)")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
+    return rank, world_size
+
+
+def _open(source: PathOrDataset, backend: str, verify_checksums: bool) -> Dataset:
+    if isinstance(source, Dataset):
+        return source
+    return open_dataset(source, backend=backend, verify_checksums=verify_checksums)
+
+
+def _in_worker() -> bool:
+    return torch_data.get_worker_info() is not None
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor, in shared memory inside a DataLoader worker.
+
+    Like ``default_collate``: a batch built in shared memory crosses to the main process
+    without another copy.
+    """
+    if not _in_worker():
+        return torch.empty(tuple(shape), dtype=dtype)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+
+def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    """Collate ``(image, label)`` samples into ``(images, labels)``.
+
+    Same-shape, same-dtype image tensors are copied once into one ``(B, ...)`` tensor (in shared
+    memory inside a worker, so it reaches the main process without another copy); images of
+    different sizes come back as a list of tensors. Labels become an int64 tensor.
+
+    Args:
+        samples: what ``PackedDataset.__getitems__`` returns.
+
+    Returns:
+        ``(images, labels)``.
+    """
+    images = [sample[0] for sample in samples]
+    labels = [sample[1] for sample in samples]
+    try:
+        label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
+        label_tensor = torch_data.default_collate(labels)
+    return _stack(images), label_tensor
+
+
+def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
+    if not images:
+        return torch.empty((0,), dtype=torch.uint8)
+    first = images[0]
+    if (not isinstance(first, torch.Tensor)
+            or not all(isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype
+                       for t in images)):
+        return list(images)
+    out = _empty((len(images), *first.shape), first.dtype)
+    return torch.stack(list(images), 0, out=out)
+
+
+class _Pipeline:
+    """Bytes -> image tensor -> transform, and label -> target_transform. Holds options only."""
+
+    def __init__(self, decode: bool | DecodeFn, layout: str, transform: Callable[[Any], Any] | None,
+                 target_transform: Callable[[Any], Any] | None) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+        if not (decode is True or decode is False or callable(decode)):
+            raise ValueError(f"decode must be True, False or a callable, got {decode!r}")
+        self.decode = decode
+        self.layout = layout
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def pixels(self, dataset: Dataset, i: int, data: np.ndarray) -> Any:
+        """The sample's image before layout: HWC pixels, or the 1-D payload when not decoding."""
+        if self.decode is False:
+            return data
+        image_format = int(dataset.index.image_format[i])
+        if self.decode is True:
+            if image_format == fmt.ImageFormat.RAW:
+                ix = dataset.index
+                shape = (int(ix.height[i]), int(ix.width[i]), int(ix.channels[i]))
+                if math.prod(shape) != data.size:
+                    raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
+                                      f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
+                return data.reshape(shape)
+            try:
+                return decode_image(data, image_format)
+            except DecodeError as exc:
+                raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path, sample=i) from None
+        return self.decode(data, image_format)
+
+    def tensor(self, pixels: Any, *, owned: bool) -> torch.Tensor:
+        """``pixels`` as a tensor in the chosen layout: a view when possible (maybe non-contiguous).
+
+        Args:
+            pixels: what ``pixels`` returned.
+            owned: ``pixels`` may be wrapped without a copy (a fresh, writable buffer).
+        """
+        if isinstance(pixels, torch.Tensor):
+            tensor = pixels
+        else:
+            array = np.asarray(pixels)
+            if not owned or not array.flags.writeable:
+                array = array.copy()
+            tensor = torch.from_numpy(array)
+        if self.decode is not False and self.layout == "CHW" and tensor.dim() == 3:
+            tensor = tensor.permute(2, 0, 1)
+        return tensor
+
+    def finish(self, tensor: torch.Tensor) -> Any:
+        """Apply the transform (to a contiguous tensor); without one, make the tensor contiguous."""
+        tensor = tensor.contiguous()
+        return self.transform(tensor) if self.transform is not None else tensor
+
+    def label(self, dataset: Dataset, i: int) -> Any:
+        label = int(dataset.index.label[i])
+        return self.target_transform(label) if self.target_transform is not None else label
+
+
+class PackedDataset(torch_data.Dataset):
+    """A map-style ``torch.utils.data.Dataset`` over a packed dataset: ``ds[i] -> (image, label)``.
+
+    See the module docstring for what ``image`` is. ``__getitems__`` (used by the DataLoader
+    when it has a batch sampler or ``batch_size``) reads a whole batch with one coalesced
+    ``read_batch`` before decoding.
+
+    Args:
+        source: the dataset folder, or an open ``packer.dataset.Dataset``.
+        decode: ``True`` (decode to pixels), ``False`` (stored bytes) or a callable
+            ``decode(data, image_format) -> HWC array``.
+        layout: ``"CHW"`` (default) or ``"HWC"``.
+        transform: applied to the image tensor.
+        target_transform: applied to the int label.
+        backend: ``"mmap"``, ``"pread"`` or ``"direct"`` (see ``packer.open_dataset``).
+        verify_checksums: check every sample's xxh3 on read.
+    """
+
+    def __init__(self, source: PathOrDataset, *, decode: bool | DecodeFn = True, layout: str = "CHW",
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
+                 verify_checksums: bool = False) -> None:
+        self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self.dataset = _open(source, backend, verify_checksums)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.dataset.classes
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 labels of every sample (a zero-copy view of the index)."""
+        return self.dataset.labels
+
+    def _index(self, i: Any) -> int:
+        try:
+            i = int(i)
+        except TypeError:
+            raise TypeError(f"sample indices must be integers, got {type(i).__name__}") from None
+        count = len(self.dataset)
+        if not -count <= i < count:
+            raise IndexError(f"sample {i} out of range for a dataset of {count} samples")
+        return i % count
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        i = self._index(i)
+        data = np.frombuffer(self.dataset.get(i), dtype=np.uint8)  # zero-copy over the shard mapping
+        pipeline = self._pipeline
+        pixels = pipeline.pixels(self.dataset, i, data)
+        image = pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data))
+        return image, pipeline.label(self.dataset, i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """Samples ``indices``, read with one coalesced ``read_batch`` (a run per contiguous group)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        batch = self.dataset.read_batch(idx)
+        idx = np.where(idx < 0, idx + len(self.dataset), idx)
+        pipeline = self._pipeline
+        samples = []
+        for j, i in enumerate(idx.tolist()):
+            start = int(batch.starts[j])
+            data = batch.data[start:start + int(batch.sizes[j])]  # a view of the fresh batch buffer
+            pixels = pipeline.pixels(self.dataset, i, data)
+            samples.append((pipeline.finish(pipeline.tensor(pixels, owned=True)), pipeline.label(self.dataset, i)))
+        return samples
+
+    def close(self) -> None:
+        self.dataset.close()
+
+
+def _blocks_of(source: Any, order: str, block_bytes: int,
+               block_samples: int | None) -> tuple[int, np.ndarray | None]:
+    """(sample count, block boundaries for the block order) of a dataset, an index, or a length."""
+    if isinstance(source, (PackedDataset, PackedIterableDataset)):
+        source = source.dataset
+    if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
+        count = int(source)
+    else:
+        try:
+            count = len(source)
+        except TypeError:
+            raise TypeError(f"expected a packer dataset or a sample count, got {type(source).__name__}") from None
+    if order != "block":
+        return count, None
+    if isinstance(source, DatasetIndex) and block_samples is None:
+        ix = source.index
+        return count, index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
+    return count, uniform_blocks(count, block_samples or DEFAULT_BLOCK_SAMPLES)
+
+
+class _OrderedReader:
+    """Order settings, rank and the resumable (epoch, consumed) position, shared by the readers."""
+
+    def _init_order(self, num_samples: int, blocks: np.ndarray | None, *, order: str, seed: int,
+                    rank: int | None, world_size: int | None, batch_size: int, drop_last: bool,
+                    block_bytes: int, window: int) -> None:
+        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                                    batch_size=batch_size, drop_last=drop_last)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.num_samples = num_samples
+        self._blocks = blocks
+        self._handed_out = 0  # items this object handed out in its current iteration
+
+    # Subclasses store (epoch, start) where their workers can see it.
+    def _get_position(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _set_position(self, epoch: int, start: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        return self._get_position()[0]
+
+    @property
+    def start(self) -> int:
+        """The global position the next iteration starts from (0 unless resumed)."""
+        return self._get_position()[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (and so the order) of the next iteration.
+
+        The position loaded by ``load_state_dict`` is kept when ``epoch`` is the loaded epoch;
+        any other epoch starts at its beginning.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        current, start = self._get_position()
+        self._set_position(int(epoch), start if int(epoch) == current else 0)
+
+    def share(self) -> RankShare:
+        """This rank's share of the rest of the current epoch (no permutation computed)."""
+        return self.read_order.share(self.num_samples, consumed=self.start, world_size=self.world_size)
+
+    def _get_blocks(self) -> np.ndarray | None:
+        return self._blocks
+
+    def plan(self) -> RankPlan:
+        """This rank's plan for the rest of the current epoch."""
+        epoch, start = self._get_position()
+        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
+                                    world_size=self.world_size, blocks=self._get_blocks())
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position ``{"order", "seed", "epoch", "consumed", ...}`` (JSON-ready).
+
+        Args:
+            batches_consumed: batches of ``batch_size`` samples (this reader's batch size: for
+                a ``PackedSampler`` with the default ``batch_size=1``, samples) this rank
+                consumed since the current epoch's iteration started (from the loaded position,
+                when resumed). Every rank consumes in lock step, so any rank can save it. With
+                a DataLoader, pass the count your loop saw: a loader prefetches. Default: what
+                this object handed out in its last iteration, exact only when iterated directly.
+        """
+        epoch, _ = self._get_position()
+        share = self.share()
+        consumed = (share.consumed_after(batches_consumed) if batches_consumed is not None
+                    else self._consumed_from_handed_out(share))
+        return self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=consumed, blocks=self._get_blocks())
+
+    def _consumed_from_handed_out(self, share: RankShare) -> int:
+        return share.consumed_after(self._handed_out)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
+
+        Valid for any world size, batch size and number of workers.
+
+        Raises:
+            ValueError: the state was saved with another order, seed or dataset size.
+        """
+        epoch, consumed = self.read_order.check_state(state, self.num_samples, self._get_blocks())
+        self._set_position(epoch, consumed)
+        self._handed_out = 0
+
+
+class _SamplerBase(_OrderedReader):
+    def __init__(self, data_source: Any, *, order: str = "random", seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, batch_size: int = 1, drop_last: bool = False,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 block_samples: int | None = None) -> None:
+        num_samples, blocks = _blocks_of(data_source, order, block_bytes, block_samples)
+        self._init_order(num_samples, blocks, order=order, seed=seed, rank=rank,
+                         world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+                         block_bytes=block_bytes, window=window)
+        self._epoch = 0
+        self._start = 0
+
+    def _get_position(self) -> tuple[int, int]:
+        return self._epoch, self._start
+
+    def _set_position(self, epoch: int, start: int) -> None:
+        self._epoch, self._start = epoch, start
+
+
+class PackedSampler(_SamplerBase, torch_data.Sampler):
+    """Yields this rank's sample indices for one epoch (a drop-in for ``DistributedSampler``).
+
+    The epoch order, the rank split and the pad/drop rule are those of ``packer.order``; with
+    ``batch_size=1`` (the default) ranks take every ``world_size``-th sample like
+    ``DistributedSampler``. Give the DataLoader's batch size as ``batch_size`` for batch-aligned
+    shares (needed for the block order's locality and for ``state_dict(batches_consumed=...)``).
+
+    Args:
+        data_source: a ``PackedDataset``, a ``packer`` dataset or index (block boundaries are
+            measured in bytes from its index), or a sample count.
+        order: ``"sequential"``, ``"random"`` or ``"block"``.
+        seed: the run's seed; orders are functions of (seed, epoch).
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        batch_size: samples per rank per step.
+        drop_last: drop the end of the epoch order (full batches only) instead of padding.
+        block_bytes, window: the block shuffle's block span and window (in blocks).
+        block_samples: cut blocks by sample count instead of bytes.
+    """
+
+    def __len__(self) -> int:
+        return self.share().per_rank
+
+    def __iter__(self) -> Iterator[int]:
+        plan = self.plan()
+        self._handed_out = 0
+        indices = plan.indices
+        for begin in range(0, len(indices), _YIELD_CHUNK):
+            chunk = indices[begin:begin + _YIELD_CHUNK].tolist()
+            for i in chunk:
+                self._handed_out += 1
+                yield i
+
+    def _consumed_from_handed_out(self, share: RankShare) -> int:
+        return share.consumed_after_samples(self._handed_out)
+
+
+class PackedBatchSampler(_SamplerBase, torch_data.Sampler):
+    """Yields this rank's batches of sample indices: use as ``DataLoader(batch_sampler=...)``.
+
+    Same arguments as ``PackedSampler`` (``batch_size`` is the batch size). With
+    ``drop_last=False`` every rank's last batch may be short, by the same amount on every rank.
+    """
+
+    def __init__(self, data_source: Any, *, batch_size: int, **kwargs: Any) -> None:
+        super().__init__(data_source, batch_size=batch_size, **kwargs)
+
+    def __len__(self) -> int:
+        return self.share().num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan = self.plan()
+        self._handed_out = 0
+        for k in range(plan.num_batches):
+            self._handed_out += 1
+            yield plan.batch(k).tolist()
+
+
+def _worker_share(plan: RankPlan, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """The indices and batch bounds of one worker's batches (round-robin), as compact arrays.
+
+    A worker keeps only its own share of the epoch (int32 when the dataset allows), not the
+    whole order, and hands the temporaries of the order back to the OS.
+    """
+    share = plan.share
+    batch_size = share.batch_size
+    full = share.full_steps
+    head = plan.indices[:full * batch_size].reshape(full, batch_size)[worker::num_workers].reshape(-1)
+    parts = [head]
+    lengths = [batch_size] * (len(head) // batch_size)
+    if plan.num_batches > full and full % num_workers == worker:  # the short last batch is this worker's
+        parts.append(plan.indices[full * batch_size:])
+        lengths.append(len(parts[-1]))
+    dtype = np.int32 if share.num_samples < 2**31 else np.int64
+    indices = np.concatenate(parts).astype(dtype)
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return indices, bounds
+
+
+def _release_free_heap() -> None:
+    """Return freed heap memory to the OS (glibc only; a no-op elsewhere).
+
+    The epoch order's temporaries are tens of MB for millions of samples; glibc keeps such
+    freed blocks in the heap after its mmap threshold has grown, which would leave every worker
+    holding memory in proportion to the dataset.
+    """
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
+    """An ``IterableDataset`` that reads its own order and splits it across ranks and workers.
+
+    Each rank's batches (``packer.order``) go round-robin to the DataLoader's workers, which is
+    the order the loader returns them in: the loader's ``k``-th batch is the rank's ``k``-th.
+    A worker reads each batch with one coalesced ``read_batch``. With the block order it first
+    asks the kernel to read whole blocks ahead (``advise_willneed`` on the shard backend: one
+    large read per block, shared through the page cache by every worker) for the current and
+    the worker's next batch, so I/O overlaps decoding. With the mmap backend shards are also
+    advised ``MADV_SEQUENTIAL`` (sequential order) or ``MADV_RANDOM`` (random and block orders).
+
+    Use ``DataLoader(dataset, batch_size=None, num_workers=..., pin_memory=True)``. Batches are
+    ``(images, labels)``: ``images`` one ``(B, ...)`` tensor when every image has the same shape
+    (built in shared memory by the worker), else a list; ``labels`` int64. With
+    ``batched=False`` it yields ``(image, label)`` samples in the same order: then give the
+    DataLoader the same ``batch_size`` so its batches are this reader's.
+
+    Args:
+        source: the dataset folder, or an open ``packer.dataset.Dataset``.
+        batch_size: samples per batch on each rank.
+        order: ``"sequential"``, ``"random"`` or ``"block"`` (default).
+        seed: the run's seed; orders are functions of (seed, epoch).
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        drop_last: drop the end of the epoch order (full batches only) instead of padding.
+        decode, layout, transform, target_transform: as for ``PackedDataset``.
+        backend, verify_checksums: as for ``packer.open_dataset``.
+        block_bytes, window: the block shuffle's block span and window (in blocks).
+        batched: yield collated batches (default) or single samples.
+        read_ahead: issue the block read-ahead hints (block order).
+    """
+
+    def __init__(self, source: PathOrDataset, *, batch_size: int, order: str = "block", seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 decode: bool | DecodeFn = True, layout: str = "CHW", transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
+                 verify_checksums: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,
+                 window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True) -> None:
+        self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self.dataset = _open(source, backend, verify_checksums)
+        self._init_order(len(self.dataset), None, order=order, seed=seed, rank=rank, world_size=world_size,
+                         batch_size=batch_size, drop_last=drop_last, block_bytes=block_bytes, window=window)
+        self.batched = bool(batched)
+        self.read_ahead = bool(read_ahead)
+        # (epoch, start) in shared memory: set_epoch/load_state_dict in the main process must reach
+        # persistent workers, which keep the dataset object they were started with.
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._advised: OrderedDict[int, None] = OrderedDict()
+        self._advised_shards: set[int] = set()
+
+    # Per-process caches are rebuilt, not pickled: a worker gets options and the manifest only.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_blocks"] = None
+        state["_advised"] = OrderedDict()
+        state["_advised_shards"] = set()
+        return state
+
+    def _get_position(self) -> tuple[int, int]:
+        epoch, start = self._position.tolist()
+        return int(epoch), int(start)
+
+    def _set_position(self, epoch: int, start: int) -> None:
+        self._position[0] = epoch
+        self._position[1] = start
+
+    def _get_blocks(self) -> np.ndarray | None:
+        if self._blocks is None and self.read_order.kind == "block":  # per process, on first use
+            ix = self.dataset.index
+            self._blocks = index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
+        return self._blocks
+
+    def __len__(self) -> int:
+        share = self.share()
+        return share.num_batches if self.batched else share.per_rank
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch_data.get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        indices, bounds = _worker_share(self.plan(), worker, num_workers)  # the epoch order is freed here
+        _release_free_heap()
+        self._handed_out = 0
+        count = len(bounds) - 1
+        for k in range(count):
+            batch = indices[bounds[k]:bounds[k + 1]]
+            if self.read_ahead:
+                self._prepare(batch)
+                if k + 1 < count:  # the kernel fetches the next batch's blocks while this one decodes
+                    self._prepare(indices[bounds[k + 1]:bounds[k + 2]])
+            images, labels, label_list = self._load_batch(batch)
+            if self.batched:
+                self._handed_out += 1
+                yield images, labels
+            else:
+                for j in range(len(batch)):
+                    self._handed_out += 1
+                    yield images[j], label_list[j]
+
+    def _consumed_from_handed_out(self, share: RankShare) -> int:
+        if self.batched:
+            return share.consumed_after(self._handed_out)
+        return share.consumed_after_samples(self._handed_out)
+
+    # --- I/O hints ---
+    def _prepare(self, indices: np.ndarray) -> None:
+        """Advise each shard once; with the block order, ask for the batch's whole blocks."""
+        ix = self.dataset.index
+        kind = self.read_order.kind
+        for shard in np.unique(ix.shard[indices]).tolist():
+            if shard not in self._advised_shards:
+                self._advised_shards.add(shard)
+                backend = self.dataset.shard(shard)
+                advise = getattr(backend, "advise_sequential" if kind == "sequential" else "advise_random", None)
+                if advise is not None:
+                    advise()
+        if kind != "block" or self._blocks is None:
+            return
+        bounds = self._blocks
+        for block in np.unique(np.searchsorted(bounds, indices, side="right") - 1).tolist():
+            if block in self._advised:
+                self._advised.move_to_end(block)
+                continue
+            self._advised[block] = None
+            if len(self._advised) > _ADVISED_BLOCKS:
+                self._advised.popitem(last=False)
+            first, last = int(bounds[block]), int(bounds[block + 1]) - 1
+            backend = self.dataset.shard(int(ix.shard[first]))
+            advise_willneed = getattr(backend, "advise_willneed", None)
+            if advise_willneed is not None:
+                start = int(ix.offset[first])
+                advise_willneed(start, int(ix.offset[last]) + int(ix.size[last]) - start)
+
+    # --- reading and decoding ---
+    def _load_batch(self, indices: np.ndarray) -> tuple[torch.Tensor | list[Any], Any, list[Any]]:
+        """Read a batch with one coalesced read_batch and decode it straight into one tensor.
+
+        Returns:
+            ``(images, collated labels, the labels as a list)``.
+        """
+        dataset = self.dataset
+        batch = dataset.read_batch(indices)
+        pipeline = self._pipeline
+        count = len(indices)
+        out: torch.Tensor | None = None
+        items: list[Any] | None = None
+        labels = [pipeline.label(dataset, i) for i in indices.tolist()]
+        for j, i in enumerate(indices.tolist()):
+            start = int(batch.starts[j])
+            data = batch.data[start:start + int(batch.sizes[j])]
+            tensor = pipeline.tensor(pipeline.pixels(dataset, i, data), owned=True)
+            if pipeline.transform is not None:
+                tensor = pipeline.finish(tensor)
+            if items is None and isinstance(tensor, torch.Tensor):
+                if out is None:
+                    out = _empty((count, *tensor.shape), tensor.dtype)
+                if tensor.shape == out.shape[1:] and tensor.dtype == out.dtype:
+                    out[j].copy_(tensor)  # the one copy: HWC pixels to their (CHW) slot in the batch
+                    continue
+            if items is None:  # sizes differ: fall back to a list of per-sample tensors
+                items = [out[t] for t in range(j)] if out is not None else []
+                out = None
+            items.append(tensor.contiguous() if isinstance(tensor, torch.Tensor) else tensor)
+        try:
+            label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            label_tensor = torch_data.default_collate(labels)
+        if items is not None:
+            return items, label_tensor, labels
+        return (out if out is not None else torch.empty((0,), dtype=torch.uint8)), label_tensor, labels

@@ -1,0 +1,251 @@
+"""The PyTorch readers under real DataLoader worker processes: ranks, epochs, resumption, memory."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+
+from packer.build import build  # noqa: E402
+from packer.plan import BuildOptions  # noqa: E402
+from packer.torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning"),
+              pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")]
+
+N = 30  # samples in the test dataset
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import make_sample
+
+    root = tmp_path_factory.mktemp("dl") / "src"
+    make_sample.make_image_folder(root, classes=3, per_class=N // 3, seed=5, min_size=16, max_size=16,
+                                  formats=("jpeg", "png"))
+    out = root.parent / "ds"
+    build(root, out, BuildOptions(shard_size=4 << 10, alignment=512), workers=1, progress=False)
+    return out
+
+
+class _Identify:
+    """Maps a raw payload (decode=False) back to its sample index."""
+
+    def __init__(self, path: Path) -> None:
+        dataset = PackedDataset(path).dataset
+        self.by_payload = {dataset.read(i): i for i in range(len(dataset))}
+
+    def __call__(self, images) -> list[int]:
+        return [self.by_payload[t.numpy().tobytes()] for t in images]
+
+
+def _loader(dataset, **kwargs) -> DataLoader:
+    defaults = dict(num_workers=2, persistent_workers=True, pin_memory=True)
+    defaults.update(kwargs)
+    return DataLoader(dataset, **defaults)
+
+
+def test_map_style_with_packed_batch_sampler_across_ranks_and_epochs(packed: Path) -> None:
+    identify = _Identify(packed)
+    dataset = PackedDataset(packed, decode=False)
+    world = 3
+    per_epoch = []
+    for epoch in range(2):
+        ranks = []
+        for rank in range(world):
+            sampler = PackedBatchSampler(dataset, batch_size=4, order="random", seed=7, rank=rank, world_size=world)
+            sampler.set_epoch(epoch)
+            batches = [identify(images) for images, _ in _loader(dataset, batch_sampler=sampler, collate_fn=collate)]
+            assert [len(b) for b in batches] == [len(b) for b in (list(sampler))]
+            assert batches == list(sampler)  # the loader returns the sampler's batches, in order
+            ranks.append(batches)
+        assert len({len(batches) for batches in ranks}) == 1  # same number of batches on every rank
+        seen = [i for batches in ranks for batch in batches for i in batch]
+        assert set(seen) == set(range(N)) and len(seen) == N  # 30 = 3 x 10: no padding needed
+        per_epoch.append([b for step in zip(*ranks) for b in step])
+    assert per_epoch[0] != per_epoch[1]
+
+
+def test_map_style_decoded_batches_with_labels(packed: Path) -> None:
+    dataset = PackedDataset(packed)
+    sampler = PackedBatchSampler(dataset, batch_size=8, order="sequential")
+    loader = _loader(dataset, batch_sampler=sampler, collate_fn=collate)
+    for epoch in range(2):  # persistent workers serve both epochs
+        sampler.set_epoch(epoch)
+        got = list(loader)
+        assert [images.shape[0] for images, _ in got] == [8, 8, 8, 6]
+        assert all(images.shape[1:] == (3, 16, 16) and images.dtype == torch.uint8 for images, _ in got)
+        labels = torch.cat([labels for _, labels in got])
+        assert labels.tolist() == dataset.labels.tolist()
+    first, _ = next(iter(loader))
+    assert torch.equal(first[3], dataset[3][0])
+
+
+def test_map_style_with_torch_distributed_sampler(packed: Path) -> None:
+    identify = _Identify(packed)
+    dataset = PackedDataset(packed, decode=False)
+    world = 4  # 30 samples: DistributedSampler pads to 32
+    ranks = []
+    for rank in range(world):
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=1)
+        sampler.set_epoch(2)
+        loader = _loader(dataset, sampler=sampler, batch_size=3, collate_fn=collate)
+        ranks.append([identify(images) for images, _ in loader])
+    assert len({len(batches) for batches in ranks}) == 1
+    seen = Counter(i for batches in ranks for batch in batches for i in batch)
+    assert set(seen) == set(range(N)) and sum(seen.values()) == 32
+
+
+@pytest.mark.parametrize("order", ["block", "random"])
+def test_iterable_splits_ranks_and_workers_and_follows_set_epoch(packed: Path, order: str) -> None:
+    identify = _Identify(packed)
+    world = 2
+    epochs = []
+    for epoch in range(2):
+        ranks = []
+        for rank in range(world):
+            dataset = PackedIterableDataset(packed, batch_size=4, order=order, seed=3, rank=rank, world_size=world,
+                                            decode=False, block_bytes=2048, window=2)
+            dataset.set_epoch(epoch)
+            plan = dataset.plan()
+            got = [identify(images) for images, _ in _loader(dataset, batch_size=None)]
+            assert got == [plan.batch(k).tolist() for k in range(plan.num_batches)]  # loader order = rank order
+            ranks.append(got)
+        assert len({len(b) for b in ranks}) == 1
+        seen = [i for batches in ranks for batch in batches for i in batch]
+        assert sorted(seen) == list(range(N))
+        epochs.append(ranks)
+    assert epochs[0] != epochs[1]
+
+
+def test_iterable_set_epoch_reaches_persistent_workers(packed: Path) -> None:
+    identify = _Identify(packed)
+    dataset = PackedIterableDataset(packed, batch_size=5, order="random", seed=4, decode=False)
+    loader = _loader(dataset, batch_size=None, num_workers=3)
+    orders = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        got = [i for images, _ in loader for i in identify(images)]
+        assert got == dataset.read_order.epoch_order(N, epoch).tolist()
+        orders.append(got)
+    assert len({tuple(o) for o in orders}) == 3
+
+
+@pytest.mark.parametrize("order", ["block", "random", "sequential"])
+def test_resume_mid_epoch_with_other_workers_and_ranks(packed: Path, order: str) -> None:
+    """Consume part of an epoch on 2 ranks x 2 workers, resume on 3 ranks x 1 and 3 workers."""
+    identify = _Identify(packed)
+    kwargs = dict(order=order, seed=11, decode=False, block_bytes=2048, window=2)
+    consumed_samples = []
+    states = []
+    for rank in range(2):
+        dataset = PackedIterableDataset(packed, batch_size=3, rank=rank, world_size=2, **kwargs)
+        dataset.set_epoch(1)
+        steps = 0
+        for images, _ in _loader(dataset, batch_size=None):
+            consumed_samples += identify(images)
+            steps += 1
+            if steps == 2:
+                break
+        states.append(dataset.state_dict(batches_consumed=steps))
+    assert states[0] == states[1] and states[0]["consumed"] == 12
+
+    rest = []
+    counts = []
+    for rank, workers in zip(range(3), (1, 3, 3)):
+        dataset = PackedIterableDataset(packed, batch_size=2, rank=rank, world_size=3, **kwargs)
+        dataset.load_state_dict(states[0])
+        dataset.set_epoch(1)  # the loaded epoch: the position is kept
+        got = [identify(images) for images, _ in _loader(dataset, batch_size=None, num_workers=workers)]
+        counts.append(len(got))
+        rest += [i for batch in got for i in batch]
+    assert len(set(counts)) == 1
+    assert sorted(consumed_samples + rest) == list(range(N))  # 18 left = 3 x 6: exactly the rest, none twice
+
+
+def test_batch_sampler_resume_with_other_world_size(packed: Path) -> None:
+    identify = _Identify(packed)
+    dataset = PackedDataset(packed, decode=False)
+    kwargs = dict(order="block", seed=2, block_bytes=2048, window=2)
+    seen = []
+    for rank in range(3):
+        sampler = PackedBatchSampler(dataset, batch_size=2, rank=rank, world_size=3, **kwargs)
+        loader = _loader(dataset, batch_sampler=sampler, collate_fn=collate)
+        for step, (images, _) in enumerate(loader, 1):
+            seen += identify(images)
+            if step == 3:
+                break
+        state = sampler.state_dict(batches_consumed=3)
+    assert state["consumed"] == 18
+    rest = []
+    for rank in range(2):
+        sampler = PackedBatchSampler(dataset, batch_size=4, rank=rank, world_size=2, **kwargs)
+        sampler.load_state_dict(state)
+        rest += [i for images, _ in _loader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=1)
+                 for i in identify(images)]
+    assert sorted(seen + rest) == list(range(N))
+
+
+def test_spawned_workers_get_the_dataset_by_pickle_and_follow_set_epoch(packed: Path) -> None:
+    identify = _Identify(packed)
+    dataset = PackedIterableDataset(packed, batch_size=4, order="random", seed=6, decode=False)
+    loader = _loader(dataset, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    for epoch in (0, 5):
+        dataset.set_epoch(epoch)
+        got = [i for images, _ in loader for i in identify(images)]
+        assert got == dataset.read_order.epoch_order(N, epoch).tolist()
+    mapped = PackedDataset(packed)
+    sampler = PackedBatchSampler(mapped, batch_size=7, order="sequential")
+    images, labels = next(iter(_loader(mapped, batch_sampler=sampler, collate_fn=collate, num_workers=1,
+                                       multiprocessing_context="spawn")))
+    assert images.shape == (7, 3, 16, 16) and labels.tolist() == mapped.labels[:7].tolist()
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def _worker_own_memory(dataset, *, iterable: bool, samples: int = 96) -> int:
+    import bench_memory
+
+    if iterable:
+        loader = DataLoader(dataset, batch_size=None, num_workers=1, persistent_workers=True)
+    else:
+        rng = np.random.default_rng(0)
+        loader = DataLoader(dataset, sampler=rng.choice(len(dataset), samples, replace=False).tolist(),
+                            batch_size=16, num_workers=1, persistent_workers=True, collate_fn=collate)
+    iterator = iter(loader)
+    seen = 0
+    for images, _ in iterator:
+        seen += len(images)
+        if seen >= samples:
+            break
+    time.sleep(0.1)
+    return bench_memory.worker_memory(iterator._workers[0].pid)["own"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps")
+def test_worker_memory_and_pickles_stay_flat(tmp_path: Path) -> None:
+    import bench_memory
+
+    payload = bench_memory.tiny_jpeg()
+    small = bench_memory.make_synthetic_dataset(tmp_path / "small", 1000, payload)
+    large = bench_memory.make_synthetic_dataset(tmp_path / "large", 100_000, payload)
+    sizes = [len(pickle.dumps(PackedDataset(path))) for path in (small, large)]
+    assert max(sizes) < 64 << 10 and abs(sizes[1] - sizes[0]) < 256  # manifest-sized, not sample-sized
+    mib = 1 << 20
+    own_small = _worker_own_memory(PackedDataset(small), iterable=False)
+    own_large = _worker_own_memory(PackedDataset(large), iterable=False)
+    print(f"worker own memory: 1k {own_small / mib:.1f} MiB, 100k {own_large / mib:.1f} MiB")
+    assert own_large - own_small < 3 * mib, (own_small / mib, own_large / mib)
+    # The iterable worker keeps its int32 share of the epoch order: 400 KB for 100k samples.
+    it_small = _worker_own_memory(PackedIterableDataset(small, batch_size=16, order="random"), iterable=True)
+    it_large = _worker_own_memory(PackedIterableDataset(large, batch_size=16, order="random"), iterable=True)
+    print(f"iterable worker own memory: 1k {it_small / mib:.1f} MiB, 100k {it_large / mib:.1f} MiB")
+    assert it_large - it_small < 4 * mib, (it_small / mib, it_large / mib)
