@@ -585,11 +585,12 @@ class _GpuBatches:
         """
         count = self._handed_out if batches_consumed is None else batches_consumed
         consumed = self.share().consumed_after(count)
-        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed)
+        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed,
+                                          blocks=self._blocks)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration reads exactly the rest of the saved epoch, for any world size."""
-        self._epoch, self._start = self.read_order.check_state(state, self.num_samples)
+        self._epoch, self._start = self.read_order.check_state(state, self.num_samples, blocks=self._blocks)
         self._handed_out = 0
 
     # --- reading ---
