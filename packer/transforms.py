@@ -1,0 +1,594 @@
+"""Fused decode transforms: stored image bytes to a cropped, resized uint8 HWC array in one step.
+
+The two transforms every image-classification recipe uses, done the fast way on the CPU:
+
+* ``RandomResizedCrop(size=224)`` (training): torchvision's ``RandomResizedCrop`` followed by
+  ``RandomHorizontalFlip``, same sampling rule for the crop box.
+* ``CenterCrop(size=224, resize=256)`` (evaluation): torchvision's ``Resize(256)`` followed by
+  ``CenterCrop(224)``.
+
+Both are *decode transforms*: ``transform(data, image_format, rng) -> numpy.ndarray`` of shape
+``(size, size, 3)``, dtype ``uint8``, RGB, taking the stored bytes (any buffer: a zero-copy
+``memoryview`` of a memory-mapped shard is fine) and a ``numpy.random.Generator``. The result is
+a deterministic function of the bytes and the generator's state. Pass ``out=`` to write straight
+into a slot of a batch array (for instance ``batch[k]`` of an ``(N, size, size, 3)`` array whose
+``torch.from_numpy(...).permute(0, 3, 1, 2)`` is an NCHW tensor in channels-last memory format,
+the layout convolutions on a GPU prefer).
+
+How a JPEG is handled (everything else goes through ``packer.decode.decode_image``, i.e.
+Pillow, then the same crop and resize):
+
+1. ``simplejpeg.decode_jpeg_header`` gives width and height (about 1 us).
+2. The crop box is chosen in the original image's coordinates.
+3. The image is decoded with DCT-domain downscaling: libjpeg-turbo can produce the image at
+   M/8 of its size for M = 1..8 while decoding, nearly for free. The smallest scale from
+   ``FAST_SCALES`` (1/8, 1/4, 1/2 or 1) is picked whose decoded crop is still at least as large
+   as the output, so quality never drops below a full decode followed by a downscale.
+4. The crop box, mapped to the decoded image, is resized to the output size, antialiased
+   bilinear (what torchvision does): with torch's uint8 kernel when torch is loaded (every
+   DataLoader worker), else Pillow's ``Image.resize(size, BILINEAR, box=...)`` whose fractional
+   box makes crop and resize one pass. See ``RESIZE_BACKENDS``.
+5. A horizontal flip, when drawn, mirrors the small result (``torch.flip`` or
+   ``Image.transpose``), then the pixels are copied once into ``out`` if given.
+
+CMYK/YCCK JPEGs and JPEGs that simplejpeg's strict mode refuses take the ``decode_image`` path.
+EXIF orientation and colour profiles are not applied (see ``packer.decode``).
+
+Why these choices (``scripts/bench_peers.py --choices``: 500x375 JPEGs of about 110 KB at
+quality ~90, one core, best of many runs; instruction counts from valgrind's callgrind)::
+
+    decode of one 500x375 JPEG          ms     vs full  notes
+    full, accurate (islow, fancy up)    1.05   1.00     15.0 M instructions
+    fastdct                             1.03   0.98     mean error 1.0 grey level
+    fastupsample                        1.02   0.98     mean error 4.3 levels (chroma edges)
+    fastdct + fastupsample              0.99   0.95
+    DCT scale 4/8                       0.94   0.90     12.1 M instructions
+    DCT scale 1/8                       0.79   0.76     6.9 M instructions
+    DCT scale 6/8                       1.39   1.33     17.9 M: no SIMD for odd scales
+
+    crop (~290x250 on average) to 224x224          ms
+    torch uint8 antialiased bilinear, channels-last  0.19   chosen when torch is loaded
+    Pillow bilinear, box= (fromarray + resize)       0.74   chosen otherwise
+    Pillow crop() then resize (torchvision's path)   0.65   plus a crop copy
+    torch float bilinear, no antialias               0.41
+    Pillow nearest (no antialias, for reference)     0.03
+
+    flip of a 224x224x3 result: torch.flip 0.013 ms, Image.transpose 0.044, numpy [:, ::-1] 0.21
+
+Entropy (Huffman) decoding dominates at this size: even a 1/8-scale decode costs three
+quarters of a full one. DCT-domain downscaling therefore pays only at power-of-two scales, and
+mostly through the smaller image it hands to the resize; scales 5/8..7/8 are *slower* than a
+full decode, hence ``FAST_SCALES``. It only triggers when the crop is at least twice the output
+size (large photos, or ``CenterCrop`` on images over ~512 px); ImageNet-sized images decode in
+full. ``fastdct`` and ``fastupsample`` save 2-5 %: ``RandomResizedCrop`` uses ``fastdct`` by
+default (about one grey level, below the JPEG's own quantisation noise), neither transform
+uses ``fastupsample`` (4 levels of chroma error for 2 %), and ``CenterCrop`` (evaluation)
+decodes accurately so scores match a full-decode reference.
+
+Region (partial) JPEG decoding: decoding only the crop's own pixels costs about 0.4 ms against
+1.05 ms for the whole image, an upper bound on the saving. libjpeg-turbo's
+``jpeg_crop_scanline``/``jpeg_skip_scanlines`` still entropy-decode every block above and beside
+the crop (only rows below it are skipped outright), so the real saving would be well under that
+bound, and neither simplejpeg nor Pillow exposes those calls: it would take a compiled extension
+against libjpeg-turbo. It is the next step if CPU decoding must go faster; GPU decoding with
+DALI (nvJPEG) is the other.
+
+Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
+worker shared memory) and convert on the device, as ``normalize_on_gpu`` does::
+
+    from torch.utils.data import DataLoader
+    from packer.torch import PackedBatchSampler, PackedDataset, collate
+    from packer.transforms import RandomResizedCrop, normalize_on_gpu
+
+    dataset = PackedDataset(path, decode=RandomResizedCrop(224), layout="HWC")
+    sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=8,
+                        pin_memory=True, persistent_workers=True)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for images, labels in loader:    # images: (256, 224, 224, 3) uint8, pinned
+            x = normalize_on_gpu(images, device="cuda")  # (256, 3, 224, 224) float32,
+            loss = criterion(model(x), labels.cuda(non_blocking=True))  # channels-last
+
+Without an ``rng`` argument (the DataLoader path above) each process uses its own generator,
+seeded from ``torch.initial_seed()``: DataLoader workers get distinct, reproducible streams
+under ``torch.manual_seed``, as with torchvision's transforms.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Sequence, Union
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from .decode import decode_image
+from .errors import DecodeError
+from .format import ImageFormat
+from .imageinfo import detect_format
+
+if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
+    import torch
+
+__all__ = [
+    "RandomResizedCrop",
+    "CenterCrop",
+    "FAST_SCALES",
+    "RESIZE_BACKENDS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "random_resized_crop_params",
+    "center_crop_box",
+    "normalize_on_gpu",
+]
+
+#: Anything with the buffer protocol: bytes, bytearray, memoryview, a 1-D numpy uint8 array.
+ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
+#: An output size: one int for a square, or ``(height, width)``.
+Size = Union[int, Sequence[int]]
+
+#: DCT-domain scales (numerators over 8) that decode faster than a full decode: libjpeg-turbo
+#: has SIMD inverse DCTs for 8x8, 4x4, 2x2 and 1x1 only, so 3/8 and 5/8..7/8 cost more.
+FAST_SCALES = (1, 2, 4, 8)
+#: How the crop is resized. ``pil``: ``Image.resize(BILINEAR, box=...)``, antialiased (what
+#: torchvision does to PIL images). ``torch``: ``torch.nn.functional.interpolate(bilinear,
+#: antialias=True)`` on the uint8 HWC array viewed as channels-last NCHW, torch's AVX2 uint8
+#: kernel (what torchvision v2 does to tensors): about 4x faster than Pillow's, and within a
+#: fraction of a grey level of it on average. ``auto``: torch when the process has already
+#: imported it (every DataLoader worker has), else Pillow; torch is never imported just for this.
+RESIZE_BACKENDS = ("auto", "pil", "torch")
+#: ImageNet channel statistics in 0..255 units (torchvision's values times 255).
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+_PILLOW_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
+_BILINEAR = Image.Resampling.BILINEAR
+_FLIP = Image.Transpose.FLIP_LEFT_RIGHT
+# For the Pillow path, where the whole stored image is resized: reduce by an integer factor with
+# a box filter first while the remaining factor stays >= 3 (Pillow's own thumbnail setting; the
+# result is indistinguishable from a plain bilinear resize, and large images resize ~2x faster).
+_REDUCING_GAP = 3.0
+
+# (top, left, height, width) in original pixel coordinates.
+Box = tuple[int, int, int, int]
+
+
+def _output_size(size: Size) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)):
+        height = width = int(size)
+    else:
+        dims = tuple(int(s) for s in size)
+        if len(dims) != 2:
+            raise ValueError(f"size must be an int or (height, width), got {size!r}")
+        height, width = dims
+    if height < 1 or width < 1:
+        raise ValueError(f"size must be positive, got {size!r}")
+    return height, width
+
+
+def random_resized_crop_params(width: int, height: int, rng: np.random.Generator, *,
+                               scale: tuple[float, float] = (0.08, 1.0),
+                               ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
+    """Pick a random crop box the way torchvision's ``RandomResizedCrop.get_params`` does.
+
+    Up to ten tries draw an area fraction uniformly from ``scale`` and an aspect ratio
+    log-uniformly from ``ratio``; the first box that fits is placed uniformly at random. If none
+    fits, the whole image is cropped centrally to the nearest allowed aspect ratio.
+
+    Args:
+        width: image width in pixels.
+        height: image height in pixels.
+        rng: the random generator (the only source of randomness).
+        scale: range of the crop's area as a fraction of the image's.
+        ratio: range of the crop's width / height.
+
+    Returns:
+        ``(top, left, crop_height, crop_width)`` in pixels.
+    """
+    area = width * height
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def center_crop_box(width: int, height: int, size: tuple[int, int],
+                    resize: int) -> tuple[float, float, float, float]:
+    """The box that ``Resize(resize)`` then ``CenterCrop(size)`` keep, in original coordinates.
+
+    Follows torchvision: the shorter side becomes ``resize`` and the longer one
+    ``int(resize * long / short)``; the crop starts at ``int(round((resized - crop) / 2))``.
+
+    Args:
+        width: image width in pixels.
+        height: image height in pixels.
+        size: the crop's ``(height, width)`` in resized pixels.
+        resize: the shorter side after resizing.
+
+    Returns:
+        ``(left, top, right, bottom)`` as floats, in original pixels.
+    """
+    if width <= height:
+        new_width, new_height = resize, int(resize * height / width)
+    else:
+        new_width, new_height = int(resize * width / height), resize
+    crop_height, crop_width = size
+    top = int(round((new_height - crop_height) / 2.0))
+    left = int(round((new_width - crop_width) / 2.0))
+    scale_x, scale_y = width / new_width, height / new_height
+    return (left * scale_x, top * scale_y, (left + crop_width) * scale_x,
+            (top + crop_height) * scale_y)
+
+
+def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -> int:
+    """Smallest M in FAST_SCALES such that the box, decoded at M/8, covers the output size."""
+    out_height, out_width = out_size
+    for m in FAST_SCALES:
+        if m * box_width >= 8 * out_width and m * box_height >= 8 * out_height:
+            return m
+    return 8
+
+
+def _view(data: ImageBytes) -> bytes | memoryview:
+    if isinstance(data, bytes):
+        return data
+    view = memoryview(data)
+    if view.c_contiguous:
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    return view.tobytes()
+
+
+class _DecodeTransform:
+    """Shared machinery: decode (scaled for JPEG), resize a box to the output size, flip."""
+
+    # CenterCrop resizes the whole image then crops (exact for a fractional box); a random crop
+    # crops whole pixels first (cheaper: only the crop is resized).
+    _resize_then_crop = False
+
+    def __init__(self, size: Size, *, fast_dct: bool, fast_upsample: bool,
+                 resize_backend: str) -> None:
+        self.out_height, self.out_width = _output_size(size)
+        self.fast_dct = bool(fast_dct)
+        self.fast_upsample = bool(fast_upsample)
+        if resize_backend not in RESIZE_BACKENDS:
+            raise ValueError(f"resize_backend must be one of {list(RESIZE_BACKENDS)}, "
+                             f"got {resize_backend!r}")
+        self.resize_backend = resize_backend
+        self._rng: np.random.Generator | None = None
+        self._rng_pid = -1
+
+    def _process_rng(self) -> np.random.Generator:
+        """The generator used when the caller passes none: one per process, made on first use.
+
+        Seeded from ``torch.initial_seed()`` when torch is loaded (in a DataLoader worker that is
+        the worker's own seed, so ``torch.manual_seed`` makes augmentation reproducible, as with
+        torchvision's transforms), else from OS entropy. Re-made after a fork, so workers never
+        share a stream.
+        """
+        pid = os.getpid()
+        if self._rng is None or self._rng_pid != pid:
+            torch = sys.modules.get("torch")
+            seed = int(torch.initial_seed()) if torch is not None else None
+            self._rng = np.random.default_rng(seed)
+            self._rng_pid = pid
+        return self._rng
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_rng"], state["_rng_pid"] = None, -1  # each process makes its own stream
+        return state
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The output's ``(height, width)``."""
+        return self.out_height, self.out_width
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """Shape of every result: ``(height, width, 3)``."""
+        return self.out_height, self.out_width, 3
+
+    # Subclasses choose the box (left, top, right, bottom, in original pixels) and the flip.
+    def _box(self, width: int, height: int,
+             rng: np.random.Generator) -> tuple[tuple[float, float, float, float], bool]:
+        raise NotImplementedError
+
+    def __call__(self, data: ImageBytes, image_format: int | None = None,
+                 rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
+                 name: str = "") -> np.ndarray:
+        """Decode ``data`` and return the transformed ``(height, width, 3)`` uint8 RGB array.
+
+        Args:
+            data: the stored image bytes (any C-contiguous buffer).
+            image_format: an ``ImageFormat`` value (the index's ``image_format`` column);
+                ``None`` detects it from the magic bytes.
+            rng: the random generator; ``None`` uses this transform's per-process generator
+                (seeded from ``torch.initial_seed()`` when torch is loaded, else unseeded).
+            out: optional ``(height, width, 3)`` uint8 array to write into; it is returned.
+            name: the sample's name or key, for error messages.
+
+        Returns:
+            ``out`` if given, else a new C-contiguous array.
+
+        Raises:
+            DecodeError: the bytes cannot be decoded.
+        """
+        if rng is None:
+            rng = self._process_rng()
+        view = _view(data)
+        if image_format is None or image_format == ImageFormat.UNKNOWN:
+            image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
+        decoded = self._decode_jpeg(view, rng) if image_format == ImageFormat.JPEG else None
+        if decoded is None:
+            pixels = decode_image(view, image_format, name=name)
+            height, width = pixels.shape[:2]
+            box, flip = self._box(width, height, rng)
+            full_size = True
+        else:
+            pixels, box, flip = decoded
+            full_size = False
+        if out is not None and (out.shape != self.output_shape or out.dtype != np.uint8):
+            raise ValueError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
+                             f"{out.dtype}")
+        if self._use_torch():
+            return self._resize_torch(pixels, box, flip, out)
+        return self._resize_pil(pixels, box, flip, full_size, out)
+
+    def _use_torch(self) -> bool:
+        if self.resize_backend == "auto":
+            return sys.modules.get("torch") is not None
+        return self.resize_backend == "torch"
+
+    def _resize_pil(self, pixels: np.ndarray, box: tuple[float, float, float, float], flip: bool,
+                    full_size: bool, out: np.ndarray | None) -> np.ndarray:
+        # Only a full-size (Pillow-decoded) image can be many times larger than the output.
+        result = Image.fromarray(pixels).resize((self.out_width, self.out_height), _BILINEAR,
+                                                box=box,
+                                                reducing_gap=_REDUCING_GAP if full_size else None)
+        if flip:
+            result = result.transpose(_FLIP)
+        array = np.asarray(result)
+        if out is None:
+            return array if array.flags.writeable else array.copy()
+        np.copyto(out, array)
+        return out
+
+    def _resize_torch(self, pixels: np.ndarray, box: tuple[float, float, float, float],
+                      flip: bool, out: np.ndarray | None) -> np.ndarray:
+        import torch
+        import torch.nn.functional as functional
+
+        left, top, right, bottom = box
+        height, width = pixels.shape[:2]
+        if self._resize_then_crop:
+            # Scale the whole image so the box becomes the output size, then cut it out: exactly
+            # torchvision's Resize + CenterCrop, with no rounding of a fractional box.
+            scale_x = self.out_width / (right - left)
+            scale_y = self.out_height / (bottom - top)
+            size = (max(self.out_height, round(height * scale_y)),
+                    max(self.out_width, round(width * scale_x)))
+            x0 = min(max(round(left * scale_x), 0), size[1] - self.out_width)
+            y0 = min(max(round(top * scale_y), 0), size[0] - self.out_height)
+            source = torch.from_numpy(pixels)
+        else:
+            # A random crop only needs whole pixels: round the box (under one decoded pixel).
+            x0 = min(max(int(left + 0.5), 0), width - 1)
+            y0 = min(max(int(top + 0.5), 0), height - 1)
+            x1 = min(max(int(right + 0.5), x0 + 1), width)
+            y1 = min(max(int(bottom + 0.5), y0 + 1), height)
+            size = (self.out_height, self.out_width)
+            source = torch.from_numpy(pixels[y0:y1, x0:x1])
+        # torch's AVX2 uint8 antialiased bilinear kernel works on channels-last images, and its
+        # output then keeps that layout, so the HWC result below is contiguous (a crop view, or
+        # a 1xCxHxW view torch does not recognise as channels-last, would come back planar and
+        # cost a transposing copy: 2x slower in all).
+        batch = source.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+        resized = functional.interpolate(batch, size=size, mode="bilinear", antialias=True,
+                                         align_corners=False)[0].permute(1, 2, 0)
+        if self._resize_then_crop:
+            resized = resized[y0:y0 + self.out_height, x0:x0 + self.out_width]
+        if flip:
+            resized = torch.flip(resized, [1])
+        if out is None:
+            return resized.contiguous().numpy()
+        torch.from_numpy(out).copy_(resized)
+        return out
+
+    def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator
+                     ) -> tuple[np.ndarray, tuple[float, float, float, float], bool] | None:
+        """Scaled simplejpeg decode: ``(pixels, box in decoded pixels, flip)``, or None.
+
+        None sends the sample to the Pillow path (CMYK, unreadable header). The random draws
+        happen once, whichever decoder ends up decoding, so a generator state gives one crop.
+        """
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(view)
+        except Exception:  # noqa: BLE001 - corrupt or exotic: decode_image reports or rescues it
+            return None
+        if colorspace in _PILLOW_JPEG_COLORSPACES or width < 1 or height < 1:
+            return None
+        box, flip = self._box(width, height, rng)
+        left, top, right, bottom = box
+        m = _dct_scale(right - left, bottom - top, self.size)
+        try:
+            if m == 8:
+                pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_dct,
+                                                fastupsample=self.fast_upsample)
+            else:
+                pixels = simplejpeg.decode_jpeg(
+                    view, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
+                    min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
+        except Exception:  # noqa: BLE001 - strict mode refuses some files Pillow still decodes
+            pixels = decode_image(view, ImageFormat.JPEG)
+            m = 8
+        decoded_height, decoded_width = pixels.shape[:2]
+        if m == 8 and (decoded_width, decoded_height) != (width, height):
+            raise DecodeError(f"JPEG header says {width}x{height} but the image decodes to "
+                              f"{decoded_width}x{decoded_height}")
+        # Decoded pixel i covers original pixels [i * 8/M, (i + 1) * 8/M): scale by M/8 exactly,
+        # not by decoded/original size, which libjpeg's rounding-up would skew.
+        factor = m / 8
+        return pixels, (left * factor, top * factor, right * factor, bottom * factor), flip
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields().items())
+        return f"{type(self).__name__}({fields})"
+
+    def _repr_fields(self) -> dict[str, Any]:
+        return {"size": self.size, "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample,
+                "resize_backend": self.resize_backend}
+
+
+class RandomResizedCrop(_DecodeTransform):
+    """Training augmentation: a random area/aspect crop resized to ``size``, then a random flip.
+
+    Equivalent to torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased,
+    on a PIL image) followed by ``RandomHorizontalFlip()``, fused with the decode; see the module
+    docstring for how and why.
+
+    Args:
+        size: output size, an int for a square or ``(height, width)``.
+        scale: range of the crop's area as a fraction of the image's.
+        ratio: range of the crop's aspect ratio (width / height).
+        flip: flip horizontally with probability 0.5.
+        fast_dct: use libjpeg-turbo's fast integer DCT (about 3 % faster, about one grey level
+            of error).
+        fast_upsample: use nearest-neighbour chroma upsampling (about 5 % faster, blockier
+            colour edges).
+        resize_backend: ``"auto"`` (torch when this process has imported it, else Pillow),
+            ``"torch"`` or ``"pil"``; see ``RESIZE_BACKENDS``.
+
+    Example:
+        >>> transform = RandomResizedCrop(224)
+        >>> pixels = transform(jpeg_bytes, ImageFormat.JPEG, np.random.default_rng(0))
+        >>> pixels.shape, pixels.dtype
+        ((224, 224, 3), dtype('uint8'))
+    """
+
+    def __init__(self, size: Size = 224, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, *,
+                 fast_dct: bool = True, fast_upsample: bool = False,
+                 resize_backend: str = "auto") -> None:
+        super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
+                         resize_backend=resize_backend)
+        if not (0 < scale[0] <= scale[1]):
+            raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip = bool(flip)
+
+    def get_params(self, width: int, height: int, rng: np.random.Generator) -> Box:
+        """The crop box ``(top, left, height, width)`` for an image of this size."""
+        return random_resized_crop_params(width, height, rng, scale=self.scale, ratio=self.ratio)
+
+    def _box(self, width: int, height: int,
+             rng: np.random.Generator) -> tuple[tuple[float, float, float, float], bool]:
+        top, left, h, w = self.get_params(width, height, rng)
+        flip = self.flip and bool(rng.random() < 0.5)
+        return (float(left), float(top), float(left + w), float(top + h)), flip
+
+    def _repr_fields(self) -> dict[str, Any]:
+        return {"size": self.size, "scale": self.scale, "ratio": self.ratio, "flip": self.flip,
+                **super()._repr_fields()}
+
+
+class CenterCrop(_DecodeTransform):
+    """Evaluation transform: shorter side resized to ``resize``, then a central ``size`` crop.
+
+    Equivalent to torchvision's ``Resize(resize)`` then ``CenterCrop(size)`` on a PIL image
+    (bilinear, antialiased), fused with the decode. Deterministic: ``rng`` is accepted and not
+    used.
+
+    Args:
+        size: output size, an int for a square or ``(height, width)``.
+        resize: the shorter side after resizing, before cropping; at least the crop size.
+        fast_dct: use libjpeg-turbo's fast integer DCT (off by default for evaluation).
+        fast_upsample: use nearest-neighbour chroma upsampling (off by default).
+        resize_backend: ``"auto"``, ``"torch"`` or ``"pil"``; see ``RESIZE_BACKENDS``.
+    """
+
+    _resize_then_crop = True
+
+    def __init__(self, size: Size = 224, resize: int = 256, *, fast_dct: bool = False,
+                 fast_upsample: bool = False, resize_backend: str = "auto") -> None:
+        super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
+                         resize_backend=resize_backend)
+        if resize < max(self.size):
+            raise ValueError(f"resize ({resize}) must be at least the crop size {self.size}")
+        self.resize = int(resize)
+
+    def _box(self, width: int, height: int,
+             rng: np.random.Generator) -> tuple[tuple[float, float, float, float], bool]:
+        return center_crop_box(width, height, self.size, self.resize), False
+
+    def _repr_fields(self) -> dict[str, Any]:
+        return {"size": self.size, "resize": self.resize, **super()._repr_fields()}
+
+
+def normalize_on_gpu(images: Any, mean: Sequence[float] = IMAGENET_MEAN,
+                     std: Sequence[float] = IMAGENET_STD, *, device: Any = "cuda",
+                     dtype: Any = None, channels_last: bool = True) -> "torch.Tensor":
+    """Turn a uint8 NHWC batch into a normalised float NCHW tensor on ``device``.
+
+    The copy to the device moves uint8 (a quarter of float32's bytes); the conversion, the
+    subtraction and the division then run on the device. The result is NCHW in channels-last
+    memory format (a free permute of NHWC), which cuDNN convolutions prefer under AMP.
+
+    Args:
+        images: ``(N, H, W, 3)`` uint8 torch tensor or numpy array (pin it for async copies).
+        mean: per-channel mean in 0..255 units (default: ImageNet's).
+        std: per-channel standard deviation in 0..255 units (default: ImageNet's).
+        device: where to compute, e.g. ``"cuda"`` or ``"cpu"``.
+        dtype: result dtype (default ``torch.float32``; ``torch.float16``/``bfloat16`` work).
+        channels_last: keep channels-last memory format; False returns a contiguous NCHW tensor.
+
+    Returns:
+        ``(N, 3, H, W)`` tensor of ``(x - mean) / std``.
+
+    Raises:
+        MissingDependencyError: torch is not installed.
+
+    Example:
+        >>> for images, labels in loader:
+        ...     x = normalize_on_gpu(images, device="cuda", dtype=torch.bfloat16)
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        from .errors import MissingDependencyError
+        raise MissingDependencyError("normalize_on_gpu needs torch: pip install 'packer[torch]'") \
+            from exc
+    if isinstance(images, np.ndarray):
+        images = torch.from_numpy(images)
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected an (N, H, W, 3) batch, got shape {tuple(images.shape)}")
+    on_device = images.to(device, non_blocking=True)
+    x = on_device.permute(0, 3, 1, 2).float()
+    mean_t = torch.tensor(mean, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    x = ((x - mean_t) / std_t).to(dtype or torch.float32)
+    if channels_last:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x.contiguous()

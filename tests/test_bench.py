@@ -1,0 +1,188 @@
+"""``packer bench``: the JSON document, every decode mode and reader, worker CPU from /proc, and
+the advice given when the loader is slower than 1.5x the target rate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.bench import (HEADROOM, BenchOptions, BenchResult, advise, child_pids,
+                          format_report, process_cpu_seconds, run_bench, run_queue_seconds)
+from packer.build import build
+from packer.cli import _register, cli
+from packer.plan import BuildOptions
+
+_register()
+
+FIELDS = {"advice", "batches", "cores", "dataset", "loader", "main_cpu", "main_wait", "mb_per_s",
+          "meets_target", "notes", "num_samples", "options", "payload_bytes", "required_rate",
+          "samples", "samples_per_s", "seconds", "target_rate", "worker_cpu", "worker_wait",
+          "workers"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import make_sample
+
+    tmp = tmp_path_factory.mktemp("bench")
+    make_sample.make_image_folder(tmp / "src", classes=2, per_class=12, seed=1,
+                                  formats=("jpeg", "jpeg", "png"))
+    build(tmp / "src", tmp / "ds", BuildOptions(shard_size=32 << 10), workers=1, progress=False)
+    return tmp / "ds"
+
+
+def run_cli(*args: str) -> tuple[int, dict, str]:
+    result = CliRunner().invoke(cli, ["bench", *args, "--json"])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result.exit_code, json.loads(result.stdout), result.stderr
+
+
+def test_json_document_simple_loop(dataset: Path) -> None:
+    _, doc, err = run_cli(str(dataset), "-b", "4", "-n", "3", "--warmup", "1", "--size", "32",
+                          "--loader", "simple")
+    assert doc["ok"] is True and "format_version" in doc
+    bench = doc["bench"]
+    assert set(bench) == FIELDS
+    assert bench["loader"] == "simple" and bench["workers"] == 0 and bench["worker_cpu"] is None
+    assert bench["samples"] == 12 and bench["batches"] == 3 and bench["num_samples"] == 24
+    assert bench["samples_per_s"] > 0 and bench["mb_per_s"] > 0 and bench["payload_bytes"] > 0
+    assert bench["target_rate"] is None and bench["meets_target"] is None and bench["advice"] == []
+    assert bench["options"]["decode"] == "rrc" and bench["options"]["size"] == 32
+    assert "samples/s" in err and "MB/s" in err
+
+
+@pytest.mark.parametrize("decode", ["none", "full", "center"])
+def test_decode_modes_in_process(dataset: Path, decode: str) -> None:
+    result = run_bench(dataset, BenchOptions(batch_size=5, batches=2, warmup=1, size=24,
+                                             decode=decode, loader="simple", order="block"))
+    assert result.samples == 10 and result.samples_per_s > 0
+
+
+def test_target_rate_above_achieved_gives_advice(dataset: Path) -> None:
+    _, doc, err = run_cli(str(dataset), "-b", "4", "-n", "2", "--warmup", "1", "--size", "32",
+                          "--loader", "simple", "--target-rate", "1e9")
+    bench = doc["bench"]
+    assert bench["meets_target"] is False
+    assert bench["required_rate"] == pytest.approx(HEADROOM * 1e9)
+    assert len(bench["advice"]) >= 2 and "1.5x" in bench["advice"][0]
+    assert any("torch" in item for item in bench["advice"])  # the in-process loop was measured
+    assert "TOO SLOW" in err
+
+
+def test_target_rate_met_gives_no_advice(dataset: Path) -> None:
+    _, doc, err = run_cli(str(dataset), "-b", "4", "-n", "2", "--warmup", "0", "--size", "32",
+                          "--loader", "simple", "--target-rate", "0.001")
+    assert doc["bench"]["meets_target"] is True and doc["bench"]["advice"] == []
+    assert "OK" in err
+
+
+def test_torch_dataloader_with_a_worker_process(dataset: Path) -> None:
+    pytest.importorskip("torch")
+    _, doc, err = run_cli(str(dataset), "-b", "4", "-n", "3", "--warmup", "1", "--size", "32",
+                          "-j", "1", "--order", "block")
+    bench = doc["bench"]
+    assert bench["loader"] == "torch" and bench["workers"] == 1 and bench["samples"] == 12
+    assert bench["worker_cpu"] is not None and len(bench["worker_cpu"]) == 1
+    assert 0 <= bench["worker_cpu"][0] <= 1.5
+    assert "workers" in err
+
+
+@pytest.mark.parametrize("reader,decode", [("map", "full"), ("iterable", "rrc"),
+                                           ("iterable", "none")])
+def test_torch_readers_in_the_main_process(dataset: Path, reader: str, decode: str) -> None:
+    pytest.importorskip("torch")
+    # 24 samples in batches of 5: 5 batches an epoch, so 7 batches cross into a second epoch.
+    result = run_bench(dataset, BenchOptions(batch_size=5, batches=5, warmup=2, size=24,
+                                             workers=0, reader=reader, decode=decode,
+                                             layout="CHW"))
+    assert result.loader == "torch" and result.workers == 0 and result.samples == 24
+    assert result.payload_bytes > 0
+
+
+def test_missing_dataset_is_an_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path / "nope"), "--loader", "simple"])
+    assert result.exit_code != 0 and "error" in result.output
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="order"):
+        BenchOptions(order="shuffled")
+    with pytest.raises(ValueError, match="target_rate"):
+        BenchOptions(target_rate=0)
+
+
+def result(**changes: object) -> BenchResult:
+    base = dict(dataset="ds", num_samples=1000, loader="torch", options={}, workers=2, cores=8,
+                samples=1000, batches=10, payload_bytes=100_000_000, seconds=1.0,
+                samples_per_s=1000.0, mb_per_s=100.0, worker_cpu=[0.98, 0.97], main_cpu=0.1,
+                worker_wait=[0.0, 0.0], main_wait=0.0, target_rate=1000.0)
+    base.update(changes)
+    return BenchResult(**base)  # type: ignore[arg-type]
+
+
+def test_advice_cpu_bound_with_idle_cores_suggests_more_workers() -> None:
+    advice = advise(result(), BenchOptions(decode="rrc"))
+    assert "1.5x" in advice[0]
+    assert any("--workers" in item for item in advice)
+
+
+def test_advice_cpu_bound_on_every_core_suggests_smaller_images_and_dali() -> None:
+    advice = advise(result(workers=8, cores=8, worker_cpu=[0.6] * 8, worker_wait=[0.35] * 8),
+                    BenchOptions(decode="full"))
+    text = " ".join(advice)
+    assert "--workers" not in text
+    assert "re-encode" in text and "DALI" in text and "fused" in text
+
+
+def test_advice_idle_workers_suggest_block_shuffle_and_storage() -> None:
+    advice = advise(result(worker_cpu=[0.2, 0.25], worker_wait=[0.0, 0.01]),
+                    BenchOptions(order="random"))
+    text = " ".join(advice)
+    assert "--order block" in text and "MB/s" in text and "DALI" not in text
+    advice = advise(result(worker_cpu=[0.2, 0.25]), BenchOptions(order="block"))
+    assert not any("--order block" in item for item in advice)
+
+
+def test_no_advice_when_fast_enough() -> None:
+    assert advise(result(samples_per_s=1500.0), BenchOptions()) == []
+    assert advise(result(target_rate=None), BenchOptions()) == []
+    report = format_report(result(options=BenchOptions().__dict__, meets_target=False,
+                                  required_rate=1500.0, advice=advise(result(), BenchOptions())))
+    assert "TOO SLOW" in report and "--workers" in report
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_proc_accounting_of_a_child_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt=time.time()\nwhile time.time()-t<0.3: pass\n"
+                              "time.sleep(30)"])
+    try:
+        time.sleep(0.6)
+        assert child.pid in child_pids()
+        used = process_cpu_seconds(child.pid)
+        assert used is not None and 0.05 <= used <= 5
+        assert run_queue_seconds(child.pid) is not None
+    finally:
+        child.kill()
+        child.wait()
+    assert process_cpu_seconds(child.pid) is None
+
+
+def test_without_torch_falls_back_to_the_in_process_loop(dataset: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    result = run_bench(dataset, BenchOptions(batch_size=4, batches=2, warmup=0, size=24,
+                                             workers=2))
+    assert result.loader == "simple" and result.workers == 0 and result.samples == 8
+    assert any("torch is not installed" in note for note in result.notes)
+    assert any("--workers 2 ignored" in note for note in result.notes)
+    from packer.errors import MissingDependencyError
+    with pytest.raises(MissingDependencyError, match="packer\\[torch\\]"):
+        run_bench(dataset, BenchOptions(batch_size=4, batches=1, warmup=0, loader="torch"))
