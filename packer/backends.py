@@ -11,6 +11,8 @@ import mmap
 import os
 from typing import Any, Protocol
 
+import numpy as np
+
 from .errors import TruncatedFileError
 
 __all__ = ["ShardBackend", "MmapShard", "PreadShard", "BACKENDS", "open_backend"]
@@ -43,6 +45,9 @@ class MmapShard:
         self.size = size
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         self._view = memoryview(self._map)
+        #: The whole shard as a read-only uint8 array (zero-copy): lets readers copy many ranges
+        #: with numpy slicing instead of one method call per range.
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
 
     def advise_random(self) -> None:
         """Hint the kernel that access is random (no read-ahead beyond the page)."""
@@ -67,6 +72,7 @@ class MmapShard:
         return self._view[offset:offset + size]
 
     def close(self) -> None:
+        self.array = None  # type: ignore[assignment]
         self._view.release()
         try:
             self._map.close()

@@ -355,6 +355,35 @@ class Dataset(DatasetIndex):
     def __getitem__(self, i: int) -> memoryview:
         return self.get(i)
 
+    def iter_samples(self, indices: Sequence[int] | np.ndarray | None = None, *, chunk: int = 65536
+                     ) -> Iterator[tuple[memoryview, int]]:
+        """Yield ``(bytes, label)`` for ``indices`` (default: every sample in storage order).
+
+        The fast path for raw iteration: table lookups are done per chunk with numpy, so each
+        sample costs one slice of its shard's zero-copy view (mmap) instead of a method call
+        chain. With another backend each chunk is read with ``read_batch``.
+        """
+        n = len(self)
+        order = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64)
+        if order.size and (order.min() < -n or order.max() >= n):
+            raise IndexError(f"indices hold a value outside 0..{n - 1}")
+        ix = self.index
+        for first in range(0, len(order), chunk):
+            part = order[first:first + chunk] % max(n, 1)
+            labels = ix.label[part].tolist()
+            if self.backend_name != "mmap" or self.verify_checksums:
+                batch = self.read_batch(part)
+                for j, label in enumerate(labels):
+                    yield batch[j], label
+                continue
+            shards, offsets, sizes = ix.shard[part].tolist(), ix.offset[part].tolist(), ix.size[part].tolist()
+            views: dict[int, memoryview] = {}
+            for shard, offset, size, label in zip(shards, offsets, sizes, labels):
+                view = views.get(shard)
+                if view is None:
+                    view = views[shard] = self.shard(shard).view(0, self.manifest.shards[shard].size)
+                yield view[offset:offset + size], label
+
     def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """Read many samples, coalescing runs of adjacent samples into one read each.
 
@@ -390,9 +419,19 @@ class Dataset(DatasetIndex):
         run_pos = np.zeros(len(run_first) + 1, dtype=np.int64)
         np.cumsum((run_bytes + (_PAGE - 1)) // _PAGE * _PAGE, out=run_pos[1:])
         data = _aligned_buffer(int(run_pos[-1]))
-        for r in range(len(run_first)):
-            backend = self.shard(int(shard_of[run_first[r]]))
-            backend.read_into(int(run_start[r]), data[run_pos[r]:run_pos[r] + run_bytes[r]])
+        run_shard = shard_of[run_first]
+        for shard in np.unique(run_shard).tolist():  # one backend lookup per shard, not per run
+            backend = self.shard(shard)
+            runs = np.flatnonzero(run_shard == shard)
+            starts, positions, lengths = (run_start[runs].tolist(), run_pos[runs].tolist(),
+                                          run_bytes[runs].tolist())
+            source = getattr(backend, "array", None)
+            if source is not None:  # mmap: plain slice copies, ~10x cheaper than a call per run
+                for start, position, length in zip(starts, positions, lengths):
+                    data[position:position + length] = source[start:start + length]
+            else:
+                for start, position, length in zip(starts, positions, lengths):
+                    backend.read_into(start, data[position:position + length])
         unique_starts = run_pos[run_ids] + (offsets - run_start[run_ids])
         where = np.searchsorted(unique, idx)
         batch = Batch(data=data, starts=unique_starts[where], sizes=sizes[where])

@@ -429,6 +429,13 @@ def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, f
         return n
     rates["packer get(i) -> zero-copy view"] = timed_loop(packer_get)
 
+    def packer_iter() -> int:
+        count = 0
+        for data, label in dataset.iter_samples(perm):
+            count += 1
+        return count
+    rates["packer iter_samples(order) -> zero-copy view"] = timed_loop(packer_iter)
+
     batches = [np.asarray(perm[k:k + 256]) for k in range(0, n, 256)]
 
     def packer_batched() -> int:

@@ -293,3 +293,17 @@ def test_aligned_empty() -> None:
             assert buffer.ctypes.data % DIRECT_BLOCK == 0
     with pytest.raises(ValueError):
         aligned_empty(-1)
+
+
+def test_iter_samples_equals_get_for_every_backend(datasets: dict) -> None:
+    path = datasets["passthrough", 4096]
+    order = np.random.default_rng(3).permutation(len(open_dataset(path)))
+    expected = None
+    for backend in BACKENDS:
+        ds = open_dataset(path, backend=backend)
+        got = [(bytes(data), label) for data, label in ds.iter_samples(order, chunk=7)]
+        want = [(ds.read(int(i)), int(ds.labels[i])) for i in order]
+        assert got == want
+        expected = expected or got
+        assert got == expected
+        assert [bytes(d) for d, _ in ds.iter_samples()] == [ds.read(i) for i in range(len(ds))]
