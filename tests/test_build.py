@@ -226,3 +226,18 @@ def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path
     assert calls == [6]  # one shard, 3 workers: 6 segments
     assert dataset_files(tmp_path / "seg") == dataset_files(tmp_path / "one")
     assert not list((tmp_path / "seg").rglob("*.partial"))
+
+
+def test_gather_blob_in_chunks_matches_python() -> None:
+    from packer.sources import gather_blob
+
+    rng = np.random.default_rng(0)
+    pieces = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 9, 50)]
+    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    offsets = np.zeros(51, dtype=np.uint64)
+    np.cumsum([len(p) for p in pieces], out=offsets[1:])
+    rows = rng.integers(0, 50, 80)
+    for chunk_rows in (1, 3, 7, 1 << 20):
+        out, new_offsets = gather_blob(blob, offsets, rows, chunk_rows=chunk_rows)
+        assert out.tobytes() == b"".join(pieces[r] for r in rows)
+        assert [out[int(a):int(b)].tobytes() for a, b in zip(new_offsets[:-1], new_offsets[1:])] == [pieces[r] for r in rows]
