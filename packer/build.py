@@ -34,6 +34,7 @@ import numpy as np
 
 from . import __version__
 from . import format as fmt
+from .atomic import fsync_dir, write_atomic
 from .codecs import get_codec
 from .errors import (BuildError, BuildLockedError, OutputExistsError, PackerError, RejectedImageError,
                      SourceError)
@@ -103,32 +104,6 @@ class build_lock:
 
 
 # --- small file helpers -------------------------------------------------------------------------
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, pieces: Iterable[Any]) -> int:
-    """Write pieces to a unique temp name beside ``path``, fsync, rename; returns the xxh3."""
-    hasher = fmt.Hasher()
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            for piece in pieces:
-                hasher.update(piece)
-                handle.write(piece)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return hasher.intdigest()
-
 
 def _io_error(exc: OSError, what: str, path: object) -> BuildError:
     if exc.errno == errno.ENOSPC:
@@ -373,7 +348,7 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
             final_name = fmt.shard_file_name(number, digest)
             (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
             os.replace(first, out / final_name)
-            _fsync_dir(out / fmt.SHARD_DIR)
+            fsync_dir(out / fmt.SHARD_DIR)
             record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
         else:
             first.unlink()
@@ -457,7 +432,7 @@ def _write_record(path: Path, header: dict[str, Any], rows: dict[str, list[int]]
               "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8}
     columns = {name: np.asarray(rows[name], dtype=dtypes[name]) for name in _RECORD_COLUMNS}
     columns["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
-    _write_atomic(path, fmt.encode_column_file(fmt.PLAN_MAGIC, len(columns["source"]), columns))
+    write_atomic(path, fmt.encode_column_file(fmt.PLAN_MAGIC, len(columns["source"]), columns))
 
 
 def _read_record(path: Path, fingerprint: int, out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
@@ -565,20 +540,20 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     index_size = sum(memoryview(p).nbytes for p in index_pieces)
     staging_index = out / STAGING_DIR / "index.pki"
     try:
-        index_digest = _write_atomic(staging_index, index_pieces)
+        index_digest = write_atomic(staging_index, index_pieces)
         index_name = fmt.index_file_name(index_digest)
         os.replace(staging_index, out / index_name)
         report_lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True)]
         report_lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
                          for r in sorted(rejected, key=lambda r: r.key.encode())]
-        _write_atomic(out / fmt.REPORT_NAME, [("\n".join(report_lines) + "\n").encode()])
+        write_atomic(out / fmt.REPORT_NAME, [("\n".join(report_lines) + "\n").encode()])
         manifest = fmt.Manifest(
             sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
             shards=tuple(shards), build=build_info, history=tuple(history),
             created_by=f"packer {__version__}")
-        _write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
-        _fsync_dir(out)
+        write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
+        fsync_dir(out)
     except OSError as exc:
         raise _io_error(exc, "writing the index and manifest", out) from None
     if cleanup:
@@ -600,7 +575,7 @@ def _remove_unreferenced(out: Path, keep: set[str]) -> None:
         relative = path.relative_to(out).as_posix()
         if relative not in keep:
             path.unlink(missing_ok=True)
-    # Temp files of a killed build's _write_atomic (we hold the lock: no writer owns them now).
+    # Temp files of a killed build's write_atomic (we hold the lock: no writer owns them now).
     for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME):
         for path in out.glob(f".{name}.*.tmp"):
             path.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
+from .atomic import write_atomic
 from .errors import BuildError, PackerError
 from .sources import Rejection, SourceListing
 
@@ -137,20 +138,7 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
         "header": np.frombuffer(_plan_header(plan), dtype=np.uint8),
     }
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
-    hasher = fmt.Hasher()
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            for piece in pieces:
-                hasher.update(piece)
-                handle.write(piece)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)  # a full disk must not leave a partial plan behind
-        raise
-    plan.fingerprint = hasher.intdigest()
+    plan.fingerprint = write_atomic(path, pieces)  # a full disk leaves no partial plan behind
     return plan.fingerprint
 
 

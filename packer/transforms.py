@@ -109,7 +109,7 @@ from PIL import Image
 from .decode import decode_image
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageinfo import detect_format
+from .imageinfo import _byte_view, detect_format
 
 if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
     import torch
@@ -249,15 +249,6 @@ def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -
     return 8
 
 
-def _view(data: ImageBytes) -> bytes | memoryview:
-    if isinstance(data, bytes):
-        return data
-    view = memoryview(data)
-    if view.c_contiguous:
-        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-    return view.tobytes()
-
-
 class _DecodeTransform:
     """Shared machinery: decode (scaled for JPEG), resize a box to the output size, flip."""
 
@@ -335,7 +326,7 @@ class _DecodeTransform:
         """
         if rng is None:
             rng = self._process_rng()
-        view = _view(data)
+        view = _byte_view(data)
         if image_format is None or image_format == ImageFormat.UNKNOWN:
             image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
         decoded = self._decode_jpeg(view, rng) if image_format == ImageFormat.JPEG else None

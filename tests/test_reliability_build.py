@@ -418,6 +418,7 @@ class _FullDisk:
 def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     import builtins
 
+    import packer.atomic as atomic_module
     import packer.plan as plan_module
     left = [budget]
     real_open = builtins.open
@@ -428,6 +429,7 @@ def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
 
     monkeypatch.setattr(build_module, "open", fake_open, raising=False)
     monkeypatch.setattr(plan_module, "open", fake_open, raising=False)
+    monkeypatch.setattr(atomic_module, "open", fake_open, raising=False)
 
 
 def _stray_temps(out: Path) -> list[str]:
