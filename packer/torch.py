@@ -295,11 +295,24 @@ class PackedDataset(torch_data.Dataset):
         return image, pipeline.label(self.dataset, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        """Samples ``indices``, read with one coalesced ``read_batch`` (a run per contiguous group)."""
+        """Samples ``indices``: decoded from zero-copy views with the mmap backend, else read with
+        one coalesced ``read_batch`` (a run per contiguous group)."""
         idx = np.asarray(indices, dtype=np.int64)
+        pipeline = self._pipeline
+        dataset = self.dataset
+        if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
+            # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
+            # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
+            samples = []
+            for i in idx.tolist():
+                i = i + len(dataset) if i < 0 else i
+                data = np.frombuffer(dataset.get(i), dtype=np.uint8)
+                pixels = pipeline.pixels(dataset, i, data)
+                samples.append((pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data)),
+                                pipeline.label(dataset, i)))
+            return samples
         batch = self.dataset.read_batch(idx)
         idx = np.where(idx < 0, idx + len(self.dataset), idx)
-        pipeline = self._pipeline
         samples = []
         for j, i in enumerate(idx.tolist()):
             start = int(batch.starts[j])
