@@ -426,9 +426,10 @@ class Dataset(DatasetIndex):
             starts, positions, lengths = (run_start[runs].tolist(), run_pos[runs].tolist(),
                                           run_bytes[runs].tolist())
             source = getattr(backend, "array", None)
-            if source is not None:  # mmap: plain slice copies, ~10x cheaper than a call per run
+            if source is not None:  # mmap: memoryview slice copies, ~10x cheaper than a call per run
+                source_view, target_view = memoryview(source), memoryview(data)
                 for start, position, length in zip(starts, positions, lengths):
-                    data[position:position + length] = source[start:start + length]
+                    target_view[position:position + length] = source_view[start:start + length]
             else:
                 for start, position, length in zip(starts, positions, lengths):
                     backend.read_into(start, data[position:position + length])
