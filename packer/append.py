@@ -22,7 +22,7 @@ from . import format as fmt
 from .build import (STAGING_DIR, BuildResult, _read_record, _record_path, build_lock,
                     commit_dataset, run_shards)
 from .dataset import open_index
-from .errors import BuildError, EmptySourceError
+from .errors import BuildError, EmptySourceError, PackerError
 from .plan import BuildOptions, make_plan, save_plan
 from .sources import Rejection, SourceListing, gather_blob, list_source, select_rows
 
@@ -77,7 +77,8 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     with build_lock(out):
         old = open_index(out)
         manifest = old.manifest
-        generation = len(manifest.history) + 1 if manifest.history else 1
+        # history holds generation 0 (the build) once anything was appended
+        generation = len(manifest.history) if manifest.history else 1
         stored = dict(manifest.build.get("options", {}))
         try:
             options = BuildOptions(**stored) if stored else BuildOptions(alignment=manifest.alignment)
@@ -97,65 +98,86 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
         staging = out / STAGING_DIR
         shutil.rmtree(staging, ignore_errors=True)
-        (staging / "done").mkdir(parents=True)
-        save_plan(plan, staging / "plan.pkp")
-        run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
-                   progress=progress, fail_on_reject=False)
-        headers, records = [], []
-        for shard in range(plan.shard_count):
-            found = _read_record(_record_path(out, shard), plan.fingerprint, out)
-            if found is None:
-                raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
-            headers.append(found[0])
-            records.append(found[1])
-        live = [i for i, h in enumerate(headers) if h["sample_count"]]
-        new_rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
-        if not live:
-            raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
-        source_rows = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
-        counts = [h["sample_count"] for h in (headers[i] for i in live)]
-        keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source_rows)
-        meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
-        ix = old.index
-        old_shards = len(manifest.shards)
-        columns = {
-            "shard": np.concatenate([ix.shard, np.repeat(np.arange(old_shards, old_shards + len(live),
-                                                                   dtype=np.uint32), counts)]),
-            "offset": np.concatenate([ix.offset] + [records[i]["offset"] for i in live]),
-            "size": np.concatenate([ix.size] + [records[i]["size"] for i in live]),
-            "checksum": np.concatenate([ix.checksum] + [records[i]["checksum"] for i in live]),
-            "label": np.concatenate([ix.label, listing.labels[source_rows]]),
-            "width": np.concatenate([ix.width] + [records[i]["width"] for i in live]),
-            "height": np.concatenate([ix.height] + [records[i]["height"] for i in live]),
-            "channels": np.concatenate([ix.channels] + [records[i]["channels"] for i in live]),
-            "image_format": np.concatenate([ix.image_format] + [records[i]["image_format"] for i in live]),
-            "key_offsets": np.concatenate([ix.key_offsets, key_offsets[1:] + ix.key_offsets[-1]]),
-            "keys": np.concatenate([ix.keys, keys]),
-            "meta_offsets": np.concatenate([ix.meta_offsets, meta_offsets[1:] + ix.meta_offsets[-1]]),
-            "meta": np.concatenate([ix.meta, meta]),
-        }
-        shards = list(manifest.shards) + [
-            fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"], checksum=int(headers[i]["checksum"], 16),
-                           sample_count=headers[i]["sample_count"]) for i in live]
-        history = list(manifest.history) or [{
-            "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
-            "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
-        history.append({"generation": generation, "kind": "append", "source": Path(source).name,
-                        "samples": int(len(source_rows)), "shards": len(live), "rejected": len(new_rejected),
-                        "classes": len(classes), "first_shard_number": last_number + 1,
-                        "options": options.to_json()})
-        old_rejected = _previous_rejections(out)
-        build_info = dict(manifest.build)
-        build_info.update(packed=manifest.sample_count + int(len(source_rows)),
-                          rejected=len(old_rejected) + len(new_rejected))
-        old.close()
-        result = commit_dataset(out, columns, shards, classes=classes, codec=manifest.codec,
-                                alignment=manifest.alignment, build_info=build_info,
-                                rejected=old_rejected + new_rejected, history=history, cleanup=False)
+        try:
+            (staging / "done").mkdir(parents=True)
+            save_plan(plan, staging / "plan.pkp")
+            run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
+                       progress=progress, fail_on_reject=False)
+            headers, records = [], []
+            for shard in range(plan.shard_count):
+                found = _read_record(_record_path(out, shard), plan.fingerprint, out)
+                if found is None:
+                    raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
+                headers.append(found[0])
+                records.append(found[1])
+            live = [i for i, h in enumerate(headers) if h["sample_count"]]
+            new_rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
+            if not live:
+                raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
+            source_rows = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
+            counts = [h["sample_count"] for h in (headers[i] for i in live)]
+            keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source_rows)
+            meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
+            ix = old.index
+            old_shards = len(manifest.shards)
+            columns = {
+                "shard": np.concatenate([ix.shard, np.repeat(np.arange(old_shards, old_shards + len(live),
+                                                                       dtype=np.uint32), counts)]),
+                "offset": np.concatenate([ix.offset] + [records[i]["offset"] for i in live]),
+                "size": np.concatenate([ix.size] + [records[i]["size"] for i in live]),
+                "checksum": np.concatenate([ix.checksum] + [records[i]["checksum"] for i in live]),
+                "label": np.concatenate([ix.label, listing.labels[source_rows]]),
+                "width": np.concatenate([ix.width] + [records[i]["width"] for i in live]),
+                "height": np.concatenate([ix.height] + [records[i]["height"] for i in live]),
+                "channels": np.concatenate([ix.channels] + [records[i]["channels"] for i in live]),
+                "image_format": np.concatenate([ix.image_format] + [records[i]["image_format"] for i in live]),
+                "key_offsets": np.concatenate([ix.key_offsets, key_offsets[1:] + ix.key_offsets[-1]]),
+                "keys": np.concatenate([ix.keys, keys]),
+                "meta_offsets": np.concatenate([ix.meta_offsets, meta_offsets[1:] + ix.meta_offsets[-1]]),
+                "meta": np.concatenate([ix.meta, meta]),
+            }
+            shards = list(manifest.shards) + [
+                fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"], checksum=int(headers[i]["checksum"], 16),
+                               sample_count=headers[i]["sample_count"]) for i in live]
+            history = list(manifest.history) or [{
+                "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
+                "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
+            history.append({"generation": generation, "kind": "append", "source": Path(source).name,
+                            "samples": int(len(source_rows)), "shards": len(live), "rejected": len(new_rejected),
+                            "classes": len(classes), "first_shard_number": last_number + 1,
+                            "options": options.to_json()})
+            old_rejected = _previous_rejections(out)
+            build_info = dict(manifest.build)
+            build_info.update(packed=manifest.sample_count + int(len(source_rows)),
+                              rejected=len(old_rejected) + len(new_rejected))
+            old.close()
+            result = commit_dataset(out, columns, shards, classes=classes, codec=manifest.codec,
+                                    alignment=manifest.alignment, build_info=build_info,
+                                    rejected=old_rejected + new_rejected, history=history, cleanup=False)
+        except BaseException:
+            _discard_failed_append(out)
+            raise
         shutil.rmtree(staging, ignore_errors=True)
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result
+
+
+def _discard_failed_append(out: Path) -> None:
+    """After a failed append: remove its staging folder and the new shard files no manifest uses.
+
+    The manifest on disk decides what is kept (the old one, unless the failure came after the
+    commit), so a failure can never cost a sample that a manifest references.
+    """
+    shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
+    try:
+        current = fmt.parse_manifest((out / fmt.MANIFEST_NAME).read_bytes())
+    except (OSError, PackerError):
+        return  # cannot tell what is referenced: keep every file
+    keep = {entry.path for entry in current.shards}
+    for path in (out / fmt.SHARD_DIR).glob("*.pks"):
+        if path.relative_to(out).as_posix() not in keep:
+            path.unlink(missing_ok=True)
 
 
 def _previous_rejections(out: Path) -> list[Rejection]:

@@ -144,6 +144,7 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     source_root = root if root is not None else (source.parent if source.is_file() else source)
     if reuse and plan_path.exists():
         plan = load_plan(plan_path, source_root)
+        _refuse_append_plan(plan, out)
         _check_same_source(plan, source_root)
         if plan.options != options:
             raise BuildError(
@@ -160,6 +161,15 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     except OSError as exc:
         raise _io_error(exc, "saving the build plan", plan_path) from None
     return plan
+
+
+def _refuse_append_plan(plan: BuildPlan, out: Path) -> None:
+    """An interrupted ``packer append`` left its plan here: it must never be finished as a build
+    (that would replace the dataset with only the appended samples)."""
+    if plan.first_shard_number != 0:
+        raise BuildError("the unfinished work in this folder is an interrupted `packer append`, not a build; "
+                         "run the same `packer append` again (it starts over), or build without "
+                         "--resume/--part to replace the dataset", path=out)
 
 
 def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> None:
@@ -546,13 +556,18 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
         report_lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True)]
         report_lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
                          for r in sorted(rejected, key=lambda r: r.key.encode())]
-        write_atomic(out / fmt.REPORT_NAME, [("\n".join(report_lines) + "\n").encode()])
+        # Staged until after the commit point: the dataset in place keeps its own report until
+        # the manifest that replaces it has landed.
+        staged_report = out / STAGING_DIR / fmt.REPORT_NAME
+        staged_report.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(staged_report, [("\n".join(report_lines) + "\n").encode()])
         manifest = fmt.Manifest(
             sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
             shards=tuple(shards), build=build_info, history=tuple(history),
             created_by=f"packer {__version__}")
         write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
+        os.replace(staged_report, out / fmt.REPORT_NAME)
         fsync_dir(out)
     except OSError as exc:
         raise _io_error(exc, "writing the index and manifest", out) from None
@@ -629,6 +644,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     source_path, out_path = Path(source), Path(out)
     if on_error not in ("skip", "fail"):
         raise SourceError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
+    options.check()  # before the output folder or its lock file exist
     if not source_path.exists():
         raise SourceError("source does not exist", path=source_path)
     # --resume continues a build that was replacing a dataset, or that committed and was killed
@@ -664,8 +680,13 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
 
 
 def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
-           root: str | os.PathLike[str] | None = None) -> BuildResult:
-    """Combine the parts of a split build into the dataset (``packer build --finish``)."""
+           root: str | os.PathLike[str] | None = None, *, overwrite: bool = False) -> BuildResult:
+    """Combine the parts of a split build into the dataset (``packer build --finish``).
+
+    Raises:
+        BuildError: no split build here, a part is missing, or the staged plan is an append's.
+        OutputExistsError: a dataset already exists and ``overwrite`` is off.
+    """
     out_path = Path(out)
     plan_path = out_path / STAGING_DIR / PLAN_NAME
     if not plan_path.exists():
@@ -673,7 +694,11 @@ def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     source_root = Path(root) if root is not None else (
         (Path(source).parent if Path(source).is_file() else Path(source)) if source is not None else Path("."))
     with build_lock(out_path):
+        if (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+            raise OutputExistsError("a dataset already exists here; pass --overwrite (as the parts did) to "
+                                    "replace it", path=out_path)
         plan = load_plan(plan_path, source_root)
+        _refuse_append_plan(plan, out_path)
         return finish_build(plan, out_path)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import format as fmt
 from .atomic import write_atomic
-from .errors import BuildError, PackerError
+from .errors import BuildError, PackerError, SourceError
 from .sources import Rejection, SourceListing
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -50,6 +50,31 @@ class BuildOptions:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check(self) -> "BuildOptions":
+        """Refuse impossible options before anything is written (exit code 2, like any usage error).
+
+        Raises:
+            SourceError: naming the option and what is allowed.
+        """
+        from .codecs import get_codec
+
+        if (not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > fmt.MAX_ALIGNMENT
+                or self.alignment & (self.alignment - 1)):
+            raise SourceError(f"--alignment must be a power of two between 1 and {fmt.MAX_ALIGNMENT}, "
+                              f"got {self.alignment}")
+        if not isinstance(self.shard_size, int) or not self.alignment <= self.shard_size < fmt.MAX_FILE_SIZE:
+            raise SourceError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
+                              f"2^62, got {self.shard_size}")
+        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            raise SourceError(f"--max-pixels must be a positive number of pixels, got {self.max_pixels}")
+        if self.validate not in ("header", "full"):
+            raise SourceError(f"--validate must be 'header' or 'full', got {self.validate!r}")
+        try:
+            get_codec(self.codec)
+        except BuildError as exc:
+            raise SourceError(exc.message) from None
+        return self
 
 
 @dataclass

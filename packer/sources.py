@@ -327,8 +327,11 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
             out.reject(where, "bad-manifest-row", "row needs a non-empty 'path' and a 'label'")
             continue
         if isinstance(label, int) or (isinstance(label, str) and _is_int_text(label)):
-            label_kinds.add("int")
             value = int(label)
+            if not -(1 << 63) <= value < (1 << 63):
+                out.reject(where, "bad-manifest-row", f"label {value} does not fit in a signed 64-bit integer")
+                continue
+            label_kinds.add("int")
         elif isinstance(label, str):
             label_kinds.add("name")
             value = class_ids.setdefault(label, len(class_ids))
@@ -343,6 +346,14 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         meta = (json.dumps(meta_obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
                 if meta_obj not in ({}, None) else b"")
         key = rel.replace(os.sep, "/")
+        if "\x00" in rel:
+            out.reject(where, "bad-manifest-row", "path contains a NUL character")
+            continue
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no file name and no valid key
+            out.reject(where, "undecodable-name", "path is not valid Unicode text")
+            continue
         normal = os.path.normpath(rel)
         # Lexical check only (like the folder walk, symlinks are followed): resolving every path
         # with realpath would cost one lstat per path component per row.
@@ -362,7 +373,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         if not stat.S_ISREG(st.st_mode):
             out.reject(key, "not-a-file", "not a regular file")
             continue
-        encoded = key.encode("utf-8", "surrogateescape")
+        encoded = key.encode("utf-8")
         out.add(encoded, st.st_size, value, meta)
         key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
     classes: tuple[str, ...] = ()

@@ -6,8 +6,9 @@ Which to use
 ------------
 * ``PackedDataset`` + ``PackedBatchSampler`` (or ``PackedSampler``, or torch's own
   ``DistributedSampler``): the classic map-style path. The sampler runs in the main process;
-  workers receive batches of indices and read each batch with one coalesced ``read_batch``
-  (``__getitems__``).
+  workers receive batches of indices (``__getitems__``): with the mmap backend they decode
+  straight from zero-copy views of the mapping; with other backends, or with checksums on, or
+  for raw bytes, they read each batch with one coalesced ``read_batch``.
 * ``PackedIterableDataset``: reads the order itself, splitting each rank's batches across the
   DataLoader workers, with whole-block read-ahead for the block shuffle. Use it with
   ``DataLoader(dataset, batch_size=None, ...)``: it yields collated batches.
@@ -243,8 +244,8 @@ class PackedDataset(torch_data.Dataset):
     """A map-style ``torch.utils.data.Dataset`` over a packed dataset: ``ds[i] -> (image, label)``.
 
     See the module docstring for what ``image`` is. ``__getitems__`` (used by the DataLoader
-    when it has a batch sampler or ``batch_size``) reads a whole batch with one coalesced
-    ``read_batch`` before decoding.
+    when it has a batch sampler or ``batch_size``) decodes from zero-copy mmap views, or reads a
+    whole batch with one coalesced ``read_batch`` first (other backends, checksums, raw bytes).
 
     Args:
         source: the dataset folder, or an open ``packer.dataset.Dataset``.
@@ -297,28 +298,35 @@ class PackedDataset(torch_data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         """Samples ``indices``: decoded from zero-copy views with the mmap backend, else read with
         one coalesced ``read_batch`` (a run per contiguous group)."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset
+        n = len(dataset)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+        idx = idx % n if n else idx
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
             # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
             samples = []
             for i in idx.tolist():
-                i = i + len(dataset) if i < 0 else i
                 data = np.frombuffer(dataset.get(i), dtype=np.uint8)
                 pixels = pipeline.pixels(dataset, i, data)
                 samples.append((pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data)),
                                 pipeline.label(dataset, i)))
             return samples
         batch = self.dataset.read_batch(idx)
-        idx = np.where(idx < 0, idx + len(self.dataset), idx)
         samples = []
+        seen: set[int] = set()
         for j, i in enumerate(idx.tolist()):
             start = int(batch.starts[j])
             data = batch.data[start:start + int(batch.sizes[j])]  # a view of the fresh batch buffer
             pixels = pipeline.pixels(self.dataset, i, data)
-            samples.append((pipeline.finish(pipeline.tensor(pixels, owned=True)), pipeline.label(self.dataset, i)))
+            # A repeated index shares its bytes with its first occurrence: copy it, so an in-place
+            # transform of one sample never changes another.
+            samples.append((pipeline.finish(pipeline.tensor(pixels, owned=i not in seen)),
+                            pipeline.label(self.dataset, i)))
+            seen.add(i)
         return samples
 
     def close(self) -> None:
@@ -696,10 +704,12 @@ class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
         out: torch.Tensor | None = None
         items: list[Any] | None = None
         labels = [pipeline.label(dataset, i) for i in indices.tolist()]
+        seen: set[int] = set()  # a repeated index (padding) shares bytes with its first occurrence
         for j, i in enumerate(indices.tolist()):
             start = int(batch.starts[j])
             data = batch.data[start:start + int(batch.sizes[j])]
-            tensor = pipeline.tensor(pipeline.pixels(dataset, i, data), owned=True)
+            tensor = pipeline.tensor(pipeline.pixels(dataset, i, data), owned=i not in seen)
+            seen.add(i)
             if pipeline.transform is not None:
                 tensor = pipeline.finish(tensor)
             if items is None and isinstance(tensor, torch.Tensor):

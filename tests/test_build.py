@@ -241,3 +241,32 @@ def test_gather_blob_in_chunks_matches_python() -> None:
         out, new_offsets = gather_blob(blob, offsets, rows, chunk_rows=chunk_rows)
         assert out.tobytes() == b"".join(pieces[r] for r in rows)
         assert [out[int(a):int(b)].tobytes() for a, b in zip(new_offsets[:-1], new_offsets[1:])] == [pieces[r] for r in rows]
+
+
+def test_a_failing_segmented_build_leaves_no_segment_files(source: Path, tmp_path: Path, monkeypatch) -> None:
+    import packer.build as build_module
+    from packer.errors import BuildError
+
+    (source / "dog" / "broken.jpg").write_bytes(b"not an image")
+    real = build_module.segment_count
+    monkeypatch.setattr(build_module, "segment_count", lambda plan, shard, wanted, min_bytes=1:
+                        real(plan, shard, wanted, min_bytes=1))
+    with pytest.raises(BuildError, match="--on-error fail"):
+        build(source, tmp_path / "out", BuildOptions(shard_size=1 << 30), workers=4, on_error="fail",
+              progress=False)
+    assert not list((tmp_path / "out").rglob("*.partial"))
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_hostile_manifest_rows_are_rejected_not_crashing(source: Path, tmp_path: Path) -> None:
+    rows = [{"path": "cat/000.jpg", "label": 1},
+            {"path": "cat/\u0000.jpg", "label": 1},
+            {"path": "cat/\ud800.jpg", "label": 1},
+            {"path": "cat/001.jpg", "label": 2 ** 70},
+            {"path": "cat/002.jpg", "label": True}]
+    jsonl = tmp_path / "list.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = build(jsonl, tmp_path / "ds", BuildOptions(), root=source, workers=1, progress=False)
+    assert result.sample_count == 1
+    assert sorted(r.reason for r in result.rejected) == ["bad-manifest-row", "bad-manifest-row",
+                                                          "bad-manifest-row", "undecodable-name"]

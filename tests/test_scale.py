@@ -145,3 +145,54 @@ def test_plan_only_then_parts(source: Path, tmp_path: Path) -> None:
     finish(out, source)
     build(source, tmp_path / "single", OPTIONS, workers=1, progress=False)
     assert dataset_files(out) == dataset_files(tmp_path / "single")
+
+
+def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: Path, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    import packer.append as append_module
+    from packer.build import STAGING_DIR
+    from packer.errors import OutputExistsError
+
+    ds_path = tmp_path / "ds"
+    build(source, ds_path, OPTIONS, workers=1, progress=False)
+    before = {p.name for p in (ds_path / "shards").iterdir()}
+    new = tmp_path / "new"
+    write_images(new, {"zebra": 4}, seed=4)
+
+    def broken_commit(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(append_module, "commit_dataset", broken_commit)
+    with pytest.raises(OSError):
+        append(ds_path, new, workers=1, progress=False)
+    assert not (ds_path / STAGING_DIR).exists()  # no plan left behind for --finish/--resume
+    assert {p.name for p in (ds_path / "shards").iterdir()} == before  # its new shards are gone
+    assert len(open_dataset(ds_path, verify_checksums=True)) == 22
+    with pytest.raises(BuildError, match="no split build"):
+        finish(ds_path, new)
+    # a plan from an append that was killed (no chance to clean up) is refused too
+    monkeypatch.undo()
+    import packer.plan as plan_module
+    listing = __import__("packer.sources", fromlist=["list_source"]).list_source(new)
+    plan = plan_module.make_plan(listing, OPTIONS, first_shard_number=9)
+    (ds_path / STAGING_DIR / "done").mkdir(parents=True)
+    plan_module.save_plan(plan, ds_path / STAGING_DIR / "plan.pkp")
+    with pytest.raises(OutputExistsError):
+        finish(ds_path, new)
+    with pytest.raises(BuildError, match="interrupted `packer append`"):
+        finish(ds_path, new, overwrite=True)
+    with pytest.raises(BuildError, match="interrupted `packer append`"):
+        build(new, ds_path, OPTIONS, resume=True, workers=1, progress=False)
+    assert len(open_dataset(ds_path, verify_checksums=True)) == 22
+
+
+def test_generations_are_numbered_one_by_one(source: Path, tmp_path: Path) -> None:
+    ds_path = tmp_path / "ds"
+    build(source, ds_path, OPTIONS, workers=1, progress=False)
+    for n in range(2):
+        new = tmp_path / f"new{n}"
+        write_images(new, {f"extra{n}": 2}, seed=10 + n)
+        append(ds_path, new, workers=1, progress=False)
+    history = open_dataset(ds_path).manifest.history
+    assert [h["generation"] for h in history] == [0, 1, 2]
+    assert [h["options"]["seed"] for h in history[1:]] == [OPTIONS.seed + 1, OPTIONS.seed + 2]

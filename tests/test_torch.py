@@ -299,3 +299,27 @@ def test_backends_accept_unaligned_willneed_ranges(packed: Path, backend: str) -
     shard.advise_willneed(1000, 5000)
     shard.advise_willneed(0, shard.size)
     shard.advise_willneed(shard.size - 10, 100)  # clipped at the end of the file
+
+
+def test_getitems_checks_range_and_never_aliases_repeated_samples(tmp_path) -> None:
+    from PIL import Image
+
+    from packer.build import build
+    from packer.plan import BuildOptions
+    from packer.torch import PackedDataset
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        for k in range(3):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "src" / c / f"{k}.png")
+    build(tmp_path / "src", tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    for decode in (True, False):
+        ds = PackedDataset(tmp_path / "ds", decode=decode)
+        with pytest.raises(IndexError):
+            ds.__getitems__([0, -7])
+        assert torch.equal(ds.__getitems__([-1])[0][0], ds[5][0])
+        first, second, _ = ds.__getitems__([3, 3, 4])
+        before = second[0].clone()
+        first[0].view(-1)[:4].add_(7)
+        assert torch.equal(second[0], before)

@@ -19,7 +19,7 @@ def parse_size(text: str) -> int:
         number, unit = cleaned[:-1], cleaned[-1]
     try:
         return int(float(number) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):
         raise click.BadParameter(f"{text!r} is not a size like 512M, 1G or 4096") from None
 
 
@@ -81,7 +81,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
 
     def body() -> int:
         if finish_only:
-            result = finish(out, source, root)
+            result = finish(out, source, root, overwrite=overwrite)
         else:
             result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
                            on_error=on_error, root=root, part=parse_part(part) if part else None,

@@ -75,7 +75,8 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
     order with ``copy_file_range``: the bytes are the same as a single writer's, so the output
     does not depend on the number of workers.
     """
-    from ..build import PLAN_NAME, STAGING_DIR, assemble_shard, pack_planned_shard, segment_count, shard_is_done
+    from ..build import (PLAN_NAME, STAGING_DIR, TEMP_DIR, assemble_shard, pack_planned_shard, segment_count,
+                         shard_is_done)
 
     workers = default_workers() if workers is None else max(1, workers)
     if workers == 1:
@@ -106,7 +107,7 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
             else:
                 pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
                                for k in range(segments[shard]))
-        finished: dict[int, list[Any]] = {}
+        finished: dict[int, list[Any]] = {}  # shard -> its packed segments, until all are in
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
@@ -123,9 +124,13 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
             for future in pending:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-            for parts in finished.values():  # segments of shards that will not be assembled
-                for part in parts:
-                    Path(part.path).unlink(missing_ok=True)
+            # Segments of shards that will not be assembled, whoever wrote them (finished,
+            # finished in the same wait, or still running at shutdown): this run owns these shards.
+            temp_dir = out / STAGING_DIR / TEMP_DIR
+            for shard, count in segments.items():
+                if count > 1:
+                    for path in temp_dir.glob(f"shard-{shard:05d}.seg-*.partial"):
+                        path.unlink(missing_ok=True)
             raise
         finally:
             _drain(progress_queue, progress)

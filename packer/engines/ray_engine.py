@@ -18,17 +18,26 @@ from ..plan import BuildPlan
 
 __all__ = ["run_with_ray"]
 
-_plans: dict[str, BuildPlan] = {}
+_plans: dict[tuple[str, int], BuildPlan] = {}
 
 
-def _pack_remote(plan_path: str, root: str, out: str, shard: int, fail_on_reject: bool) -> tuple[int, int]:
+def _pack_remote(plan_path: str, fingerprint: int, root: str, out: str, shard: int,
+                 fail_on_reject: bool) -> tuple[int, int]:
     """Body of one Ray task: returns (files handled, payload bytes packed)."""
     from ..build import pack_planned_shard
+    from ..errors import BuildError
     from ..plan import load_plan
 
-    plan = _plans.get(plan_path)
-    if plan is None:  # one plan load per Ray worker process, reused by its later tasks
-        plan = _plans[plan_path] = load_plan(Path(plan_path), Path(root))
+    # One plan load per Ray worker process and plan: a later build into the same folder (same
+    # path, new plan) must never be packed with a cached older plan.
+    plan = _plans.get((plan_path, fingerprint))
+    if plan is None:
+        plan = load_plan(Path(plan_path), Path(root))
+        if plan.fingerprint != fingerprint:
+            raise BuildError("the build plan changed while its tasks were running (another build into "
+                             "this folder?)", path=plan_path)
+        _plans.clear()
+        _plans[(plan_path, fingerprint)] = plan
     counts = [0, 0]
 
     def tally(files: int, nbytes: int) -> None:
@@ -59,8 +68,8 @@ def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: s
     try:
         task = ray.remote(max_retries=max_retries, retry_exceptions=False)(_pack_remote)
         plan_path = str((out / STAGING_DIR / PLAN_NAME).resolve())
-        pending = [task.remote(plan_path, str(Path(plan.listing.root).resolve()), str(out.resolve()), shard,
-                               fail_on_reject) for shard in shard_ids]
+        pending = [task.remote(plan_path, plan.fingerprint, str(Path(plan.listing.root).resolve()),
+                               str(out.resolve()), shard, fail_on_reject) for shard in shard_ids]
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
             for ref in done:
