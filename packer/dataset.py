@@ -413,28 +413,11 @@ class Dataset(DatasetIndex):
         run_last = np.append(run_first[1:], len(unique)) - 1
         run_start = offsets[run_first]
         run_bytes = offsets[run_last] + sizes[run_last] - run_start
-        if self.manifest.alignment % _PAGE == 0:
-            # Whole pages: the run's tail padding is in the file (zeros), and page-sized reads into
-            # page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
-            run_bytes = (run_bytes + (_PAGE - 1)) // _PAGE * _PAGE
-        # Each run lands at a page-aligned position of one page-aligned buffer.
-        run_pos = np.zeros(len(run_first) + 1, dtype=np.int64)
-        np.cumsum((run_bytes + (_PAGE - 1)) // _PAGE * _PAGE, out=run_pos[1:])
-        data = _aligned_buffer(int(run_pos[-1]))
         run_shard = shard_of[run_first]
-        for shard in np.unique(run_shard).tolist():  # one backend lookup per shard, not per run
-            backend = self.shard(shard)
-            runs = np.flatnonzero(run_shard == shard)
-            starts, positions, lengths = (run_start[runs].tolist(), run_pos[runs].tolist(),
-                                          run_bytes[runs].tolist())
-            source = getattr(backend, "array", None)
-            if source is not None:  # mmap: memoryview slice copies, ~10x cheaper than a call per run
-                source_view, target_view = memoryview(source), memoryview(data)
-                for start, position, length in zip(starts, positions, lengths):
-                    target_view[position:position + length] = source_view[start:start + length]
-            else:
-                for start, position, length in zip(starts, positions, lengths):
-                    backend.read_into(start, data[position:position + length])
+        if self.backend_name == "mmap":
+            data, run_pos = self._gather_mapped(run_shard, run_start, run_bytes)
+        else:
+            data, run_pos = self._read_runs(run_shard, run_start, run_bytes)
         unique_starts = run_pos[run_ids] + (offsets - run_start[run_ids])
         where = np.searchsorted(unique, idx)
         batch = Batch(data=data, starts=unique_starts[where], sizes=sizes[where])
@@ -443,6 +426,41 @@ class Dataset(DatasetIndex):
                 fmt.verify_checksum(batch[j], int(ix.checksum[i]), sample=i,
                                     path=self.manifest.shards[int(ix.shard[i])].path)
         return batch
+
+    def _gather_mapped(self, run_shard: np.ndarray, run_start: np.ndarray, run_bytes: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """mmap: join the runs' zero-copy slices with one ``bytearray.join`` (a C loop of memcpy).
+
+        No alignment games here: the page cache is already in memory, and a Python loop of
+        slice assignments costs ~3x more per run than building the list of slices.
+        """
+        views: dict[int, memoryview] = {}
+        for shard in np.unique(run_shard).tolist():
+            views[shard] = memoryview(self.shard(shard).array)
+        pieces = [views[shard][start:start + length] for shard, start, length
+                  in zip(run_shard.tolist(), run_start.tolist(), run_bytes.tolist())]
+        run_pos = np.zeros(len(run_bytes) + 1, dtype=np.int64)
+        np.cumsum(run_bytes, out=run_pos[1:])
+        return np.frombuffer(bytearray().join(pieces), dtype=np.uint8), run_pos
+
+    def _read_runs(self, run_shard: np.ndarray, run_start: np.ndarray, run_bytes: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Other backends: one ``read_into`` per run into one page-aligned buffer."""
+        if self.manifest.alignment % _PAGE == 0:
+            # Whole pages: the run's tail padding is in the file (zeros), and page-sized reads into
+            # page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
+            run_bytes = (run_bytes + (_PAGE - 1)) // _PAGE * _PAGE
+        # Each run lands at a page-aligned position of one page-aligned buffer.
+        run_pos = np.zeros(len(run_bytes) + 1, dtype=np.int64)
+        np.cumsum((run_bytes + (_PAGE - 1)) // _PAGE * _PAGE, out=run_pos[1:])
+        data = _aligned_buffer(int(run_pos[-1]))
+        for shard in np.unique(run_shard).tolist():  # one backend lookup per shard, not per run
+            backend = self.shard(shard)
+            runs = np.flatnonzero(run_shard == shard)
+            for start, position, length in zip(run_start[runs].tolist(), run_pos[runs].tolist(),
+                                               run_bytes[runs].tolist()):
+                backend.read_into(start, data[position:position + length])
+        return data, run_pos
 
     def close(self) -> None:
         for backend in self._open.values():
