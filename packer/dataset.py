@@ -27,8 +27,8 @@ import numpy as np
 
 from . import format as fmt
 from .backends import ShardBackend, open_backend
-from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError,
-                     OffsetOutOfBoundsError, PackerError, TruncatedFileError, UnsafePathError)
+from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, PackerError,
+                     TruncatedFileError, UnsafePathError)
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset"]
 

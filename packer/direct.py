@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (DatasetChangedError, DirectIOUnsupportedError, MisalignedRecordError, OffsetOutOfBoundsError, PackerError,
-                     TruncatedFileError)
+from .errors import (DatasetChangedError, DirectIOUnsupportedError, MisalignedRecordError,
+                     OffsetOutOfBoundsError, TruncatedFileError)
 
 __all__ = ["DIRECT_BLOCK", "DEFAULT_BOUNCE_BYTES", "DirectShard", "DirectIOUnsupportedError",
            "aligned_empty", "buffer_address", "is_aligned"]

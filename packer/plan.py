@@ -15,8 +15,6 @@ sample larger than the target gets a shard of its own. Planned shard ``i`` is wr
 from __future__ import annotations
 
 import json
-import mmap
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from . import cli, emit_json, run_command
-from ..plan import DEFAULT_SHARD_SIZE, BuildOptions
+from ..plan import BuildOptions
 
 
 def parse_size(text: str) -> int:
