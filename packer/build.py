@@ -39,6 +39,7 @@ from .codecs import get_codec
 from .errors import (BuildError, BuildLockedError, OutputExistsError, PackerError, RejectedImageError,
                      SourceError)
 from .imageinfo import probe_image
+from .progress import ListingProgress
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
 from .sources import Rejection, gather_blob, list_source
 
@@ -133,7 +134,7 @@ def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
 
 
 def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
-                 reuse: bool = True) -> BuildPlan:
+                 reuse: bool = True, progress: bool = False) -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
 
     Raises:
@@ -152,7 +153,8 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
                 f"(saved {plan.options.to_json()}, asked {options.to_json()}); use the same options, "
                 f"or build without --resume to start over", path=out)
         return plan
-    listing = list_source(source, root)
+    with ListingProgress(enabled=progress) as counter:
+        listing = list_source(source, root, progress=counter.update)
     plan = make_plan(listing, options, source=source.name)
     try:
         staging.mkdir(parents=True, exist_ok=True)
@@ -663,7 +665,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         staging = out_path / STAGING_DIR
         if not split and not resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
-        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split)
+        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
+                            progress=progress)
         if plan_only:
             return None
         if not split:

@@ -8,7 +8,29 @@ from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["BuildProgress"]
+__all__ = ["BuildProgress", "ListingProgress"]
+
+
+class ListingProgress:
+    """A counter bar (no total) while the source is listed; a no-op when disabled."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self._bar: Any = None
+        if enabled:
+            self._bar = tqdm(desc="listing", unit=" files", file=sys.stderr, dynamic_ncols=True, delay=1.0)
+        self._shown = 0
+
+    def update(self, seen: int) -> None:
+        if self._bar is not None:
+            self._bar.update(seen - self._shown)
+            self._shown = seen
+
+    def __enter__(self) -> "ListingProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 class BuildProgress:
