@@ -484,8 +484,3 @@ def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | N
         return list_manifest(path, root, progress=progress)
     return list_image_folder(path, progress=progress)
 
-
-def read_source_file(root: Path, key: str) -> bytes:
-    """Read one listed file (the packer's only source read)."""
-    with open(root / key, "rb") as handle:
-        return handle.read()

@@ -46,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pagecache import evict  # noqa: E402
 
 MODES = ("chunks", "sequential", "block", "random")
 BACKENDS = ("mmap", "pread", "direct")
@@ -89,21 +90,6 @@ def resident_fraction(paths: list[Path]) -> float:
             resident += sum(byte & 1 for byte in vector)
             total += pages
     return resident / total if total else 0.0
-
-
-def evict(paths: list[Path], drop_caches: bool) -> None:
-    """Remove the files' pages from the page cache (or the whole cache with ``drop_caches``)."""
-    os.sync()
-    if drop_caches:
-        with open("/proc/sys/vm/drop_caches", "w") as handle:
-            handle.write("3\n")
-        return
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def warm(paths: list[Path]) -> None:
@@ -282,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                     residency = []
                     for repeat in range(args.repeats):
                         if cache == "cold":
-                            evict(shard_paths, args.drop_caches)
+                            if not evict(shard_paths, whole_cache=args.drop_caches):
+                                sys.exit("cannot evict the shards from the page cache (--drop-caches needs root)")
                         residency.append(resident_fraction(shard_paths))
                         if mode == "chunks":
                             measured = run_chunks(dataset, backend, chunk, threads)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_sample  # noqa: E402
+from pagecache import drop_all  # noqa: E402
 
 
 def read_all(root: Path, workers: int) -> float:
@@ -52,16 +53,6 @@ def run_build(root: Path, out: Path, workers: int, *extra: str) -> float:
     return time.perf_counter() - start
 
 
-def drop_caches() -> bool:
-    try:
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as handle:
-            handle.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=3000)
@@ -86,12 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             ("packer build --validate full",
              lambda: run_build(images, out, args.workers, "--shard-size", args.shard_size, "--validate", "full")),
         ):
-            if cold and not drop_caches():
+            if cold and not drop_all():
                 print("cannot drop the page cache (not root?): skipping the cold round")
                 break
             runner()  # warm-up (and page-cache fill for the warm round)
             if cold:
-                drop_caches()
+                drop_all()
             seconds = runner()
             rows.append((label, name, seconds))
     total = sum(p.stat().st_size for p in images.rglob("*") if p.is_file())

@@ -33,6 +33,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import make_sample  # noqa: E402
+from pagecache import evict  # noqa: E402
 
 from packer.build import build  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
@@ -43,22 +44,6 @@ from packer.verify import CHUNK_SIZE, verify  # noqa: E402
 def dataset_files(folder: Path) -> list[Path]:
     with open_index(folder) as index:
         return [folder / entry.path for entry in index.manifest.shards]
-
-
-def evict(files: list[Path], global_drop: bool) -> None:
-    """Push the files out of the page cache so the next read comes from the device."""
-    if global_drop:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as handle:
-            handle.write("3\n")
-        return
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def resident_fraction(files: list[Path]) -> float | None:
@@ -139,7 +124,8 @@ def main() -> None:
         for cache in ("cold", "warm"):
             for name, body in modes.items():
                 if cache == "cold":
-                    evict(files, args.drop_caches)
+                    if not evict(files, whole_cache=args.drop_caches):
+                        sys.exit("cannot evict the dataset from the page cache (--drop-caches needs root)")
                     fraction = resident_fraction(files)
                     if fraction is not None:
                         residency.append(fraction)

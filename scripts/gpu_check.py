@@ -43,6 +43,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+from pagecache import evict  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 RESULTS: dict[str, Any] = {"sections": {}, "errors": []}
@@ -103,22 +104,6 @@ def filesystem_of(path: Path) -> str:
     except OSError:
         pass
     return f"{best[1]} ({best[0]} on {best[2]})"
-
-
-def drop_cache(paths: list[str]) -> bool:
-    """Evict the files from the page cache (clean pages): reads after this come from the disk."""
-    ok = True
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        except OSError:
-            ok = False
-    return ok
 
 
 def gbps(nbytes: float, seconds: float) -> float | None:
@@ -293,7 +278,7 @@ def block_reads(raw_path: str, gpu: bool, seconds_each: float, max_bytes: int) -
         if kv is not None:
             runs.insert(0, ("kvikio", kvikio_run))
         for name, fn in runs:
-            row["cold"] = drop_cache(paths)
+            row["cold"] = evict(paths)
             nbytes, seconds = fn()
             row[name] = gbps(nbytes, seconds)
         if "kvikio" in row and row.get("pread+memcpy"):
@@ -349,7 +334,7 @@ def raw_batches(raw_path: str, gpu: bool, seconds_each: float, batch_size: int) 
         row: dict[str, Any] = {"variant": name}
         try:
             with GpuRawBatches(raw_path, batch_size, order="block", seed=0, **kwargs) as loader:
-                row["cold"] = drop_cache(paths)
+                row["cold"] = evict(paths)
                 row.update(_time_loader(loader, seconds_each, per_image))
         except Exception as exc:  # noqa: BLE001 - e.g. kvikio missing: report and go on
             row["error"] = f"{type(exc).__name__}: {exc}"
