@@ -2,12 +2,26 @@
 
 A codec is named in the build options as ``name`` or ``name:key=value,...`` (the *codec spec*,
 ``BuildOptions.codec``) and recorded in the manifest's ``codec`` object with every parameter, so
-readers know what the payload bytes are. Three codecs exist:
+readers know what the payload bytes are. Four codecs exist:
 
 ``passthrough`` (the default)
     Stores the source file's bytes verbatim: no decoding, no quality loss. ``image_format``,
     ``width``, ``height`` and ``channels`` in the index describe the source file. Takes no options.
     Manifest: ``{"name": "passthrough"}``.
+
+``tiled`` — lossless, faster random crops
+    Baseline JPEGs are rewritten by ``packer.tiles.transcode``: the same DCT coefficients (every
+    decoder shows exactly the same pixels), with a restart marker after every tile of 16 pixels
+    or so, re-optimised Huffman tables and a table of tile lengths in APP9 segments, so that
+    ``packer.transforms.RandomResizedCrop`` decodes only the tiles under its crop
+    (formats/SPEC.md, "Tiled JPEG"). Sizes stay within a few per cent of the source's (the
+    optimised tables usually pay for the markers). Everything else is stored as is, like
+    ``passthrough``: other formats, and JPEGs that cannot be tiled losslessly (progressive,
+    arithmetic-coded, 12-bit, multi-scan) or that the transcoder finds damaged. The index's
+    ``image_format``/``width``/``height``/``channels`` describe the image, unchanged. Takes no
+    options; needs the compiled ``packer._jpegtiles`` (built at install with a C compiler) to
+    *build*, nothing extra to read. Costs about 3.4 ms of CPU per 110 KB JPEG at build time.
+    Manifest: ``{"name": "tiled", "version": 1}``.
 
 ``jpeg`` — re-encoded JPEG, e.g. ``jpeg:max_size=256,quality=90``
     Decodes the source, shrinks it so its longer side (``side=longer``, the default) or its
@@ -79,7 +93,7 @@ from .format import ImageFormat, align_up
 from .imageinfo import ImageInfo
 
 __all__ = [
-    "Codec", "PassthroughCodec", "JpegCodec", "RawCodec", "CODECS", "get_codec",
+    "Codec", "PassthroughCodec", "TiledCodec", "JpegCodec", "RawCodec", "CODECS", "get_codec",
     "parse_codec_spec", "format_codec_spec", "merge_codec_options", "raw_sample_shape",
     "raw_sample_stride", "raw_batch_view", "raw_samples_view",
 ]
@@ -243,6 +257,44 @@ class PassthroughCodec:
 
     def manifest_entry(self) -> dict[str, Any]:
         return {"name": self.name}
+
+    def estimate_sizes(self, source_sizes: np.ndarray) -> np.ndarray:
+        return np.asarray(source_sizes, dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class TiledCodec:
+    """Stores baseline JPEGs losslessly re-tiled (``packer.tiles``), everything else as is."""
+
+    name: str = "tiled"
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    # The probe has already applied the build's --max-pixels; this only bounds the transcoder.
+    _MAX_PIXELS: ClassVar[int] = MAX_SIDE * MAX_SIDE
+
+    @classmethod
+    def from_options(cls, params: Mapping[str, str]) -> "TiledCodec":
+        from .tiles import transcoder_available
+
+        _check_keys("tiled", params, cls.OPTIONS)
+        if not transcoder_available():
+            raise BuildError("codec 'tiled' needs packer's compiled extension packer._jpegtiles, "
+                             "which was not built when packer was installed (no C compiler?); "
+                             "reinstall packer where a C compiler is available")
+        return cls()
+
+    def encode(self, data: bytes, info: ImageInfo, *, name: str = "") -> tuple[bytes, ImageInfo]:
+        """The tiled JPEG, or ``data`` itself when it is not a JPEG that can be tiled."""
+        from .tiles import transcode
+
+        if info.image_format != ImageFormat.JPEG:
+            return data, info
+        try:
+            return transcode(data, max_pixels=self._MAX_PIXELS), info
+        except ValueError:  # progressive, arithmetic, 12-bit, damaged: a valid file kept as is
+            return data, info
+
+    def manifest_entry(self) -> dict[str, Any]:
+        return {"name": self.name, "version": 1}
 
     def estimate_sizes(self, source_sizes: np.ndarray) -> np.ndarray:
         return np.asarray(source_sizes, dtype=np.uint64)
@@ -431,7 +483,8 @@ class RawCodec:
 
 
 #: Codec name -> class; each class has ``from_options(params)``.
-CODECS: dict[str, Any] = {"passthrough": PassthroughCodec, "jpeg": JpegCodec, "raw": RawCodec}
+CODECS: dict[str, Any] = {"passthrough": PassthroughCodec, "tiled": TiledCodec, "jpeg": JpegCodec,
+                          "raw": RawCodec}
 
 
 # --- codec specs -------------------------------------------------------------------------------

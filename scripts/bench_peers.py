@@ -18,16 +18,17 @@ skipped.
 What one run does:
 
 1. Writes ``--images`` JPEGs of about 110 KB (500x375, ImageNet-like) with
-   ``make_sample.make_big_folder``, packs them with ``packer build``, and writes the same files
-   as webdataset tar shards (shuffled, as webdataset recommends). All three are read once first,
-   so every measurement below runs from the page cache.
+   ``make_sample.make_big_folder``, packs them with ``packer build`` three times (as they are;
+   ``--codec tiled``, the same pixels; and re-encoded with shorter side 256, *different* bytes),
+   and writes the same files as webdataset tar shards (shuffled, as webdataset recommends).
+   Everything is read once first, so every measurement below runs from the page cache.
 2. **Training-style**: the same DataLoader settings (``--workers``, ``--batch-size``, random
    order) and the same augmentation for everyone (random-resized-crop 224 + horizontal flip,
    uint8 output): torchvision ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``
    + ``PILToTensor``; webdataset (``decode("pil")`` + the same torchvision transforms, shuffle
    buffer 1000); packer ``PackedDataset(decode=RandomResizedCrop(224), layout="HWC")`` with
-   ``PackedBatchSampler`` (random; mmap and pread backends), and ``PackedIterableDataset``
-   (block shuffle). The loaders run in ``--rounds`` interleaved rounds (so background load hits
+   ``PackedBatchSampler`` (random; mmap and pread backends; the tiled and re-encoded datasets),
+   and ``PackedIterableDataset`` (block shuffle). The loaders run in ``--rounds`` interleaved rounds (so background load hits
    all of them alike); the table shows the best round's images/s, images per CPU-second over
    all rounds (workers + main process, from ``/proc``: the per-core efficiency, which barely
    moves when other processes share the cores), and each worker's PSS, with and without the
@@ -39,7 +40,8 @@ What one run does:
    (written straight in the format by ``bench_memory.make_synthetic_dataset``): median
    ``open_dataset`` time and ``read_batch`` samples/s (random and sequential).
 5. **Where the time goes**: a per-stage breakdown of packer's fused decode (read, header,
-   decode, crop + resize, flip, batch copy) and of the ImageFolder path (file read, PIL decode,
+   tile window, decode, crop + resize, flip, batch copy; pass-through and tiled) and of the
+   ImageFolder path (file read, PIL decode,
    crop + resize, flip, to tensor, collate), in ms per image, one process.
 6. With ``--choices``: the measurements behind ``packer/transforms.py``'s choices (decoder
    options and DCT scales, resize implementations, flip, and what region decoding could save).
@@ -100,8 +102,11 @@ def ensure_packed(src: Path, out: Path, count: int, workers: int, codec: str = "
     from packer.plan import BuildOptions
 
     manifest = out / "manifest.json"
-    if manifest.exists() and json.loads(manifest.read_text()).get("sample_count") == count:
-        return out, None
+    if manifest.exists():
+        existing = json.loads(manifest.read_text())
+        if (existing.get("sample_count"), existing.get("codec", {}).get("name")) == (
+                count, codec.split(":")[0]):
+            return out, None
     started = time.perf_counter()
     build(src, out, BuildOptions(codec=codec), workers=workers, overwrite=True, progress=False)
     return out, time.perf_counter() - started
@@ -495,17 +500,20 @@ def million(out: Path, samples: int) -> dict[str, float] | None:
 # --- where the time goes ------------------------------------------------------------------------
 
 def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
-    """ms per image of each stage of the fused decode, as RandomResizedCrop runs it."""
+    """ms per image of each stage of the fused decode, as RandomResizedCrop runs it (for a tiled
+    dataset, with the tile window cut out and decoded instead of the whole image)."""
     import simplejpeg
     import torch
 
     from packer.dataset import open_dataset
+    from packer.tiles import read_layout, window_jpeg, window_margin
     from packer.transforms import RandomResizedCrop, _dct_scale
     transform = RandomResizedCrop(224, resize_backend="torch")
     dataset = open_dataset(packed)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(dataset))[:count]
-    stages = dict.fromkeys(["read (read_batch)", "header", "crop params", "decode (simplejpeg)",
+    stages = dict.fromkeys(["read (read_batch)", "header", "crop params",
+                            "tile window (read_layout + window_jpeg)", "decode (simplejpeg)",
                             "crop + resize (torch AA bilinear)", "flip + copy into the batch",
                             "to tensor"], 0.0)
     for begin in range(0, len(order), batch):
@@ -522,6 +530,14 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
             box, flip = transform._box(width, height, rng)
             m = _dct_scale(box[2] - box[0], box[3] - box[1], transform.size)
             t2 = time.perf_counter()
+            layout, x, y = read_layout(view), 0, 0
+            if layout is not None:
+                window = layout.window(*box, window_margin(m))
+                view, x, y = window_jpeg(view, layout, *window)
+                width = min(window[1] * layout.tile_width, layout.width) - x
+                height = min(window[3] * layout.tile_height, layout.height) - y
+                box = (box[0] - x, box[1] - y, box[2] - x, box[3] - y)
+            t2b = time.perf_counter()
             kwargs = {} if m == 8 else {"min_width": math.ceil(width * m / 8),
                                         "min_height": math.ceil(height * m / 8)}
             pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=True, **kwargs)
@@ -540,7 +556,8 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
             t5 = time.perf_counter()
             stages["header"] += t1 - t0
             stages["crop params"] += t2 - t1
-            stages["decode (simplejpeg)"] += t3 - t2
+            stages["tile window (read_layout + window_jpeg)"] += t2b - t2
+            stages["decode (simplejpeg)"] += t3 - t2b
             stages["crop + resize (torch AA bilinear)"] += t4 - t3
             stages["flip + copy into the batch"] += t5 - t4
         t = time.perf_counter()
@@ -737,9 +754,12 @@ def main(argv: list[str] | None = None) -> int:
     # packer's advice for decode-bound training at 224 px: re-encode once, shorter side 256
     small, _ = ensure_packed(src, args.out / "packed-jpeg256", args.images, args.workers,
                              codec=SMALL_CODEC)
+    # the same images, losslessly re-tiled so a crop decodes only its own tiles (same pixels)
+    tiled, _ = ensure_packed(src, args.out / "packed-tiled", args.images, args.workers,
+                             codec="tiled")
     shards = ensure_wds(files, src, args.out / "wds", max(8, 2 * args.workers)) if has_wds else None
     warmed = warm(files) + warm(sorted((args.out / "packed").rglob("*.*")))
-    warmed += warm(sorted(small.rglob("*.*")))
+    warmed += warm(sorted(small.rglob("*.*"))) + warm(sorted(tiled.rglob("*.*")))
     warmed += warm(shards or [])
     mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1024
     print(f"data: {len(files)} JPEGs of {mean_kb:.0f} KB on average; packed"
@@ -761,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
             packed, args.workers, args.batch_size, backend="pread")))
         runs.append(("packer iterable (block)", lambda: loader_packer_iterable(
             packed, args.workers, args.batch_size)))
+        runs.append(("packer map (tiled, random)", lambda: loader_packer_map(
+            tiled, args.workers, args.batch_size)))
         runs.append(("packer map, re-encoded 256*", lambda: loader_packer_map(small, args.workers,
                                                                             args.batch_size)))
         train = measure_training(runs, rounds=args.rounds, warmup=args.warmup,
@@ -779,8 +801,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== where the time goes (one process, ms per image)", file=sys.stderr)
     prof_packer = profile_packer(packed, args.profile_images, args.batch_size)
+    prof_tiled = profile_packer(tiled, args.profile_images, args.batch_size)
     prof_folder = profile_imagefolder(src, args.profile_images, args.batch_size)
-    results["profile"] = {"packer": prof_packer, "imagefolder": prof_folder}
+    results["profile"] = {"packer": prof_packer, "packer_tiled": prof_tiled,
+                          "imagefolder": prof_folder}
     if args.choices:
         results["choices"] = choices(files)
 
@@ -841,7 +865,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{big['batched_random_per_s']:,.0f}/s"))
     lines.append("")
     lines.append("where the time goes (ms per image, one process):")
-    for title, prof in (("packer fused decode", prof_packer), ("ImageFolder + PIL", prof_folder)):
+    for title, prof in (("packer fused decode", prof_packer),
+                        ("packer fused decode, tiled codec", prof_tiled),
+                        ("ImageFolder + PIL", prof_folder)):
         total = sum(prof.values())
         lines.append(f"  {title}: {total:.2f} ms")
         for stage, ms in prof.items():

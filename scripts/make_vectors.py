@@ -737,6 +737,133 @@ def _check_invalid(folder: Path, expected: dict[str, str]) -> None:
     raise AssertionError("read every sample without error")
 
 
+# --- tiled JPEG (section 13) -------------------------------------------------------------------
+
+#: Two small baseline JPEGs (made once with simplejpeg, quality 75; frozen here as bytes): 48x32
+#: with 4:2:0 chroma (16x16 MCUs, one per tile) and 40x24 with 4:4:4 (8x8 MCUs, five per tile).
+TILED_SOURCES = {
+    "color420-48x32": bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300080606070605080707070909080a0c140d0c0b0b0c1912"
+    "130f141d1a1f1e1d1a1c1c20242e2720222c231c1c2837292c30313434341f27393d38323c2e333432ffdb0043010909"
+    "090c0b0c180d0d1832211c21323232323232323232323232323232323232323232323232323232323232323232323232"
+    "3232323232323232323232323232ffc00011080020003003012200021101031101ffc4001f0000010501010101010100"
+    "000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d010203000411051221"
+    "31410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a3435363738393a"
+    "434445464748494a535455565758595a636465666768696a737475767778797a838485868788898a9293949596979899"
+    "9aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1"
+    "f2f3f4f5f6f7f8f9faffc4001f0100030101010101010101010000000000000102030405060708090a0bffc400b51100"
+    "020102040403040705040400010277000102031104052131061241510761711322328108144291a1b1c109233352f015"
+    "6272d10a162434e125f11718191a262728292a35363738393a434445464748494a535455565758595a63646566676869"
+    "6a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4"
+    "c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000c03010002110311003f00f2"
+    "e86cca3fc8a1995b19ce403c75cf1efdaa592058dfca01f62f04120e32700fe27f415b46da4892658bcadec02e06386e"
+    "9db00f4247b7a524762269118ee03e653839ed8c107d87f2c7435f459ae7aa2bd8517fd7f5ea70e0b15af319096866cc"
+    "91a49d380d8ceeee0639ebf8fe75a967a69de7f76319f94ee3cfa7f8fe3deb6ac74a58d657894499dbfc38c743918ebe"
+    "a7a56b47a6c7949485040030a3391cf272781c9fd39e2bcecbf0b7fdfd67f79f4d85cc13b24f4316dec8ac4bba33bc01"
+    "d010a7b7f9e7f954cb0e58ac8a0b85041dd9dc3a67a71d3f2fceb5cc0c9046b06d119185dd96c124679fcb1edf5a9069"
+    "be736f10bc6ae40562305464756f43fcfa74ae6ce33c8b6e8513e93058bee6245624be4ee5763b573f45279e9c1e38ad"
+    "8b3d1bcf04843e61c22e1304f5ce3271d4fe59c56b5b69230778dbdd71d720f4f7fafd3a76d3fb1b22950c6307024214"
+    "f23ae7f5eded5c197e15cbf7d599f84d0cc7a232e3b36825198d03b00a46c1807a8cfbf3fcbad2ac28494c2f94ed820f"
+    "20e463a63fcf3f8eccb6a19c34a3729273c01c13d3a73d71d0fa5482d19a4dd2297000209e08fe9efebc57366d9f3fe0"
+    "50fc0fa2c0e22c644164b2396403905b714046080d91ebff00d6eb5a76ba466448873d4819e3038cf4e98e6b62d74d57"
+    "6cb404e400847cd8e4e3af503038f63d2b522b28a089c8466908e41ee0e3a8ebfd79ae2cbf0d6fdf5667d3e1f31be88f"
+    "ffd9"),
+    "color444-40x24": bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300080606070605080707070909080a0c140d0c0b0b0c1912"
+    "130f141d1a1f1e1d1a1c1c20242e2720222c231c1c2837292c30313434341f27393d38323c2e333432ffdb0043010909"
+    "090c0b0c180d0d1832211c21323232323232323232323232323232323232323232323232323232323232323232323232"
+    "3232323232323232323232323232ffc00011080018002803011100021101031101ffc4001f0000010501010101010100"
+    "000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d010203000411051221"
+    "31410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a3435363738393a"
+    "434445464748494a535455565758595a636465666768696a737475767778797a838485868788898a9293949596979899"
+    "9aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1"
+    "f2f3f4f5f6f7f8f9faffc4001f0100030101010101010101010000000000000102030405060708090a0bffc400b51100"
+    "020102040403040705040400010277000102031104052131061241510761711322328108144291a1b1c109233352f015"
+    "6272d10a162434e125f11718191a262728292a35363738393a434445464748494a535455565758595a63646566676869"
+    "6a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4"
+    "c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000c03010002110311003f00f3"
+    "45d31a262a086f94739e00f97ffd55fa642a468c1df4b7dfd8f22962baafeb7ff87e8583a73e5e34276c7f333819e39e"
+    "7b63e84735f379a67718c6f07abdb5f3fc7cfef3e83095a31e9b7e16b12c5a7bbc8a0265b192067a0e7231ebc73ea7b7"
+    "5af8e9626a622574efd3fabb7a7fc1f33dea15a2a3676b69ff00076bff0048d7b0d1ccae8bf7074c15f9893d88e3db8e"
+    "febc66bd6c0e15fc6d5efb7f5f93f9791e8d3c524ecf4b795b4feaf7b9b369605627df101840430e83a723f4fcfaf63f"
+    "415ea53a30bafcfd7cbfab58edc3e2572a5195d7ebe6fcfe7fe59bf633242a802e493bc8ceec8e00e7838e3bff00315e"
+    "4e699b28f338bd3f3bfa7f57f43f0ec2e21c5f35edf77aff00c1dbf2189a6ef54004aa390b838cf6fa9e879f4af8f962"
+    "2a6226f54de87b94f10a3f16ebbdfcb5b7ddd7c8dab1d1cc6cd2154f98f5719c75c1fcc7e15ec60706e52e56add7d7b7"
+    "4e9fd5cf5218f83717ae9f8faff5f79b5069a61122c6e7cc560c370e4f738e9cf41fe1dfe8fdb428d3575fd79febfd5b"
+    "b29629b76e9b7f5dbfaeab594e9e909fdda908e40fbb92781918ea78078e7bf4af90ccb36e7838adfd745dbe7e7dbef3"
+    "ddc2d44baebbf6f5b3fe97a943fb395e58b7c6a171962460f19fff0057e5f43e04b112abcc96b7fcbf4f4d3fcbf10c3d"
+    "7d1b6dafeada7e7fadcd5b1d14a2282adb89c05c82063afa633e9d307eb5ed60708a4ef24bfaff00875bfe276ac5d972"
+    "dffafeb7eafef36edf4b8d1b206573f788c67a11fd3b77f7afa0f6d1a34eed5b4e9f73fe976f43d1862a52b735eeba7d"
+    "f7eda7912bda19001f3050b8704f2083d80e9faf6fad7c9e639d4a4b953fc7fafebd55fddc1d754f4bbf5f2d2febff00"
+    "00960d3a477daf2ef01b77ca7a0ebfa7181fd057c8ceabaf36e2f7fcff00a7bfcfbdbdba7554135fe5fd7de7ffd9"),
+}
+
+
+def _damage_tiled(tiled: bytes) -> dict[str, tuple[bytes, str, str, list[int] | None, str]]:
+    """name -> (bytes, rule, outcome, window, description) for the damaged tiled JPEGs."""
+    from packer.tiles import TILE_SIGNATURE
+
+    table_end = 4 + struct.unpack(">H", tiled[4:6])[0]
+    assert tiled[6:14] == TILE_SIGNATURE
+    app0_end = table_end + 2 + struct.unpack(">H", tiled[table_end + 2:table_end + 4])[0]
+    moved = tiled[:2] + tiled[table_end:app0_end] + tiled[2:table_end] + tiled[app0_end:]
+    lengths = 2 + 4 + 18
+    last = table_end - 2
+    off_by_one = bytearray(tiled)
+    off_by_one[last:last + 2] = struct.pack(">H", struct.unpack(">H", tiled[last:last + 2])[0] + 1)
+    shifted = bytearray(tiled)
+    first, second = struct.unpack(">HH", tiled[lengths:lengths + 4])
+    shifted[lengths:lengths + 4] = struct.pack(">HH", first - 1, second + 1)
+    return {
+        "tables-not-first": (moved, "T1", "whole", None,
+                             "the PKTILES segment moved after APP0: not a tiled JPEG"),
+        "last-length-plus-one": (bytes(off_by_one), "T2", "whole", None,
+                                 "the last tile's length is one too many: the lengths do not add "
+                                 "up to the file"),
+        "tile-boundary-shifted": (bytes(shifted), "T3", "window-refused", [1, 2, 0, 1],
+                                  "one byte moved from tile 0's length to tile 1's: the total "
+                                  "adds up, but tile 1 does not start after a marker"),
+    }
+
+
+def make_tiled(folder: Path) -> None:
+    """Tiled JPEGs of the fixed sources, their layouts and windows, and three damaged ones."""
+    from packer.tiles import read_layout, transcode, window_jpeg
+
+    folder.mkdir()
+    expected: dict[str, Any] = {"images": {}, "damaged": {}}
+    for name, source in TILED_SOURCES.items():
+        tiled = transcode(source, max_pixels=1 << 20)
+        (folder / f"{name}.source.jpg").write_bytes(source)
+        (folder / f"{name}.tiled.jpg").write_bytes(tiled)
+        layout = read_layout(tiled)
+        assert layout is not None, name
+        columns, rows = layout.columns, layout.rows
+        windows = []
+        for window in ((0, columns, 0, rows), (0, 1, 0, 1), (columns - 1, columns, rows - 1, rows),
+                       (columns // 2, columns, 0, rows), (0, columns, rows // 2, rows)):
+            if window[0] >= window[1] or window[2] >= window[3]:
+                continue
+            data, x, y = window_jpeg(tiled, layout, *window)
+            windows.append({"tiles": list(window), "x": x, "y": y, "size": len(data),
+                            "xxh3": fmt.checksum_hex(fmt.checksum(bytes(data)))})
+        expected["images"][name] = {
+            "source_xxh3": fmt.checksum_hex(fmt.checksum(source)),
+            "tiled_xxh3": fmt.checksum_hex(fmt.checksum(tiled)),
+            "width": layout.width, "height": layout.height, "tile_width": layout.tile_width,
+            "tile_height": layout.tile_height, "columns": columns, "rows": rows,
+            "lengths": [int(v) for v in layout.lengths], "windows": windows}
+    tiled = (folder / "color420-48x32.tiled.jpg").read_bytes()
+    for name, (data, rule, outcome, window, description) in _damage_tiled(tiled).items():
+        (folder / f"damaged-{name}.jpg").write_bytes(data)
+        layout = read_layout(data)
+        assert (layout is None) == (outcome == "whole"), name
+        expected["damaged"][name] = {"file": f"damaged-{name}.jpg", "rule": rule,
+                                     "outcome": outcome, "window": window,
+                                     "description": description}
+    _write_json(folder / "expected.json", expected)
+
+
 def generate(out: Path) -> None:
     """Write every vector under ``out`` (which must not exist), and a README listing them."""
     out = Path(out)
@@ -748,6 +875,7 @@ def generate(out: Path) -> None:
         for name, maker in VALID.items():
             maker(valid / name, Path(tmp))
         make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
+    make_tiled(out / "tiled")
     base = valid / "base-align512"
     for name, (requirement, error, message, stage, description, mutate) in INVALID.items():
         folder = invalid / name
@@ -788,6 +916,16 @@ def _write_readme(out: Path) -> None:
     for name, (requirement, error, _message, stage, description, _) in sorted(
             INVALID.items(), key=lambda item: (int(item[1][0][1:]), item[0])):
         lines.append(f"| `{name}` | {requirement} | `{error}` | {stage} | {description} |")
+    lines += ["", "## Tiled JPEG (section 13)", "",
+              "`tiled/`: for each fixed source `NAME.source.jpg`, `NAME.tiled.jpg` is what",
+              "`packer.tiles.transcode` MUST write (byte for byte; it decodes to the source's pixels).",
+              "`expected.json` gives each tiled JPEG's layout (size, tile size, columns, rows, every",
+              "tile length) and windows cut from it (tiles `[c0, c1, r0, r1]`, origin, size, xxh3 of the",
+              "window JPEG). `damaged-*.jpg` break one reader rule each; `outcome` is `whole` (not used",
+              "as tiled: decode it whole) or `window-refused` (cutting `window` MUST be refused).", ""]
+    for name, (_, rule, outcome, _, description) in sorted(
+            _damage_tiled((out / "tiled" / "color420-48x32.tiled.jpg").read_bytes()).items()):
+        lines.append(f"- `damaged-{name}.jpg` ({rule}, {outcome}): {description}")
     (out / "README.md").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
 
 

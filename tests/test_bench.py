@@ -21,7 +21,7 @@ from packer.plan import BuildOptions
 
 _register()
 
-FIELDS = {"advice", "batches", "cores", "dataset", "loader", "main_cpu", "main_wait", "mb_per_s",
+FIELDS = {"advice", "batches", "codec", "cores", "dataset", "loader", "main_cpu", "main_wait", "mb_per_s",
           "meets_target", "notes", "num_samples", "options", "payload_bytes", "required_rate",
           "samples", "samples_per_s", "seconds", "target_rate", "worker_cpu", "worker_wait",
           "workers"}
@@ -139,6 +139,15 @@ def test_advice_cpu_bound_on_every_core_suggests_smaller_images_and_dali() -> No
     text = " ".join(advice)
     assert "--workers" not in text
     assert "re-encode" in text and "DALI" in text and "fused" in text
+
+
+def test_advice_suggests_the_tiled_codec_for_random_crops_of_pass_through_jpegs() -> None:
+    busy = dict(workers=8, cores=8, worker_cpu=[0.95] * 8, worker_wait=[0.0] * 8)
+    assert any("--codec tiled" in item
+               for item in advise(result(codec="passthrough", **busy), BenchOptions(decode="rrc")))
+    for codec, decode in (("tiled", "rrc"), ("passthrough", "center"), ("jpeg", "rrc")):
+        assert not any("--codec tiled" in item
+                       for item in advise(result(codec=codec, **busy), BenchOptions(decode=decode)))
 
 
 def test_advice_idle_workers_suggest_block_shuffle_and_storage() -> None:

@@ -34,8 +34,9 @@ def parse_size(text: str) -> int:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample-order permutation.")
 @click.option("--no-shuffle", is_flag=True, help="Keep the sorted source order in the shards.")
 @click.option("--codec", default="passthrough", show_default=True,
-              help="How payloads are stored: passthrough (source bytes), jpeg (re-encoded) or raw "
-                   "(decoded pixels); options as NAME:key=value,... or with the flags below.")
+              help="How payloads are stored: passthrough (source bytes), tiled (JPEGs losslessly "
+                   "re-tiled for fast random crops), jpeg (re-encoded) or raw (decoded pixels); "
+                   "options as NAME:key=value,... or with the flags below.")
 @click.option("--max-size", type=int, default=None,
               help="jpeg: shrink so the --resize-side side is at most this many pixels.")
 @click.option("--quality", type=int, default=None, help="jpeg: JPEG quality 1-100 (default 90).")

@@ -1,0 +1,767 @@
+/* Lossless JPEG transcoder for packer's "tiled" codec (formats/SPEC.md, "Tiled JPEG").
+ *
+ * transcode(data, max_pixels) -> bytes
+ *
+ * Rewrites a sequential Huffman JPEG (SOF0/SOF1, 8-bit, one scan holding every component) so
+ * that every tile (one MCU, or a few when the MCU is only 8 pixels wide) is its own restart
+ * interval, with Huffman tables re-optimised for the new symbol counts, and records the
+ * entropy-coded length of every tile in APP9 "PKTILES" segments placed right after SOI. The DCT coefficients are not changed, so every decoder
+ * produces exactly the same pixels as from the input; what changes is that a reader can cut out
+ * any rectangle of MCUs and hand a decoder a small, valid JPEG of just that window, skipping the
+ * entropy decoding of everything outside it (packer/tiles.py).
+ *
+ * Why C: entropy decoding is a bit-serial loop over ~100,000 symbols per ImageNet-sized image;
+ * this is the one place where Python (or numpy) cannot do it at build speed, and no maintained
+ * Python library exposes lossless transcoding with restart markers (jpegtran's job).
+ *
+ * The input is untrusted: every length and table is checked, nothing is read out of bounds, and
+ * any problem raises ValueError("unsupported: ...") or ValueError("corrupt: ..."); the codec
+ * then stores the file unchanged. All work happens without the GIL and without Python objects.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_COMPONENTS 4
+#define MAX_BLOCKS_IN_MCU 10
+#define TILE_SIGNATURE "PKTILES"           /* 7 characters + NUL = 8 bytes */
+#define TILE_VERSION 1
+#define TILE_HEADER_BYTES 18               /* signature 8, version 1, reserved 1, cols 2, rows 2, first 4 */
+#define TILE_MAX_PER_SEGMENT ((65535 - 2 - TILE_HEADER_BYTES) / 2)
+
+/* ------------------------------------------------------------------------------------------ */
+/* errors and buffers                                                                          */
+
+typedef struct {
+    jmp_buf jump;
+    char message[200];
+} Failure;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define NORETURN __attribute__((noreturn))
+#else
+#define NORETURN
+#endif
+
+static NORETURN void fail(Failure *failure, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(failure->message, sizeof failure->message, format, args);
+    va_end(args);
+    longjmp(failure->jump, 1);
+}
+
+typedef struct {
+    uint8_t *data;
+    size_t size, capacity;
+} Buffer;
+
+static void buffer_reserve(Failure *failure, Buffer *buffer, size_t extra) {
+    if (buffer->size + extra <= buffer->capacity) return;
+    size_t capacity = buffer->capacity ? buffer->capacity : 4096;
+    while (capacity < buffer->size + extra) capacity *= 2;
+    uint8_t *data = realloc(buffer->data, capacity);
+    if (!data) fail(failure, "memory: cannot allocate %zu bytes", capacity);
+    buffer->data = data;
+    buffer->capacity = capacity;
+}
+
+static void buffer_append(Failure *failure, Buffer *buffer, const uint8_t *bytes, size_t count) {
+    buffer_reserve(failure, buffer, count);
+    memcpy(buffer->data + buffer->size, bytes, count);
+    buffer->size += count;
+}
+
+static void buffer_byte(Failure *failure, Buffer *buffer, uint8_t byte) {
+    buffer_reserve(failure, buffer, 1);
+    buffer->data[buffer->size++] = byte;
+}
+
+static void buffer_u16(Failure *failure, Buffer *buffer, unsigned value) {
+    buffer_byte(failure, buffer, (uint8_t)(value >> 8));
+    buffer_byte(failure, buffer, (uint8_t)value);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Huffman tables                                                                              */
+
+typedef struct {
+    int defined;
+    uint8_t counts[17];      /* counts[l]: number of codes of length l (1..16) */
+    uint8_t values[256];
+    int total;
+    /* decoding */
+    int32_t maxcode[18];     /* largest code of length l, -1 if none */
+    int32_t valptr[17];      /* index into values of the first code of length l */
+    int32_t mincode[17];
+    uint16_t fast[1 << 9];   /* 9-bit lookahead: (length << 8) | value, 0 = slow path */
+} DecodeTable;
+
+typedef struct {
+    uint32_t code[256];
+    uint8_t size[256];       /* 0: symbol has no code */
+} EncodeTable;
+
+static void build_decode_table(Failure *failure, DecodeTable *table, int table_class) {
+    int code = 0, k = 0;
+    for (int length = 1; length <= 16; length++) {
+        table->valptr[length] = k;
+        table->mincode[length] = code;
+        code += table->counts[length];
+        k += table->counts[length];
+        table->maxcode[length] = table->counts[length] ? code - 1 : -1;
+        if (code > (1 << length)) fail(failure, "corrupt: Huffman table has too many codes");
+        code <<= 1;
+    }
+    table->maxcode[17] = 0x7fffffff;
+    memset(table->fast, 0, sizeof table->fast);
+    code = 0;
+    k = 0;
+    for (int length = 1; length <= 9; length++) {
+        for (int i = 0; i < table->counts[length]; i++, k++, code++) {
+            int shift = 9 - length;
+            for (int fill = 0; fill < (1 << shift); fill++)
+                table->fast[(code << shift) | fill] = (uint16_t)((length << 8) | table->values[k]);
+        }
+        code <<= 1;
+    }
+    for (int i = 0; i < table->total; i++) {
+        /* DC symbols are magnitude categories; 15 is the most a 16-bit coefficient can need. */
+        if (table_class == 0 && table->values[i] > 15)
+            fail(failure, "corrupt: DC Huffman table has symbol %d", table->values[i]);
+    }
+}
+
+/* Annex K.2 (as in libjpeg's jpeg_gen_optimal_table): optimal code lengths, limited to 16. */
+static void optimal_table(const long frequency_in[256], uint8_t counts[17], uint8_t values[256],
+                          int *total) {
+    long frequency[257];
+    int codesize[257], others[257], bits[33];
+    memcpy(frequency, frequency_in, 256 * sizeof(long));
+    frequency[256] = 1; /* reserves one code point so no real code is all ones */
+    for (int i = 0; i < 257; i++) { codesize[i] = 0; others[i] = -1; }
+    for (;;) {
+        int c1 = -1, c2 = -1;
+        long v = 1000000000L;
+        for (int i = 0; i <= 256; i++)
+            if (frequency[i] && frequency[i] <= v) { v = frequency[i]; c1 = i; }
+        v = 1000000000L;
+        for (int i = 0; i <= 256; i++)
+            if (frequency[i] && frequency[i] <= v && i != c1) { v = frequency[i]; c2 = i; }
+        if (c2 < 0) break;
+        frequency[c1] += frequency[c2];
+        frequency[c2] = 0;
+        codesize[c1]++;
+        while (others[c1] >= 0) { c1 = others[c1]; codesize[c1]++; }
+        others[c1] = c2;
+        codesize[c2]++;
+        while (others[c2] >= 0) { c2 = others[c2]; codesize[c2]++; }
+    }
+    memset(bits, 0, sizeof bits);
+    for (int i = 0; i <= 256; i++)
+        if (codesize[i]) bits[codesize[i] < 32 ? codesize[i] : 32]++;
+    for (int i = 32; i > 16; i--) {
+        while (bits[i] > 0) {
+            int j = i - 2;
+            while (bits[j] == 0) j--;
+            bits[i] -= 2;
+            bits[i - 1]++;
+            bits[j + 1] += 2;
+            bits[j]--;
+        }
+    }
+    int i = 16;
+    while (bits[i] == 0) i--;
+    bits[i]--; /* drop the reserved code point */
+    memset(counts, 0, 17);
+    for (int length = 1; length <= 16; length++) counts[length] = (uint8_t)bits[length];
+    int k = 0;
+    for (int length = 1; length <= 32; length++)
+        for (int symbol = 0; symbol < 256; symbol++)
+            if (codesize[symbol] == length) values[k++] = (uint8_t)symbol;
+    *total = k;
+}
+
+static void build_encode_table(const uint8_t counts[17], const uint8_t values[256], int total,
+                               EncodeTable *table) {
+    memset(table, 0, sizeof *table);
+    uint32_t code = 0;
+    int k = 0;
+    for (int length = 1; length <= 16; length++) {
+        for (int i = 0; i < counts[length] && k < total; i++, k++, code++) {
+            table->code[values[k]] = code;
+            table->size[values[k]] = (uint8_t)length;
+        }
+        code <<= 1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* entropy-coded data: reading                                                                 */
+
+typedef struct {
+    const uint8_t *data;
+    size_t position, end;
+    uint64_t bits;      /* left-aligned: the next bit is bit 63 */
+    int count;          /* valid bits in `bits` */
+    int padding;        /* how many of the lowest valid bits are zero padding past a marker */
+    int at_marker;
+} BitReader;
+
+static void reader_fill(BitReader *reader) {
+    while (reader->count <= 56) {
+        uint8_t byte = 0;
+        if (!reader->at_marker && reader->position < reader->end) {
+            byte = reader->data[reader->position];
+            if (byte == 0xFF) {
+                uint8_t next = reader->position + 1 < reader->end ? reader->data[reader->position + 1] : 0xD9;
+                if (next == 0x00) {
+                    reader->position += 2;
+                } else {
+                    reader->at_marker = 1;
+                    byte = 0;
+                }
+            } else {
+                reader->position++;
+            }
+        } else {
+            reader->at_marker = 1;
+        }
+        if (reader->at_marker) reader->padding += 8;
+        reader->bits |= (uint64_t)byte << (56 - reader->count);
+        reader->count += 8;
+    }
+}
+
+static void reader_consume(Failure *failure, BitReader *reader, int count) {
+    reader->bits <<= count;
+    reader->count -= count;
+    if (reader->count < reader->padding) fail(failure, "corrupt: entropy-coded data ends early");
+}
+
+static int reader_bits(Failure *failure, BitReader *reader, int count) {
+    if (count == 0) return 0;
+    if (reader->count < 32) reader_fill(reader);
+    int value = (int)(reader->bits >> (64 - count));
+    reader_consume(failure, reader, count);
+    return value;
+}
+
+static int reader_symbol(Failure *failure, BitReader *reader, const DecodeTable *table) {
+    if (reader->count < 32) reader_fill(reader);
+    unsigned look = (unsigned)(reader->bits >> (64 - 9));
+    uint16_t entry = table->fast[look];
+    if (entry) {
+        reader_consume(failure, reader, entry >> 8);
+        return entry & 0xFF;
+    }
+    uint32_t peek = (uint32_t)(reader->bits >> (64 - 16));
+    for (int length = 10; length <= 16; length++) {
+        int32_t code = (int32_t)(peek >> (16 - length));
+        if (code <= table->maxcode[length]) {
+            int32_t index = table->valptr[length] + code - table->mincode[length];
+            if (index < 0 || index >= table->total) break;
+            reader_consume(failure, reader, length);
+            return table->values[index];
+        }
+    }
+    fail(failure, "corrupt: invalid Huffman code");
+    return 0;
+}
+
+static int extend(int value, int size) {
+    return value < (1 << (size - 1)) ? value - (1 << size) + 1 : value;
+}
+
+/* Restart marker in the input: drop the padding bits, expect RSTn, reset. */
+static void reader_restart(Failure *failure, BitReader *reader, int expected) {
+    reader->bits = 0;
+    reader->count = 0;
+    reader->padding = 0;
+    reader->at_marker = 0;
+    size_t p = reader->position;
+    while (p < reader->end && reader->data[p] == 0xFF && p + 1 < reader->end && reader->data[p + 1] == 0xFF) p++;
+    if (p + 1 >= reader->end || reader->data[p] != 0xFF || reader->data[p + 1] != 0xD0 + expected)
+        fail(failure, "corrupt: expected restart marker %d", expected);
+    reader->position = p + 2;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* entropy-coded data: writing                                                                 */
+
+typedef struct {
+    Buffer *out;
+    uint64_t bits;   /* right-aligned pending bits */
+    int count;
+} BitWriter;
+
+static void writer_flush_bytes(Failure *failure, BitWriter *writer) {
+    while (writer->count >= 8) {
+        uint8_t byte = (uint8_t)(writer->bits >> (writer->count - 8));
+        buffer_byte(failure, writer->out, byte);
+        if (byte == 0xFF) buffer_byte(failure, writer->out, 0x00);
+        writer->count -= 8;
+    }
+    writer->bits &= (writer->count ? ((uint64_t)1 << writer->count) - 1 : 0);
+}
+
+static void writer_put(Failure *failure, BitWriter *writer, uint32_t value, int size) {
+    if (size == 0) return;
+    writer->bits = (writer->bits << size) | (value & (((uint64_t)1 << size) - 1));
+    writer->count += size;
+    if (writer->count >= 32) writer_flush_bytes(failure, writer);
+}
+
+/* Pad to a byte boundary with one bits (T.81 F.1.2.3) and write everything out. */
+static void writer_align(Failure *failure, BitWriter *writer) {
+    int pad = (8 - writer->count % 8) % 8;
+    writer_put(failure, writer, (1u << pad) - 1, pad);
+    writer_flush_bytes(failure, writer);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the image                                                                                   */
+
+typedef struct {
+    int id, h, v, quant;
+    int dc_table, ac_table;      /* from SOS */
+} Component;
+
+typedef struct {
+    Failure failure;
+    const uint8_t *data;
+    size_t size;
+    long long max_pixels;
+    int min_tile_width;
+    /* header */
+    int width, height, components, sof_found, restart_interval;
+    Component component[MAX_COMPONENTS];
+    DecodeTable dc[4], ac[4];
+    Buffer kept;                 /* marker segments copied to the output, in order */
+    size_t entropy_start;
+    /* geometry */
+    int mcu_columns, mcu_rows, blocks_in_mcu;
+    int interval;                /* MCUs per restart interval (one tile) */
+    int block_component[MAX_BLOCKS_IN_MCU];
+    /* symbol counts and the optimised tables (slots 0-3 DC, 4-7 AC) */
+    long dc_frequency[4][256], ac_frequency[4][256];
+    EncodeTable dc_codes[4], ac_codes[4];
+    uint8_t counts[8][17], values[8][256];
+    int totals[8];
+    /* output */
+    Buffer entropy;
+    uint16_t *tile_lengths;
+    Buffer result;
+} Transcoder;
+
+static unsigned read_u16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
+
+static void parse_sof(Transcoder *t, const uint8_t *p, unsigned length) {
+    Failure *failure = &t->failure;
+    if (t->sof_found) fail(failure, "corrupt: more than one SOF marker");
+    if (length < 6) fail(failure, "corrupt: SOF segment too short");
+    if (p[0] != 8) fail(failure, "unsupported: %d-bit samples", p[0]);
+    t->height = (int)read_u16(p + 1);
+    t->width = (int)read_u16(p + 3);
+    t->components = p[5];
+    if (t->height == 0) fail(failure, "unsupported: height defined by a DNL marker");
+    if (t->width == 0) fail(failure, "corrupt: zero width");
+    if (t->components < 1 || t->components > MAX_COMPONENTS)
+        fail(failure, "unsupported: %d components", t->components);
+    if (length != 6u + 3u * (unsigned)t->components) fail(failure, "corrupt: SOF length does not match its components");
+    if ((long long)t->width * t->height > t->max_pixels)
+        fail(failure, "unsupported: %dx%d is more than %lld pixels", t->width, t->height, t->max_pixels);
+    for (int i = 0; i < t->components; i++) {
+        Component *c = &t->component[i];
+        c->id = p[6 + 3 * i];
+        c->h = p[7 + 3 * i] >> 4;
+        c->v = p[7 + 3 * i] & 15;
+        c->quant = p[8 + 3 * i];
+        if (c->h < 1 || c->h > 4 || c->v < 1 || c->v > 4) fail(failure, "corrupt: sampling factor out of range");
+        for (int j = 0; j < i; j++)
+            if (t->component[j].id == c->id) fail(failure, "corrupt: duplicate component id");
+    }
+    t->sof_found = 1;
+}
+
+static void parse_dht(Transcoder *t, const uint8_t *p, unsigned length) {
+    Failure *failure = &t->failure;
+    unsigned k = 0;
+    while (k < length) {
+        if (length - k < 17) fail(failure, "corrupt: DHT segment too short");
+        int table_class = p[k] >> 4, id = p[k] & 15;
+        if (table_class > 1 || id > 3) fail(failure, "corrupt: bad Huffman table id");
+        DecodeTable *table = table_class ? &t->ac[id] : &t->dc[id];
+        int total = 0;
+        table->counts[0] = 0;
+        for (int l = 1; l <= 16; l++) { table->counts[l] = p[k + l]; total += p[k + l]; }
+        if (total > 256 || length - k - 17 < (unsigned)total) fail(failure, "corrupt: DHT segment too short");
+        memcpy(table->values, p + k + 17, (size_t)total);
+        table->total = total;
+        build_decode_table(failure, table, table_class);
+        table->defined = 1;
+        k += 17 + (unsigned)total;
+    }
+}
+
+static int is_tile_segment(const uint8_t *p, unsigned length) {
+    return length >= 8 && memcmp(p, TILE_SIGNATURE, 8) == 0;
+}
+
+static void parse_sos(Transcoder *t, const uint8_t *p, unsigned length) {
+    Failure *failure = &t->failure;
+    if (!t->sof_found) fail(failure, "corrupt: SOS before SOF");
+    if (length < 1) fail(failure, "corrupt: SOS segment too short");
+    int count = p[0];
+    if (length != 4u + 2u * (unsigned)count) fail(failure, "corrupt: SOS length does not match its components");
+    if (count != t->components)
+        fail(failure, "unsupported: a scan with %d of %d components (multi-scan file)", count, t->components);
+    for (int i = 0; i < count; i++) {
+        Component *c = &t->component[i];
+        if (p[1 + 2 * i] != c->id) fail(failure, "unsupported: scan components in another order than the frame's");
+        c->dc_table = p[2 + 2 * i] >> 4;
+        c->ac_table = p[2 + 2 * i] & 15;
+        if (c->dc_table > 3 || c->ac_table > 3) fail(failure, "corrupt: bad Huffman table selector");
+        if (!t->dc[c->dc_table].defined || !t->ac[c->ac_table].defined)
+            fail(failure, "corrupt: scan uses an undefined Huffman table");
+    }
+    const uint8_t *spectral = p + 1 + 2 * count;
+    if (spectral[0] != 0 || spectral[1] != 63 || spectral[2] != 0)
+        fail(failure, "corrupt: sequential scan with a partial spectral range");
+}
+
+static void parse_header(Transcoder *t) {
+    Failure *failure = &t->failure;
+    const uint8_t *d = t->data;
+    size_t n = t->size, pos = 2;
+    if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) fail(failure, "corrupt: no SOI marker");
+    for (;;) {
+        if (pos >= n || d[pos] != 0xFF) fail(failure, "corrupt: expected a marker at byte %zu", pos);
+        while (pos < n && d[pos] == 0xFF) pos++; /* fill bytes */
+        if (pos >= n) fail(failure, "corrupt: file ends in a marker");
+        uint8_t marker = d[pos++];
+        if (marker == 0xD8 || marker == 0xD9 || (marker >= 0xD0 && marker <= 0xD7) || marker == 0x01 || marker == 0x00)
+            fail(failure, "corrupt: unexpected marker 0x%02X before SOS", marker);
+        if (pos + 2 > n) fail(failure, "corrupt: segment length past the end");
+        unsigned length = read_u16(d + pos);
+        if (length < 2 || pos + length > n) fail(failure, "corrupt: segment length past the end");
+        const uint8_t *body = d + pos + 2;
+        unsigned body_length = length - 2;
+        size_t segment_start = pos - 2;
+        pos += length;
+        switch (marker) {
+        case 0xC0: case 0xC1:
+            parse_sof(t, body, body_length);
+            buffer_append(failure, &t->kept, d + segment_start, length + 2);
+            break;
+        case 0xC4:
+            parse_dht(t, body, body_length);
+            break;
+        case 0xDD:
+            if (body_length != 2) fail(failure, "corrupt: DRI segment length");
+            t->restart_interval = (int)read_u16(body);
+            break;
+        case 0xDA:
+            parse_sos(t, body, body_length);
+            t->entropy_start = pos;
+            return;
+        case 0xC2: case 0xC6: case 0xCA: case 0xCE:
+            fail(failure, "unsupported: progressive JPEG");
+        case 0xC3: case 0xC7: case 0xCB: case 0xCF:
+            fail(failure, "unsupported: lossless JPEG");
+        case 0xC5: case 0xC9: case 0xCD: case 0xCC:
+            fail(failure, "unsupported: arithmetic or hierarchical coding");
+        case 0xDC: case 0xDE: case 0xDF:
+            fail(failure, "unsupported: marker 0x%02X", marker);
+        case 0xE9:
+            if (is_tile_segment(body, body_length)) break; /* re-tiling: drop the old tables */
+            /* fall through */
+        default:
+            if (marker == 0xDB || (marker >= 0xE0 && marker <= 0xEF) || marker == 0xFE) {
+                buffer_append(failure, &t->kept, d + segment_start, length + 2);
+            } else {
+                fail(failure, "unsupported: marker 0x%02X", marker);
+            }
+        }
+    }
+}
+
+/* MCUs per tile: the smallest divisor of the MCU columns that makes a tile at least
+ * `min_width` pixels wide, if that tile is at most 4x as wide; else 1 MCU. (A tile must be whole
+ * MCUs, and a row whole tiles, so that restart intervals line up with rows.) */
+static int choose_interval(int mcu_columns, int mcu_width, int min_width) {
+    if (mcu_width >= min_width) return 1;
+    for (int r = 2; r * mcu_width <= 4 * min_width && r <= mcu_columns; r++)
+        if (mcu_columns % r == 0 && r * mcu_width >= min_width) return r;
+    return 1;
+}
+
+static void plan_geometry(Transcoder *t) {
+    Failure *failure = &t->failure;
+    int hmax = 1, vmax = 1;
+    for (int i = 0; i < t->components; i++) {
+        if (t->component[i].h > hmax) hmax = t->component[i].h;
+        if (t->component[i].v > vmax) vmax = t->component[i].v;
+    }
+    if (t->components == 1) {
+        /* A single-component scan is not interleaved: its MCU is one 8x8 block. */
+        t->mcu_columns = (t->width + 7) / 8;
+        t->mcu_rows = (t->height + 7) / 8;
+        t->blocks_in_mcu = 1;
+        t->block_component[0] = 0;
+        t->interval = choose_interval(t->mcu_columns, 8, t->min_tile_width);
+        return;
+    }
+    t->mcu_columns = (t->width + 8 * hmax - 1) / (8 * hmax);
+    t->mcu_rows = (t->height + 8 * vmax - 1) / (8 * vmax);
+    t->blocks_in_mcu = 0;
+    for (int i = 0; i < t->components; i++) {
+        int blocks = t->component[i].h * t->component[i].v;
+        if (t->blocks_in_mcu + blocks > MAX_BLOCKS_IN_MCU) fail(failure, "corrupt: more than 10 blocks per MCU");
+        for (int b = 0; b < blocks; b++) t->block_component[t->blocks_in_mcu++] = i;
+    }
+    t->interval = choose_interval(t->mcu_columns, 8 * hmax, t->min_tile_width);
+}
+
+static int magnitude_size(int value) {
+    unsigned a = (unsigned)(value < 0 ? -value : value);
+    int size = 0;
+    while (a) { size++; a >>= 1; }
+    return size;
+}
+
+/* Emit (or count) one Huffman symbol and its extra bits. */
+static inline void put_symbol(Failure *failure, BitWriter *writer, const EncodeTable *codes,
+                              long *frequency, int symbol, uint32_t bits, int size) {
+    if (writer) {
+        if (!codes->size[symbol]) fail(failure, "corrupt: symbol missing from the optimised table");
+        writer_put(failure, writer, codes->code[symbol], codes->size[symbol]);
+        writer_put(failure, writer, bits, size);
+    } else {
+        frequency[symbol]++;
+    }
+}
+
+/* Copy one block: the DC coefficient is re-coded against `*previous` (the output's predictor),
+ * every AC symbol is copied as decoded (same run/size, same extra bits) under the new tables.
+ * The coefficients are never materialised: the block's AC coding stays exactly the input's. */
+static void copy_block(Transcoder *t, BitReader *reader, BitWriter *writer, const Component *c,
+                       int *predictor, int *previous) {
+    Failure *failure = &t->failure;
+    int size = reader_symbol(failure, reader, &t->dc[c->dc_table]);
+    int diff = size ? extend(reader_bits(failure, reader, size), size) : 0;
+    *predictor += diff;
+    if (*predictor > 32767 || *predictor < -32767) fail(failure, "corrupt: DC coefficient out of range");
+    int new_diff = *predictor - *previous;
+    *previous = *predictor;
+    size = magnitude_size(new_diff);
+    if (size > 15) fail(failure, "corrupt: DC difference out of range");
+    put_symbol(failure, writer, &t->dc_codes[c->dc_table], t->dc_frequency[c->dc_table], size,
+               (uint32_t)(new_diff < 0 ? new_diff - 1 : new_diff), size);
+    const DecodeTable *ac = &t->ac[c->ac_table];
+    const EncodeTable *ac_codes = &t->ac_codes[c->ac_table];
+    long *ac_frequency = t->ac_frequency[c->ac_table];
+    for (int k = 1; k < 64;) {
+        int rs = reader_symbol(failure, reader, ac);
+        int run = rs >> 4;
+        size = rs & 15;
+        uint32_t bits = 0;
+        if (size == 0) {
+            if (run != 15) {  /* end of block */
+                put_symbol(failure, writer, ac_codes, ac_frequency, rs, 0, 0);
+                break;
+            }
+            k += 16;
+            if (k > 64) fail(failure, "corrupt: zero run past the end of a block");
+        } else {
+            k += run + 1;
+            if (k > 64) fail(failure, "corrupt: coefficient past the end of a block");
+            bits = (uint32_t)reader_bits(failure, reader, size);
+        }
+        put_symbol(failure, writer, ac_codes, ac_frequency, rs, bits, size);
+    }
+}
+
+/* One pass over the scan: decode every MCU and either count symbols (writer == NULL) or write
+ * the MCU as its own restart interval. */
+static void scan_pass(Transcoder *t, BitWriter *writer) {
+    Failure *failure = &t->failure;
+    BitReader reader = {t->data, t->entropy_start, t->size, 0, 0, 0, 0};
+    int predictor[MAX_COMPONENTS] = {0};
+    long total = (long)t->mcu_columns * t->mcu_rows;
+    int next_restart = 0;
+    int previous[MAX_COMPONENTS] = {0};
+    size_t start = 0;
+    for (long mcu = 0; mcu < total; mcu++) {
+        if (t->restart_interval && mcu > 0 && mcu % t->restart_interval == 0) {
+            reader_restart(failure, &reader, next_restart);
+            next_restart = (next_restart + 1) & 7;
+            memset(predictor, 0, sizeof predictor);
+        }
+        if (mcu % t->interval == 0) {   /* the output restarts every tile */
+            memset(previous, 0, sizeof previous);
+            start = writer ? t->entropy.size : 0;
+        }
+        for (int b = 0; b < t->blocks_in_mcu; b++) {
+            int ci = t->block_component[b];
+            copy_block(t, &reader, writer, &t->component[ci], &predictor[ci], &previous[ci]);
+        }
+        if (writer && (mcu + 1) % t->interval == 0) {
+            writer_align(failure, writer);
+            size_t length = t->entropy.size - start;
+            if (length > 65535) fail(failure, "unsupported: a tile of %zu bytes", length);
+            long tile = mcu / t->interval;
+            t->tile_lengths[tile] = (uint16_t)length;
+            if (mcu + 1 < total) {
+                buffer_byte(failure, &t->entropy, 0xFF);
+                buffer_byte(failure, &t->entropy, (uint8_t)(0xD0 + (tile & 7)));
+            }
+        }
+    }
+}
+
+static void transcode(Transcoder *t) {
+    Failure *failure = &t->failure;
+    parse_header(t);
+    plan_geometry(t);
+    long total = (long)t->mcu_columns * t->mcu_rows;
+    long (*dc_frequency)[256] = t->dc_frequency, (*ac_frequency)[256] = t->ac_frequency;
+    EncodeTable *dc_codes = t->dc_codes, *ac_codes = t->ac_codes;
+    uint8_t (*counts)[17] = t->counts, (*values)[256] = t->values;
+    int *totals = t->totals;
+
+    scan_pass(t, NULL);
+    int used_dc[4] = {0}, used_ac[4] = {0};
+    for (int i = 0; i < t->components; i++) {
+        used_dc[t->component[i].dc_table] = 1;
+        used_ac[t->component[i].ac_table] = 1;
+    }
+    for (int id = 0; id < 4; id++) {
+        if (used_dc[id]) {
+            optimal_table(dc_frequency[id], counts[id], values[id], &totals[id]);
+            build_encode_table(counts[id], values[id], totals[id], &dc_codes[id]);
+        }
+        if (used_ac[id]) {
+            optimal_table(ac_frequency[id], counts[4 + id], values[4 + id], &totals[4 + id]);
+            build_encode_table(counts[4 + id], values[4 + id], totals[4 + id], &ac_codes[id]);
+        }
+    }
+
+    long tiles = total / t->interval;
+    t->tile_lengths = malloc((size_t)tiles * sizeof(uint16_t));
+    if (!t->tile_lengths) fail(failure, "memory: cannot allocate the tile table");
+    buffer_reserve(failure, &t->entropy, t->size + (size_t)total * 3);
+    BitWriter writer = {&t->entropy, 0, 0};
+    scan_pass(t, &writer);
+
+    /* assemble: SOI, tile tables (first, so readers spot a tiled JPEG at a glance), kept
+     * segments, DHT, DRI, SOS, entropy data, EOI */
+    Buffer *r = &t->result;
+    buffer_reserve(failure, r, t->kept.size + t->entropy.size + (size_t)tiles * 2 + 4096);
+    buffer_u16(failure, r, 0xFFD8);
+    for (long first = 0; first < tiles; first += TILE_MAX_PER_SEGMENT) {
+        long count = tiles - first < TILE_MAX_PER_SEGMENT ? tiles - first : TILE_MAX_PER_SEGMENT;
+        buffer_u16(failure, r, 0xFFE9);
+        buffer_u16(failure, r, (unsigned)(2 + TILE_HEADER_BYTES + 2 * count));
+        buffer_append(failure, r, (const uint8_t *)TILE_SIGNATURE, 8);
+        buffer_byte(failure, r, TILE_VERSION);
+        buffer_byte(failure, r, 0);
+        buffer_u16(failure, r, (unsigned)(t->mcu_columns / t->interval));
+        buffer_u16(failure, r, (unsigned)t->mcu_rows);
+        buffer_u16(failure, r, (unsigned)(first >> 16));
+        buffer_u16(failure, r, (unsigned)(first & 0xFFFF));
+        for (long i = first; i < first + count; i++) buffer_u16(failure, r, t->tile_lengths[i]);
+    }
+    buffer_append(failure, r, t->kept.data, t->kept.size);
+    for (int slot = 0; slot < 8; slot++) {
+        int id = slot & 3, ac = slot >> 2;
+        if (!(ac ? used_ac[id] : used_dc[id])) continue;
+        buffer_u16(failure, r, 0xFFC4);
+        buffer_u16(failure, r, 2 + 17 + (unsigned)totals[slot]);
+        buffer_byte(failure, r, (uint8_t)((ac << 4) | id));
+        buffer_append(failure, r, counts[slot] + 1, 16);
+        buffer_append(failure, r, values[slot], (size_t)totals[slot]);
+    }
+    buffer_u16(failure, r, 0xFFDD);
+    buffer_u16(failure, r, 4);
+    buffer_u16(failure, r, (unsigned)t->interval);
+    buffer_u16(failure, r, 0xFFDA);
+    buffer_u16(failure, r, 6 + 2 * (unsigned)t->components);
+    buffer_byte(failure, r, (uint8_t)t->components);
+    for (int i = 0; i < t->components; i++) {
+        buffer_byte(failure, r, (uint8_t)t->component[i].id);
+        buffer_byte(failure, r, (uint8_t)((t->component[i].dc_table << 4) | t->component[i].ac_table));
+    }
+    buffer_byte(failure, r, 0);
+    buffer_byte(failure, r, 63);
+    buffer_byte(failure, r, 0);
+    buffer_append(failure, r, t->entropy.data, t->entropy.size);
+    buffer_u16(failure, r, 0xFFD9);
+
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Python binding                                                                              */
+
+static PyObject *py_transcode(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    long long max_pixels;
+    int min_tile_width = 16;
+    if (!PyArg_ParseTuple(args, "y*L|i:transcode", &view, &max_pixels, &min_tile_width)) return NULL;
+    if (min_tile_width < 8 || min_tile_width > 1024) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "min_tile_width must be in 8..1024");
+        return NULL;
+    }
+    Transcoder *t = calloc(1, sizeof *t);
+    if (!t) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    t->data = view.buf;
+    t->size = (size_t)view.len;
+    t->max_pixels = max_pixels;
+    t->min_tile_width = min_tile_width;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = setjmp(t->failure.jump) != 0;
+    if (!failed) transcode(t);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, t->failure.message);
+    } else {
+        result = PyBytes_FromStringAndSize((const char *)t->result.data, (Py_ssize_t)t->result.size);
+    }
+    free(t->kept.data);
+    free(t->entropy.data);
+    free(t->result.data);
+    free(t->tile_lengths);
+    free(t);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"transcode", py_transcode, METH_VARARGS,
+     "transcode(data, max_pixels, min_tile_width=16) -> bytes\n\n"
+     "Losslessly rewrite a sequential Huffman JPEG with one restart interval per MCU, optimised\n"
+     "Huffman tables and APP9 PKTILES tables of MCU lengths. Raises ValueError starting with\n"
+     "'unsupported:', 'corrupt:' or 'memory:'."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "packer._jpegtiles",
+    "Lossless JPEG re-tiling for packer's tiled codec (see packer/tiles.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__jpegtiles(void) { return PyModule_Create(&module_definition); }
