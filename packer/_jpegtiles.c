@@ -25,6 +25,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -749,12 +750,212 @@ static PyObject *py_transcode(PyObject *module, PyObject *args) {
     return result;
 }
 
+
+/* ------------------------------------------------------------------------------------------ */
+/* reading: cut a window of tiles (the compiled twin of packer/tiles.py's read_layout +        */
+/* window_jpeg; the same checks, T1-T3 of formats/SPEC.md section 13, the same bytes)         */
+
+static long floor_div(long a, long b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+/* Returns 1 and fills *out (malloc'd), or 0: not a tiled JPEG, the tables disagree with the
+ * data, or the window would cover every tile. Never reads outside data[0, size). */
+static int cut_window(const uint8_t *d, size_t size, double left, double top, double right,
+                      double bottom, long margin, uint8_t **out, size_t *out_size, long *origin) {
+    /* T1: SOI, then an APP9 PKTILES segment */
+    if (size < 14 || d[0] != 0xFF || d[1] != 0xD8 || d[2] != 0xFF || d[3] != 0xE9 ||
+        memcmp(d + 6, TILE_SIGNATURE, 8) != 0)
+        return 0;
+    size_t position = 2, sof = 0, tables_end = 2, entropy = 0;
+    int have_sof = 0, tables_open = 1, tables = 0;
+    unsigned restart_interval = 0, sos_components = 0;
+    for (;;) {  /* T2 */
+        if (position + 4 > size || d[position] != 0xFF) return 0;
+        unsigned marker = d[position + 1], length = read_u16(d + position + 2);
+        size_t end = position + 2 + length;
+        if (length < 2 || end > size) return 0;
+        int is_table = marker == 0xE9 && length >= 10 && memcmp(d + position + 4, TILE_SIGNATURE, 8) == 0;
+        if (is_table) {
+            if (!tables_open) return 0;  /* tables must be contiguous from offset 2 */
+            tables++;
+            tables_end = end;
+        } else {
+            tables_open = 0;
+        }
+        if (marker == 0xC0 || marker == 0xC1) {
+            if (have_sof || length < 8) return 0;
+            have_sof = 1;
+            sof = position;
+        } else if (marker == 0xC2 || marker == 0xC3 || (marker >= 0xC5 && marker <= 0xC7) ||
+                   (marker >= 0xC9 && marker <= 0xCB) || (marker >= 0xCD && marker <= 0xCF)) {
+            return 0;
+        } else if (marker == 0xDD && length == 4) {
+            restart_interval = read_u16(d + position + 4);
+        } else if (marker == 0xDA) {
+            if (length < 3) return 0;
+            sos_components = d[position + 4];
+            entropy = end;
+            break;
+        }
+        position = end;
+    }
+    if (!tables || !have_sof || sof < tables_end || restart_interval < 1) return 0;
+    unsigned components = d[sof + 9];
+    if (read_u16(d + sof + 2) != 8 + 3 * components) return 0;
+    long height = (long)read_u16(d + sof + 5), width = (long)read_u16(d + sof + 7);
+    if (d[sof + 4] != 8 || width < 1 || height < 1 || components < 1 || components > 4) return 0;
+    if (sos_components != components) return 0;
+    long hmax = 0, vmax = 0;
+    for (unsigned i = 0; i < components; i++) {
+        long h = d[sof + 11 + 3 * i] >> 4, v = d[sof + 11 + 3 * i] & 15;
+        if (h > hmax) hmax = h;
+        if (v > vmax) vmax = v;
+    }
+    if (components == 1 || hmax < 1 || vmax < 1) hmax = vmax = 1;
+    long mcu_columns = (width + 8 * hmax - 1) / (8 * hmax), rows = (height + 8 * vmax - 1) / (8 * vmax);
+    if (mcu_columns % (long)restart_interval) return 0;
+    long columns = mcu_columns / (long)restart_interval, tiles = columns * rows;
+    long tile_width = 8 * hmax * (long)restart_interval, tile_height = 8 * vmax;
+    /* the tables: versions, shape, contiguous numbering, and the lengths' sum */
+    size_t total = 0;
+    long listed = 0;
+    for (size_t at = 2; at < tables_end;) {
+        unsigned length = read_u16(d + at + 2);
+        if (length < 2 + TILE_HEADER_BYTES || (length - 2 - TILE_HEADER_BYTES) % 2) return 0;
+        const uint8_t *h = d + at + 4;
+        unsigned long first = ((unsigned long)read_u16(h + 14) << 16) | read_u16(h + 16);
+        if (h[8] != TILE_VERSION || (long)read_u16(h + 10) != columns || (long)read_u16(h + 12) != rows ||
+            (long)first != listed)
+            return 0;
+        long count = (long)(length - 2 - TILE_HEADER_BYTES) / 2;
+        for (long k = 0; k < count; k++) total += read_u16(h + TILE_HEADER_BYTES + 2 * k) + 2;
+        listed += count;
+        at += 2 + length;
+    }
+    if (listed != tiles || entropy + total != size || d[size - 2] != 0xFF || d[size - 1] != 0xD9) return 0;
+
+    /* the window, exactly as TileLayout.window computes it */
+    long c0 = floor_div((long)floor(left - (double)margin), tile_width);
+    long r0 = floor_div((long)floor(top - (double)margin), tile_height);
+    long c1 = -floor_div(-(long)ceil(right + (double)margin), tile_width);
+    long r1 = -floor_div(-(long)ceil(bottom + (double)margin), tile_height);
+    if (c0 < 0) c0 = 0;
+    if (r0 < 0) r0 = 0;
+    if (c1 > columns) c1 = columns;
+    if (r1 > rows) r1 = rows;
+    if (c1 < c0 + 1) c1 = c0 + 1;
+    if (r1 < r0 + 1) r1 = r0 + 1;
+    if (c1 > columns || r1 > rows) return 0;
+    if (c1 - c0 == columns && r1 - r0 == rows) return 0;
+
+    /* tile offsets: walk the lengths once (they are in the tables, 2 bytes each) */
+    long *starts = malloc((size_t)tiles * sizeof(long));
+    uint16_t *lengths = malloc((size_t)tiles * sizeof(uint16_t));
+    uint8_t *jpeg = NULL;
+    if (!starts || !lengths) goto refuse;
+    {
+        long k = 0;
+        size_t offset = entropy;
+        for (size_t at = 2; at < tables_end;) {
+            unsigned length = read_u16(d + at + 2);
+            long count = (long)(length - 2 - TILE_HEADER_BYTES) / 2;
+            for (long j = 0; j < count; j++, k++) {
+                lengths[k] = (uint16_t)read_u16(d + at + 4 + TILE_HEADER_BYTES + 2 * j);
+                starts[k] = (long)offset;
+                offset += lengths[k] + 2u;
+            }
+            at += 2 + length;
+        }
+    }
+    long x = c0 * tile_width, y = r0 * tile_height;
+    long out_width = (c1 * tile_width < width ? c1 * tile_width : width) - x;
+    long out_height = (r1 * tile_height < height ? r1 * tile_height : height) - y;
+    size_t prefix = 2 + (sof + 5 - tables_end), suffix = entropy - (sof + 9), body = 0;
+    for (long r = r0; r < r1; r++)
+        body += (size_t)(starts[r * columns + c1 - 1] + lengths[r * columns + c1 - 1] + 2 - starts[r * columns + c0]);
+    size_t length = prefix + 4 + suffix + body;
+    jpeg = malloc(length);
+    if (!jpeg) goto refuse;
+    uint8_t *w = jpeg;
+    *w++ = 0xFF;
+    *w++ = 0xD8;
+    memcpy(w, d + tables_end, sof + 5 - tables_end);
+    w += sof + 5 - tables_end;
+    *w++ = (uint8_t)(out_height >> 8);
+    *w++ = (uint8_t)out_height;
+    *w++ = (uint8_t)(out_width >> 8);
+    *w++ = (uint8_t)out_width;
+    memcpy(w, d + sof + 9, suffix);
+    w += suffix;
+    long j = 0, used = (c1 - c0) * (r1 - r0);
+    for (long r = r0; r < r1; r++) {
+        long first = r * columns + c0;
+        /* T3: a row's first tile starts right after a restart marker (or is tile 0) */
+        if (first > 0) {
+            long s = starts[first];
+            if (d[s - 2] != 0xFF || (d[s - 1] & 0xF8) != 0xD0) goto refuse;
+        }
+        for (long c = c0; c < c1; c++, j++) {
+            long k = r * columns + c;
+            memcpy(w, d + starts[k], lengths[k]);
+            w += lengths[k];
+            const uint8_t *marker = d + starts[k] + lengths[k];
+            int last_of_image = k == tiles - 1;
+            /* T3: every tile is followed by a restart marker, or EOI after the last one */
+            if (marker[0] != 0xFF || (last_of_image ? marker[1] != 0xD9 : (marker[1] & 0xF8) != 0xD0))
+                goto refuse;
+            *w++ = 0xFF;
+            *w++ = j + 1 < used ? (uint8_t)(0xD0 + (j & 7)) : 0xD9;
+        }
+    }
+    free(starts);
+    free(lengths);
+    *out = jpeg;
+    *out_size = (size_t)(w - jpeg);
+    origin[0] = x;
+    origin[1] = y;
+    origin[2] = out_width;
+    origin[3] = out_height;
+    return 1;
+refuse:
+    free(starts);
+    free(lengths);
+    free(jpeg);
+    return 0;
+}
+
+static PyObject *py_window(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    double left, top, right, bottom;
+    long margin;
+    if (!PyArg_ParseTuple(args, "y*ddddl:window", &view, &left, &top, &right, &bottom, &margin))
+        return NULL;
+    uint8_t *jpeg = NULL;
+    size_t size = 0;
+    long origin[4];
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = cut_window(view.buf, (size_t)view.len, left, top, right, bottom, margin, &jpeg, &size, origin);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (!ok) Py_RETURN_NONE;
+    PyObject *data = PyByteArray_FromStringAndSize((const char *)jpeg, (Py_ssize_t)size);
+    free(jpeg);
+    if (!data) return NULL;
+    return Py_BuildValue("(Nllll)", data, origin[0], origin[1], origin[2], origin[3]);
+}
+
 static PyMethodDef methods[] = {
     {"transcode", py_transcode, METH_VARARGS,
      "transcode(data, max_pixels, min_tile_width=16) -> bytes\n\n"
      "Losslessly rewrite a sequential Huffman JPEG with one restart interval per MCU, optimised\n"
      "Huffman tables and APP9 PKTILES tables of MCU lengths. Raises ValueError starting with\n"
      "'unsupported:', 'corrupt:' or 'memory:'."},
+    {"window", py_window, METH_VARARGS,
+     "window(data, left, top, right, bottom, margin) -> (jpeg, x, y, width, height) | None\n\n"
+     "The tiles of a tiled JPEG under the box widened by margin, as a JPEG (a bytearray), with\n"
+     "the window's origin and size; None when data is not a tiled JPEG, its tables disagree\n"
+     "with it (formats/SPEC.md T1-T3), or the window would be the whole image."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -36,7 +36,8 @@ import numpy as np
 
 from .errors import BuildError
 
-__all__ = ["TileLayout", "read_layout", "window_jpeg", "transcode", "transcoder_available",
+__all__ = ["TileLayout", "read_layout", "window_jpeg", "cut_window", "transcode",
+           "transcoder_available",
            "TILE_SIGNATURE", "WINDOW_MARGIN", "window_margin"]
 
 #: APP9 payloads that start with these 8 bytes are packer tile tables.
@@ -44,6 +45,7 @@ TILE_SIGNATURE = b"PKTILES\x00"
 TILE_VERSION = 1
 _APP9 = 0xE9
 _TILED_START = b"\xff\xd8\xff\xe9"  # SOI, then the first APP9 tile table
+_HEADER_GUESS = 8192  # bytes copied to parse the header; more when the tables are longer
 _TABLE_HEADER = struct.Struct(">8sBBHHI")  # signature, version, reserved, columns, rows, first tile
 #: Decoded pixels to keep between a crop and the edge of its window of tiles. Fancy (smooth)
 #: chroma upsampling makes each pixel from its own and the adjacent chroma sample; at a window's
@@ -59,6 +61,10 @@ def window_margin(m: int = 8) -> int:
     """``WINDOW_MARGIN`` decoded pixels in source pixels, for a decode at scale ``m``/8."""
     return -(-WINDOW_MARGIN * 8 // m)
 _SEQUENTIAL_SOF = (0xC0, 0xC1)
+try:  # the compiled twin of read_layout + window_jpeg, when packer was built with a compiler
+    from ._jpegtiles import window as _window
+except ImportError:
+    _window = None
 _OTHER_SOF = frozenset((0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 
 
@@ -113,8 +119,12 @@ def read_layout(data: Any) -> TileLayout | None:
     # [T1] The tables come first, right after SOI: an ordinary JPEG is told apart in a microsecond.
     if size < 14 or view[0:4] != _TILED_START or view[6:14] != TILE_SIGNATURE:
         return None
+    full = view
+    view = bytes(view[:_HEADER_GUESS])  # single-byte reads below are fastest on bytes
     position, sof, restart_interval, tables = 2, -1, 0, []
     while True:
+        if position + 12 > len(view) and len(view) < size:  # the header is longer: read it all
+            view = bytes(full)
         if position + 4 > size or view[position] != 0xFF:
             return None
         marker = view[position + 1]
@@ -123,7 +133,7 @@ def read_layout(data: Any) -> TileLayout | None:
         if length < 2 or end > size:
             return None
         if marker in _SEQUENTIAL_SOF:
-            if sof >= 0:
+            if sof >= 0 or length < 8:
                 return None
             sof = position
         elif marker in _OTHER_SOF:
@@ -133,20 +143,27 @@ def read_layout(data: Any) -> TileLayout | None:
         elif marker == _APP9 and bytes(view[position + 4:position + 12]) == TILE_SIGNATURE:
             tables.append((position, end))
         elif marker == 0xDA:
+            if length < 3:
+                return None
             sos, entropy = position, end
             break
         position = end
     if not tables or tables[0][0] != 2 or sof < tables[-1][1] or restart_interval < 1:
         return None
-    return _layout(view, size, sof, sos, entropy, restart_interval, tables)
+    if len(view) < entropy:
+        view = bytes(full[:entropy])
+    return _layout(view, full, size, sof, sos, entropy, restart_interval, tables)
 
 
-def _layout(view: Any, size: int, sof: int, sos: int, entropy: int, restart_interval: int,
-            tables: list[tuple[int, int]]) -> TileLayout | None:
+def _layout(view: bytes, full: Any, size: int, sof: int, sos: int, entropy: int,
+            restart_interval: int, tables: list[tuple[int, int]]) -> TileLayout | None:
+    """``view``: the file's bytes up to the entropy-coded data at least; ``full``: all of it."""
     # [T2] every check below: any disagreement and the payload is decoded whole
     height = (view[sof + 5] << 8) | view[sof + 6]
     width = (view[sof + 7] << 8) | view[sof + 8]
     components = view[sof + 9]
+    if ((view[sof + 2] << 8) | view[sof + 3]) != 8 + 3 * components:
+        return None
     if view[sof + 4] != 8 or width < 1 or height < 1 or not 1 <= components <= 4:
         return None
     if sof + 10 + 3 * components > size or view[sos + 4] != components:
@@ -183,7 +200,7 @@ def _layout(view: Any, size: int, sof: int, sos: int, entropy: int, restart_inte
     # Each tile is followed by a 2-byte marker: RSTn, or EOI after the last one, which must end
     # the file. The markers themselves are checked by window_jpeg, for the tiles it uses.
     ends = np.cumsum(lengths + 2)
-    if entropy + int(ends[-1]) != size or view[size - 2] != 0xFF or view[size - 1] != 0xD9:
+    if entropy + int(ends[-1]) != size or full[size - 2] != 0xFF or full[size - 1] != 0xD9:
         return None
     starts = ends - lengths
     starts += entropy - 2
@@ -220,7 +237,7 @@ def window_jpeg(data: Any, layout: TileLayout, column0: int, column1: int, row0:
     header_size = len(layout.prefix) + 4 + len(layout.suffix)
     # each row: its tiles' bytes and the 2-byte marker after each (EOI after the image's last)
     parts.extend(view[start:end] for start, end in zip(row_starts, row_ends))
-    jpeg = bytearray(b"".join(parts))
+    jpeg = bytearray().join(parts)
     # Restart markers must count 0, 1, ..., 7, 0, ... from the window's first tile; the marker
     # after the window's last tile becomes EOI. Every marker is checked first: a tile table that
     # does not match the data must not produce a wrong image.
@@ -233,13 +250,43 @@ def window_jpeg(data: Any, layout: TileLayout, column0: int, column1: int, row0:
     source = np.frombuffer(view, dtype=np.uint8)
     inner = np.asarray(row_starts[1:] if row0 == 0 and column0 == 0 else row_starts,
                        dtype=np.int64) - 2
+    image_ends = row1 == layout.rows and column1 == layout.columns  # EOI after the last tile
     if not (np.all(out[marker_ends - 1] == 0xFF) and np.all((codes[:-1] & 0xF8) == 0xD0)
-            and (codes[-1] & 0xF8 == 0xD0 or codes[-1] == 0xD9)
+            and (codes[-1] == 0xD9 if image_ends else codes[-1] & 0xF8 == 0xD0)
             and np.all(source[inner] == 0xFF) and np.all((source[inner + 1] & 0xF8) == 0xD0)):
         raise ValueError("the tile table does not match the JPEG's restart markers")
     out[marker_ends[:-1]] = 0xD0 + (np.arange(len(marker_ends) - 1, dtype=np.uint8) & 7)
     out[marker_ends[-1]] = 0xD9
     return jpeg, x, y
+
+
+def cut_window(data: Any, box: tuple[float, float, float, float], margin: int
+               ) -> tuple[bytearray, int, int, int, int] | None:
+    """The tiles under ``box`` (left, top, right, bottom) widened by ``margin``, as a JPEG.
+
+    Returns:
+        ``(jpeg, x, y, width, height)``: the window JPEG, its origin in the image and its size;
+        or ``None`` when ``data`` is not a usable tiled JPEG (T1-T3) or the window would be the
+        whole image: then decode ``data`` whole.
+
+    Uses the compiled ``packer._jpegtiles.window`` when it is installed (same checks, same
+    bytes, about 10x faster), else ``read_layout`` + ``window_jpeg``.
+    """
+    if _window is not None:
+        return _window(data, *box, margin)
+    layout = read_layout(data)
+    if layout is None:
+        return None
+    window = layout.window(*box, margin)
+    column0, column1, row0, row1 = window
+    if column1 - column0 == layout.columns and row1 - row0 == layout.rows:
+        return None
+    try:
+        jpeg, x, y = window_jpeg(data, layout, *window)
+    except ValueError:  # outside the tiles, or the table does not match the data
+        return None
+    return (jpeg, x, y, min(column1 * layout.tile_width, layout.width) - x,
+            min(row1 * layout.tile_height, layout.height) - y)
 
 
 def transcoder_available() -> bool:

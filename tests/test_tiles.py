@@ -90,7 +90,7 @@ def test_transcode_is_lossless(subsampling: str, shape: tuple[int, int]) -> None
     {"quality": 100}, {"quality": 10}, {"optimize": True}, {"restart_marker_blocks": 3},
     {"restart_marker_rows": 2}, {"subsampling": 0}, {"subsampling": 1}, {"mode": "L"},
     {"mode": "CMYK"}, {"exif": EXIF},
-    {"icc_profile": b"\x00" * 300}, {"comment": b"hello"},
+    {"icc_profile": b"\x00" * 300}, {"icc_profile": b"\x01" * 20000}, {"comment": b"hello"},
 ], ids=lambda o: ",".join(f"{k}={str(v)[:8]}" for k, v in o.items()))
 def test_transcode_is_lossless_for_pillow_variants(options: dict) -> None:
     options = dict(options)
@@ -423,3 +423,60 @@ def test_tiled_vectors() -> None:
             assert layout is not None, name
             with pytest.raises(ValueError, match="does not match"):
                 window_jpeg(data, layout, *damaged["window"])
+
+
+# --- the compiled window cutter is the Python one's twin ---------------------------------------
+
+def python_cut(data: bytes, box: tuple[float, float, float, float], margin: int):
+    saved, tiles._window = tiles._window, None
+    try:
+        return tiles.cut_window(data, box, margin)
+    finally:
+        tiles._window = saved
+
+
+def random_box(rng: np.random.Generator, width: int, height: int) -> tuple[float, ...]:
+    w, h = rng.uniform(1, width * 1.1), rng.uniform(1, height * 1.1)
+    left, top = rng.uniform(-10, width), rng.uniform(-10, height)
+    return (float(left), float(top), float(left + w), float(top + h))
+
+
+@pytest.mark.parametrize("subsampling", SUBSAMPLINGS + ("gray",))
+def test_compiled_window_equals_the_python_reference(subsampling: str) -> None:
+    assert tiles._window is not None
+    pixels = photo(77, 131, seed=8)
+    source = jpeg(pixels[:, :, :1] if subsampling == "gray" else pixels,
+                  subsampling="420" if subsampling == "gray" else subsampling)
+    tiled = tile(source)
+    rng = np.random.default_rng(12)
+    seen = {"window": 0, "none": 0}
+    for _ in range(150):
+        box, margin = random_box(rng, 131, 77), int(rng.integers(0, 20))
+        compiled, reference = tiles.cut_window(tiled, box, margin), python_cut(tiled, box, margin)
+        assert compiled == reference, (box, margin)
+        seen["window" if compiled else "none"] += 1
+    assert seen["window"] > 50, seen
+    whole = (-1.0, -1.0, 140.0, 80.0)  # every tile: decode the image whole instead
+    assert tiles.cut_window(tiled, whole, 0) is None and python_cut(tiled, whole, 0) is None
+    assert tiles.cut_window(source, (0, 0, 5, 5), 1) is None  # an ordinary JPEG
+
+
+def test_compiled_window_equals_the_python_reference_on_damaged_files() -> None:
+    """Byte flips in the header, the tables and the data: both give None or the same bytes."""
+    tiled = tile(jpeg(photo(40, 72, seed=9), subsampling="422"))
+    header_end = tiled.index(b"\xff\xda")
+    rng = np.random.default_rng(13)
+    outcomes = {"same window": 0, "both none": 0}
+    for trial in range(1500):
+        damaged = bytearray(tiled)
+        where = header_end + 20 if trial % 3 == 0 else len(tiled)
+        for position in rng.integers(2, where, size=int(rng.integers(1, 3))):
+            damaged[position] = int(rng.integers(0, 256))
+        if trial % 10 == 0:
+            damaged = damaged[:int(rng.integers(2, len(damaged)))]
+        data = bytes(damaged)
+        box, margin = random_box(rng, 72, 40), int(rng.integers(0, 8))
+        compiled, reference = tiles.cut_window(data, box, margin), python_cut(data, box, margin)
+        assert compiled == reference, (trial, box, margin)
+        outcomes["same window" if compiled else "both none"] += 1
+    assert min(outcomes.values()) > 100, outcomes
