@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: venv demo test bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py packer/_jpegtiles.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
@@ -21,12 +21,14 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) scripts/demo.py --out demo-out
 
+# PACKER_REQUIRE_EXTENSION: the tiled codec's C extension must have been built here.
 test: venv
-	$(PY) -m pytest -q
+	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
 
 bench: venv
 	$(PY) scripts/bench_build.py
-	$(PY) scripts/bench_read.py
+	$(PY) scripts/bench_verify.py
+	$(PY) scripts/bench_backends.py
 
 clean:
 	rm -rf $(VENV) demo-out bench-out

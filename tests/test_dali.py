@@ -236,6 +236,28 @@ def test_dali_parallel_spawn_decodes_on_cpu(jpeg_dataset: Path) -> None:
             assert np.abs(image.astype(int) - reference.astype(int)).mean() < 2.0
 
 
+def test_dali_decodes_tiled_payloads_like_the_originals(jpeg_dataset: Path, tmp_path: Path) -> None:
+    """A --codec tiled dataset through DALI's decoder: tiled JPEGs are ordinary JPEGs to it."""
+    from packer.tiles import read_layout, transcoder_available
+
+    if not transcoder_available():
+        pytest.skip("packer._jpegtiles was not built")
+    src = jpeg_dataset.parent / "src"
+    tiled = tmp_path / "tiled"
+    build(src, tiled, BuildOptions(shard_size=48 << 10, codec="tiled"), workers=1, progress=False)
+    decoded = {}
+    for path in (jpeg_dataset, tiled):
+        source = PackedSampleSource(path, BATCH, order="sequential", return_index=True)
+        (batches,) = _run_epochs(_sample_pipeline(source, parallel=False, decode=True), 1)
+        with open_dataset(path) as ds:
+            decoded[path] = {ds.key(int(i)): image for b in batches for image, i in zip(b[0], b[2])}
+            if path == tiled:
+                assert all(read_layout(ds.read(i)) is not None for i in range(len(ds)))
+    assert decoded[jpeg_dataset].keys() == decoded[tiled].keys() and len(decoded[tiled]) == 18
+    for key, image in decoded[tiled].items():
+        assert np.array_equal(image, decoded[jpeg_dataset][key]), key
+
+
 @pytest.mark.parametrize("parallel", [False, True], ids=["iterable", "parallel-batch-info"])
 def test_dali_batch_pipeline(jpeg_dataset: Path, parallel: bool) -> None:
     dali = pytest.importorskip("nvidia.dali")
