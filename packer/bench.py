@@ -502,8 +502,8 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
                           "instead of decoding full-size images and transforming them")
         if options.decode == "rrc" and result.codec == "passthrough":
             advice.append("rebuild with --codec tiled: the same pixels (lossless), and a random "
-                          "crop then decodes only the JPEG tiles under it (about 1.4x faster "
-                          "decoding at ImageNet sizes)")
+                          "crop then decodes only the JPEG tiles under it (about 1.5x faster "
+                          "per image at ImageNet sizes)")
         advice.append("re-encode the images smaller (e.g. shorter side 256-320 px, JPEG quality "
                       "~90) and rebuild: decoding time grows with the pixel count and bytes")
         advice.append("decode on the GPU with NVIDIA DALI (nvJPEG; packer's DALI reader): the "

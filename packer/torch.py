@@ -150,7 +150,9 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
 
     Same-shape, same-dtype image tensors are copied once into one ``(B, ...)`` tensor (in shared
     memory inside a worker, so it reaches the main process without another copy); images of
-    different sizes come back as a list of tensors. Labels become an int64 tensor.
+    different sizes come back as a list of tensors. Samples that ``__getitems__`` decoded straight
+    into one batch tensor (fused transforms, ``layout="HWC"``) come back as that tensor, uncopied.
+    Labels become an int64 tensor.
 
     Args:
         samples: what ``PackedDataset.__getitems__`` returns.
@@ -159,18 +161,13 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
         ``(images, labels)``.
     """
     labels = [sample[1] for sample in samples]
-    if isinstance(samples, _BatchSamples) and len(samples) == len(samples.batch):
-        try:
-            label_tensor = torch.as_tensor(labels, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError):
-            label_tensor = torch_data.default_collate(labels)
-        return samples.batch, label_tensor
-    images = [sample[0] for sample in samples]
     try:
         label_tensor = torch.as_tensor(labels, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
         label_tensor = torch_data.default_collate(labels)
-    return _stack(images), label_tensor
+    if isinstance(samples, _BatchSamples) and len(samples) == len(samples.batch):
+        return samples.batch, label_tensor  # decoded in place: nothing to stack
+    return _stack([sample[0] for sample in samples]), label_tensor
 
 
 def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:

@@ -433,13 +433,7 @@ class _DecodeTransform:
             if windowed is not None:
                 return windowed[0], windowed[1], flip
         try:
-            if m == 8:
-                pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_dct,
-                                                fastupsample=self.fast_upsample)
-            else:
-                pixels = simplejpeg.decode_jpeg(
-                    view, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
-                    min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
+            pixels = self._simplejpeg(view, m, width, height)
         except Exception:  # noqa: BLE001 - strict mode refuses some files Pillow still decodes
             pixels = decode_image(view, ImageFormat.JPEG)
             m = 8
@@ -451,6 +445,15 @@ class _DecodeTransform:
         # not by decoded/original size, which libjpeg's rounding-up would skew.
         factor = m / 8
         return pixels, (left * factor, top * factor, right * factor, bottom * factor), flip
+
+    def _simplejpeg(self, data: Any, m: int, width: int, height: int) -> np.ndarray:
+        """simplejpeg's RGB decode of a ``width x height`` JPEG at DCT scale ``m``/8."""
+        if m == 8:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=self.fast_dct,
+                                          fastupsample=self.fast_upsample)
+        return simplejpeg.decode_jpeg(
+            data, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
+            min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
 
     def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float],
                        m: int) -> tuple[np.ndarray, tuple[float, float, float, float]] | None:
@@ -472,13 +475,7 @@ class _DecodeTransform:
             return None
         jpeg, x, y, width, height = window
         try:
-            if m == 8:
-                pixels = simplejpeg.decode_jpeg(jpeg, colorspace="RGB", fastdct=self.fast_dct,
-                                                fastupsample=self.fast_upsample)
-            else:
-                pixels = simplejpeg.decode_jpeg(
-                    jpeg, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
-                    min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
+            pixels = self._simplejpeg(jpeg, m, width, height)
         except Exception:  # noqa: BLE001 - the whole-image path decodes it or reports why
             return None
         if m == 8 and pixels.shape[:2] != (height, width):
