@@ -19,7 +19,9 @@ In one run, each measurement against its baseline in the same run:
 5. raw-shard batches to the GPU (``GpuRawBatches``, 256 per batch): io=kvikio vs io=host vs the
    CPU path (``device="cpu"``): images/s and GB/s;
 6. JPEG batches decoded on the GPU (``GpuJpegBatches``, nvJPEG through torchvision) vs the CPU
-   path (simplejpeg via ``packer.decode``, one thread, and one thread per core).
+   path (simplejpeg via ``packer.decode``, one thread, and one thread per core);
+7. nvJPEG on the tiled-JPEG vectors: a tiled JPEG decodes exactly like its source, a cut window
+   like the same region.
 
 Partial results are printed as they come; the summary table is printed last and everything is
 written to ``$OUT/gpu_check.json`` when ``$OUT`` is set (or ``--json PATH``). Each section runs
@@ -379,6 +381,42 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
     return rows
 
 
+def tiled_nvjpeg(gpu: bool) -> dict[str, Any]:
+    """nvJPEG on tiled JPEGs (formats/vectors/tiled): a tiled JPEG must decode exactly like its
+    source, and a cut window like the same region of the full decode (restart markers are
+    standard JPEG; this checks that nvJPEG agrees). Uses the pure-Python window cutter, so it
+    needs no compiled extension."""
+    import numpy as np
+
+    from packer.tiles import read_layout, window_jpeg
+
+    folder = REPO / "formats" / "vectors" / "tiled"
+    if not gpu:
+        return {"skipped": "no GPU"}
+    import torch
+    from torchvision.io import decode_jpeg
+
+    def nv(data: bytes) -> np.ndarray:
+        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return decode_jpeg(tensor, device="cuda").permute(1, 2, 0).cpu().numpy()
+
+    out: dict[str, Any] = {}
+    for source_path in sorted(folder.glob("*.source.jpg")):
+        name = source_path.name.removesuffix(".source.jpg")
+        source = source_path.read_bytes()
+        tiled = (folder / f"{name}.tiled.jpg").read_bytes()
+        full, whole = nv(source), nv(tiled)
+        layout = read_layout(tiled)
+        data, x, y = window_jpeg(tiled, layout, 0, max(1, layout.columns - 1), 0, layout.rows)
+        part = nv(bytes(data))
+        region = full[y:y + part.shape[0], x:x + part.shape[1]].astype(int)
+        inner = np.abs(part.astype(int) - region)[:, :-2]  # away from the cut edge
+        out[name] = {"tiled_equals_source": bool(np.array_equal(full, whole)),
+                     "window_max_diff_inside": int(inner.max()) if inner.size else None}
+    log(f"tiled nvJPEG {out}")
+    return out
+
+
 def table() -> str:
     sections = RESULTS["sections"]
     lines = ["", "=" * 78, "packer GPU check" + ("  (DRY RUN: host paths only)" if RESULTS.get("dry_run") else "")]
@@ -411,6 +449,10 @@ def table() -> str:
                 ratio = f"  x{rate / base:.1f} vs cpu" if rate and base else ""
                 lines.append(f"{row['variant'][:48]:<48}{str(rate if rate else row.get('error', '-'))[:40]:>12}"
                              f"{str(row.get('GB_per_s', '')):>8}{ratio}")
+    tiled = sections.get("tiled nvjpeg") or {}
+    if tiled:
+        lines.append("")
+        lines.append(f"tiled JPEGs on nvJPEG: {tiled}")
     if RESULTS["errors"]:
         lines.append("")
         lines.extend(f"ERROR in {e['section']}: {e['error']}" for e in RESULTS["errors"])
@@ -456,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: raw_batches(raw, gpu, seconds_each, batch_size))
         section("jpeg decode", budget, 20 if not dry else 2)(
             lambda: jpeg_decode(jpeg, gpu, seconds_each, batch_size))
+    section("tiled nvjpeg", budget, 5)(lambda: tiled_nvjpeg(gpu))
     text = table()
     print(text, flush=True)
     RESULTS["table"] = text
