@@ -219,6 +219,7 @@ class SegmentResult:
     length: int
     rows: dict[str, list[int]]
     rejected: list[dict[str, str]]
+    notes: dict[str, int] = field(default_factory=dict)  # the codec's labels, counted
 
 
 def segment_count(plan: BuildPlan, shard: int, wanted: int, min_bytes: int = 16 << 20) -> int:
@@ -259,6 +260,7 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     members = _segment_members(plan, shard, segment, segments)
     rows: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
     rejected: list[dict[str, str]] = []
+    notes: dict[str, int] = {}
     temp = _temp_dir(out, shard) / f"shard-{shard:05d}.seg-{segment:03d}.{os.getpid()}.partial"
     position = fmt.shard_data_offset(alignment) if segment == 0 else 0
     pending_files = pending_bytes = 0
@@ -268,9 +270,11 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
             handle.write(bytes(position))
             for source_index in members.tolist():
                 key = listing.key(source_index)
-                payload, info, rejection = _load_and_check(listing.root, key, int(listing.sizes[source_index]),
-                                                           options, codec)
+                payload, info, rejection, note = _load_and_check(
+                    listing.root, key, int(listing.sizes[source_index]), options, codec)
                 pending_files += 1
+                if note is not None:
+                    notes[note] = notes.get(note, 0) + 1
                 if rejection is not None:
                     if fail_on_reject:
                         raise BuildError(f"{rejection.reason}: {rejection.message} (--on-error fail)",
@@ -306,7 +310,7 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     if progress and (pending_files or pending_bytes):
         progress(pending_files, pending_bytes)
     return SegmentResult(shard=shard, segment=segment, path=str(temp), length=position, rows=rows,
-                         rejected=rejected)
+                         rejected=rejected, notes=notes)
 
 
 def _append_file(target: Any, source_path: str, length: int) -> None:
@@ -331,6 +335,7 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
     first = Path(parts[0].path)
     rows: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
     rejected: list[dict[str, str]] = []
+    notes: dict[str, int] = {}
     try:
         with open(first, "r+b") as handle:
             position = 0
@@ -343,6 +348,8 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
                     values = part.rows[name]
                     rows[name].extend([v + position for v in values] if name == "offset" else values)
                 rejected.extend(part.rejected)
+                for note, count in part.notes.items():
+                    notes[note] = notes.get(note, 0) + count
                 position += part.length
             count = len(rows["source"])
             number = plan.first_shard_number + shard
@@ -355,6 +362,8 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
                 os.fsync(handle.fileno())
         record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
                                   "sample_count": count, "rejected": rejected}
+        if notes:
+            record["codec_notes"] = notes
         if count:
             digest = _hash_file(first)
             final_name = fmt.shard_file_name(number, digest)
@@ -401,29 +410,34 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
 
 
 def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any
-                    ) -> tuple[bytes, Any, Rejection | None]:
-    """Read one source file and check it; a bad file becomes a Rejection, never an exception."""
+                    ) -> tuple[bytes, Any, Rejection | None, str | None]:
+    """Read one source file and check it; a bad file becomes a Rejection, never an exception.
+
+    Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
+    (``Codec.note``), counted in the build summary, or None.
+    """
     path = root / key
     try:
         with open(path, "rb") as source:
             data = source.read()
     except FileNotFoundError:
-        return b"", None, Rejection(key, "missing", "the file vanished after it was listed")
+        return b"", None, Rejection(key, "missing", "the file vanished after it was listed"), None
     except PermissionError as exc:
-        return b"", None, Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
+        return b"", None, Rejection(key, "unreadable", f"permission denied: {exc.strerror}"), None
     except OSError as exc:
-        return b"", None, Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}")
+        return b"", None, Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}"), None
     if len(data) != listed_size:
         return b"", None, Rejection(key, "changed-during-build",
-                                    f"listed as {listed_size} bytes, read {len(data)} bytes")
+                                    f"listed as {listed_size} bytes, read {len(data)} bytes"), None
     try:
         info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
-        return b"", None, Rejection(key, exc.reason, exc.message)
+        return b"", None, Rejection(key, exc.reason, exc.message), None
     except PackerError as exc:
-        return b"", None, Rejection(key, "decode-failed", exc.message)
-    return payload, info, None
+        return b"", None, Rejection(key, "decode-failed", exc.message), None
+    note = codec.note(data, payload, info) if hasattr(codec, "note") else None
+    return payload, info, None, note
 
 
 def _hash_file(path: Path) -> int:
@@ -533,6 +547,12 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         "planned_shards": plan.shard_count,
         "tool": f"packer {__version__}",
     }
+    notes: dict[str, int] = {}
+    for header in headers:
+        for note, count in header.get("codec_notes", {}).items():
+            notes[note] = notes.get(note, 0) + int(count)
+    if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
+        build_info["codec_notes"] = dict(sorted(notes.items()))
     return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
                           alignment=options.alignment, build_info=build_info, rejected=rejected,
                           history=list(history), cleanup=cleanup)

@@ -126,6 +126,9 @@ class Codec(Protocol):
     def estimate_sizes(self, source_sizes: np.ndarray) -> np.ndarray:
         """Expected payload sizes for the given source file sizes (for planning shards)."""
 
+    # Optional: ``note(source, payload, info) -> str | None``, a short label for what ``encode``
+    # did with one file, counted per label in the build summary (``codec_notes``).
+
 
 # --- option parsing ------------------------------------------------------------------------
 
@@ -292,6 +295,15 @@ class TiledCodec:
             return transcode(data, max_pixels=self._MAX_PIXELS), info
         except ValueError:  # progressive, arithmetic, 12-bit, damaged: a valid file kept as is
             return data, info
+
+    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+        """``tiled``, or why a JPEG was kept as it is (``kept: progressive``, ...); None for other
+        formats. Counted in the build summary so a mostly-progressive source shows."""
+        from .tiles import untiled_reason
+
+        if info.image_format != ImageFormat.JPEG:
+            return None
+        return "tiled" if payload is not source else f"kept: {untiled_reason(source)}"
 
     def manifest_entry(self) -> dict[str, Any]:
         return {"name": self.name, "version": 1}

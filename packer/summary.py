@@ -199,6 +199,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     options = s["build"].get("options") if isinstance(s["build"], dict) else None
     if isinstance(options, dict):
         lines.append("build      " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(options.items())))
+    notes = s["build"].get("codec_notes") if isinstance(s["build"], dict) else None
+    if isinstance(notes, dict) and notes:  # what the codec did, e.g. JPEGs tiled or kept as they are
+        lines.append("codec did " + ", ".join(f"{n:,} {k}" for k, n in notes.items()
+                                              if isinstance(n, int)))
     if s["history"]:
         lines.append(f"history    {len(s['history'])} generation(s)")
     classes = s["classes"]

@@ -37,7 +37,7 @@ import numpy as np
 from .errors import BuildError
 
 __all__ = ["TileLayout", "read_layout", "window_jpeg", "cut_window", "transcode",
-           "transcoder_available",
+           "transcoder_available", "untiled_reason",
            "TILE_SIGNATURE", "WINDOW_MARGIN", "window_margin"]
 
 #: APP9 payloads that start with these 8 bytes are packer tile tables.
@@ -287,6 +287,28 @@ def cut_window(data: Any, box: tuple[float, float, float, float], margin: int
         return None
     return (jpeg, x, y, min(column1 * layout.tile_width, layout.width) - x,
             min(row1 * layout.tile_height, layout.height) - y)
+
+
+def untiled_reason(data: Any) -> str:
+    """Why a JPEG cannot be tiled, from its frame marker: ``progressive``, ``lossless``,
+    ``arithmetic``, ``12-bit``, or ``damaged or multi-scan`` (the transcoder's finer message is
+    not kept). For the build summary; reads only the header."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    position, size = 2, len(view)
+    while position + 4 <= size and view[position] == 0xFF:
+        marker = view[position + 1]
+        if marker in (0xC2, 0xC6):
+            return "progressive"
+        if marker in (0xC3, 0xC7):
+            return "lossless"
+        if 0xC9 <= marker <= 0xCF and marker != 0xCC:
+            return "arithmetic"
+        if marker in _SEQUENTIAL_SOF and position + 4 < size and view[position + 4] != 8:
+            return f"{view[position + 4]}-bit"
+        if marker == 0xDA:
+            break
+        position += 2 + ((view[position + 2] << 8) | view[position + 3])
+    return "damaged or multi-scan"
 
 
 def transcoder_available() -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import struct
 import sys
 from pathlib import Path
 
@@ -130,6 +131,20 @@ def test_eight_pixel_mcus_are_grouped_into_wider_tiles() -> None:
 def test_transcode_refuses_what_it_cannot_tile(options: dict, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         tile(pillow_jpeg(photo(32, 32), **options))
+
+
+def test_untiled_reason_reads_the_frame_marker() -> None:
+    def frame(marker: int, precision: int = 8) -> bytes:
+        body = bytes([precision, 0, 8, 0, 8, 1, 1, 0x11, 0])
+        return b"\xff\xd8" + bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
+
+    assert tiles.untiled_reason(pillow_jpeg(photo(16, 16), progressive=True)) == "progressive"
+    assert tiles.untiled_reason(frame(0xC2)) == "progressive"
+    assert tiles.untiled_reason(frame(0xC3)) == "lossless"
+    assert tiles.untiled_reason(frame(0xC9)) == "arithmetic"
+    assert tiles.untiled_reason(frame(0xC1, precision=12)) == "12-bit"
+    for data in (frame(0xC0), b"\xff\xd8", b"junk", jpeg(photo(16, 16))[:30]):
+        assert tiles.untiled_reason(data) == "damaged or multi-scan"
 
 
 def test_transcode_refuses_large_and_non_jpeg_inputs() -> None:
@@ -362,6 +377,10 @@ def test_build_with_the_tiled_codec(tmp_path: Path, sample_folder: Path) -> None
             assert stored == source, key  # not a JPEG, or one that cannot be tiled
     jpegs = sum(1 for i in range(len(plain_ds)) if plain_ds.index.image_format[i] == 1)
     assert counted["tiled"] >= 1 and counted["tiled"] < jpegs  # the progressive one is kept as is
+    # the build summary counts what the codec did with every JPEG
+    assert manifest["build"]["codec_notes"] == {"kept: progressive": jpegs - counted["tiled"],
+                                                "tiled": counted["tiled"]}
+    assert "codec_notes" not in json.loads((plain_out / "manifest.json").read_text())["build"]
     tiled_ds.close()
     plain_ds.close()
 
@@ -385,6 +404,7 @@ def test_tiled_dataset_through_the_cli(tmp_path: Path, sample_folder: Path) -> N
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["inspect", str(out)])
     assert result.exit_code == 0 and "tiled" in result.output, result.output
+    assert "codec did" in result.output and " tiled" in result.output.split("codec did")[1]
 
 
 # --- the spec's vectors (formats/vectors/tiled, section 13) ----------------------------------------

@@ -100,6 +100,9 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         click.echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
                    f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
                    f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
+        notes = result.summary.get("codec_notes", {})
+        if notes:
+            click.echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
         if result.rejected:
             summary = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
             click.echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / 'build-report.jsonl'}",
@@ -107,7 +110,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         if as_json:
             emit_json({"ok": True, "path": str(out), "samples": result.sample_count, "shards": result.shard_count,
                        "payload_bytes": result.payload_bytes, "total_bytes": result.total_bytes,
-                       "rejected": len(result.rejected), "rejected_by_reason": reasons})
+                       "rejected": len(result.rejected), "rejected_by_reason": reasons,
+                       "codec_notes": notes})
         return 0
 
     run_command(body, as_json=as_json)
