@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("packer._jpegtiles", ["packer/_jpegtiles.c"], optional=True,
+        Extension("packer.codecs._jpegtiles", ["packer/codecs/_jpegtiles.c"], optional=True,
                   extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra"]),
     ],
 )

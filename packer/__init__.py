@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 from .errors import *  # noqa: F401,F403  (the error classes are part of the public API)
 from .errors import __all__ as _error_names
 
-__all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "verify_dataset", *_error_names]
+__all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset", *_error_names]
 
 
 def __getattr__(name: str):  # lazy: keep `import packer` cheap
@@ -20,6 +20,9 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
     if name == "build_dataset":
         from .build import build
         return build
+    if name == "append_dataset":
+        from .build.append import append
+        return append
     if name == "verify_dataset":
         from .verify import verify
         return verify

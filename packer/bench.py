@@ -30,6 +30,7 @@ import numpy as np
 
 from .dataset import Dataset, open_dataset
 from .errors import MissingDependencyError
+from .machine import available_cpus
 from .order import ORDERS, epoch_order, index_blocks
 
 __all__ = [
@@ -211,13 +212,6 @@ def child_pids(parent: int | None = None) -> list[int]:
     return sorted(children)
 
 
-def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 # --- the loaders --------------------------------------------------------------------------------
 
 def _decoder(options: BenchOptions) -> bool | Callable[..., Any]:
@@ -389,7 +383,7 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     """
     say = log or (lambda _message: None)
     dataset = open_dataset(path, backend=options.backend)
-    cores = _available_cores()
+    cores = available_cpus()
     notes: list[str] = []
     loader = options.loader
     if loader in ("auto", "torch"):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,81 +25,37 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import format as fmt
-from .backends import ShardBackend, open_backend
+from .backends import ShardBackend, check_backend_name, open_backend
+from .backends.buffers import PAGE, aligned_empty
+from .backends.runs import RunPlan, plan_runs
 from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, PackerError,
-                     TruncatedFileError, UnsafePathError)
+                     TruncatedFileError)
+from .files import open_dataset_file, read_capped
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset"]
 
 #: Shards kept open per process by default (each holds one fd and, for mmap, one mapping).
 DEFAULT_MAX_OPEN_SHARDS = 64
 
-KNOWN_BACKENDS = frozenset({"mmap", "pread", "direct", "kvikio"})
-
-_PAGE = 4096
-
-
-def _aligned_buffer(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 buffer whose first byte is page-aligned."""
-    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
-    skip = -raw.ctypes.data % _PAGE
-    return raw[skip:skip + nbytes]
-
-
-
 
 def _read_manifest_bytes(root: Path) -> bytes:
-    path = root / fmt.MANIFEST_NAME
     if not root.exists():  # [R42]
         raise NotAPackerFileError("dataset folder does not exist", path=root)
     if not root.is_dir():  # [R42]
         raise NotAPackerFileError("not a dataset folder (expected a folder holding manifest.json)", path=root)
-    if path.exists() and not path.is_file():  # [R44] a FIFO would block the open below forever
-        raise NotAPackerFileError("manifest.json is not a regular file", path=path)
     try:
-        with open(path, "rb") as handle:
-            # read(n) allocates n bytes up front: ask for the file's size (capped), not the cap.
-            size = min(os.fstat(handle.fileno()).st_size, fmt.MAX_MANIFEST_BYTES)
-            data = handle.read(size + 1)
-            if len(data) > size:  # it grew since fstat: read on, up to the cap
-                data += handle.read(fmt.MAX_MANIFEST_BYTES + 1 - len(data))
-    except FileNotFoundError:  # [R42]
+        data = read_capped(root, fmt.MANIFEST_NAME, fmt.MAX_MANIFEST_BYTES)
+    except DatasetChangedError:  # [R42]
         staging = (root / ".packer-build").exists()
         raise NotAPackerFileError(
             "no manifest.json: not a packer dataset" + (
                 " (an unfinished build is here: finish it with `packer build --resume`)" if staging else ""),
             path=root) from None
-    except OSError as exc:
-        raise TruncatedFileError(f"cannot read the manifest: {exc.strerror}", path=path) from None
+    except NotAPackerFileError:  # [R44] a FIFO or folder in its place
+        raise NotAPackerFileError("manifest.json is not a regular file", path=root / fmt.MANIFEST_NAME) from None
+    if data is None:  # [R30]
+        raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit", path=root / fmt.MANIFEST_NAME)
     return data
-
-
-def _safe_open(root: Path, relative: str, expected_size: int) -> tuple[int, str]:
-    """Open a file named by the manifest: inside the folder [R19], the recorded size [R20]."""
-    full = root / relative
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(full)
-    if os.path.commonpath([real_root, real]) != real_root:  # [R19]
-        raise UnsafePathError(f"{relative!r} resolves outside the dataset folder (to {real})", path=root)
-    try:
-        # O_NONBLOCK: a FIFO planted in place of a dataset file must not hang the open.
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:  # [R43]
-        raise DatasetChangedError(f"{relative} is missing: the dataset was replaced or deleted while in use, "
-                                  f"or the copy is incomplete", path=full) from None
-    except OSError as exc:
-        raise TruncatedFileError(f"cannot open {relative}: {exc.strerror}", path=full) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):  # [R44] a folder, FIFO or device would fail later, or hang
-        os.close(fd)
-        raise NotAPackerFileError(f"{relative} is not a regular file", path=full)
-    os.set_blocking(fd, True)
-    size = info.st_size
-    if size != expected_size:  # [R20]
-        os.close(fd)
-        raise TruncatedFileError(f"is {size} bytes on disk but the manifest says {expected_size}"
-                                 f" ({'truncated' if size < expected_size else 'extended'})", path=full)
-    return fd, real
 
 
 class DatasetIndex:
@@ -117,7 +72,7 @@ class DatasetIndex:
         self._manifest_bytes = manifest_bytes if manifest_bytes is not None else _read_manifest_bytes(self.path)
         self.manifest = fmt.parse_manifest(self._manifest_bytes, path=self.path / fmt.MANIFEST_NAME)
         entry = self.manifest.index
-        fd, real = _safe_open(self.path, entry.path, entry.size)
+        fd, real = open_dataset_file(self.path, entry.path, entry.size)
         try:
             if entry.size == 0:
                 raise TruncatedFileError("index file is empty", path=real)
@@ -275,14 +230,13 @@ class Dataset(DatasetIndex):
 
     def __init__(self, path: str | os.PathLike[str], *, backend: str = "mmap", verify_checksums: bool = False,
                  max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, manifest_bytes: bytes | None = None) -> None:
+        check_backend_name(backend)  # before anything is mapped or hashed
         super().__init__(path, manifest_bytes=manifest_bytes)
         self.backend_name = backend
         self.verify_checksums = verify_checksums
         self.max_open_shards = max(1, max_open_shards)
         self._open: OrderedDict[int, ShardBackend] = OrderedDict()
         self._pid = os.getpid()
-        if backend not in KNOWN_BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(KNOWN_BACKENDS)}")
 
     # --- pickling: manifest bytes + options, a few KB ---
     def __getstate__(self) -> dict[str, Any]:
@@ -310,7 +264,7 @@ class Dataset(DatasetIndex):
             self._open.move_to_end(number)
             return backend
         entry = self.manifest.shards[number]
-        fd, real = _safe_open(self.path, entry.path, entry.size)
+        fd, real = open_dataset_file(self.path, entry.path, entry.size)
         try:
             head = os.pread(fd, fmt.SHARD_HEADER_SIZE, 0)
             header = fmt.ShardHeader.parse(head, path=real, actual_size=entry.size)
@@ -399,68 +353,41 @@ class Dataset(DatasetIndex):
             raise IndexError(f"batch holds an index outside 0..{n - 1}")
         idx = np.where(idx < 0, idx + n, idx)
         ix = self.index
-        unique = np.sort(idx)  # sorted, then de-duplicated: 4x cheaper than np.unique's hashing here
-        if len(unique) > 1:
-            unique = unique[np.concatenate(([True], unique[1:] != unique[:-1]))]
-        shard_of = ix.shard[unique]
-        offsets = ix.offset[unique].astype(np.int64)
-        sizes = ix.size[unique].astype(np.int64)
-        breaks = np.ones(len(unique), dtype=bool)
-        if len(unique) > 1:
-            breaks[1:] = (np.diff(unique) != 1) | (shard_of[1:] != shard_of[:-1])
-        run_ids = np.cumsum(breaks) - 1
-        run_first = np.flatnonzero(breaks)
-        run_last = np.append(run_first[1:], len(unique)) - 1
-        run_start = offsets[run_first]
-        run_bytes = offsets[run_last] + sizes[run_last] - run_start
-        run_shard = shard_of[run_first]
         if self.backend_name == "mmap":
-            data, run_pos = self._gather_mapped(run_shard, run_start, run_bytes)
+            # The page cache is already in memory: exact runs, joined without alignment games.
+            runs = plan_runs(ix, idx)
+            data = self._gather_mapped(runs)
         else:
-            data, run_pos = self._read_runs(run_shard, run_start, run_bytes)
-        unique_starts = run_pos[run_ids] + (offsets - run_start[run_ids])
-        where = np.searchsorted(unique, idx)
-        batch = Batch(data=data, starts=unique_starts[where], sizes=sizes[where])
+            # Whole pages when the layout allows (the tail padding is in the file, zeros): page-sized
+            # reads into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
+            runs = plan_runs(ix, idx, round_to=PAGE if self.manifest.alignment % PAGE == 0 else 1)
+            data = self._read_runs(runs)
+        batch = Batch(data=data, starts=runs.starts, sizes=runs.batch_sizes)
         if self.verify_checksums:
             for j, i in enumerate(idx.tolist()):
                 fmt.verify_checksum(batch[j], int(ix.checksum[i]), sample=i,
                                     path=self.manifest.shards[int(ix.shard[i])].path)
         return batch
 
-    def _gather_mapped(self, run_shard: np.ndarray, run_start: np.ndarray, run_bytes: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    def _gather_mapped(self, runs: RunPlan) -> np.ndarray:
         """mmap: join the runs' zero-copy slices with one ``bytearray.join`` (a C loop of memcpy).
 
-        No alignment games here: the page cache is already in memory, and a Python loop of
-        slice assignments costs ~3x more per run than building the list of slices.
+        A Python loop of slice assignments costs ~3x more per run than building the list of slices.
         """
-        views: dict[int, memoryview] = {}
-        for shard in np.unique(run_shard).tolist():
-            views[shard] = memoryview(self.shard(shard).array)
+        views = {shard: memoryview(self.shard(shard).array) for shard in np.unique(runs.run_shard).tolist()}
         pieces = [views[shard][start:start + length] for shard, start, length
-                  in zip(run_shard.tolist(), run_start.tolist(), run_bytes.tolist())]
-        run_pos = np.zeros(len(run_bytes) + 1, dtype=np.int64)
-        np.cumsum(run_bytes, out=run_pos[1:])
-        return np.frombuffer(bytearray().join(pieces), dtype=np.uint8), run_pos
+                  in zip(runs.run_shard.tolist(), runs.run_offset.tolist(), runs.run_bytes.tolist())]
+        return np.frombuffer(bytearray().join(pieces), dtype=np.uint8)
 
-    def _read_runs(self, run_shard: np.ndarray, run_start: np.ndarray, run_bytes: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
+    def _read_runs(self, runs: RunPlan) -> np.ndarray:
         """Other backends: one ``read_into`` per run into one page-aligned buffer."""
-        if self.manifest.alignment % _PAGE == 0:
-            # Whole pages: the run's tail padding is in the file (zeros), and page-sized reads into
-            # page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
-            run_bytes = (run_bytes + (_PAGE - 1)) // _PAGE * _PAGE
-        # Each run lands at a page-aligned position of one page-aligned buffer.
-        run_pos = np.zeros(len(run_bytes) + 1, dtype=np.int64)
-        np.cumsum((run_bytes + (_PAGE - 1)) // _PAGE * _PAGE, out=run_pos[1:])
-        data = _aligned_buffer(int(run_pos[-1]))
-        for shard in np.unique(run_shard).tolist():  # one backend lookup per shard, not per run
+        data = aligned_empty(runs.nbytes, PAGE)
+        for shard in np.unique(runs.run_shard).tolist():  # one backend lookup per shard, not per run
             backend = self.shard(shard)
-            runs = np.flatnonzero(run_shard == shard)
-            for start, position, length in zip(run_start[runs].tolist(), run_pos[runs].tolist(),
-                                               run_bytes[runs].tolist()):
-                backend.read_into(start, data[position:position + length])
-        return data, run_pos
+            for r in np.flatnonzero(runs.run_shard == shard).tolist():
+                position = int(runs.run_pos[r])
+                backend.read_into(int(runs.run_offset[r]), data[position:position + int(runs.run_bytes[r])])
+        return data
 
     def close(self) -> None:
         for backend in self._open.values():

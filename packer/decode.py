@@ -54,7 +54,7 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageinfo import DEFAULT_MAX_PIXELS, _byte_view, _open_with_plugin, _plugin_factory, detect_format
+from .imageinfo import DEFAULT_MAX_PIXELS, byte_view, open_with_plugin, plugin_factory, detect_format
 
 __all__ = ["decode_image", "decode_jpeg_rgb"]
 
@@ -63,7 +63,7 @@ ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
 
 # libjpeg-turbo colour spaces that go to Pillow, so the CMYK formula does not depend on which
 # simplejpeg version is installed (older ones refuse CMYK, newer ones convert it themselves).
-_PILLOW_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
+PILLOW_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
 _PILLOW_FORMATS = frozenset({ImageFormat.PNG, ImageFormat.WEBP, ImageFormat.GIF, ImageFormat.BMP,
                              ImageFormat.TIFF})
 _ALPHA_RGB_MODES = frozenset({"RGBA", "RGBX", "RGBa"})
@@ -93,7 +93,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
             height, width and channels instead).
     """
     path = name or None
-    view = _byte_view(data)
+    view = byte_view(data)
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes",
                           path=path)
@@ -130,7 +130,7 @@ def decode_jpeg_rgb(data: ImageBytes, *, name: str = "", max_pixels: int = DEFAU
         DecodeError: neither simplejpeg nor Pillow can decode the bytes.
     """
     path = name or None
-    view = _byte_view(data)
+    view = byte_view(data)
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected a JPEG, found 0 bytes", path=path)
     return _decode_jpeg(view, path, max_pixels)
@@ -149,7 +149,7 @@ def _decode_jpeg(view: bytes | memoryview, path: str | None, max_pixels: int) ->
     except Exception as exc:  # noqa: BLE001 - let Pillow have a go, and report both
         return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc, max_pixels=max_pixels)
     _check_pixels(width, height, max_pixels, path)
-    if colorspace in _PILLOW_JPEG_COLORSPACES:
+    if colorspace in PILLOW_JPEG_COLORSPACES:
         return _decode_with_pillow(view, ImageFormat.JPEG, path, max_pixels=max_pixels)
     try:
         return simplejpeg.decode_jpeg(view, colorspace="RGB")
@@ -161,7 +161,7 @@ def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str |
                         simplejpeg_error: BaseException | None = None,
                         max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     format_name = ImageFormat.NAMES[image_format].upper()
-    factory = _plugin_factory(image_format)
+    factory = plugin_factory(image_format)
     if factory is None:
         raise DecodeError(f"this Pillow build has no {format_name} plugin; install a Pillow "
                           f"built with {format_name} support", path=path)
@@ -173,7 +173,7 @@ def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str |
         return DecodeError(f"cannot decode the bytes as {format_name}: {detail}", path=path)
 
     try:
-        img = _open_with_plugin(view, image_format, factory)
+        img = open_with_plugin(view, image_format, factory)
     except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
         raise failure(exc) from exc
     _check_pixels(img.width, img.height, max_pixels, path)  # before load() allocates the pixels

@@ -1,4 +1,34 @@
-"""The exception hierarchy: every failure packer reports on purpose is a ``PackerError``."""
+"""The exception hierarchy and the error policy: every failure packer reports on purpose is a ``PackerError``.
+
+The policy (what to raise, and what the CLI exits with):
+
+========================  =====  ==============================================================
+class                     exit   raised when
+========================  =====  ==============================================================
+``FormatError`` family    1      a dataset file breaks formats/SPEC.md (bad magic, version,
+                                 header, index, manifest, path, checksum): the *data* is bad
+``DecodeError``           1      stored image bytes cannot be decoded (damage, or a codec or
+                                 format this reader cannot decode)
+``OptionError``           2      an argument or option value is invalid (a codec option, a
+                                 backend name, a seed, a worker count): the *call* is wrong
+``SourceError``           2      the build source cannot be used (missing, not a folder or
+                                 manifest, no usable rows); ``EmptySourceError`` is one
+``OutputExistsError``     2      a dataset exists and ``--overwrite`` was not given
+``BuildError``            3      a build could not complete for a reason outside the input:
+                                 I/O (disk full, permissions), a lock, a missing part
+``MissingDependencyError`` 3     an optional dependency (torch, kvikio, DALI, Ray, the C
+                                 extension) is not installed or cannot run here
+``DirectIOUnsupportedError`` 3   the file system refuses ``O_DIRECT``
+``DatasetChangedError``   3      the dataset was replaced while it was being read
+========================  =====  ==============================================================
+
+Rules: a library function never lets a ``ValueError``, ``KeyError``, ``IndexError`` or a numpy
+error escape for bad input; it raises the class above, naming the file, sample or option and
+what was expected. One bad source image is never an exception at all: the build rejects it with
+a reason (``RejectedImageError`` carries the reason inside the build). Errors keep their class
+and fields across processes (``__reduce__``), so a DataLoader or build worker's error reaches
+the caller intact.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +47,7 @@ __all__ = [
     "ChecksumMismatchError",
     "IndexMismatchError",
     "DatasetChangedError",
+    "OptionError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -125,6 +156,12 @@ class DatasetChangedError(PackerError):
     """The dataset was replaced (rebuilt with --overwrite) while a reader was using it."""
 
 
+class OptionError(PackerError):
+    """An argument or option value is invalid; the message names it and what is allowed."""
+
+    exit_code = 2
+
+
 class SourceError(PackerError):
     """The build source (image folder or manifest) cannot be used."""
 
@@ -157,6 +194,8 @@ class DirectIOUnsupportedError(PackerError):
 
 class DecodeError(PackerError):
     """An image's bytes could not be decoded."""
+
+    exit_code = 1
 
 
 class MissingDependencyError(PackerError):

@@ -49,7 +49,7 @@ __all__ = [
     "CHECKSUM_ALGORITHM", "MAX_MANIFEST_BYTES", "MAX_SAMPLES", "MAX_SHARDS", "MAX_COLUMNS",
     "MAX_FILE_SIZE", "MAX_SHARD_NUMBER", "MAX_COLUMN_NAME_BYTES",
     "ImageFormat", "INDEX_COLUMNS",
-    "align_up", "check_alignment", "checksum", "checksum_hex", "Hasher", "parse_checksum_hex",
+    "align_up", "align_up_array", "check_alignment", "checksum", "checksum_hex", "Hasher", "parse_checksum_hex",
     "verify_checksum",
     "ShardHeader", "shard_data_offset", "shard_file_name", "index_file_name", "shard_number_of",
     "encode_column_file", "parse_column_file", "validate_index", "IndexColumns",
@@ -169,6 +169,16 @@ INDEX_COLUMNS: dict[str, tuple[str, str]] = {
 def align_up(n: int, alignment: int) -> int:
     """Smallest multiple of ``alignment`` (a power of two) that is >= ``n``."""
     return (n + alignment - 1) & ~(alignment - 1)
+
+
+def align_up_array(values: np.ndarray, alignment: int) -> np.ndarray:
+    """``align_up`` of every element (non-negative integers below 2^62, ``alignment`` a power of two).
+
+    Returns an array of the same dtype: uint64 columns stay uint64, int64 arithmetic stays int64.
+    """
+    values = np.asarray(values)
+    mask = values.dtype.type(alignment - 1)
+    return (values + mask) & ~mask
 
 
 def check_alignment(alignment: object, *, path: object = None) -> int:

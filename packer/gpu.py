@@ -53,47 +53,30 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
-import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import format as fmt
-from .backends import PreadShard
-from .errors import (DatasetChangedError, IndexMismatchError, MissingDependencyError, OffsetOutOfBoundsError,
-                     PackerError, TruncatedFileError)
+from .backends.buffers import PAGE
+from .backends.kvikio import (GPU_EXTRA, cuda_driver_status, gds_status, import_kvikio, kvikio_get,
+                              set_kvikio_threads)
+from .backends.runs import RunPlan, plan_runs
+from .errors import DatasetChangedError, IndexMismatchError, MissingDependencyError, PackerError
 from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder, index_blocks
 
-__all__ = ["DEFAULT_TASK_SIZE", "DEFAULT_READ_BLOCK", "KvikioShard", "gds_status", "cuda_driver_status",
-           "set_kvikio_threads", "BatchPlan", "plan_batch", "GpuRawBatches", "GpuJpegBatches"]
+# gds_status, cuda_driver_status and set_kvikio_threads live with the kvikio backend; they are
+# part of this module's public surface because GPU users look for them here.
+__all__ = ["DEFAULT_READ_BLOCK", "gds_status", "cuda_driver_status", "set_kvikio_threads", "GpuRawBatches",
+           "GpuJpegBatches"]
 
-#: Bytes per kvikio task: large enough for full NVMe/GDS bandwidth, small enough to spread over threads.
-DEFAULT_TASK_SIZE = 8 << 20
 #: Largest single host ``pread`` the loaders issue; longer runs are split and read in parallel.
 DEFAULT_READ_BLOCK = 8 << 20
-#: Device staging buffers start 4 KiB-aligned: what cuFile needs to DMA without a bounce buffer.
-_DEVICE_ALIGNMENT = 4096
-
-_GPU_EXTRA = "pip install 'packer[gpu]'"
-
-
-# --- environment -------------------------------------------------------------------------------
-
-def _import_kvikio() -> Any:
-    """Import kvikio, or raise ``MissingDependencyError`` naming the extra."""
-    try:
-        import kvikio
-        import kvikio.defaults  # noqa: F401  (older versions do not import it eagerly)
-    except Exception as exc:  # noqa: BLE001 - ImportError, OSError or RuntimeError when a .so is missing
-        raise MissingDependencyError(
-            f"the kvikio backend needs kvikio (GPUDirect Storage reads), which cannot be imported "
-            f"({exc}); install it with {_GPU_EXTRA}") from None
-    return kvikio
+#: Device staging buffers start page-aligned: what cuFile needs to DMA without a bounce buffer.
+_DEVICE_ALIGNMENT = PAGE
 
 
 def _import_torch() -> Any:
@@ -101,327 +84,8 @@ def _import_torch() -> Any:
         import torch
     except ImportError as exc:
         raise MissingDependencyError(f"GPU batches need PyTorch, which is not installed ({exc}); install it "
-                                     f"with pip install 'packer[torch]' (and {_GPU_EXTRA} for kvikio)") from None
+                                     f"with pip install 'packer[torch]' (and {GPU_EXTRA} for kvikio)") from None
     return torch
-
-
-def cuda_driver_status() -> tuple[bool, str]:
-    """Whether an NVIDIA driver with at least one GPU is usable, and a one-line explanation.
-
-    Asks the driver API directly (``libcuda.so.1``: ``cuInit``, ``cuDeviceGetCount``) rather than
-    a framework, so it works without torch or CuPy. This initialises CUDA in the calling
-    process: call it where the GPU will be used (not in a parent that forks workers later).
-    """
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return False, f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({exc})"
-    rc = lib.cuInit(0)
-    if rc != 0:
-        return False, f"the NVIDIA driver is installed but cuInit failed (CUDA error {rc}: no usable GPU?)"
-    count = ctypes.c_int(0)
-    rc = lib.cuDeviceGetCount(ctypes.byref(count))
-    if rc != 0 or count.value < 1:
-        return False, "the NVIDIA driver sees no GPU"
-    return True, f"{count.value} GPU(s) visible"
-
-
-def _require_cuda_driver(what: str, path: object = None) -> None:
-    ok, why = cuda_driver_status()
-    if not ok:
-        raise MissingDependencyError(f"{what} needs an NVIDIA GPU and its driver ({why}); read with "
-                                     f"backend='pread' (or 'direct') on machines without one", path=path)
-
-
-def _kvikio_get(kvikio: Any, name: str) -> Any:
-    """A kvikio setting across versions: ``defaults.get(name)`` (25.x+) or ``defaults.<name>()`` (older)."""
-    defaults = kvikio.defaults
-    getter = getattr(defaults, "get", None)
-    if callable(getter):
-        try:
-            return getter(name)
-        except (KeyError, ValueError, AttributeError, TypeError):
-            pass
-    legacy = getattr(defaults, name, None)
-    return legacy() if callable(legacy) else None
-
-
-def set_kvikio_threads(num_threads: int) -> None:
-    """Size kvikio's I/O thread pool (``defaults.set("num_threads", n)``, or ``num_threads_reset`` before 25.x)."""
-    kvikio = _import_kvikio()
-    defaults = kvikio.defaults
-    setter = getattr(defaults, "set", None)
-    if callable(setter):
-        try:
-            setter("num_threads", int(num_threads))  # applies globally; the returned manager is optional
-            return
-        except (KeyError, ValueError, TypeError):
-            pass
-    reset = getattr(defaults, "num_threads_reset", None)
-    if callable(reset):
-        reset(int(num_threads))
-
-
-def _mode_name(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):  # kvikio < 24.12 returned a bool
-        return "ON" if value else "OFF"
-    name = getattr(value, "name", None)
-    return str(name if name is not None else value).upper()
-
-
-def gds_status() -> dict[str, Any]:
-    """What the kvikio backend would do here (JSON-ready).
-
-    Keys: ``kvikio`` (importable), ``kvikio_version``, ``error`` (why not, else None),
-    ``cuda_driver`` and ``cuda`` (the driver check and its explanation), ``compat_mode``
-    (``"ON"``, ``"OFF"``, ``"AUTO"`` or None), ``compat_mode_preferred`` (kvikio will use its
-    POSIX path), ``gds_available`` (the cuFile driver reports GDS), ``num_threads``,
-    ``task_size``, and ``gds_active``: reads into device memory go through GPUDirect Storage.
-    """
-    status: dict[str, Any] = {"kvikio": False, "kvikio_version": None, "error": None, "cuda_driver": False,
-                              "cuda": None, "compat_mode": None, "compat_mode_preferred": None,
-                              "gds_available": None, "num_threads": None, "task_size": None,
-                              "gds_active": False}
-    try:
-        kvikio = _import_kvikio()
-    except MissingDependencyError as exc:
-        status["error"] = exc.message
-        return status
-    status["kvikio"] = True
-    status["kvikio_version"] = getattr(kvikio, "__version__", None)
-    status["cuda_driver"], status["cuda"] = cuda_driver_status()
-    try:
-        status["compat_mode"] = _mode_name(_kvikio_get(kvikio, "compat_mode"))
-        status["num_threads"] = _kvikio_get(kvikio, "num_threads")
-        status["task_size"] = _kvikio_get(kvikio, "task_size")
-        preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)
-        status["compat_mode_preferred"] = (bool(preferred()) if callable(preferred)
-                                           else status["compat_mode"] == "ON")
-    except Exception as exc:  # noqa: BLE001 - a status report must not fail on a kvikio quirk
-        status["error"] = f"kvikio settings unreadable: {exc}"
-    if status["cuda_driver"]:
-        try:
-            import kvikio.cufile_driver as driver
-            getter = getattr(driver, "get", None)
-            if callable(getter):
-                status["gds_available"] = bool(getter("is_gds_available"))
-            else:  # before 25.x
-                status["gds_available"] = bool(driver.DriverProperties().is_gds_available)
-        except Exception as exc:  # noqa: BLE001 - no libcufile is a normal answer: GDS unavailable
-            status["gds_available"] = False
-            status["error"] = status["error"] or f"cuFile driver unavailable: {exc}"
-    status["gds_active"] = bool(status["cuda_driver"] and status["gds_available"]
-                                and status["compat_mode_preferred"] is False)
-    return status
-
-
-# --- the backend -------------------------------------------------------------------------------
-
-def _cuda_nbytes(out: Any) -> int:
-    """Byte length of a C-contiguous CUDA array described by ``__cuda_array_interface__``."""
-    cai = out.__cuda_array_interface__
-    count = 1
-    for extent in cai["shape"]:
-        count *= int(extent)
-    itemsize = int(cai["typestr"][2:])
-    strides = cai.get("strides")
-    if strides is not None and count > 1:
-        expected, step = [], itemsize
-        for extent in reversed(cai["shape"]):
-            expected.append(step)
-            step *= int(extent)
-        if any(int(extent) > 1 and int(s) != e
-               for extent, s, e in zip(cai["shape"], strides, reversed(expected))):
-            raise ValueError("read_into needs a C-contiguous CUDA buffer")
-    return count * itemsize
-
-
-def _host_view(out: Any) -> Any:
-    """A writable buffer-protocol view of a host buffer (torch CPU tensors have none: use ``.numpy()``)."""
-    try:
-        memoryview(out)
-    except TypeError:
-        if hasattr(out, "numpy"):
-            return out.numpy()
-        raise
-    return out
-
-
-def _is_cuda_buffer(out: Any) -> bool:
-    try:
-        return hasattr(out, "__cuda_array_interface__")
-    except Exception:  # noqa: BLE001 - torch raises for CPU tensors on some versions
-        return False
-
-
-class KvikioShard:
-    """One shard read through kvikio: device buffers by cuFile (GDS or compat mode), host buffers by pread.
-
-    Args:
-        fd: the validated shard file descriptor (not kept; a dup is, for host reads).
-        path: the shard's real path: kvikio opens it again, and the two must be the same file.
-        size: the shard's size in bytes.
-        task_size: bytes per kvikio task (reads are split and run by kvikio's thread pool).
-
-    Raises:
-        MissingDependencyError: kvikio is not installed, or there is no CUDA driver/GPU.
-        DatasetChangedError: the path no longer names the file behind ``fd``.
-    """
-
-    def __init__(self, fd: int, path: str, size: int, *, task_size: int = DEFAULT_TASK_SIZE) -> None:
-        kvikio = _import_kvikio()
-        _require_cuda_driver("the kvikio backend", path)
-        self.path = path
-        self.size = size
-        self.task_size = int(task_size)
-        self._host = PreadShard(fd, path, size)
-        try:
-            self._file = kvikio.CuFile(path, "r")
-        except Exception as exc:  # kvikio raises RuntimeError for open/register failures
-            self._host.close()
-            raise PackerError(f"kvikio cannot open the shard: {exc}", path=path) from None
-        try:
-            mine, theirs = os.fstat(self._file.fileno()), os.fstat(fd)
-        except (OSError, AttributeError, TypeError):
-            mine = theirs = None
-        if mine is not None and (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
-            self.close()
-            raise DatasetChangedError("the shard file was replaced between validation and the kvikio open",
-                                      path=path)
-
-    def _check_range(self, offset: int, nbytes: int) -> None:
-        if offset < 0 or offset + nbytes > self.size:
-            raise OffsetOutOfBoundsError(f"read of {nbytes} bytes at {offset} runs past the shard's "
-                                         f"{self.size} bytes", path=self.path, offset=offset)
-
-    def start_read(self, offset: int, out: Any) -> Callable[[], None]:
-        """Start filling ``out`` from ``offset``; returns a function that waits and checks the length.
-
-        Device buffers are read asynchronously by kvikio's pool; host buffers are read now.
-        """
-        if not _is_cuda_buffer(out):
-            self._host.read_into(offset, _host_view(out))
-            return _done
-        nbytes = _cuda_nbytes(out)
-        self._check_range(offset, nbytes)
-        future = self._file.pread(out, nbytes, offset, task_size=self.task_size)
-
-        def wait() -> None:
-            got = int(future.get())
-            if got != nbytes:
-                raise TruncatedFileError(f"kvikio read {got} of {nbytes} bytes at {offset}", path=self.path,
-                                         offset=offset + got)
-        return wait
-
-    def read_into(self, offset: int, out: Any) -> None:
-        """Fill ``out`` (a CUDA array or a writable host buffer) with the bytes at ``offset``."""
-        self.start_read(offset, out)()
-
-    def view(self, offset: int, size: int) -> memoryview:
-        """The bytes at ``offset`` in a fresh host buffer (pread)."""
-        return self._host.view(offset, size)
-
-    def close(self) -> None:
-        file = getattr(self, "_file", None)
-        if file is not None:
-            self._file = None
-            file.close()
-        self._host.close()
-
-
-def _done() -> None:
-    return None
-
-
-# --- batch planning ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How to read one batch with one read per run of consecutive samples (host-side arithmetic).
-
-    The batch buffer holds the runs' aligned blocks back to back (run ``r`` at ``run_pos[r]``);
-    each block is a whole number of alignment units, so every run starts aligned in the buffer
-    when the buffer does.
-
-    Attributes:
-        indices: the requested sample indices, in batch order (may repeat).
-        unique: the distinct samples, sorted.
-        where: ``indices[j] == unique[where[j]]``.
-        sample_pos: position of ``unique[u]`` in the buffer.
-        sizes: payload size of ``unique[u]``.
-        run_shard, run_offset, run_bytes: each run's shard, file offset and block length.
-        run_pos: ``len(runs) + 1`` buffer positions; ``run_pos[-1]`` is the buffer size.
-    """
-
-    indices: np.ndarray
-    unique: np.ndarray
-    where: np.ndarray
-    sample_pos: np.ndarray
-    sizes: np.ndarray
-    run_shard: np.ndarray
-    run_offset: np.ndarray
-    run_bytes: np.ndarray
-    run_pos: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.run_pos[-1])
-
-    @property
-    def starts(self) -> np.ndarray:
-        """Buffer position of each requested sample, in batch order."""
-        return self.sample_pos[self.where]
-
-    def reads(self, max_bytes: int, alignment: int = 1) -> list[tuple[int, int, int, int]]:
-        """``(shard, file_offset, buffer_pos, nbytes)`` reads, runs split into pieces of at most ``max_bytes``.
-
-        Pieces are multiples of ``alignment`` (except a run's last), so they stay aligned.
-        """
-        piece = max(alignment, max_bytes - max_bytes % alignment if alignment > 1 else max_bytes)
-        out: list[tuple[int, int, int, int]] = []
-        for shard, offset, nbytes, pos in zip(self.run_shard.tolist(), self.run_offset.tolist(),
-                                              self.run_bytes.tolist(), self.run_pos[:-1].tolist()):
-            done = 0
-            while done < nbytes:
-                step = min(piece, nbytes - done)
-                out.append((shard, offset + done, pos + done, step))
-                done += step
-        return out
-
-
-def plan_batch(index: Any, indices: Any, alignment: int) -> BatchPlan:
-    """Group a batch into runs of consecutive samples of one shard and lay their blocks out.
-
-    Args:
-        index: the dataset's ``IndexColumns`` (``DatasetIndex.index``).
-        indices: sample indices (non-negative, in range; already checked by the order).
-        alignment: the dataset alignment ``A``: each run's block ends at ``align_up(end, A)``,
-            which never passes the end of the shard file (formats/SPEC.md §3.3).
-    """
-    idx = np.asarray(indices, dtype=np.int64)
-    unique, where = np.unique(idx, return_inverse=True)
-    shard_of = np.asarray(index.shard[unique], dtype=np.int64)
-    offsets = np.asarray(index.offset[unique], dtype=np.int64)
-    sizes = np.asarray(index.size[unique], dtype=np.int64)
-    breaks = np.ones(len(unique), dtype=bool)
-    if len(unique) > 1:
-        breaks[1:] = (np.diff(unique) != 1) | (shard_of[1:] != shard_of[:-1])
-    run_of = np.cumsum(breaks) - 1
-    first = np.flatnonzero(breaks)
-    last = np.append(first[1:], len(unique)) - 1
-    run_offset = offsets[first]
-    ends = offsets[last] + sizes[last]
-    if alignment > 1:
-        ends = (ends + (alignment - 1)) // alignment * alignment
-    run_bytes = ends - run_offset
-    run_pos = np.zeros(len(first) + 1, dtype=np.int64)
-    np.cumsum(run_bytes, out=run_pos[1:])
-    sample_pos = run_pos[:-1][run_of] + (offsets - run_offset[run_of])
-    return BatchPlan(indices=idx, unique=unique, where=where.reshape(-1).astype(np.int64), sample_pos=sample_pos,
-                     sizes=sizes, run_shard=shard_of[first], run_offset=run_offset, run_bytes=run_bytes,
-                     run_pos=run_pos)
 
 
 # --- read-ahead --------------------------------------------------------------------------------
@@ -515,13 +179,13 @@ class _GpuBatches:
             io = "host"
         elif io == "auto":
             try:
-                _import_kvikio()
+                import_kvikio()
                 io = "kvikio"
             except MissingDependencyError:
                 io = "host"
         if io == "kvikio":
             # kvikio's pool defaults to one thread: one task in flight is far below NVMe/GDS bandwidth.
-            current = _kvikio_get(_import_kvikio(), "num_threads")
+            current = kvikio_get(import_kvikio(), "num_threads")
             if not isinstance(current, int) or current < io_threads:
                 set_kvikio_threads(io_threads)
         self.io = io
@@ -617,7 +281,7 @@ class _GpuBatches:
             self._device_staging = tensor[pad:pad + capacity]
         return self._device_staging
 
-    def _read_host(self, plan: BatchPlan, out: np.ndarray) -> None:
+    def _read_host(self, plan: RunPlan, out: np.ndarray) -> None:
         """Fill ``out`` with the plan's blocks: large preads, in parallel when there are several."""
         reads = plan.reads(self.read_block, self.alignment)
         numbers = set(plan.run_shard.tolist())
@@ -634,7 +298,7 @@ class _GpuBatches:
         for future in futures:
             future.result()
 
-    def _read_device(self, plan: BatchPlan) -> Any:
+    def _read_device(self, plan: RunPlan) -> Any:
         """The plan's blocks in device memory: kvikio straight in, or host pinned + copy."""
         if self.io == "kvikio":
             buffer = self._device_buffer(plan.nbytes)
@@ -658,7 +322,7 @@ class _GpuBatches:
             return tensor[:plan.nbytes]
         return tensor[:plan.nbytes].to(self.device, non_blocking=True)
 
-    def _labels(self, plan: BatchPlan) -> Any:
+    def _labels(self, plan: RunPlan) -> Any:
         labels = self._torch.from_numpy(np.ascontiguousarray(self.dataset.index.label[plan.indices]))
         return labels if self.device.type == "cpu" else labels.to(self.device, non_blocking=True)
 
@@ -805,7 +469,7 @@ class GpuRawBatches(_GpuBatches):
 
     def _produce(self, indices: np.ndarray) -> Any:
         torch = self._torch
-        batch = plan_batch(self.dataset.index, indices, self.alignment)
+        batch = plan_runs(self.dataset.index, indices, round_to=self.alignment)
         block = self._read_device(batch)
         height, width, channels = self.shape
         # Runs are whole multiples of the stride, so distinct sample u sits at u * stride: a view of
@@ -866,7 +530,7 @@ class GpuJpegBatches(_GpuBatches):
         return image if self.device.type == "cpu" else image.to(self.device, non_blocking=True)
 
     def _produce(self, indices: np.ndarray) -> Any:
-        batch = plan_batch(self.dataset.index, indices, self.alignment)
+        batch = plan_runs(self.dataset.index, indices, round_to=self.alignment)
         tensor, array = self._host_buffer(batch.nbytes)
         self._read_host(batch, array)
         formats = self.dataset.index.image_format

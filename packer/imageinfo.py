@@ -44,7 +44,8 @@ from PIL import Image, ImageMode
 from .errors import RejectedImageError
 from .format import ImageFormat
 
-__all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image", "detect_format"]
+__all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image",
+           "detect_format", "byte_view", "open_with_plugin", "plugin_factory"]
 
 #: Default pixel limit (width * height): a 150-megapixel photo passes, a decompression bomb not.
 DEFAULT_MAX_PIXELS = 150_000_000
@@ -107,7 +108,7 @@ def detect_format(data: BytesLike) -> int:
         size at offset 14), TIFF (``'II*\\0'``, ``'MM\\0*'`` or their BigTIFF forms), else
         ``ImageFormat.UNKNOWN``.
     """
-    head = bytes(_byte_view(data[:18])[:18])
+    head = bytes(byte_view(data[:18])[:18])
     if head[:3] == b"\xff\xd8\xff":
         return ImageFormat.JPEG
     if head[:4] == b"\x89PNG":
@@ -147,7 +148,7 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
     if max_pixels < 1:
         raise ValueError(f"max_pixels must be at least 1, got {max_pixels}")
     path = name or None
-    view = _byte_view(data)
+    view = byte_view(data)
     size = len(view)
     if size == 0:
         raise RejectedImageError("empty-file", "the file is empty (0 bytes); expected image data",
@@ -190,7 +191,7 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
 
 # --- opening ------------------------------------------------------------------------------
 
-def _byte_view(data: BytesLike) -> bytes | memoryview:
+def byte_view(data: BytesLike) -> bytes | memoryview:
     """``data`` as bytes or a flat unsigned-byte memoryview, copying only if non-contiguous."""
     if isinstance(data, bytes):
         return data
@@ -200,7 +201,7 @@ def _byte_view(data: BytesLike) -> bytes | memoryview:
     return view.tobytes()
 
 
-def _plugin_factory(image_format: int) -> Callable[..., Any] | None:
+def plugin_factory(image_format: int) -> Callable[..., Any] | None:
     """Pillow's opener for ``image_format``, or None if this Pillow build lacks the plugin."""
     plugin = _PIL_PLUGIN.get(image_format)
     if plugin is None:
@@ -211,7 +212,7 @@ def _plugin_factory(image_format: int) -> Callable[..., Any] | None:
     return None if entry is None else entry[0]
 
 
-def _open_with_plugin(view: bytes | memoryview, image_format: int,
+def open_with_plugin(view: bytes | memoryview, image_format: int,
                       factory: Callable[..., Any]) -> Image.Image:
     """Open ``view`` with the Pillow plugin ``factory``; Pillow's exceptions propagate.
 
@@ -230,11 +231,11 @@ def _open_with_plugin(view: bytes | memoryview, image_format: int,
 
 def _open_header(view: bytes | memoryview, image_format: int, path: str | None) -> Image.Image:
     """Parse the header, mapping every failure to a ``RejectedImageError``."""
-    factory = _plugin_factory(image_format)
+    factory = plugin_factory(image_format)
     if factory is not None:
         format_name = ImageFormat.NAMES[image_format].upper()
         try:
-            return _open_with_plugin(view, image_format, factory)
+            return open_with_plugin(view, image_format, factory)
         except Image.DecompressionBombError as exc:
             raise RejectedImageError("too-many-pixels", f"Pillow refused the image: {exc}",
                                      path=path) from exc

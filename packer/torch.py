@@ -237,10 +237,10 @@ class _Pipeline:
         """``(count, H, W, 3)`` when samples can be decoded straight into a batch: a decode
         transform with a fixed ``output_shape`` that takes ``out=`` (``packer.transforms``), the
         HWC layout and no ``transform``; else None."""
-        from .transforms import _DecodeTransform
+        from .transforms import DecodeTransform
 
         if (self.layout != "HWC" or self.transform is not None or count < 1
-                or not isinstance(self.decode, _DecodeTransform)):
+                or not isinstance(self.decode, DecodeTransform)):
             return None
         return (count, *self.decode.output_shape)
 

@@ -67,16 +67,16 @@ decodes accurately so scores match a full-decode reference.
 
 Region (partial) JPEG decoding. libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``
 still entropy-decode every block above and beside a crop, which is most of the work, and neither
-simplejpeg nor Pillow exposes them. Datasets built with ``--codec tiled`` (``packer.tiles``)
+simplejpeg nor Pillow exposes them. Datasets built with ``--codec tiled`` (``packer.codecs.tiles``)
 store JPEGs losslessly rewritten with a restart marker after every 16-pixel tile, so step 3
-becomes: cut the tiles under the crop (widened by ``packer.tiles.window_margin``) out as a small
+becomes: cut the tiles under the crop (widened by ``packer.codecs.tiles.window_margin``) out as a small
 JPEG and decode only that. The crop's pixels are exactly a full decode's (with the torch resize
 the result is identical; Pillow's resize weights shift by at most one level). Any restart
 interval makes libjpeg-turbo use its slower Huffman decoder (~10-20 % per pixel), but a random
 crop's window is about 46 % of a 500x375 image, so decoding costs ~0.55x of a full decode on
 average (``scripts/bench_peers.py``: 0.67 ms against 1.2-1.5 ms; the whole transform 1.04 ms
-against 1.6-2.0 ms). The window is cut by ``packer.tiles.cut_window`` (compiled when
-``packer._jpegtiles`` is installed: 20 us instead of ~150 us in Python). ``CenterCrop`` decodes the whole image either way (its box is most of the image, and
+against 1.6-2.0 ms). The window is cut by ``packer.codecs.tiles.cut_window`` (compiled when
+``packer.codecs._jpegtiles`` is installed: 20 us instead of ~150 us in Python). ``CenterCrop`` decodes the whole image either way (its box is most of the image, and
 its exact resize-then-crop rule needs the whole image's size).
 
 Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
@@ -112,11 +112,11 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from .decode import decode_image
+from .decode import PILLOW_JPEG_COLORSPACES, decode_image
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageinfo import _byte_view, detect_format
-from .tiles import cut_window, window_margin
+from .imageinfo import byte_view, detect_format
+from .codecs.tiles import cut_window, window_margin
 
 if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
     import torch
@@ -152,7 +152,6 @@ RESIZE_BACKENDS = ("auto", "pil", "torch")
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
-_PILLOW_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
 _BILINEAR = Image.Resampling.BILINEAR
 _FLIP = Image.Transpose.FLIP_LEFT_RIGHT
 # For the Pillow path, where the whole stored image is resized: reduce by an integer factor with
@@ -256,7 +255,7 @@ def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -
     return 8
 
 
-class _DecodeTransform:
+class DecodeTransform:
     """Shared machinery: decode (scaled for JPEG), resize a box to the output size, flip."""
 
     # CenterCrop resizes the whole image then crops (exact for a fractional box); a random crop
@@ -333,7 +332,7 @@ class _DecodeTransform:
         """
         if rng is None:
             rng = self._process_rng()
-        view = _byte_view(data)
+        view = byte_view(data)
         if image_format is None or image_format == ImageFormat.UNKNOWN:
             image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
         decoded = self._decode_jpeg(view, rng) if image_format == ImageFormat.JPEG else None
@@ -423,7 +422,7 @@ class _DecodeTransform:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(view)
         except Exception:  # noqa: BLE001 - corrupt or exotic: decode_image reports or rescues it
             return None
-        if colorspace in _PILLOW_JPEG_COLORSPACES or width < 1 or height < 1:
+        if colorspace in PILLOW_JPEG_COLORSPACES or width < 1 or height < 1:
             return None
         box, flip = self._box(width, height, rng)
         left, top, right, bottom = box
@@ -457,7 +456,7 @@ class _DecodeTransform:
 
     def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float],
                        m: int) -> tuple[np.ndarray, tuple[float, float, float, float]] | None:
-        """For a tiled JPEG (``packer.tiles``), decode only the tiles under ``box``, at M/8.
+        """For a tiled JPEG (``packer.codecs.tiles``), decode only the tiles under ``box``, at M/8.
 
         Returns ``(pixels, box in decoded pixels)``, or None for an ordinary JPEG, a box that
         needs every tile, or a window that fails to decode (the caller decodes the whole image).
@@ -494,7 +493,7 @@ class _DecodeTransform:
                 "resize_backend": self.resize_backend}
 
 
-class RandomResizedCrop(_DecodeTransform):
+class RandomResizedCrop(DecodeTransform):
     """Training augmentation: a random area/aspect crop resized to ``size``, then a random flip.
 
     Equivalent to torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased,
@@ -549,7 +548,7 @@ class RandomResizedCrop(_DecodeTransform):
                 **super()._repr_fields()}
 
 
-class CenterCrop(_DecodeTransform):
+class CenterCrop(DecodeTransform):
     """Evaluation transform: shorter side resized to ``resize``, then a central ``size`` crop.
 
     Equivalent to torchvision's ``Resize(resize)`` then ``CenterCrop(size)`` on a PIL image

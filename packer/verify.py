@@ -24,7 +24,6 @@ found while opening the manifest and index (``open_index``) make one problem of 
 from __future__ import annotations
 
 import os
-import stat
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -36,7 +35,10 @@ import numpy as np
 import xxhash
 
 from . import format as fmt
-from .errors import DecodeError, FormatError, PackerError
+from .errors import (DatasetChangedError, DecodeError, FormatError, NotAPackerFileError, PackerError,
+                     TruncatedFileError, UnsafePathError)
+from .files import open_inside
+from .machine import available_cpus
 
 __all__ = ["Problem", "VerifyReport", "verify", "PROBLEM_KINDS", "CHUNK_SIZE", "BYTES_PER_WORKER"]
 
@@ -268,11 +270,7 @@ BYTES_PER_WORKER = 256 << 20
 
 
 def _default_workers(shards: int, total_bytes: int) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, shards, total_bytes // BYTES_PER_WORKER))
+    return max(1, min(available_cpus(), shards, total_bytes // BYTES_PER_WORKER))
 
 
 def _run_tasks(tasks: list[_ShardTask], *, workers: int | None, progress: bool, total_samples: int,
@@ -321,35 +319,16 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
     """
     result = _ShardResult(shard=task.shard, problems=[])
     everything = (task.first_sample, task.first_sample + task.sample_count)
-    full = os.path.join(task.root, task.path)
-    real_root = os.path.realpath(task.root)
-    real = os.path.realpath(full)
-    if os.path.commonpath([real_root, real]) != real_root:  # [R19]
-        result.problems.append(Problem(
-            kind="missing", message=f"resolves outside the dataset folder (to {real}); not read",
-            shard=task.shard, path=task.path, sample_range=everything))
-        return result
     try:
-        # O_NONBLOCK: a FIFO planted in place of a shard must not hang verify (checked just below).
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
+        fd, _ = open_inside(task.root, task.path)
+    except (UnsafePathError, DatasetChangedError, NotAPackerFileError, TruncatedFileError) as exc:
+        why = {UnsafePathError: "resolves outside the dataset folder; not read",
+               DatasetChangedError: "shard file is missing",
+               NotAPackerFileError: "is not a regular file"}.get(type(exc), f"cannot open the shard file ({exc.message})")
         result.problems.append(Problem(
-            kind="missing", message=f"shard file is missing: its {task.sample_count} samples cannot be read",
+            kind="missing", message=f"{why}: its {task.sample_count} samples cannot be read",
             shard=task.shard, path=task.path, sample_range=everything))
         return result
-    except OSError as exc:
-        result.problems.append(Problem(
-            kind="missing", message=f"cannot open the shard file ({exc.strerror}): its {task.sample_count} "
-                                    f"samples cannot be read", shard=task.shard, path=task.path,
-            sample_range=everything))
-        return result
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # [R44]
-        os.close(fd)
-        result.problems.append(Problem(
-            kind="missing", message=f"is not a regular file: its {task.sample_count} samples cannot be read",
-            shard=task.shard, path=task.path, sample_range=everything))
-        return result
-    os.set_blocking(fd, True)
     try:
         _scan_open_shard(fd, task, result, on_progress, buffer)
     except OSError as exc:

@@ -105,7 +105,7 @@ def warm(paths: list[Path]) -> None:
 def ensure_dataset(out: Path, samples: int, size_kb: int, codec: str) -> Path:
     """Build (or reuse) the benchmark dataset; returns its folder."""
     from packer.build import build
-    from packer.plan import BuildOptions
+    from packer.build.plan import BuildOptions
 
     stamp = {"samples": samples, "size_kb": size_kb, "codec": codec, "version": 1}
     dataset = out / f"ds-{codec.replace(':', '_').replace(',', '_').replace('=', '')}"
@@ -198,7 +198,7 @@ def run_batches(dataset_path: Path, backend: str, batches: list[np.ndarray], thr
 def run_chunks(dataset_path: Path, backend: str, chunk: int, threads: int) -> tuple[float, int, int]:
     """Read every shard front to back in ``chunk`` pieces; thread k takes pieces k, k+threads, ..."""
     from packer.dataset import open_dataset
-    from packer.direct import aligned_empty
+    from packer.backends.buffers import aligned_empty
 
     readers = [open_dataset(dataset_path, backend=backend) for _ in range(threads)]
     pieces = [(number, offset, min(chunk, entry.size - offset))

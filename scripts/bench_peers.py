@@ -99,7 +99,7 @@ SMALL_CODEC = "jpeg:max_size=256,side=shorter,quality=90"
 def ensure_packed(src: Path, out: Path, count: int, workers: int, codec: str = "passthrough"
                   ) -> tuple[Path, float | None]:
     from packer.build import build
-    from packer.plan import BuildOptions
+    from packer.build.plan import BuildOptions
 
     manifest = out / "manifest.json"
     if manifest.exists():
@@ -506,7 +506,7 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
     import torch
 
     from packer.dataset import open_dataset
-    from packer.tiles import cut_window, window_margin
+    from packer.codecs.tiles import cut_window, window_margin
     from packer.transforms import RandomResizedCrop, _dct_scale
     transform = RandomResizedCrop(224, resize_backend="torch")
     dataset = open_dataset(packed)

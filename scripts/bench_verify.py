@@ -37,7 +37,7 @@ from pagecache import evict  # noqa: E402
 
 from packer.build import build  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
-from packer.plan import BuildOptions  # noqa: E402
+from packer.build.plan import BuildOptions  # noqa: E402
 from packer.verify import CHUNK_SIZE, verify  # noqa: E402
 
 

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch: images {tuple(images_batch.shape)} {images_batch.dtype}, labels {labels.tolist()}")
     print(f"classes: {data.classes}")
 
-    from packer.tiles import transcoder_available
+    from packer.codecs.tiles import transcoder_available
     if transcoder_available():
         # The same images with the tiled codec: lossless, so random crops decode identically.
         tiled = out / "dataset-tiled"

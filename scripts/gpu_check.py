@@ -172,7 +172,7 @@ def build_datasets(work: Path, raw_gb: float, jpegs: int, size: int) -> dict[str
 
     from packer.build import build
     from packer.dataset import open_dataset
-    from packer.plan import BuildOptions
+    from packer.build.plan import BuildOptions
 
     work.mkdir(parents=True, exist_ok=True)
     workers = os.cpu_count() or 4
@@ -388,7 +388,7 @@ def tiled_nvjpeg(gpu: bool) -> dict[str, Any]:
     needs no compiled extension."""
     import numpy as np
 
-    from packer.tiles import read_layout, window_jpeg
+    from packer.codecs.tiles import read_layout, window_jpeg
 
     folder = REPO / "formats" / "vectors" / "tiled"
     if not gpu:

@@ -8,7 +8,7 @@ Usage::
 
 Inputs are fixed byte strings (PNG with stored deflate blocks, BMP, GIF and a baseline JPEG
 written out in hex), so the vectors do not depend on the Pillow or zlib version. Valid vectors are
-built with ``packer.build.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
+built with ``packer.build.run.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
 damaged in exactly one way. After a damage to the index or a shard header, the file is re-hashed,
 renamed and the manifest updated, so that the only defect is the one the vector is about (except
 the vectors that are about a stale size or checksum). Every invalid vector is opened here once and
@@ -39,8 +39,10 @@ if str(REPO) not in sys.path:  # run as a script from a checkout
 
 import packer  # noqa: E402
 from packer import format as fmt  # noqa: E402
-from packer.build import LOCK_NAME, STAGING_DIR, build, commit_dataset  # noqa: E402
-from packer.plan import BuildOptions  # noqa: E402
+from packer.build import build  # noqa: E402
+from packer.build.commit import commit_dataset  # noqa: E402
+from packer.build.staging import LOCK_NAME, STAGING_DIR  # noqa: E402
+from packer.build.plan import BuildOptions  # noqa: E402
 
 __all__ = ["generate", "compare_trees", "VALID", "main"]
 
@@ -216,7 +218,7 @@ def make_empty(out: Path, tmp: Path) -> None:
                    build_info={"note": "written by scripts/make_vectors.py, not by a build"}, rejected=[],
                    history=[])
     _write_json(out / "expected.json", {
-        "description": "zero samples, zero shards: a valid dataset (written with packer.build.commit_dataset)",
+        "description": "zero samples, zero shards: a valid dataset (written with packer.build.commit.commit_dataset)",
         "source": "none", "options": {}, "classes": [], "sample_count": 0, "alignment": 4096, "samples": []})
 
 
@@ -801,7 +803,7 @@ TILED_SOURCES = {
 
 def _damage_tiled(tiled: bytes) -> dict[str, tuple[bytes, str, str, list[int] | None, str]]:
     """name -> (bytes, rule, outcome, window, description) for the damaged tiled JPEGs."""
-    from packer.tiles import TILE_SIGNATURE
+    from packer.codecs.tiles import TILE_SIGNATURE
 
     table_end = 4 + struct.unpack(">H", tiled[4:6])[0]
     assert tiled[6:14] == TILE_SIGNATURE
@@ -828,7 +830,7 @@ def _damage_tiled(tiled: bytes) -> dict[str, tuple[bytes, str, str, list[int] | 
 
 def make_tiled(folder: Path) -> None:
     """Tiled JPEGs of the fixed sources, their layouts and windows, and three damaged ones."""
-    from packer.tiles import read_layout, transcode, window_jpeg
+    from packer.codecs.tiles import read_layout, transcode, window_jpeg
 
     folder.mkdir()
     expected: dict[str, Any] = {"images": {}, "damaged": {}}
@@ -918,7 +920,7 @@ def _write_readme(out: Path) -> None:
         lines.append(f"| `{name}` | {requirement} | `{error}` | {stage} | {description} |")
     lines += ["", "## Tiled JPEG (section 13)", "",
               "`tiled/`: for each fixed source `NAME.source.jpg`, `NAME.tiled.jpg` is what",
-              "`packer.tiles.transcode` MUST write (byte for byte; it decodes to the source's pixels).",
+              "`packer.codecs.tiles.transcode` MUST write (byte for byte; it decodes to the source's pixels).",
               "`expected.json` gives each tiled JPEG's layout (size, tile size, columns, rows, every",
               "tile length) and windows cut from it (tiles `[c0, c1, r0, r1]`, origin, size, xxh3 of the",
               "window JPEG). `damaged-*.jpg` break one reader rule each; `outcome` is `whole` (not used",

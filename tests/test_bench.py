@@ -17,7 +17,7 @@ from packer.bench import (HEADROOM, BenchOptions, BenchResult, advise, child_pid
                           format_report, process_cpu_seconds, run_bench, run_queue_seconds)
 from packer.build import build
 from packer.cli import _register, cli
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 _register()
 

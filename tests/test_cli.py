@@ -18,8 +18,8 @@ from PIL import Image
 from packer.build import build
 from packer.cli import _register, cli
 from packer.dataset import open_dataset, open_index
-from packer.grid import CAPTION_HEIGHT
-from packer.plan import BuildOptions
+from packer.inspect.grid import CAPTION_HEIGHT
+from packer.build.plan import BuildOptions
 
 _register()
 

@@ -16,10 +16,10 @@ from packer.codecs import (JpegCodec, RawCodec, get_codec, merge_codec_options, 
                            raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view)
 from packer.dataset import open_dataset, open_index
 from packer.decode import decode_image
-from packer.errors import BuildError, ManifestError
+from packer.errors import BuildError, ManifestError, OptionError
 from packer.format import ImageFormat, align_up
 from packer.imageinfo import probe_image
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 
 def _smooth_rgb(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -300,7 +300,7 @@ def test_raw_sample_shape_refuses_other_codecs() -> None:
     ("raw:size=1x2x3", "must look like HxW"),
 ])
 def test_bad_codec_options_give_a_clear_build_error(spec: str, fragment: str) -> None:
-    with pytest.raises(BuildError) as caught:
+    with pytest.raises(OptionError) as caught:
         get_codec(spec)
     assert fragment in str(caught.value)
 
@@ -310,9 +310,9 @@ def test_spec_parsing_and_merging() -> None:
     assert merge_codec_options("jpeg", {"quality": "80", "max_size": None, "side": "shorter"}) == \
         "jpeg:quality=80,side=shorter"
     assert merge_codec_options("jpeg:quality=80", {"quality": 80}) == "jpeg:quality=80"
-    with pytest.raises(BuildError, match="given twice with different values"):
+    with pytest.raises(OptionError, match="given twice with different values"):
         merge_codec_options("jpeg:quality=80", {"quality": 90})
-    with pytest.raises(BuildError, match="has no option 'size'"):
+    with pytest.raises(OptionError, match="has no option 'size'"):
         merge_codec_options("jpeg", {"size": "224x224"})
     assert get_codec("raw:size=224") == RawCodec(224, 224)
     assert get_codec("jpeg:max_size=256") == JpegCodec(max_size=256)
@@ -352,9 +352,9 @@ def test_the_tiled_codec_extension_is_built_where_required() -> None:
     tests/test_tiles.py cannot be skipped silently by a failed optional build."""
     import os
 
-    from packer.tiles import transcoder_available
+    from packer.codecs.tiles import transcoder_available
 
     if os.environ.get("PACKER_REQUIRE_EXTENSION") == "1":
-        assert transcoder_available(), "packer._jpegtiles was not built: is a C compiler installed?"
+        assert transcoder_available(), "packer.codecs._jpegtiles was not built: is a C compiler installed?"
     else:
         pytest.skip("PACKER_REQUIRE_EXTENSION is not set")

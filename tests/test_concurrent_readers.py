@@ -28,7 +28,7 @@ from packer import format as fmt
 from packer.build import build
 from packer.dataset import open_dataset
 from packer.errors import DatasetChangedError
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = BuildOptions(shard_size=24 << 10)

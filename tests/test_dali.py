@@ -14,7 +14,7 @@ from packer.dali import PackedBatchIterator, PackedBatchSource, PackedSampleSour
 from packer.dataset import open_dataset
 from packer.errors import DatasetChangedError
 from packer.order import ReadOrder
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 BATCH = 4
 
@@ -238,10 +238,10 @@ def test_dali_parallel_spawn_decodes_on_cpu(jpeg_dataset: Path) -> None:
 
 def test_dali_decodes_tiled_payloads_like_the_originals(jpeg_dataset: Path, tmp_path: Path) -> None:
     """A --codec tiled dataset through DALI's decoder: tiled JPEGs are ordinary JPEGs to it."""
-    from packer.tiles import read_layout, transcoder_available
+    from packer.codecs.tiles import read_layout, transcoder_available
 
     if not transcoder_available():
-        pytest.skip("packer._jpegtiles was not built")
+        pytest.skip("packer.codecs._jpegtiles was not built")
     src = jpeg_dataset.parent / "src"
     tiled = tmp_path / "tiled"
     build(src, tiled, BuildOptions(shard_size=48 << 10, codec="tiled"), workers=1, progress=False)

@@ -19,6 +19,6 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "OK: 96 of 96 samples" in done.stdout
     assert "batch: images (16, 3, 64, 64) torch.uint8" in done.stdout
     assert (tmp_path / "demo" / "contact-sheet.png").stat().st_size > 0
-    from packer.tiles import transcoder_available
+    from packer.codecs.tiles import transcoder_available
     if transcoder_available():
         assert "random crops identical between dataset and dataset-tiled: 96 of 96" in done.stdout

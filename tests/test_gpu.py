@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from packer import gpu
+from packer.backends import kvikio as kvikio_backend
+from packer.backends.runs import RunPlan, plan_runs
 from packer.build import build
 from packer.dataset import open_dataset
 from packer.errors import (IndexMismatchError, ManifestError, MissingDependencyError, OffsetOutOfBoundsError,
                            TruncatedFileError)
 from packer.order import ReadOrder
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 torch = pytest.importorskip("torch")
 
@@ -86,7 +88,7 @@ def test_plan_batch_coalesces_runs_and_keeps_the_order(raw_dataset: Path) -> Non
         ix = ds.index
         shard0 = ds.shard_range(0)
         wanted = [shard0[0] + 2, shard0[0], shard0[0] + 1, shard0[0] + 1, shard0[1]]  # a repeat, a new shard
-        plan = gpu.plan_batch(ix, wanted, ds.alignment)
+        plan = plan_runs(ix, wanted, round_to=ds.alignment)
         assert plan.unique.tolist() == sorted(set(wanted))
         assert len(plan.run_offset) == 2  # three consecutive samples of shard 0, then shard 1
         assert plan.run_bytes.tolist() == [3 * 4096, 4096] and plan.nbytes == 4 * 4096
@@ -197,7 +199,7 @@ def test_read_errors_reach_the_consumer(raw_dataset: Path, monkeypatch: pytest.M
     calls = {"n": 0}
     real = loader._read_host
 
-    def failing(plan: gpu.BatchPlan, out: np.ndarray) -> None:
+    def failing(plan: RunPlan, out: np.ndarray) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise TruncatedFileError("simulated short read", path="shard", offset=4096)
@@ -278,12 +280,12 @@ def test_kvikio_backend_without_kvikio_or_gpu_is_a_clear_error(raw_dataset: Path
     def no_kvikio() -> None:
         raise MissingDependencyError("the kvikio backend needs kvikio ...; install it with pip install 'packer[gpu]'")
 
-    monkeypatch.setattr(gpu, "_import_kvikio", no_kvikio)
+    monkeypatch.setattr(kvikio_backend, "import_kvikio", no_kvikio)
     with open_dataset(raw_dataset, backend="kvikio") as ds:
         with pytest.raises(MissingDependencyError, match=r"packer\[gpu\]"):
             ds.read(0)
-    monkeypatch.setattr(gpu, "_import_kvikio", lambda: types.SimpleNamespace())
-    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (False, "no NVIDIA driver: libcuda.so.1 is missing"))
+    monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (False, "no NVIDIA driver: libcuda.so.1 is missing"))
     with open_dataset(raw_dataset, backend="kvikio") as ds:
         with pytest.raises(MissingDependencyError, match="needs an NVIDIA GPU.*libcuda.*backend='pread'") as info:
             ds.read(0)
@@ -347,16 +349,16 @@ def _fake_kvikio(calls: list) -> types.SimpleNamespace:
 
 def test_kvikio_shard_protocol_with_a_fake_kvikio(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
-    monkeypatch.setattr(gpu, "_import_kvikio", lambda: _fake_kvikio(calls))
-    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (True, "fake GPU"))
+    monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: _fake_kvikio(calls))
+    monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (True, "fake GPU"))
     with open_dataset(raw_dataset, backend="kvikio") as ds, open_dataset(raw_dataset) as reference:
         shard = ds.shard(0)
-        assert isinstance(shard, gpu.KvikioShard)
+        assert isinstance(shard, kvikio_backend.KvikioShard)
         first, end = ds.shard_range(0)
         offset = int(ds.index.offset[first])
         block = _FakeCudaBuffer((end - first) * 4096)
         shard.read_into(offset, block)  # one aligned block, straight "into device memory"
-        assert calls == [(block.host.size, offset, gpu.DEFAULT_TASK_SIZE)]
+        assert calls == [(block.host.size, offset, kvikio_backend.DEFAULT_TASK_SIZE)]
         for i in range(first, end):
             start = int(ds.index.offset[i]) - offset
             assert block.host[start:start + 360].tobytes() == reference.read(i)
@@ -375,9 +377,9 @@ def test_cuda_nbytes_refuses_strided_buffers() -> None:
     fake.__cuda_array_interface__ = {"shape": (4, 2), "typestr": "<u2", "data": (0, False), "version": 3,
                                      "strides": (8, 2)}
     with pytest.raises(ValueError, match="C-contiguous"):
-        gpu._cuda_nbytes(fake)
+        kvikio_backend.cuda_nbytes(fake)
     fake.__cuda_array_interface__["strides"] = (4, 2)
-    assert gpu._cuda_nbytes(fake) == 16
+    assert kvikio_backend.cuda_nbytes(fake) == 16
 
 
 # --- real GPU paths (skipped without one) ----------------------------------------------------
@@ -388,7 +390,7 @@ def test_cuda_nbytes_refuses_strided_buffers() -> None:
 def test_gpu_raw_batches_equal_the_host_path(raw_dataset: Path, io: str) -> None:
     if io == "kvikio":
         try:
-            gpu._import_kvikio()
+            kvikio_backend.import_kvikio()
         except MissingDependencyError as exc:
             pytest.skip(str(exc))
     with gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cuda", io=io) as loader, \
@@ -403,7 +405,7 @@ def test_gpu_raw_batches_equal_the_host_path(raw_dataset: Path, io: str) -> None
 @needs_gpu
 def test_gpu_kvikio_backend_reads_into_device_memory(raw_dataset: Path) -> None:
     try:
-        gpu._import_kvikio()
+        kvikio_backend.import_kvikio()
     except MissingDependencyError as exc:
         pytest.skip(str(exc))
     with open_dataset(raw_dataset, backend="kvikio") as ds, open_dataset(raw_dataset) as reference:
@@ -446,10 +448,10 @@ def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monk
         return _FakeFuture(len(data))
 
     fake.CuFile.pread = pread
-    monkeypatch.setattr(gpu, "_import_kvikio", lambda: fake)
-    monkeypatch.setattr(gpu, "cuda_driver_status", lambda: (True, "fake GPU"))
-    monkeypatch.setattr(gpu, "_is_cuda_buffer", lambda out: isinstance(out, torch.Tensor))
-    monkeypatch.setattr(gpu, "_cuda_nbytes", lambda out: out.numel())
+    monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: fake)
+    monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (True, "fake GPU"))
+    monkeypatch.setattr(kvikio_backend, "is_cuda_buffer", lambda out: isinstance(out, torch.Tensor))
+    monkeypatch.setattr(kvikio_backend, "cuda_nbytes", lambda out: out.numel())
     from packer.dataset import Dataset
 
     with gpu.GpuRawBatches(raw_dataset, 6, seed=8, device="cpu") as loader, \
@@ -462,7 +464,7 @@ def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monk
         assert calls and all(size % 4096 == 0 and offset % 4096 == 0 for size, offset, _ in calls)
         # A torch CPU tensor given to a kvikio shard goes through pread (no buffer protocol needed).
         shard = loader._reader.shard(0)
-        monkeypatch.setattr(gpu, "_is_cuda_buffer", lambda out: False)
+        monkeypatch.setattr(kvikio_backend, "is_cuda_buffer", lambda out: False)
         out = torch.empty(360, dtype=torch.uint8)
         shard.read_into(int(loader.dataset.index.offset[0]), out)
         assert out.numpy().tobytes() == loader.dataset.read(0)

@@ -12,9 +12,9 @@ from PIL import Image
 
 from packer.build import build
 from packer.dataset import open_dataset, open_index
-from packer.grid import CAPTION_HEIGHT, contact_sheet, pick_samples
-from packer.plan import BuildOptions
-from packer.summary import format_summary, summarize
+from packer.inspect.grid import CAPTION_HEIGHT, contact_sheet, pick_samples
+from packer.build.plan import BuildOptions
+from packer.inspect.summary import format_summary, summarize
 
 
 def make_images(root: Path) -> Path:
@@ -120,7 +120,7 @@ def test_summary_is_fast_on_a_million_samples(tmp_path: Path) -> None:
     import time
 
     from packer import format as fmt
-    from packer.build import commit_dataset
+    from packer.build.commit import commit_dataset
 
     n, shards, alignment = 1_000_000, 10, 4096
     per = n // shards

@@ -27,13 +27,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import packer.build as build_module
+import packer.build.commit as commit_module
+import packer.build.pack as pack_module
+import packer.build.records as records_module
+import packer.build.run as run_module
+import packer.build.staging as staging_module
 from packer import format as fmt
-from packer.build import build, build_lock
+from packer.build import build
+from packer.build.staging import build_lock
 from packer.dataset import open_dataset
 from packer.errors import (BuildError, BuildLockedError, NotAPackerFileError, OutputExistsError,
                            PackerError)
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 OPTIONS = BuildOptions(shard_size=16 << 10)
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +73,7 @@ def make_source(root: Path, *, classes: int = 3, per_class: int = 6, seed: int =
 def tree(out: Path) -> dict[str, bytes]:
     """Every file under ``out`` (relative path -> bytes), but the lock file."""
     return {p.relative_to(out).as_posix(): p.read_bytes()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name != build_module.LOCK_NAME}
+            for p in sorted(out.rglob("*")) if p.is_file() and p.name != staging_module.LOCK_NAME}
 
 
 def dataset_samples(path: Path) -> dict[str, bytes]:
@@ -92,16 +97,16 @@ def sources(tmp_path_factory) -> dict[str, Any]:
 # --- deterministic kill points ---------------------------------------------------------------------
 
 def _kill_targets() -> dict[str, tuple[Any, str, str]]:
-    import packer.sources as sources_module
+    import packer.build.sources as sources_module
     return {
         "listing": (sources_module, "_sorted_entries", "before"),   # reading a folder while listing
-        "pack-file": (build_module, "_load_and_check", "before"),   # mid-shard: temp partly written
-        "shard-hash": (build_module, "_hash_file", "before"),       # temp complete, not renamed
-        "shard-record": (build_module, "_write_record", "before"),  # shard renamed, no record yet
+        "pack-file": (pack_module, "_load_and_check", "before"),   # mid-shard: temp partly written
+        "shard-hash": (pack_module, "_hash_file", "before"),       # temp complete, not renamed
+        "shard-record": (pack_module, "write_record", "before"),  # shard renamed, no record yet
         "rename": (os, "replace", "before"),                        # every rename: plan, shards, records, index, report, manifest
         "renamed": (os, "replace", "after"),                        # just after each rename
         "fsync": (os, "fsync", "before"),
-        "cleanup": (build_module, "_remove_unreferenced", "before"),  # committed, old files still there
+        "cleanup": (commit_module, "_remove_unreferenced", "before"),  # committed, old files still there
         "rmtree": (shutil, "rmtree", "before"),                     # stale staging removal, start and end
     }
 
@@ -267,14 +272,14 @@ def _ref_dir(sources: dict[str, Any], which: str, tmp_path: Path) -> Path:
 
 def _finished_shard_inodes(out: Path) -> dict[str, int]:
     """Shards that a valid record of the saved plan vouches for (what --resume must reuse)."""
-    plan_path = out / build_module.STAGING_DIR / build_module.PLAN_NAME
+    plan_path = out / staging_module.STAGING_DIR / staging_module.PLAN_NAME
     if not plan_path.exists():
         return {}
-    from packer.plan import load_plan
+    from packer.build.plan import load_plan
     plan = load_plan(plan_path, out)
     found = {}
     for shard in range(plan.shard_count):
-        record = build_module._read_record(build_module._record_path(out, shard), plan.fingerprint, out)
+        record = records_module.read_record(records_module.record_path(out, shard), plan.fingerprint, out)
         if record is not None and record[0]["sample_count"]:
             found[record[0]["path"]] = (out / record[0]["path"]).stat().st_ino
     return found
@@ -314,7 +319,7 @@ def test_resume_after_commit_cleans_up(sources, tmp_path):
     src, out = sources["b"], tmp_path / "out"
     assert killed(run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False),
                              point="cleanup", kill_at=1))
-    assert (out / build_module.STAGING_DIR).exists()
+    assert (out / staging_module.STAGING_DIR).exists()
     assert dataset_samples(out) == sources["samples_b"]
     build(src, out, OPTIONS, workers=1, progress=False, resume=True)
     assert tree(out) == sources["tree_b"]
@@ -346,7 +351,7 @@ def test_sigkill_cli_from_outside(sources, tmp_path):
     build(src, reference, OPTIONS, workers=1, progress=False)
     want = tree(reference)
     want_samples = dataset_samples(reference)
-    plan_file = Path(build_module.STAGING_DIR) / build_module.PLAN_NAME
+    plan_file = Path(staging_module.STAGING_DIR) / staging_module.PLAN_NAME
 
     def wait_for(path: Path, process: subprocess.Popen) -> float:
         started = time.monotonic()
@@ -418,8 +423,8 @@ class _FullDisk:
 def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     import builtins
 
-    import packer.atomic as atomic_module
-    import packer.plan as plan_module
+    import packer.build.atomic as atomic_module
+    import packer.build.plan as plan_module
     left = [budget]
     real_open = builtins.open
 
@@ -427,7 +432,7 @@ def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
         handle = real_open(file, mode, *args, **kwargs)
         return _FullDisk(handle, left) if any(c in mode for c in "wax+") else handle
 
-    monkeypatch.setattr(build_module, "open", fake_open, raising=False)
+    monkeypatch.setattr(pack_module, "open", fake_open, raising=False)
     monkeypatch.setattr(plan_module, "open", fake_open, raising=False)
     monkeypatch.setattr(atomic_module, "open", fake_open, raising=False)
 
@@ -584,7 +589,7 @@ def test_source_vanishes_or_changes_during_build(tmp_path, monkeypatch):
     """Files deleted or resized between listing and packing are rejected with a reason (missing,
     changed-during-build); the build completes and its report accounts for every file."""
     src = make_source(tmp_path / "src", seed=7)
-    real_run_shards = build_module.run_shards
+    real_run_shards = run_module.run_shards
 
     def mutate_then_pack(*args: Any, **kwargs: Any) -> None:
         (src / "class0" / "img01.png").unlink()
@@ -593,7 +598,7 @@ def test_source_vanishes_or_changes_during_build(tmp_path, monkeypatch):
         (src / "class2" / "img03.png").write_bytes(b"")  # truncated to nothing
         real_run_shards(*args, **kwargs)
 
-    monkeypatch.setattr(build_module, "run_shards", mutate_then_pack)
+    monkeypatch.setattr(run_module, "run_shards", mutate_then_pack)
     result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
     reasons = {r.key: r.reason for r in result.rejected}
     assert reasons == {"class0/img01.png": "missing", "class1/img02.png": "changed-during-build",
@@ -646,7 +651,7 @@ def test_unreadable_source_file_injected(tmp_path, monkeypatch):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
         return real_open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr(build_module, "open", fake_open, raising=False)
+    monkeypatch.setattr(pack_module, "open", fake_open, raising=False)
     result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
     assert [(r.key, r.reason) for r in result.rejected] == [("class1/img04.png", "unreadable")]
     assert result.sample_count == 17
@@ -712,7 +717,7 @@ def test_build_finishing_between_check_and_lock_is_not_replaced(sources, tmp_pat
     """A build that commits after our 'output exists?' check but before we get the lock must not be
     silently replaced without --overwrite."""
     out = tmp_path / "out"
-    real_lock = build_module.build_lock
+    real_lock = run_module.build_lock
     raced = []
 
     def racing_lock(path: Path, **kwargs: Any) -> Any:
@@ -721,7 +726,7 @@ def test_build_finishing_between_check_and_lock_is_not_replaced(sources, tmp_pat
             assert run_forked(lambda: build(sources["a"], out, OPTIONS, workers=1, progress=False)) == 0
         return real_lock(path, **kwargs)
 
-    monkeypatch.setattr(build_module, "build_lock", racing_lock)
+    monkeypatch.setattr(run_module, "build_lock", racing_lock)
     with pytest.raises(OutputExistsError):
         build(sources["b"], out, OPTIONS, workers=1, progress=False)
     assert tree(out) == sources["tree_a"]

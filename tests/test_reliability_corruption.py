@@ -29,7 +29,7 @@ from packer import format as fmt
 from packer.build import build
 from packer.dataset import open_dataset
 from packer.errors import PackerError
-from packer.plan import BuildOptions
+from packer.build.plan import BuildOptions
 
 verify_module = pytest.importorskip("packer.verify")
 

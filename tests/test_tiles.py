@@ -1,4 +1,4 @@
-"""The tiled codec: lossless re-tiling (packer._jpegtiles), tile windows, and their use by the
+"""The tiled codec: lossless re-tiling (packer.codecs._jpegtiles), tile windows, and their use by the
 decode transform and the build."""
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ import simplejpeg
 from PIL import Image
 
 import packer
-from packer import tiles
+import packer.codecs
+from packer.codecs import tiles
 from packer.build import build
 from packer.codecs import TiledCodec, get_codec
-from packer.errors import BuildError
-from packer.plan import BuildOptions
-from packer.tiles import WINDOW_MARGIN, read_layout, transcode, window_jpeg, window_margin
+from packer.errors import MissingDependencyError, OptionError
+from packer.build.plan import BuildOptions
+from packer.codecs.tiles import WINDOW_MARGIN, read_layout, transcode, window_jpeg, window_margin
 from packer.transforms import CenterCrop, RandomResizedCrop
 from packer.verify import verify
 
 pytestmark = pytest.mark.skipif(not tiles.transcoder_available(),
-                                reason="packer._jpegtiles was not built")
+                                reason="packer.codecs._jpegtiles was not built")
 
 SUBSAMPLINGS = ("444", "422", "420", "440", "411")
 
@@ -339,14 +340,14 @@ def test_center_crop_is_unchanged_by_tiling() -> None:
 def test_codec_options_and_missing_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     codec = get_codec("tiled")
     assert isinstance(codec, TiledCodec) and codec.manifest_entry() == {"name": "tiled", "version": 1}
-    with pytest.raises(BuildError, match="has no option 'quality'"):
+    with pytest.raises(OptionError, match="has no option 'quality'"):
         get_codec("tiled:quality=90")
     monkeypatch.setattr(tiles, "transcoder_available", lambda: False)
-    with pytest.raises(BuildError, match="needs packer's compiled extension"):
+    with pytest.raises(MissingDependencyError, match="needs packer's compiled extension"):
         get_codec("tiled")
-    monkeypatch.setitem(sys.modules, "packer._jpegtiles", None)  # as if it was never built
-    monkeypatch.delattr(packer, "_jpegtiles", raising=False)
-    with pytest.raises(BuildError, match="needs packer's compiled extension"):
+    monkeypatch.setitem(sys.modules, "packer.codecs._jpegtiles", None)  # as if it was never built
+    monkeypatch.delattr(packer.codecs, "_jpegtiles", raising=False)
+    with pytest.raises(MissingDependencyError, match="needs packer's compiled extension"):
         transcode(b"", max_pixels=1)
 
 

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from packer.build import build  # noqa: E402
 from packer.decode import decode_image  # noqa: E402
-from packer.plan import BuildOptions  # noqa: E402
+from packer.build.plan import BuildOptions  # noqa: E402
 from packer.torch import (PackedBatchSampler, PackedDataset, PackedIterableDataset, PackedSampler,  # noqa: E402
                           collate, resolve_rank)
 
@@ -305,7 +305,7 @@ def test_getitems_checks_range_and_never_aliases_repeated_samples(tmp_path) -> N
     from PIL import Image
 
     from packer.build import build
-    from packer.plan import BuildOptions
+    from packer.build.plan import BuildOptions
     from packer.torch import PackedDataset
 
     rng = np.random.default_rng(0)

@@ -24,7 +24,7 @@ def append_command(dataset: Path, source: Path, root: Path | None, workers: int 
     Existing shards are never rewritten; readers of the previous version are unaffected. New class
     names get new label ids; existing ids never change. `packer inspect` shows the history.
     """
-    from ..append import append
+    from ..build.append import append
 
     def body() -> int:
         result = append(dataset, source, root=root, workers=workers, seed=seed, progress=not quiet)

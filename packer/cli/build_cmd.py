@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from . import cli, emit_json, run_command
-from ..plan import BuildOptions
+from ..build.plan import BuildOptions
 
 
 def parse_size(text: str) -> int:
@@ -67,20 +67,19 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
                   engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
                   quality: int | None, resize_side: str | None, raw_size: str | None) -> None:
     """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT."""
-    from ..build import build, finish, parse_part
+    from ..build.run import build, finish, parse_part
     from ..codecs import merge_codec_options
-    from ..errors import BuildError
-
-    try:
-        codec = merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
-                                            "size": raw_size})
-    except BuildError as exc:
-        raise click.UsageError(f"{exc.message} (--codec {codec}; --max-size, --quality and "
-                               f"--resize-side are jpeg options, --size is a raw option)") from None
-    options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
-                           seed=seed, codec=codec, validate=validate, max_pixels=max_pixels)
+    from ..errors import OptionError
 
     def body() -> int:
+        try:
+            spec = merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
+                                               "size": raw_size})
+        except OptionError as exc:
+            raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
+                              f"jpeg options, --size is a raw option)") from None
+        options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
+                               seed=seed, codec=spec, validate=validate, max_pixels=max_pixels)
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:

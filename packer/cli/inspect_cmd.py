@@ -109,7 +109,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     def body() -> int:
         document: dict[str, Any] = {"ok": True}
         if sample is None and grid is None:
-            from ..summary import format_summary, summarize
+            from ..inspect.summary import format_summary, summarize
 
             summary = summarize(dataset)
             if as_json:
@@ -154,7 +154,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
 def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
           document: dict[str, Any]) -> None:
     from ..dataset import open_dataset
-    from ..grid import contact_sheet
+    from ..inspect.grid import contact_sheet
 
     if not force and (out.exists() or out.is_symlink()):  # fail before decoding anything
         raise OutputExistsError("already exists; pass --force to overwrite it", path=out)

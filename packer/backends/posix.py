@@ -1,36 +1,16 @@
-"""Byte movement: backends that read ranges of a shard file (mmap, pread; O_DIRECT in direct.py, kvikio in gpu.py).
-
-Every backend implements one small protocol, ``read_into(offset, out)``, plus ``view(offset,
-size)`` where zero-copy is possible. Datasets and adapters consume a backend and parse nothing;
-the shard header was validated when the shard was opened (see ``packer.dataset``).
-"""
+"""The two plain-file backends: ``mmap`` (zero-copy views, pages shared by every process) and ``pread``."""
 
 from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from .errors import TruncatedFileError
+from ..errors import TruncatedFileError
 
-__all__ = ["ShardBackend", "MmapShard", "PreadShard", "BACKENDS", "open_backend"]
-
-
-class ShardBackend(Protocol):
-    """Reads byte ranges of one open shard file."""
-
-    path: str
-    size: int
-
-    def read_into(self, offset: int, out: Any) -> None:
-        """Fill the writable buffer ``out`` with the bytes at ``offset`` (exactly len(out) bytes)."""
-
-    def view(self, offset: int, size: int) -> memoryview:
-        """The bytes at ``offset``: zero-copy when the backend can (mmap), else a fresh buffer."""
-
-    def close(self) -> None: ...
+__all__ = ["MmapShard", "PreadShard"]
 
 
 class MmapShard:
@@ -114,21 +94,3 @@ class PreadShard:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-BACKENDS: dict[str, type] = {"mmap": MmapShard, "pread": PreadShard}
-
-
-def open_backend(name: str, fd: int, path: str, size: int) -> ShardBackend:
-    """Open backend ``name`` over an already validated shard file descriptor."""
-    if name == "direct":
-        from .direct import DirectShard  # O_DIRECT: lives with the aligned-buffer code
-        return DirectShard(fd, path, size)
-    if name == "kvikio":
-        from .gpu import KvikioShard  # GPUDirect Storage: imports kvikio lazily, says what is missing
-        return KvikioShard(fd, path, size)
-    try:
-        cls = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS) + ['direct', 'kvikio']}") from None
-    return cls(fd, path, size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import MissingDependencyError
+from ...errors import MissingDependencyError
 from ..plan import BuildPlan
 
 __all__ = ["run_with_ray"]
@@ -24,8 +24,8 @@ _plans: dict[tuple[str, int], BuildPlan] = {}
 def _pack_remote(plan_path: str, fingerprint: int, root: str, out: str, shard: int,
                  fail_on_reject: bool) -> tuple[int, int]:
     """Body of one Ray task: returns (files handled, payload bytes packed)."""
-    from ..build import pack_planned_shard
-    from ..errors import BuildError
+    from ..pack import pack_planned_shard
+    from ...errors import BuildError
     from ..plan import load_plan
 
     # One plan load per Ray worker process and plan: a later build into the same folder (same
@@ -56,7 +56,7 @@ def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: s
         import ray
     except ImportError:
         raise MissingDependencyError("the Ray engine needs Ray: pip install 'packer[ray]'") from None
-    from ..build import PLAN_NAME, STAGING_DIR
+    from ..staging import PLAN_NAME, STAGING_DIR
 
     started_here = not ray.is_initialized()
     if started_here:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import format as fmt
+from .. import format as fmt
 
 __all__ = ["write_atomic", "fsync_dir"]
 

@@ -37,16 +37,14 @@ import os
 import threading
 from typing import Any
 
-import numpy as np
-
-from .errors import (DatasetChangedError, DirectIOUnsupportedError, MisalignedRecordError,
+from ..errors import (DatasetChangedError, DirectIOUnsupportedError, MisalignedRecordError,
                      OffsetOutOfBoundsError, TruncatedFileError)
+from .buffers import PAGE, buffer_address
 
-__all__ = ["DIRECT_BLOCK", "DEFAULT_BOUNCE_BYTES", "DirectShard", "DirectIOUnsupportedError",
-           "aligned_empty", "buffer_address", "is_aligned"]
+__all__ = ["DIRECT_BLOCK", "DEFAULT_BOUNCE_BYTES", "DirectShard"]
 
 #: Alignment of every O_DIRECT read: file offset, length and memory address.
-DIRECT_BLOCK = 4096
+DIRECT_BLOCK = PAGE
 #: Largest piece read through the bounce buffer at once (per thread, allocated on first use).
 DEFAULT_BOUNCE_BYTES = 8 << 20
 
@@ -57,33 +55,6 @@ def _align_down(value: int) -> int:
 
 def _align_up(value: int) -> int:
     return -(-value // DIRECT_BLOCK) * DIRECT_BLOCK
-
-
-def buffer_address(buffer: Any) -> int:
-    """The memory address of the first byte of a C-contiguous buffer (numpy array, bytearray, mmap)."""
-    view = memoryview(buffer)
-    if view.nbytes == 0:
-        return 0
-    return int(np.frombuffer(view.cast("B") if view.format != "B" or view.ndim != 1 else view,
-                             dtype=np.uint8).ctypes.data)
-
-
-def is_aligned(buffer: Any, alignment: int = DIRECT_BLOCK) -> bool:
-    """Whether a C-contiguous buffer starts at a multiple of ``alignment``."""
-    return buffer_address(buffer) % alignment == 0
-
-
-def aligned_empty(nbytes: int, alignment: int = DIRECT_BLOCK) -> np.ndarray:
-    """A new uninitialised 1-D uint8 array of ``nbytes`` whose first byte is ``alignment``-aligned.
-
-    ``read_into`` on a ``DirectShard`` reads the whole blocks of such a buffer without a bounce
-    copy (pass it, or a slice starting at a multiple of 4096, with an aligned offset).
-    """
-    if nbytes < 0 or alignment < 1:
-        raise ValueError(f"need nbytes >= 0 and alignment >= 1, got {nbytes}, {alignment}")
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
-    skip = -raw.ctypes.data % alignment
-    return raw[skip:skip + nbytes]
 
 
 class _Bounce(threading.local):

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Sequence
 
 import numpy as np
 
-from .errors import PackerError
+from ..errors import PackerError
 
 __all__ = ["contact_sheet", "pick_samples", "CAPTION_HEIGHT"]
 
@@ -59,8 +59,8 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
     """
     from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-    from .decode import decode_image
-    from .format import checksum
+    from ..decode import decode_image
+    from ..format import checksum
 
     if columns < 1 or thumb < 1:
         raise ValueError(f"columns and thumb must be at least 1, got {columns} and {thumb}")

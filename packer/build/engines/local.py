@@ -11,19 +11,12 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, Callable
 
+from ...machine import available_cpus
 from ..plan import BuildPlan, load_plan
 
-__all__ = ["run_local", "default_workers"]
+__all__ = ["run_local"]
 
 _state: dict[str, Any] = {}
-
-
-def default_workers() -> int:
-    """The cores this process may use (respects taskset/cgroup CPU affinity)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -50,7 +43,7 @@ def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any, paren
 
 
 def _pack_in_worker(shard: int, fail_on_reject: bool) -> int:
-    from ..build import pack_planned_shard
+    from ..pack import pack_planned_shard
 
     progress_queue = _state["queue"]
     pack_planned_shard(_state["plan"], _state["out"], shard, fail_on_reject=fail_on_reject,
@@ -59,7 +52,7 @@ def _pack_in_worker(shard: int, fail_on_reject: bool) -> int:
 
 
 def _segment_in_worker(shard: int, segment: int, segments: int, fail_on_reject: bool) -> Any:
-    from ..build import pack_segment
+    from ..pack import pack_segment
 
     progress_queue = _state["queue"]
     return pack_segment(_state["plan"], _state["out"], shard, segment, segments, fail_on_reject=fail_on_reject,
@@ -75,10 +68,10 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
     order with ``copy_file_range``: the bytes are the same as a single writer's, so the output
     does not depend on the number of workers.
     """
-    from ..build import (PLAN_NAME, STAGING_DIR, TEMP_DIR, assemble_shard, pack_planned_shard, segment_count,
-                         shard_is_done)
+    from ..pack import assemble_shard, pack_planned_shard, segment_count, shard_is_done
+    from ..staging import PLAN_NAME, STAGING_DIR, TEMP_DIR
 
-    workers = default_workers() if workers is None else max(1, workers)
+    workers = available_cpus() if workers is None else max(1, workers)
     if workers == 1:
         for shard in shard_ids:
             pack_planned_shard(plan, out, shard, progress=progress, fail_on_reject=fail_on_reject)

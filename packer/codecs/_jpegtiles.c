@@ -964,7 +964,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_definition = {
-    PyModuleDef_HEAD_INIT, "packer._jpegtiles",
+    PyModuleDef_HEAD_INIT, "packer.codecs._jpegtiles",
     "Lossless JPEG re-tiling for packer's tiled codec (see packer/tiles.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };

@@ -1,7 +1,7 @@
 """Tiled JPEGs: decode only the part of a JPEG that a crop needs.
 
 The ``tiled`` codec (``packer build --codec tiled``) stores every baseline JPEG losslessly
-rewritten by ``packer._jpegtiles.transcode``: same DCT coefficients, so every decoder shows
+rewritten by ``packer.codecs._jpegtiles.transcode``: same DCT coefficients, so every decoder shows
 exactly the same pixels, but each *tile* (one MCU, e.g. 16x16 pixels for 4:2:0 chroma, or a few
 8-pixel MCUs side by side) is its own restart interval, and APP9 ``PKTILES`` segments list the
 entropy-coded length of every tile, right after SOI (formats/SPEC.md, "Tiled JPEG"). A tiled JPEG is an ordinary
@@ -21,7 +21,7 @@ image, as for any JPEG) unless the tables, the frame header, the restart interva
 restart marker agree with each other and the file ends right after the last tile.
 
 This module is pure Python and numpy: reading tiled datasets needs no compiled code. Writing
-them (``transcode``) needs the ``packer._jpegtiles`` extension, built when packer is installed
+them (``transcode``) needs the ``packer.codecs._jpegtiles`` extension, built when packer is installed
 with a C compiler.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BuildError
+from ..errors import MissingDependencyError
 
 __all__ = ["TileLayout", "read_layout", "window_jpeg", "cut_window", "transcode",
            "transcoder_available", "untiled_reason",
@@ -269,7 +269,7 @@ def cut_window(data: Any, box: tuple[float, float, float, float], margin: int
         or ``None`` when ``data`` is not a usable tiled JPEG (T1-T3) or the window would be the
         whole image: then decode ``data`` whole.
 
-    Uses the compiled ``packer._jpegtiles.window`` when it is installed (same checks, same
+    Uses the compiled ``packer.codecs._jpegtiles.window`` when it is installed (same checks, same
     bytes, about 10x faster), else ``read_layout`` + ``window_jpeg``.
     """
     if _window is not None:
@@ -312,7 +312,7 @@ def untiled_reason(data: Any) -> str:
 
 
 def transcoder_available() -> bool:
-    """Whether the compiled transcoder (``packer._jpegtiles``) is installed."""
+    """Whether the compiled transcoder (``packer.codecs._jpegtiles``) is installed."""
     try:
         from . import _jpegtiles  # noqa: F401
     except ImportError:
@@ -326,12 +326,12 @@ def transcode(data: Any, *, max_pixels: int) -> bytes:
     Raises:
         ValueError: the JPEG cannot be tiled; the message starts with ``unsupported:`` (a
             progressive, arithmetic-coded, 12-bit or multi-scan JPEG, ...) or ``corrupt:``.
-        BuildError: the compiled transcoder is not installed.
+        MissingDependencyError: the compiled transcoder is not installed.
     """
     try:
         from . import _jpegtiles
     except ImportError:
-        raise BuildError("the tiled codec needs packer's compiled extension packer._jpegtiles, "
+        raise MissingDependencyError("the tiled codec needs packer's compiled extension packer.codecs._jpegtiles, "
                          "which was not built when packer was installed (no C compiler?); "
                          "reinstall packer with a C compiler available") from None
     return _jpegtiles.transcode(data, int(max_pixels))

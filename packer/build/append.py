@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .build import (STAGING_DIR, BuildResult, _read_record, _record_path, build_lock,
-                    commit_dataset, run_shards)
-from .dataset import open_index
-from .errors import BuildError, EmptySourceError, PackerError
+from .. import format as fmt
+from ..dataset import open_index
+from ..errors import BuildError, EmptySourceError, PackerError
+from .commit import BuildResult, commit_dataset
 from .plan import BuildOptions, make_plan, save_plan
+from .records import read_record, record_path
+from .run import run_shards
 from .sources import Rejection, SourceListing, gather_blob, list_source, select_rows
+from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
 __all__ = ["append"]
 
@@ -99,13 +101,13 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         staging = out / STAGING_DIR
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            (staging / "done").mkdir(parents=True)
-            save_plan(plan, staging / "plan.pkp")
+            (staging / RECORD_DIR).mkdir(parents=True)
+            save_plan(plan, staging / PLAN_NAME)
             run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
                        progress=progress, fail_on_reject=False)
             headers, records = [], []
             for shard in range(plan.shard_count):
-                found = _read_record(_record_path(out, shard), plan.fingerprint, out)
+                found = read_record(record_path(out, shard), plan.fingerprint, out)
                 if found is None:
                     raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
                 headers.append(found[0])

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
 
 __all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
 
@@ -44,7 +44,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
     Raises:
         PackerError: the manifest or index is missing or damaged.
     """
-    from .dataset import open_index
+    from ..dataset import open_index
 
     root = Path(path)
     with open_index(root) as index:

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import numpy as np
 import xxhash
 
-from .errors import EmptySourceError, SourceError
+from ..errors import EmptySourceError, SourceError
 
 __all__ = ["Rejection", "SourceListing", "list_image_folder", "list_manifest", "list_source",
            "REJECTION_REASONS"]

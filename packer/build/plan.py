@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
+from .. import format as fmt
+from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
-from .errors import BuildError, PackerError, SourceError
+from ..errors import BuildError, OptionError, PackerError
 from .sources import Rejection, SourceListing
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -44,7 +45,7 @@ class BuildOptions:
     seed: int = 0
     codec: str = "passthrough"
     validate: str = "header"
-    max_pixels: int = 150_000_000
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,25 +54,25 @@ class BuildOptions:
         """Refuse impossible options before anything is written (exit code 2, like any usage error).
 
         Raises:
-            SourceError: naming the option and what is allowed.
+            OptionError: naming the option and what is allowed.
         """
-        from .codecs import get_codec
+        from ..codecs import get_codec
 
         if (not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > fmt.MAX_ALIGNMENT
                 or self.alignment & (self.alignment - 1)):
-            raise SourceError(f"--alignment must be a power of two between 1 and {fmt.MAX_ALIGNMENT}, "
+            raise OptionError(f"--alignment must be a power of two between 1 and {fmt.MAX_ALIGNMENT}, "
                               f"got {self.alignment}")
         if not isinstance(self.shard_size, int) or not self.alignment <= self.shard_size < fmt.MAX_FILE_SIZE:
-            raise SourceError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
+            raise OptionError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
                               f"2^62, got {self.shard_size}")
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            raise SourceError(f"--max-pixels must be a positive number of pixels, got {self.max_pixels}")
+            raise OptionError(f"--max-pixels must be a positive number of pixels, got {self.max_pixels}")
         if self.validate not in ("header", "full"):
-            raise SourceError(f"--validate must be 'header' or 'full', got {self.validate!r}")
+            raise OptionError(f"--validate must be 'header' or 'full', got {self.validate!r}")
         try:
             get_codec(self.codec)
         except BuildError as exc:
-            raise SourceError(exc.message) from None
+            raise OptionError(exc.message) from None
         return self
 
 
@@ -130,7 +131,7 @@ def make_plan(listing: SourceListing, options: BuildOptions, *, source: str = ""
         order = np.random.Generator(np.random.PCG64(options.seed)).permutation(count).astype(np.int64)
     else:
         order = np.arange(count, dtype=np.int64)
-    from .codecs import get_codec  # a re-encoding codec changes payload sizes: plan by its estimate
+    from ..codecs import get_codec  # a re-encoding codec changes payload sizes: plan by its estimate
 
     estimated = get_codec(options.codec).estimate_sizes(listing.sizes[order])
     starts = plan_shards(estimated, options.alignment, options.shard_size)

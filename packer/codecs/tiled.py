@@ -1,0 +1,61 @@
+"""The ``tiled`` codec: baseline JPEGs losslessly re-tiled with restart markers (formats/SPEC.md §13)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from ..errors import MissingDependencyError
+from ..format import ImageFormat
+from ..imageinfo import ImageInfo
+from .base import MAX_SIDE, check_keys
+
+__all__ = ["TiledCodec"]
+
+@dataclass(frozen=True)
+class TiledCodec:
+    """Stores baseline JPEGs losslessly re-tiled (``packer.tiles``), everything else as is."""
+
+    name: str = "tiled"
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    # The probe has already applied the build's --max-pixels; this only bounds the transcoder.
+    _MAX_PIXELS: ClassVar[int] = MAX_SIDE * MAX_SIDE
+
+    @classmethod
+    def from_options(cls, params: Mapping[str, str]) -> "TiledCodec":
+        from .tiles import transcoder_available
+
+        check_keys("tiled", params, cls.OPTIONS)
+        if not transcoder_available():
+            raise MissingDependencyError("codec 'tiled' needs packer's compiled extension packer.codecs._jpegtiles, "
+                             "which was not built when packer was installed (no C compiler?); "
+                             "reinstall packer where a C compiler is available")
+        return cls()
+
+    def encode(self, data: bytes, info: ImageInfo, *, name: str = "") -> tuple[bytes, ImageInfo]:
+        """The tiled JPEG, or ``data`` itself when it is not a JPEG that can be tiled."""
+        from .tiles import transcode
+
+        if info.image_format != ImageFormat.JPEG:
+            return data, info
+        try:
+            return transcode(data, max_pixels=self._MAX_PIXELS), info
+        except ValueError:  # progressive, arithmetic, 12-bit, damaged: a valid file kept as is
+            return data, info
+
+    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+        """``tiled``, or why a JPEG was kept as it is (``kept: progressive``, ...); None for other
+        formats. Counted in the build summary so a mostly-progressive source shows."""
+        from .tiles import untiled_reason
+
+        if info.image_format != ImageFormat.JPEG:
+            return None
+        return "tiled" if payload is not source else f"kept: {untiled_reason(source)}"
+
+    def manifest_entry(self) -> dict[str, Any]:
+        return {"name": self.name, "version": 1}
+
+    def estimate_sizes(self, source_sizes: np.ndarray) -> np.ndarray:
+        return np.asarray(source_sizes, dtype=np.uint64)
