@@ -75,7 +75,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import DatasetChangedError
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, ReadOrder, index_blocks
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, EpochCursor, RankPlan, ReadOrder, check_epoch, index_blocks
 
 __all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator"]
 
@@ -104,33 +104,58 @@ class _PackedSource:
         for name, value in (("first_epoch", first_epoch), ("consumed", consumed)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                                    batch_size=batch_size, drop_last=drop_last)
-        self.path, self._index_checksum, self.num_samples = _dataset_path_and_version(dataset)
-        if consumed > self.num_samples:
-            raise ValueError(f"consumed={consumed} exceeds the {self.num_samples} samples of an epoch")
+        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                               batch_size=batch_size, drop_last=drop_last)
+        self.path, self._index_checksum, num_samples = _dataset_path_and_version(dataset)
+        if consumed > num_samples:
+            raise ValueError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
+        # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
+        # at consumed; later epochs start at their beginning. Blocks are computed per process.
+        self.cursor = EpochCursor(read_order, num_samples, rank=shard_id, world_size=num_shards,
+                                  blocks=self._dataset_blocks)
+        self.cursor.position.set(first_epoch, consumed)
         self.batch_size = batch_size
         self.shard_id = shard_id
         self.num_shards = num_shards
-        self.first_epoch = first_epoch
-        self.consumed = consumed
         self.backend = backend
         self.verify_checksums = verify_checksums
         self.return_index = return_index
         self._reset_process_state()
 
+    @property
+    def read_order(self) -> ReadOrder:
+        return self.cursor.read_order
+
+    @property
+    def num_samples(self) -> int:
+        return self.cursor.num_samples
+
+    @property
+    def first_epoch(self) -> int:
+        return self.cursor.epoch
+
+    @property
+    def consumed(self) -> int:
+        return self.cursor.start
+
     def _reset_process_state(self) -> None:
         self._pid = os.getpid()
         self._dataset: Any = None
-        self._blocks: np.ndarray | None = None
         self._raw_shape: tuple[int, int, int] | None = None
         self._plans: dict[int, RankPlan] = {}
+
+    def _dataset_blocks(self) -> np.ndarray | None:
+        if self.read_order.kind != "block":
+            return None
+        ix = self._open().index
+        return index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
 
     # Pickles carry the settings only: each DALI worker opens its own files.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_pid", "_dataset", "_blocks", "_raw_shape", "_plans"):
+        for key in ("_pid", "_dataset", "_raw_shape", "_plans"):
             state.pop(key, None)
+        state["cursor"] = self.cursor.with_blocks(self._dataset_blocks)  # recomputed in the worker
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -149,9 +174,6 @@ class _PackedSource:
                 dataset.close()
                 raise DatasetChangedError("the dataset was replaced after the DALI source was created",
                                           path=self.path)
-            if self.read_order.kind == "block":
-                ix = dataset.index
-                self._blocks = index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
             if dataset.manifest.codec.get("name") == "raw":
                 self._raw_shape = raw_sample_shape(dataset.manifest.codec, path=self.path)
             self._dataset = dataset
@@ -166,10 +188,31 @@ class _PackedSource:
         plan = self._plans.get(epoch)
         if plan is None:
             self._open()
-            plan = self.read_order.plan(self.num_samples, epoch=epoch, consumed=self.epoch_start(epoch),
-                                        rank=self.shard_id, world_size=self.num_shards, blocks=self._blocks)
+            plan = self.cursor.plan(epoch)
             self._plans = {epoch: plan}  # one epoch at a time per worker: bounded memory
         return plan
+
+    def state_dict(self, epoch_idx: int, batches_consumed: int) -> dict[str, Any]:
+        """The resumable position after ``batches_consumed`` batches of DALI's epoch ``epoch_idx``.
+
+        ``epoch_idx`` counts from the pipeline's first epoch (0), as DALI does; every shard
+        consumes in lock step, so any shard can save it. Resume by passing the state to
+        ``load_state_dict`` of a new source (before the pipeline is built) or to the same
+        source's constructor arguments ``first_epoch``/``consumed``.
+        """
+        epoch = self.first_epoch + check_epoch(epoch_idx)
+        share = self.read_order.share(self.num_samples, consumed=self.epoch_start(epoch), world_size=self.num_shards)
+        return self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=share.consumed_after(batches_consumed),
+                                          blocks=self.cursor.blocks)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start at a saved position: DALI's epoch 0 becomes the saved epoch, from the saved sample on.
+
+        Raises:
+            OptionError: the state was saved with another order, seed or dataset size.
+        """
+        self.cursor.load_state_dict(state)
+        self._plans = {}
 
     def num_batches(self, epoch: int | None = None) -> int:
         """Batches per shard in ``epoch`` (default ``first_epoch``): the same on every shard."""

@@ -156,8 +156,11 @@ class DatasetChangedError(PackerError):
     """The dataset was replaced (rebuilt with --overwrite) while a reader was using it."""
 
 
-class OptionError(PackerError):
-    """An argument or option value is invalid; the message names it and what is allowed."""
+class OptionError(PackerError, ValueError):
+    """An argument or option value is invalid; the message names it and what is allowed.
+
+    Also a ``ValueError``, which is what Python code expects of a bad argument.
+    """
 
     exit_code = 2
 

@@ -66,7 +66,7 @@ from .backends.kvikio import (GPU_EXTRA, cuda_driver_status, gds_status, import_
                               set_kvikio_threads)
 from .backends.runs import RunPlan, plan_runs
 from .errors import DatasetChangedError, IndexMismatchError, MissingDependencyError, PackerError
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder, index_blocks
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, RankPlan, ReadOrder, index_blocks
 
 # gds_status, cuda_driver_status and set_kvikio_threads live with the kvikio backend; they are
 # part of this module's public surface because GPU users look for them here.
@@ -152,7 +152,7 @@ class _ReadAhead:
 
 # --- the loaders -------------------------------------------------------------------------------
 
-class _GpuBatches:
+class _GpuBatches(CursorReader):
     """Order, rank share, resumable position and the read path shared by the two loaders."""
 
     def __init__(self, source: Any, batch_size: int, *, order: str, seed: int, rank: int | None,
@@ -161,7 +161,7 @@ class _GpuBatches:
         from .dataset import Dataset, open_dataset
 
         torch = _import_torch()
-        from .torch import resolve_rank
+        from .torch import resolve_rank  # torch is importable here: the line above checked
 
         self._torch = torch
         self.device = torch.device(device)
@@ -200,14 +200,10 @@ class _GpuBatches:
         self.alignment = self.dataset.alignment
         ix = self.dataset.index
         blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes) if order == "block" else None
-        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                                    batch_size=batch_size, drop_last=drop_last)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.num_samples = len(self.dataset)
-        self._blocks = blocks
-        self._epoch = 0
-        self._start = 0
-        self._handed_out = 0
+        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                               batch_size=batch_size, drop_last=drop_last)
+        rank, world_size = resolve_rank(rank, world_size)
+        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size, blocks=blocks)
         self.double_buffer = bool(double_buffer)
         self.read_block = max(int(read_block), self.alignment)
         self.io_threads = max(1, int(io_threads))
@@ -215,47 +211,9 @@ class _GpuBatches:
         self._host_staging: Any = None
         self._device_staging: Any = None
 
-    # --- order and position (the same contract as packer.torch's readers) ---
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next iteration (a loaded mid-epoch position is kept for its epoch)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if int(epoch) != self._epoch:
-            self._start = 0
-            self._handed_out = 0
-        self._epoch = int(epoch)
-
-    def share(self) -> RankShare:
-        return self.read_order.share(self.num_samples, consumed=self._start, world_size=self.world_size)
-
-    def plan(self) -> RankPlan:
-        """This rank's batches for the rest of the current epoch."""
-        return self.read_order.plan(self.num_samples, epoch=self._epoch, consumed=self._start, rank=self.rank,
-                                    world_size=self.world_size, blocks=self._blocks)
-
+    # --- order and position: packer.order.CursorReader over self.cursor ---
     def __len__(self) -> int:
         return self.share().num_batches
-
-    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
-        """The resumable position (see ``packer.order.ReadOrder.state_dict``).
-
-        Args:
-            batches_consumed: batches this rank consumed in the current iteration; default what
-                this loader handed out (exact: the read-ahead is not counted).
-        """
-        count = self._handed_out if batches_consumed is None else batches_consumed
-        consumed = self.share().consumed_after(count)
-        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed,
-                                          blocks=self._blocks)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration reads exactly the rest of the saved epoch, for any world size."""
-        self._epoch, self._start = self.read_order.check_state(state, self.num_samples, blocks=self._blocks)
-        self._handed_out = 0
 
     # --- reading ---
     def _host_buffer(self, nbytes: int) -> Any:
@@ -337,7 +295,7 @@ class _GpuBatches:
         indices = plan.batch(k)
         if self.read_order.kind != "block" or len(indices) < 2:
             return indices
-        epoch = self._epoch if epoch is None else epoch
+        epoch = self.cursor.epoch if epoch is None else epoch
         rng = np.random.Generator(np.random.PCG64([self.read_order.seed, epoch, self.rank, k]))
         return indices[rng.permutation(len(indices))]
 
@@ -364,10 +322,9 @@ class _GpuBatches:
         return item
 
     def __iter__(self) -> Iterator[Any]:
-        plan = self.plan()
-        epoch = self._epoch
+        plan = self.cursor.begin()
+        epoch = self.cursor.epoch
         count = plan.num_batches
-        self._handed_out = 0
 
         def produce(k: int) -> Any:
             item = self._produce(self.batch_indices(plan, k, epoch))
@@ -379,14 +336,14 @@ class _GpuBatches:
             try:
                 for item in ahead:
                     item = self._hand_out(item)
-                    self._handed_out += 1  # counted when handed out: state_dict() in the loop body is exact
+                    self.cursor.handed_out += 1  # counted when handed out: state_dict() in the loop body is exact
                     yield item
             finally:
                 ahead.close()
         else:
             for k in range(count):
                 item = produce(k)
-                self._handed_out += 1
+                self.cursor.handed_out += 1
                 yield item
 
     def close(self) -> None:

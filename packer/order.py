@@ -51,20 +51,31 @@ Three layers, each a plain function of its arguments (no global RNG, no hidden s
    in which ``torch.utils.data.DataLoader`` collects results from its workers, so a loader's
    ``k``-th batch is the rank's ``k``-th batch and ``RankPlan.consumed_after(k)`` is the global
    position to save.
+
+4. **The cursor** ``EpochCursor``: the one object every reader (``packer.torch``'s samplers and
+   iterable dataset, ``packer.gpu``'s loaders, ``packer.dali``'s sources) keeps its place with:
+   the order settings, this rank, the ``(epoch, start)`` position and a count of what it handed
+   out; ``state_dict`` / ``load_state_dict`` turn that into the ``(seed, epoch, consumed)`` state
+   above. Where the position lives is pluggable (``Position``), so a torch reader can keep it in
+   shared memory for its persistent workers.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 import xxhash
 
+from .errors import OptionError
+
 __all__ = [
     "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
     "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
-    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder",
+    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "Position", "EpochCursor", "CursorReader",
+    "check_epoch",
 ]
 
 #: The order kinds understood by ``epoch_order``.
@@ -82,13 +93,13 @@ STATE_VERSION = 1
 
 def _check_nonnegative(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
     return int(value)
 
 
 def _check_positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise OptionError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -131,7 +142,7 @@ def index_blocks(offset: np.ndarray, size: np.ndarray, shard: np.ndarray,
     block_bytes = _check_positive("block_bytes", block_bytes)
     count = len(offset)
     if len(size) != count or len(shard) != count:
-        raise ValueError("offset, size and shard must have the same length")
+        raise OptionError("offset, size and shard must have the same length")
     if count == 0:
         return np.zeros(1, dtype=np.int64)
     block_of = np.asarray(offset, dtype=np.uint64) // np.uint64(block_bytes)
@@ -168,7 +179,7 @@ def block_order(blocks: np.ndarray, *, seed: int, epoch: int, window: int = DEFA
     window = _check_positive("window", window)
     bounds = np.asarray(blocks, dtype=np.int64)
     if bounds.ndim != 1 or len(bounds) < 1 or bounds[0] != 0 or np.any(np.diff(bounds) < 0):
-        raise ValueError("blocks must be non-decreasing boundaries starting at 0")
+        raise OptionError("blocks must be non-decreasing boundaries starting at 0")
     rng = epoch_rng(seed, epoch)
     count = int(bounds[-1])
     block_count = len(bounds) - 1
@@ -204,7 +215,7 @@ def epoch_order(kind: str, num_samples: int, *, seed: int = 0, epoch: int = 0,
         window: blocks per shuffle window for ``"block"``.
 
     Raises:
-        ValueError: an unknown kind, or blocks that do not cover ``num_samples``.
+        OptionError: an unknown kind, or blocks that do not cover ``num_samples``.
     """
     num_samples = _check_nonnegative("num_samples", num_samples)
     if kind == "sequential":
@@ -215,9 +226,9 @@ def epoch_order(kind: str, num_samples: int, *, seed: int = 0, epoch: int = 0,
         if blocks is None:
             blocks = uniform_blocks(num_samples)
         if int(blocks[-1]) != num_samples:
-            raise ValueError(f"blocks cover {int(blocks[-1])} samples, expected {num_samples}")
+            raise OptionError(f"blocks cover {int(blocks[-1])} samples, expected {num_samples}")
         return block_order(blocks, seed=seed, epoch=epoch, window=window)
-    raise ValueError(f"unknown order {kind!r}; choose one of {list(ORDERS)}")
+    raise OptionError(f"unknown order {kind!r}; choose one of {list(ORDERS)}")
 
 
 @dataclass(frozen=True)
@@ -310,7 +321,7 @@ class RankPlan:
         """The batches DataLoader worker ``worker`` of ``num_workers`` serves: round-robin."""
         num_workers = _check_positive("num_workers", num_workers)
         if not 0 <= worker < num_workers:
-            raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+            raise OptionError(f"worker {worker} out of range for {num_workers} workers")
         return range(worker, self.num_batches, num_workers)
 
     def consumed_after(self, batches: int) -> int:
@@ -341,7 +352,7 @@ def deal(order: np.ndarray, *, consumed: int = 0, rank: int = 0, world_size: int
     world_size = _check_positive("world_size", world_size)
     rank = _check_nonnegative("rank", rank)
     if rank >= world_size:
-        raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        raise OptionError(f"rank {rank} out of range for world_size {world_size}")
     order = np.asarray(order, dtype=np.int64)
     count = len(order)
     share = rank_share(count, consumed=consumed, world_size=world_size, batch_size=batch_size,
@@ -399,7 +410,7 @@ class ReadOrder:
 
     def __post_init__(self) -> None:
         if self.kind not in ORDERS:
-            raise ValueError(f"unknown order {self.kind!r}; choose one of {list(ORDERS)}")
+            raise OptionError(f"unknown order {self.kind!r}; choose one of {list(ORDERS)}")
         _check_nonnegative("seed", self.seed)
         _check_positive("block_bytes", self.block_bytes)
         _check_positive("window", self.window)
@@ -449,21 +460,233 @@ class ReadOrder:
         """Validate a ``state_dict`` against these settings; returns ``(epoch, consumed)``.
 
         Raises:
-            ValueError: the state is malformed or was saved with a different order, seed,
+            OptionError: the state is malformed or was saved with a different order, seed,
                 block layout or dataset size (resuming would read the wrong samples).
         """
         if not isinstance(state, Mapping):
-            raise ValueError(f"a read-order state must be a dict, got {type(state).__name__}")
+            raise OptionError(f"a read-order state must be a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"read-order state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise OptionError(f"read-order state version {state.get('version')!r} is not {STATE_VERSION}")
         expected = self.state_dict(num_samples, epoch=0, consumed=0, blocks=blocks)
         for key in ("order", "seed", "num_samples", "window", "blocks"):
             if state.get(key) != expected.get(key):
-                raise ValueError(f"the saved state has {key}={state.get(key)!r} but this reader has "
+                raise OptionError(f"the saved state has {key}={state.get(key)!r} but this reader has "
                                  f"{expected.get(key)!r}; resuming would not see the remaining samples "
                                  f"of the saved epoch")
         epoch = _check_nonnegative("epoch", state.get("epoch"))
         consumed = _check_nonnegative("consumed", state.get("consumed"))
         if consumed > num_samples:
-            raise ValueError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
+            raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         return epoch, consumed
+
+
+def check_epoch(epoch: object) -> int:
+    """Return ``epoch`` as an int if it is a non-negative integer.
+
+    Raises:
+        OptionError: anything else (bools included).
+    """
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise OptionError(f"epoch must be a non-negative integer, got {epoch!r}")
+    return int(epoch)
+
+
+class Position:
+    """Where a reader is: ``(epoch, start)``, ``start`` the global position its next iteration begins at.
+
+    Plain attributes; ``packer.torch`` substitutes a shared-memory twin so that ``set_epoch`` in
+    the main process reaches persistent DataLoader workers.
+    """
+
+    def __init__(self) -> None:
+        self._epoch = 0
+        self._start = 0
+
+    def get(self) -> tuple[int, int]:
+        return self._epoch, self._start
+
+    def set(self, epoch: int, start: int) -> None:
+        self._epoch, self._start = int(epoch), int(start)
+
+
+class EpochCursor:
+    """A reader's place in its run: order settings, its rank, the ``(epoch, start)`` position.
+
+    Args:
+        read_order: the order settings (kind, seed, batch size, drop rule, block settings).
+        num_samples: samples in the dataset.
+        rank, world_size: this reader's share.
+        blocks: the block boundaries for the ``"block"`` order, or a callable returning them
+            (computed on first use, e.g. per worker process), or None.
+        position: where ``(epoch, start)`` is stored (default: a private ``Position``).
+
+    The unit of ``handed_out`` is the reader's item: a batch for batch readers, a sample for
+    sample readers (``count_samples=True``).
+    """
+
+    def __init__(self, read_order: ReadOrder, num_samples: int, *, rank: int = 0, world_size: int = 1,
+                 blocks: Any = None, position: Position | None = None, count_samples: bool = False) -> None:
+        world_size = _check_positive("world_size", world_size)
+        rank = _check_nonnegative("rank", rank)
+        if rank >= world_size:
+            raise OptionError(f"rank {rank} out of range for world_size {world_size}")
+        self.read_order = read_order
+        self.num_samples = _check_nonnegative("num_samples", num_samples)
+        self.rank, self.world_size = rank, world_size
+        self._blocks = blocks
+        self.position = position if position is not None else Position()
+        self.count_samples = count_samples
+        #: Items handed out since the current iteration began (batches, or samples).
+        self.handed_out = 0
+
+    @property
+    def blocks(self) -> np.ndarray | None:
+        if callable(self._blocks):
+            self._blocks = self._blocks()
+        return self._blocks
+
+    def with_blocks(self, blocks: Any) -> "EpochCursor":
+        """A shallow copy whose blocks come from ``blocks`` (an array, a callable or None).
+
+        Readers pickle this with a callable, so block boundaries (proportional to the dataset)
+        are recomputed in each worker instead of travelling with the reader.
+        """
+        twin = copy.copy(self)
+        twin._blocks = blocks
+        return twin
+
+    @property
+    def epoch(self) -> int:
+        return self.position.get()[0]
+
+    @property
+    def start(self) -> int:
+        """The global position the next iteration starts from (0 unless resumed)."""
+        return self.position.get()[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (and so the order) of the next iteration.
+
+        The position loaded by ``load_state_dict`` is kept when ``epoch`` is the loaded epoch;
+        any other epoch starts at its beginning.
+        """
+        epoch = check_epoch(epoch)
+        current, start = self.position.get()
+        if epoch != current:
+            self.handed_out = 0
+        self.position.set(epoch, start if epoch == current else 0)
+
+    def share(self) -> RankShare:
+        """This rank's share of the rest of the current epoch (no permutation computed)."""
+        return self.read_order.share(self.num_samples, consumed=self.start, world_size=self.world_size)
+
+    def plan(self, epoch: int | None = None, start: int | None = None) -> RankPlan:
+        """This rank's plan for the rest of the current epoch (or of ``epoch`` from ``start``)."""
+        current, position = self.position.get()
+        epoch = current if epoch is None else epoch
+        start = (position if epoch == current else 0) if start is None else start
+        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
+                                    world_size=self.world_size, blocks=self.blocks)
+
+    def begin(self) -> RankPlan:
+        """Start an iteration: reset the hand-out count and return the plan it follows."""
+        self.handed_out = 0
+        return self.plan()
+
+    def consumed(self, *, batches: int | None = None, samples: int | None = None) -> int:
+        """The global position after this rank consumed ``batches`` (or ``samples``) of the current
+        iteration; by default what this cursor counted as handed out."""
+        share = self.share()
+        if batches is not None and samples is not None:
+            raise OptionError("give batches or samples consumed, not both")
+        if batches is not None:
+            return share.consumed_after(batches)
+        if samples is not None:
+            return share.consumed_after_samples(samples)
+        if self.count_samples:
+            return share.consumed_after_samples(self.handed_out)
+        return share.consumed_after(self.handed_out)
+
+    def state_dict(self, *, batches: int | None = None, samples: int | None = None) -> dict[str, Any]:
+        """The resumable state (``ReadOrder.state_dict``) after ``batches``/``samples`` consumed."""
+        return self.read_order.state_dict(self.num_samples, epoch=self.epoch,
+                                          consumed=self.consumed(batches=batches, samples=samples),
+                                          blocks=self.blocks)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
+
+        Raises:
+            OptionError: the state was saved with another order, seed, block layout or dataset size.
+        """
+        epoch, consumed = self.read_order.check_state(state, self.num_samples, self.blocks)
+        self.position.set(epoch, consumed)
+        self.handed_out = 0
+
+
+class CursorReader:
+    """The order/position surface every packer reader exposes (torch samplers and iterable dataset,
+    GPU loaders), delegated to its ``cursor``: one implementation of set_epoch / state_dict / resume."""
+
+    cursor: EpochCursor
+
+    @property
+    def read_order(self) -> ReadOrder:
+        return self.cursor.read_order
+
+    @property
+    def rank(self) -> int:
+        return self.cursor.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.cursor.world_size
+
+    @property
+    def num_samples(self) -> int:
+        return self.cursor.num_samples
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
+    @property
+    def start(self) -> int:
+        """The global position the next iteration starts from (0 unless resumed)."""
+        return self.cursor.start
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (a loaded mid-epoch position is kept for its epoch)."""
+        self.cursor.set_epoch(epoch)
+
+    def share(self) -> RankShare:
+        """This rank's share of the rest of the current epoch (no permutation computed)."""
+        return self.cursor.share()
+
+    def plan(self) -> RankPlan:
+        """This rank's plan for the rest of the current epoch."""
+        return self.cursor.plan()
+
+    def state_dict(self, *, batches_consumed: int | None = None,
+                   samples_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position ``{"order", "seed", "epoch", "consumed", ...}`` (JSON-ready).
+
+        Args:
+            batches_consumed: this reader's batches this rank consumed since the current epoch's
+                iteration started (from the loaded position, when resumed).
+            samples_consumed: or the samples this rank consumed (only whole batches count).
+
+        Without either, what this object handed out in its last iteration: exact only when it
+        is iterated directly (a DataLoader prefetches; ``packer.torch.PackedDataLoader`` counts for you).
+        """
+        return self.cursor.state_dict(batches=batches_consumed, samples=samples_consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
+
+        Valid for any world size, batch size and number of workers.
+
+        Raises:
+            OptionError: the state was saved with another order, seed or dataset size.
+        """
+        self.cursor.load_state_dict(state)

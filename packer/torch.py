@@ -40,26 +40,30 @@ million samples over two workers) and returns the order's temporaries to the OS.
 Resuming mid-epoch
 ------------------
 The position in an epoch is ``(seed, epoch, consumed)``, ``consumed`` counting samples globally
-(see ``packer.order``), so it is valid for any number of workers and ranks. The loop counts the
-batches it consumed on this rank since the start of the (resumed) epoch and asks for the state::
+(see ``packer.order``), so it is valid for any number of workers, ranks and batch sizes. Every
+reader keeps its place in a ``packer.order.EpochCursor``. The simple, safe wiring is
+``PackedDataLoader``, which counts the batches your loop received (a DataLoader prefetches, so a
+reader cannot know that by itself)::
 
     sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=8, collate_fn=collate,
-                        pin_memory=True, persistent_workers=True)
+    loader = PackedDataLoader(dataset, batch_sampler=sampler, num_workers=8, collate_fn=collate,
+                              pin_memory=True, persistent_workers=True)
     if checkpoint:
-        sampler.load_state_dict(checkpoint["sampler"])
-    for epoch in range(sampler.epoch, epochs):
-        sampler.set_epoch(epoch)       # keeps the loaded position for the loaded epoch
-        for step, (images, labels) in enumerate(loader, 1):
+        loader.load_state_dict(checkpoint["loader"])
+    for epoch in range(loader.epoch, epochs):
+        loader.set_epoch(epoch)        # keeps the loaded position for the loaded epoch
+        for images, labels in loader:
             ...
-            if step % 1000 == 0:
-                save({"sampler": sampler.state_dict(batches_consumed=step)})
+            save({"loader": loader.state_dict()})
 
-``PackedIterableDataset`` works the same way (``dataset.set_epoch``, ``dataset.state_dict(
-batches_consumed=step)``, ``dataset.load_state_dict(state)`` before creating the loader's
-iterator); its epoch and position live in a small shared-memory tensor, so they reach
-persistent workers too. Without ``batches_consumed`` the readers report what they handed out
-themselves, which is exact only when they are iterated directly: a DataLoader prefetches.
+With a plain ``DataLoader``, count yourself and say what you counted:
+``batch_sampler.state_dict(batches_consumed=step)`` (its own batches),
+``sampler.state_dict(samples_consumed=step * batch_size)`` for a ``PackedSampler``
+(``batches_consumed`` on a sampler that was not told the batch size raises rather than resume
+at the wrong place), ``dataset.state_dict(batches_consumed=step)`` for a
+``PackedIterableDataset``, whose position lives in a small shared-memory tensor so that
+``set_epoch``/``load_state_dict`` reach persistent workers. Without an argument a reader
+reports what it handed out itself, which is exact only when it is iterated directly.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from .errors import DecodeError, MissingDependencyError
+from .errors import DecodeError, MissingDependencyError, OptionError
 
 try:
     import torch
@@ -85,11 +89,11 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
 from . import format as fmt
 from .dataset import Dataset, DatasetIndex, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
-from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder,
-                    index_blocks, uniform_blocks)
+from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, CursorReader, EpochCursor, Position,
+                    RankPlan, ReadOrder, index_blocks, uniform_blocks)
 
-__all__ = ["PackedDataset", "PackedSampler", "PackedBatchSampler", "PackedIterableDataset", "collate",
-           "resolve_rank", "LAYOUTS"]
+__all__ = ["PackedDataset", "PackedSampler", "PackedBatchSampler", "PackedIterableDataset", "PackedDataLoader",
+           "collate", "resolve_rank", "LAYOUTS"]
 
 LAYOUTS = ("CHW", "HWC")
 #: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
@@ -105,7 +109,7 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
 
     Raises:
-        ValueError: only one of the two is given, or rank is outside ``0..world_size-1``.
+        OptionError: only one of the two is given, or rank is outside ``0..world_size-1``.
     """
     if rank is None and world_size is None:
         dist = getattr(torch, "distributed", None)
@@ -114,11 +118,11 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
         else:
             rank, world_size = 0, 1
     elif rank is None or world_size is None:
-        raise ValueError("give both rank and world_size, or neither (to use torch.distributed)")
+        raise OptionError("give both rank and world_size, or neither (to use torch.distributed)")
     if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        raise OptionError(f"world_size must be a positive integer, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
+        raise OptionError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
     return rank, world_size
 
 
@@ -390,7 +394,7 @@ def _blocks_of(source: Any, order: str, block_bytes: int,
         try:
             count = len(source)
         except TypeError:
-            raise TypeError(f"expected a packer dataset or a sample count, got {type(source).__name__}") from None
+            raise OptionError(f"expected a packer dataset or a sample count, got {type(source).__name__}") from None
     if order != "block":
         return count, None
     if isinstance(source, DatasetIndex) and block_samples is None:
@@ -399,118 +403,24 @@ def _blocks_of(source: Any, order: str, block_bytes: int,
     return count, uniform_blocks(count, block_samples or DEFAULT_BLOCK_SAMPLES)
 
 
-class _OrderedReader:
-    """Order settings, rank and the resumable (epoch, consumed) position, shared by the readers."""
-
-    def _init_order(self, num_samples: int, blocks: np.ndarray | None, *, order: str, seed: int,
-                    rank: int | None, world_size: int | None, batch_size: int, drop_last: bool,
-                    block_bytes: int, window: int) -> None:
-        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                                    batch_size=batch_size, drop_last=drop_last)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.num_samples = num_samples
-        self._blocks = blocks
-        self._handed_out = 0  # items this object handed out in its current iteration
-
-    # Subclasses store (epoch, start) where their workers can see it.
-    def _get_position(self) -> tuple[int, int]:
-        raise NotImplementedError
-
-    def _set_position(self, epoch: int, start: int) -> None:
-        raise NotImplementedError
-
-    @property
-    def epoch(self) -> int:
-        return self._get_position()[0]
-
-    @property
-    def start(self) -> int:
-        """The global position the next iteration starts from (0 unless resumed)."""
-        return self._get_position()[1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (and so the order) of the next iteration.
-
-        The position loaded by ``load_state_dict`` is kept when ``epoch`` is the loaded epoch;
-        any other epoch starts at its beginning.
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        current, start = self._get_position()
-        self._set_position(int(epoch), start if int(epoch) == current else 0)
-
-    def share(self) -> RankShare:
-        """This rank's share of the rest of the current epoch (no permutation computed)."""
-        return self.read_order.share(self.num_samples, consumed=self.start, world_size=self.world_size)
-
-    def _get_blocks(self) -> np.ndarray | None:
-        return self._blocks
-
-    def plan(self) -> RankPlan:
-        """This rank's plan for the rest of the current epoch."""
-        epoch, start = self._get_position()
-        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
-                                    world_size=self.world_size, blocks=self._get_blocks())
-
-    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
-        """The resumable position ``{"order", "seed", "epoch", "consumed", ...}`` (JSON-ready).
-
-        Args:
-            batches_consumed: batches of ``batch_size`` samples (this reader's batch size: for
-                a ``PackedSampler`` with the default ``batch_size=1``, samples) this rank
-                consumed since the current epoch's iteration started (from the loaded position,
-                when resumed). Every rank consumes in lock step, so any rank can save it. With
-                a DataLoader, pass the count your loop saw: a loader prefetches. Default: what
-                this object handed out in its last iteration, exact only when iterated directly.
-        """
-        epoch, _ = self._get_position()
-        share = self.share()
-        consumed = (share.consumed_after(batches_consumed) if batches_consumed is not None
-                    else self._consumed_from_handed_out(share))
-        return self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=consumed, blocks=self._get_blocks())
-
-    def _consumed_from_handed_out(self, share: RankShare) -> int:
-        return share.consumed_after(self._handed_out)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
-
-        Valid for any world size, batch size and number of workers.
-
-        Raises:
-            ValueError: the state was saved with another order, seed or dataset size.
-        """
-        epoch, consumed = self.read_order.check_state(state, self.num_samples, self._get_blocks())
-        self._set_position(epoch, consumed)
-        self._handed_out = 0
+def _sampler_cursor(data_source: Any, *, order: str, seed: int, rank: int | None, world_size: int | None,
+                    batch_size: int, drop_last: bool, block_bytes: int, window: int,
+                    block_samples: int | None, count_samples: bool) -> EpochCursor:
+    num_samples, blocks = _blocks_of(data_source, order, block_bytes, block_samples)
+    read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                           batch_size=batch_size, drop_last=drop_last)
+    rank, world_size = resolve_rank(rank, world_size)
+    return EpochCursor(read_order, num_samples, rank=rank, world_size=world_size, blocks=blocks,
+                       count_samples=count_samples)
 
 
-class _SamplerBase(_OrderedReader):
-    def __init__(self, data_source: Any, *, order: str = "random", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, batch_size: int = 1, drop_last: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 block_samples: int | None = None) -> None:
-        num_samples, blocks = _blocks_of(data_source, order, block_bytes, block_samples)
-        self._init_order(num_samples, blocks, order=order, seed=seed, rank=rank,
-                         world_size=world_size, batch_size=batch_size, drop_last=drop_last,
-                         block_bytes=block_bytes, window=window)
-        self._epoch = 0
-        self._start = 0
-
-    def _get_position(self) -> tuple[int, int]:
-        return self._epoch, self._start
-
-    def _set_position(self, epoch: int, start: int) -> None:
-        self._epoch, self._start = epoch, start
-
-
-class PackedSampler(_SamplerBase, torch_data.Sampler):
+class PackedSampler(CursorReader, torch_data.Sampler):
     """Yields this rank's sample indices for one epoch (a drop-in for ``DistributedSampler``).
 
-    The epoch order, the rank split and the pad/drop rule are those of ``packer.order``; with
-    ``batch_size=1`` (the default) ranks take every ``world_size``-th sample like
-    ``DistributedSampler``. Give the DataLoader's batch size as ``batch_size`` for batch-aligned
-    shares (needed for the block order's locality and for ``state_dict(batches_consumed=...)``).
+    The epoch order, the rank split and the pad/drop rule are those of ``packer.order``; without
+    ``batch_size`` ranks take every ``world_size``-th sample like ``DistributedSampler``. Give
+    the DataLoader's batch size as ``batch_size`` for batch-aligned shares (needed for the block
+    order's locality, and to save the position as ``state_dict(batches_consumed=...)``).
 
     Args:
         data_source: a ``PackedDataset``, a ``packer`` dataset or index (block boundaries are
@@ -518,69 +428,170 @@ class PackedSampler(_SamplerBase, torch_data.Sampler):
         order: ``"sequential"``, ``"random"`` or ``"block"``.
         seed: the run's seed; orders are functions of (seed, epoch).
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
-        batch_size: samples per rank per step.
+        batch_size: the DataLoader's batch size (default: unknown, shares are per sample).
         drop_last: drop the end of the epoch order (full batches only) instead of padding.
         block_bytes, window: the block shuffle's block span and window (in blocks).
         block_samples: cut blocks by sample count instead of bytes.
     """
 
+    def __init__(self, data_source: Any, *, order: str = "random", seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, batch_size: int | None = None, drop_last: bool = False,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 block_samples: int | None = None) -> None:
+        #: The DataLoader batch size this sampler was told, or None.
+        self.batch_size = batch_size
+        self.cursor = _sampler_cursor(data_source, order=order, seed=seed, rank=rank, world_size=world_size,
+                                      batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
+                                      block_bytes=block_bytes, window=window, block_samples=block_samples,
+                                      count_samples=True)
+
     def __len__(self) -> int:
         return self.share().per_rank
 
     def __iter__(self) -> Iterator[int]:
-        plan = self.plan()
-        self._handed_out = 0
-        indices = plan.indices
+        indices = self.cursor.begin().indices
         for begin in range(0, len(indices), _YIELD_CHUNK):
             chunk = indices[begin:begin + _YIELD_CHUNK].tolist()
             for i in chunk:
-                self._handed_out += 1
+                self.cursor.handed_out += 1
                 yield i
 
-    def _consumed_from_handed_out(self, share: RankShare) -> int:
-        return share.consumed_after_samples(self._handed_out)
+    def state_dict(self, *, batches_consumed: int | None = None,
+                   samples_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position; see ``CursorReader.state_dict``.
+
+        Raises:
+            OptionError: ``batches_consumed`` on a sampler that was not told the batch size: it
+                yields samples, and counting DataLoader batches as samples would resume at the
+                wrong place.
+        """
+        if batches_consumed is not None and self.batch_size is None:
+            raise OptionError(
+                "PackedSampler yields samples and does not know your DataLoader's batch size, so "
+                "batches_consumed is ambiguous: pass samples_consumed=batches * batch_size, create the "
+                "sampler with batch_size=<the DataLoader's batch_size>, or use packer.torch.PackedDataLoader, "
+                "which counts the batches it hands out")
+        if batches_consumed is not None:
+            samples_consumed, batches_consumed = batches_consumed * int(self.batch_size or 1), None
+        return super().state_dict(samples_consumed=samples_consumed)
 
 
-class PackedBatchSampler(_SamplerBase, torch_data.Sampler):
+class PackedBatchSampler(CursorReader, torch_data.BatchSampler):
     """Yields this rank's batches of sample indices: use as ``DataLoader(batch_sampler=...)``.
 
-    Same arguments as ``PackedSampler`` (``batch_size`` is the batch size). With
+    A ``torch.utils.data.BatchSampler`` (``isinstance`` holds; ``.sampler``, ``.batch_size`` and
+    ``.drop_last`` are what frameworks read), driven by the same order as ``PackedSampler``:
+    ``.sampler`` is a ``PackedSampler`` sharing this one's position, so ``set_epoch`` on either
+    moves both. Same arguments as ``PackedSampler`` (``batch_size`` required). With
     ``drop_last=False`` every rank's last batch may be short, by the same amount on every rank.
     """
 
-    def __init__(self, data_source: Any, *, batch_size: int, **kwargs: Any) -> None:
-        super().__init__(data_source, batch_size=batch_size, **kwargs)
+    def __init__(self, data_source: Any, *, batch_size: int, order: str = "random", seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 block_samples: int | None = None) -> None:
+        # torch's BatchSampler.__init__ wraps a sampler of its own; this one deals batches itself.
+        settings = dict(order=order, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
+                        block_bytes=block_bytes, window=window, block_samples=block_samples)
+        self.cursor = _sampler_cursor(data_source, batch_size=batch_size, count_samples=False, **settings)
+        self.sampler = PackedSampler(data_source, batch_size=batch_size, **settings)
+        self.sampler.cursor.position = self.cursor.position  # one position for both
+        self.batch_size = batch_size
+        self.drop_last = drop_last
 
     def __len__(self) -> int:
         return self.share().num_batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        plan = self.plan()
-        self._handed_out = 0
+        plan = self.cursor.begin()
         for k in range(plan.num_batches):
-            self._handed_out += 1
+            self.cursor.handed_out += 1
             yield plan.batch(k).tolist()
 
 
+class PackedDataLoader(torch_data.DataLoader):
+    """A ``DataLoader`` that knows how far its packer reader got: ``state_dict()`` with no arguments.
+
+    It counts the batches it has handed to *your loop* (not what its workers prefetched), and
+    asks its packer reader (a ``PackedBatchSampler`` as ``batch_sampler``, a ``PackedSampler``
+    as ``sampler``, or a ``PackedIterableDataset`` as dataset) for the matching position. So the
+    natural wiring cannot resume at the wrong place::
+
+        loader = PackedDataLoader(train, sampler=PackedSampler(train, seed=0), batch_size=64,
+                                  num_workers=8, pin_memory=True)
+        loader.load_state_dict(checkpoint["loader"])      # if resuming
+        for epoch in range(loader.epoch, epochs):
+            loader.set_epoch(epoch)
+            for images, labels in loader:
+                ...
+                save({"loader": loader.state_dict()})
+
+    Takes every ``DataLoader`` argument. A ``PackedSampler`` given ``batch_size`` must agree
+    with the loader's.
+
+    Raises:
+        OptionError: no packer reader to track, or a sampler batch size that is not the loader's.
+    """
+
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(dataset, *args, **kwargs)
+        reader = self._packer_reader()
+        if isinstance(reader, PackedSampler) and reader.batch_size not in (None, self.batch_size):
+            raise OptionError(f"the PackedSampler was given batch_size={reader.batch_size} but the DataLoader's "
+                              f"batch_size is {self.batch_size}: give both the same, or leave the sampler's out")
+        self._yielded = 0
+
+    def _packer_reader(self) -> Any:
+        batch_sampler = self.batch_sampler
+        if isinstance(batch_sampler, PackedBatchSampler):
+            return batch_sampler
+        if isinstance(self.sampler, PackedSampler):
+            return self.sampler
+        if isinstance(self.dataset, PackedIterableDataset):
+            return self.dataset
+        raise OptionError("PackedDataLoader tracks a packer reader: pass batch_sampler=PackedBatchSampler(...), "
+                          "sampler=PackedSampler(...) or a PackedIterableDataset")
+
+    def __iter__(self) -> Iterator[Any]:
+        self._yielded = 0
+        for batch in super().__iter__():
+            self._yielded += 1  # counted as your loop receives it: prefetched batches are not consumed
+            yield batch
+
+    @property
+    def epoch(self) -> int:
+        return self._packer_reader().epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (forwarded to the reader)."""
+        self._packer_reader().set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the batches this loader handed out in its current iteration."""
+        reader = self._packer_reader()
+        if isinstance(reader, PackedSampler):  # the loader batches samples: count samples
+            return reader.state_dict(samples_consumed=self._yielded * int(self.batch_size or 1))
+        if isinstance(reader, PackedIterableDataset) and not reader.batched:
+            return reader.state_dict(samples_consumed=self._yielded * int(self.batch_size or 1))
+        return reader.state_dict(batches_consumed=self._yielded)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the reader at a saved position (before iterating)."""
+        self._packer_reader().load_state_dict(state)
+        self._yielded = 0
+
+
 def _worker_share(plan: RankPlan, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """The indices and batch bounds of one worker's batches (round-robin), as compact arrays.
+    """The indices and batch bounds of one worker's batches (``RankPlan.worker_batches``), compact.
 
     A worker keeps only its own share of the epoch (int32 when the dataset allows), not the
     whole order, and hands the temporaries of the order back to the OS.
     """
-    share = plan.share
-    batch_size = share.batch_size
-    full = share.full_steps
-    head = plan.indices[:full * batch_size].reshape(full, batch_size)[worker::num_workers].reshape(-1)
-    parts = [head]
-    lengths = [batch_size] * (len(head) // batch_size)
-    if plan.num_batches > full and full % num_workers == worker:  # the short last batch is this worker's
-        parts.append(plan.indices[full * batch_size:])
-        lengths.append(len(parts[-1]))
-    dtype = np.int32 if share.num_samples < 2**31 else np.int64
-    indices = np.concatenate(parts).astype(dtype)
-    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bounds[1:])
+    batches = [plan.batch(k) for k in plan.worker_batches(worker, num_workers)]
+    dtype = np.int32 if plan.share.num_samples < 2**31 else np.int64
+    indices = np.concatenate(batches).astype(dtype) if batches else np.zeros(0, dtype=dtype)
+    bounds = np.zeros(len(batches) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in batches], out=bounds[1:])
     return indices, bounds
 
 
@@ -605,7 +616,23 @@ def _release_free_heap() -> None:
 _LIBC: Any = None
 
 
-class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
+class _SharedPosition(Position):
+    """``(epoch, start)`` in a two-element shared-memory tensor: one position for the main process
+    and every (persistent) DataLoader worker."""
+
+    def __init__(self) -> None:
+        self._cell = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    def get(self) -> tuple[int, int]:
+        epoch, start = self._cell.tolist()
+        return int(epoch), int(start)
+
+    def set(self, epoch: int, start: int) -> None:
+        self._cell[0] = int(epoch)
+        self._cell[1] = int(start)
+
+
+class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
     """An ``IterableDataset`` that reads its own order and splits it across ranks and workers.
 
     Each rank's batches (``packer.order``) go round-robin to the DataLoader's workers, which is
@@ -644,37 +671,34 @@ class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
                  window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True) -> None:
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
-        self._init_order(len(self.dataset), None, order=order, seed=seed, rank=rank, world_size=world_size,
-                         batch_size=batch_size, drop_last=drop_last, block_bytes=block_bytes, window=window)
         self.batched = bool(batched)
         self.read_ahead = bool(read_ahead)
-        # (epoch, start) in shared memory: set_epoch/load_state_dict in the main process must reach
-        # persistent workers, which keep the dataset object they were started with.
-        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.batch_size = batch_size
+        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                               batch_size=batch_size, drop_last=drop_last)
+        rank, world_size = resolve_rank(rank, world_size)
+        # The position lives in shared memory: set_epoch/load_state_dict in the main process must
+        # reach persistent workers, which keep the dataset object they were started with. Block
+        # boundaries are computed per process on first use, never pickled.
+        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size,
+                                  blocks=self._dataset_blocks, position=_SharedPosition(),
+                                  count_samples=not self.batched)
         self._advised: OrderedDict[int, None] = OrderedDict()
         self._advised_shards: set[int] = set()
+
+    def _dataset_blocks(self) -> np.ndarray | None:
+        if self.cursor.read_order.kind != "block":
+            return None
+        ix = self.dataset.index
+        return index_blocks(ix.offset, ix.size, ix.shard, self.cursor.read_order.block_bytes)
 
     # Per-process caches are rebuilt, not pickled: a worker gets options and the manifest only.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_blocks"] = None
+        state["cursor"] = self.cursor.with_blocks(self._dataset_blocks)  # recomputed in the worker
         state["_advised"] = OrderedDict()
         state["_advised_shards"] = set()
         return state
-
-    def _get_position(self) -> tuple[int, int]:
-        epoch, start = self._position.tolist()
-        return int(epoch), int(start)
-
-    def _set_position(self, epoch: int, start: int) -> None:
-        self._position[0] = epoch
-        self._position[1] = start
-
-    def _get_blocks(self) -> np.ndarray | None:
-        if self._blocks is None and self.read_order.kind == "block":  # per process, on first use
-            ix = self.dataset.index
-            self._blocks = index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
-        return self._blocks
 
     def __len__(self) -> int:
         share = self.share()
@@ -683,9 +707,8 @@ class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch_data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        indices, bounds = _worker_share(self.plan(), worker, num_workers)  # the epoch order is freed here
+        indices, bounds = _worker_share(self.cursor.begin(), worker, num_workers)  # the epoch order is freed here
         _release_free_heap()
-        self._handed_out = 0
         count = len(bounds) - 1
         for k in range(count):
             batch = indices[bounds[k]:bounds[k + 1]]
@@ -695,17 +718,12 @@ class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
                     self._prepare(indices[bounds[k + 1]:bounds[k + 2]])
             images, labels, label_list = self._load_batch(batch)
             if self.batched:
-                self._handed_out += 1
+                self.cursor.handed_out += 1
                 yield images, labels
             else:
                 for j in range(len(batch)):
-                    self._handed_out += 1
+                    self.cursor.handed_out += 1
                     yield images[j], label_list[j]
-
-    def _consumed_from_handed_out(self, share: RankShare) -> int:
-        if self.batched:
-            return share.consumed_after(self._handed_out)
-        return share.consumed_after_samples(self._handed_out)
 
     # --- I/O hints ---
     def _prepare(self, indices: np.ndarray) -> None:
@@ -719,9 +737,9 @@ class PackedIterableDataset(_OrderedReader, torch_data.IterableDataset):
                 advise = getattr(backend, "advise_sequential" if kind == "sequential" else "advise_random", None)
                 if advise is not None:
                     advise()
-        if kind != "block" or self._blocks is None:
+        bounds = self.cursor.blocks
+        if kind != "block" or bounds is None:
             return
-        bounds = self._blocks
         for block in np.unique(np.searchsorted(bounds, indices, side="right") - 1).tolist():
             if block in self._advised:
                 self._advised.move_to_end(block)

@@ -201,7 +201,7 @@ def test_sampler_epochs_and_state(packed: Path) -> None:
     sampler.set_epoch(1)
     second = list(sampler)
     assert sorted(second) == list(range(21)) and second != first
-    state = sampler.state_dict(batches_consumed=5)
+    state = sampler.state_dict(samples_consumed=5)
     assert state["epoch"] == 1 and state["consumed"] == 5 and state["order"] == "block"
     resumed = PackedSampler(PackedDataset(packed), order="block", seed=1, block_bytes=2048, window=2,
                             rank=1, world_size=2)
