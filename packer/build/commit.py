@@ -1,0 +1,177 @@
+"""Finishing a build: the index from the shard records, the build report, and the manifest last.
+
+``manifest.json`` is the commit record: until it is replaced, the folder opens as the previous
+dataset (or as nothing), so a build killed at any moment leaves no dataset that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import __version__
+from .. import format as fmt
+from ..codecs import get_codec
+from ..errors import BuildError
+from .atomic import fsync_dir, write_atomic
+from .plan import BuildPlan
+from .records import read_record, record_path
+from .sources import Rejection, gather_blob
+from .staging import STAGING_DIR, io_error
+
+__all__ = ["BuildResult", "finish_build", "commit_dataset"]
+
+@dataclass
+class BuildResult:
+    """What a finished build produced."""
+
+    path: Path
+    sample_count: int
+    shard_count: int
+    rejected: list[Rejection]
+    payload_bytes: int
+    total_bytes: int
+    seconds: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+
+
+def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]] = (),
+                 cleanup: bool = True) -> BuildResult:
+    """Assemble the index, report and manifest from every shard record of ``plan``.
+
+    Raises:
+        BuildError: a planned shard has no record from this plan (a part is missing or was built
+            from another plan), or a shard file is missing or the wrong size.
+    """
+    missing, headers, records = [], [], []
+    for shard in range(plan.shard_count):
+        found = read_record(record_path(out, shard), plan.fingerprint, out)
+        if found is None:
+            missing.append(shard)
+        else:
+            headers.append(found[0])
+            records.append(found[1])
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise BuildError(f"{len(missing)} of {plan.shard_count} planned shards are not packed yet "
+                         f"(shards {shown}); run the missing parts, or the build with --resume", path=out)
+    listing = plan.listing
+    live = [i for i, h in enumerate(headers) if h["sample_count"]]
+    if not live:
+        # No dataset, so no build report either: the reasons go in the message.
+        reasons: dict[str, int] = {}
+        for r in list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        raise BuildError(f"every one of the {len(listing)} source files was rejected ({shown}); nothing to pack",
+                         path=out)
+    shards = [fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"],
+                             checksum=int(headers[i]["checksum"], 16), sample_count=headers[i]["sample_count"])
+              for i in live]
+    source = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
+    counts = np.array([h["sample_count"] for h in (headers[i] for i in live)], dtype=np.int64)
+    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source)
+    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source)
+    columns = {
+        "shard": np.repeat(np.arange(len(live), dtype=np.uint32), counts),
+        "offset": np.concatenate([records[i]["offset"] for i in live]),
+        "size": np.concatenate([records[i]["size"] for i in live]),
+        "checksum": np.concatenate([records[i]["checksum"] for i in live]),
+        "label": listing.labels[source].astype(np.int64),
+        "width": np.concatenate([records[i]["width"] for i in live]),
+        "height": np.concatenate([records[i]["height"] for i in live]),
+        "channels": np.concatenate([records[i]["channels"] for i in live]),
+        "image_format": np.concatenate([records[i]["image_format"] for i in live]),
+        "key_offsets": key_offsets, "keys": keys, "meta_offsets": meta_offsets, "meta": meta,
+    }
+    rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
+    options = plan.options
+    codec = get_codec(options.codec)
+    build_info = {
+        "options": options.to_json(),
+        "source_kind": listing.kind,
+        "source_files": len(listing) + len(listing.rejected),
+        "packed": int(len(source)),
+        "rejected": len(rejected),
+        "planned_shards": plan.shard_count,
+        "tool": f"packer {__version__}",
+    }
+    notes: dict[str, int] = {}
+    for header in headers:
+        for note, count in header.get("codec_notes", {}).items():
+            notes[note] = notes.get(note, 0) + int(count)
+    if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
+        build_info["codec_notes"] = dict(sorted(notes.items()))
+    return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
+                          alignment=options.alignment, build_info=build_info, rejected=rejected,
+                          history=list(history), cleanup=cleanup)
+
+
+def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,
+                   classes: Sequence[str], codec: dict[str, Any], alignment: int,
+                   build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
+                   cleanup: bool = True) -> BuildResult:
+    """Write index, report and (last) manifest; then remove files no manifest references.
+
+    Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
+    """
+    rows = len(columns["offset"])
+    fmt.validate_index(rows, columns, shards, alignment, path="(new index)")  # never commit a bad index
+    index_pieces = fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns)
+    index_size = sum(memoryview(p).nbytes for p in index_pieces)
+    staging_index = out / STAGING_DIR / "index.pki"
+    try:
+        index_digest = write_atomic(staging_index, index_pieces)
+        index_name = fmt.index_file_name(index_digest)
+        os.replace(staging_index, out / index_name)
+        report_lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True)]
+        report_lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
+                         for r in sorted(rejected, key=lambda r: r.key.encode())]
+        # Staged until after the commit point: the dataset in place keeps its own report until
+        # the manifest that replaces it has landed.
+        staged_report = out / STAGING_DIR / fmt.REPORT_NAME
+        staged_report.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(staged_report, [("\n".join(report_lines) + "\n").encode()])
+        manifest = fmt.Manifest(
+            sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
+            index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
+            shards=tuple(shards), build=build_info, history=tuple(history),
+            created_by=f"packer {__version__}")
+        write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
+        os.replace(staged_report, out / fmt.REPORT_NAME)
+        fsync_dir(out)
+    except OSError as exc:
+        raise io_error(exc, "writing the index and manifest", out) from None
+    if cleanup:
+        _remove_unreferenced(out, {s.path for s in shards} | {index_name})
+        shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
+    payload = int(columns["size"].sum())
+    total = sum(s.size for s in shards) + index_size
+    return BuildResult(path=out, sample_count=rows, shard_count=len(shards), rejected=rejected,
+                       payload_bytes=payload, total_bytes=total, summary=build_info)
+
+
+def _remove_unreferenced(out: Path, keep: set[str]) -> None:
+    """Delete shard and index files no longer referenced (a replaced dataset, a killed build).
+
+    Readers that still map them keep their pages (POSIX unlink semantics); a reader that opens
+    one later gets DatasetChangedError.
+    """
+    for path in list((out / fmt.SHARD_DIR).glob("*.pks")) + list(out.glob("index-*.pki")):
+        relative = path.relative_to(out).as_posix()
+        if relative not in keep:
+            path.unlink(missing_ok=True)
+    # Temp files of a killed build's write_atomic (we hold the lock: no writer owns them now).
+    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME):
+        for path in out.glob(f".{name}.*.tmp"):
+            path.unlink(missing_ok=True)
+
+

@@ -1,0 +1,281 @@
+"""Packing planned shards: read and check each source file, write aligned payloads, commit the shard.
+
+A planned shard is packed by one task (or, when there are fewer shards than workers, as several
+segments joined in order with ``copy_file_range``: the same bytes a single writer would write).
+A task touches nothing another task owns, so tasks can run in any order and be retried.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import format as fmt
+from ..codecs import get_codec
+from ..errors import BuildError, PackerError, RejectedImageError
+from ..imageinfo import probe_image
+from .atomic import fsync_dir
+from .plan import BuildOptions, BuildPlan
+from .records import RECORD_COLUMNS, read_record, record_path, write_record
+from .sources import Rejection
+from .staging import STAGING_DIR, TEMP_DIR, io_error
+
+__all__ = ["ProgressSink", "SegmentResult", "segment_count", "pack_segment", "assemble_shard",
+           "shard_is_done", "pack_planned_shard"]
+
+#: Called with (files done, bytes done) increments; the local engine forwards them to tqdm.
+ProgressSink = Callable[[int, int], None]
+
+
+@dataclass
+class SegmentResult:
+    """One packed slice of a planned shard: a temp file of aligned payloads and their rows.
+
+    Segment 0's file starts with the (zeroed) header region; the others start at their first
+    payload. Every segment's length is a multiple of the alignment, so appending segments in
+    order gives exactly the bytes a single writer would have written.
+    """
+
+    shard: int
+    segment: int
+    path: str
+    length: int
+    rows: dict[str, list[int]]
+    rejected: list[dict[str, str]]
+    notes: dict[str, int] = field(default_factory=dict)  # the codec's labels, counted
+
+
+def segment_count(plan: BuildPlan, shard: int, wanted: int, min_bytes: int = 16 << 20) -> int:
+    """How many segments to split planned shard ``shard`` into: ``wanted``, but none under ``min_bytes``."""
+    members = plan.shard_members(shard)
+    if wanted <= 1 or len(members) < 2:
+        return 1
+    total = int(plan.listing.sizes[members].sum())
+    return max(1, min(wanted, len(members), total // min_bytes))
+
+
+def _segment_members(plan: BuildPlan, shard: int, segment: int, segments: int) -> np.ndarray:
+    members = plan.shard_members(shard)
+    bounds = np.linspace(0, len(members), segments + 1).astype(np.int64)
+    return members[bounds[segment]:bounds[segment + 1]]
+
+
+def _temp_dir(out: Path, shard: int) -> Path:
+    temp_dir = out / STAGING_DIR / TEMP_DIR
+    try:
+        temp_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise io_error(exc, f"writing shard {shard}", temp_dir) from None
+    return temp_dir
+
+
+def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segments: int = 1, *,
+                 progress: ProgressSink | None = None, fail_on_reject: bool = False) -> SegmentResult:
+    """Read, check and write one segment of planned shard ``shard`` to a temp file.
+
+    Raises:
+        BuildError: an output I/O error (disk full, permissions), or a rejection with ``fail_on_reject``.
+    """
+    options = plan.options
+    codec = get_codec(options.codec)
+    alignment = options.alignment
+    listing = plan.listing
+    members = _segment_members(plan, shard, segment, segments)
+    rows: dict[str, list[int]] = {name: [] for name in RECORD_COLUMNS}
+    rejected: list[dict[str, str]] = []
+    notes: dict[str, int] = {}
+    temp = _temp_dir(out, shard) / f"shard-{shard:05d}.seg-{segment:03d}.{os.getpid()}.partial"
+    position = fmt.shard_data_offset(alignment) if segment == 0 else 0
+    pending_files = pending_bytes = 0
+    last_report = time.monotonic()
+    try:
+        with open(temp, "wb", buffering=8 << 20) as handle:
+            handle.write(bytes(position))
+            for source_index in members.tolist():
+                key = listing.key(source_index)
+                payload, info, rejection, note = _load_and_check(
+                    listing.root, key, int(listing.sizes[source_index]), options, codec)
+                pending_files += 1
+                if note is not None:
+                    notes[note] = notes.get(note, 0) + 1
+                if rejection is not None:
+                    if fail_on_reject:
+                        raise BuildError(f"{rejection.reason}: {rejection.message} (--on-error fail)",
+                                         path=listing.root / key)
+                    rejected.append(rejection.to_json())
+                else:
+                    size = len(payload)
+                    handle.write(payload)
+                    padding = fmt.align_up(size, alignment) - size
+                    if padding:
+                        handle.write(bytes(padding))
+                    rows["source"].append(source_index)
+                    rows["offset"].append(position)
+                    rows["size"].append(size)
+                    rows["checksum"].append(fmt.checksum(payload))
+                    rows["width"].append(info.width)
+                    rows["height"].append(info.height)
+                    rows["channels"].append(info.channels)
+                    rows["image_format"].append(info.image_format)
+                    position += size + padding
+                    pending_bytes += size
+                now = time.monotonic()
+                if progress and now - last_report > 0.2:
+                    progress(pending_files, pending_bytes)
+                    pending_files = pending_bytes = 0
+                    last_report = now
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise io_error(exc, f"writing shard {shard}", temp) from None
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    if progress and (pending_files or pending_bytes):
+        progress(pending_files, pending_bytes)
+    return SegmentResult(shard=shard, segment=segment, path=str(temp), length=position, rows=rows,
+                         rejected=rejected, notes=notes)
+
+
+def _append_file(target: Any, source_path: str, length: int) -> None:
+    """Append ``length`` bytes of a file to ``target`` in the kernel (copy_file_range), no user-space copy."""
+    with open(source_path, "rb") as source:
+        copied = 0
+        while copied < length:
+            n = os.copy_file_range(source.fileno(), target.fileno(), length - copied)
+            if n == 0:
+                raise BuildError(f"segment file ended after {copied} of {length} bytes", path=source_path)
+            copied += n
+
+
+def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[SegmentResult]) -> dict[str, Any]:
+    """Join a planned shard's segments (in order) into its file, commit it, and write its record.
+
+    Raises:
+        BuildError: an output I/O error.
+    """
+    parts = sorted(parts, key=lambda p: p.segment)
+    alignment = plan.options.alignment
+    first = Path(parts[0].path)
+    rows: dict[str, list[int]] = {name: [] for name in RECORD_COLUMNS}
+    rejected: list[dict[str, str]] = []
+    notes: dict[str, int] = {}
+    try:
+        with open(first, "r+b") as handle:
+            position = 0
+            for part in parts:
+                if part.segment:
+                    handle.seek(position)
+                    _append_file(handle, part.path, part.length)
+                    os.unlink(part.path)
+                for name in RECORD_COLUMNS:
+                    values = part.rows[name]
+                    rows[name].extend([v + position for v in values] if name == "offset" else values)
+                rejected.extend(part.rejected)
+                for note, count in part.notes.items():
+                    notes[note] = notes.get(note, 0) + count
+                position += part.length
+            count = len(rows["source"])
+            number = plan.first_shard_number + shard
+            if count:
+                header = fmt.ShardHeader(alignment=alignment, sample_count=count, file_size=position,
+                                         shard_number=number)
+                handle.seek(0)
+                handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
+                handle.flush()
+                os.fsync(handle.fileno())
+        record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
+                                  "sample_count": count, "rejected": rejected}
+        if notes:
+            record["codec_notes"] = notes
+        if count:
+            digest = _hash_file(first)
+            final_name = fmt.shard_file_name(number, digest)
+            (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
+            os.replace(first, out / final_name)
+            fsync_dir(out / fmt.SHARD_DIR)
+            record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
+        else:
+            first.unlink()
+        write_record(record_path(out, shard), record, rows)
+        return record
+    except OSError as exc:
+        for part in parts:
+            Path(part.path).unlink(missing_ok=True)
+        raise io_error(exc, f"writing shard {shard}", first) from None
+    except BaseException:
+        for part in parts:
+            Path(part.path).unlink(missing_ok=True)
+        raise
+
+
+def shard_is_done(plan: BuildPlan, out: Path, shard: int) -> bool:
+    """Whether planned shard ``shard`` has a valid record from this plan (resume, parts)."""
+    return read_record(record_path(out, shard), plan.fingerprint, out) is not None
+
+
+def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: ProgressSink | None = None,
+                       fail_on_reject: bool = False) -> dict[str, Any]:
+    """Pack planned shard ``shard``: write its file and its record. Returns the record header.
+
+    Idempotent: a shard whose record already exists for this plan is not packed again.
+
+    Raises:
+        BuildError: an output I/O error (disk full, permissions), or a rejection with
+            ``fail_on_reject``.
+    """
+    existing = read_record(record_path(out, shard), plan.fingerprint, out)
+    if existing is not None:
+        if progress:
+            progress(len(plan.shard_members(shard)), 0)
+        return existing[0]
+    part = pack_segment(plan, out, shard, progress=progress, fail_on_reject=fail_on_reject)
+    return assemble_shard(plan, out, shard, [part])
+
+
+def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any
+                    ) -> tuple[bytes, Any, Rejection | None, str | None]:
+    """Read one source file and check it; a bad file becomes a Rejection, never an exception.
+
+    Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
+    (``Codec.note``), counted in the build summary, or None.
+    """
+    path = root / key
+    try:
+        with open(path, "rb") as source:
+            data = source.read()
+    except FileNotFoundError:
+        return b"", None, Rejection(key, "missing", "the file vanished after it was listed"), None
+    except PermissionError as exc:
+        return b"", None, Rejection(key, "unreadable", f"permission denied: {exc.strerror}"), None
+    except OSError as exc:
+        return b"", None, Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}"), None
+    if len(data) != listed_size:
+        return b"", None, Rejection(key, "changed-during-build",
+                                    f"listed as {listed_size} bytes, read {len(data)} bytes"), None
+    try:
+        info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
+        payload, info = codec.encode(data, info, name=key)
+    except RejectedImageError as exc:
+        return b"", None, Rejection(key, exc.reason, exc.message), None
+    except PackerError as exc:
+        return b"", None, Rejection(key, "decode-failed", exc.message), None
+    note = codec.note(data, payload, info) if hasattr(codec, "note") else None
+    return payload, info, None, note
+
+
+def _hash_file(path: Path) -> int:
+    hasher = fmt.Hasher()
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(16 << 20)
+        view = memoryview(buffer)
+        while True:
+            n = handle.readinto(buffer)
+            if not n:
+                break
+            hasher.update(view[:n])
+    return hasher.intdigest()

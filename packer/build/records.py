@@ -1,0 +1,61 @@
+"""Shard records: what a packed shard left for ``finish`` (per-sample rows, rejections, codec notes).
+
+A record is written atomically after its shard file is committed; ``finish``, ``--resume`` and
+parts trust a shard only through its record (same plan fingerprint, shard file present and of the
+recorded size).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import PackerError
+from .atomic import write_atomic
+from .staging import RECORD_DIR, STAGING_DIR
+
+__all__ = ["RECORD_COLUMNS", "record_path", "write_record", "read_record"]
+
+RECORD_COLUMNS = ("source", "offset", "size", "checksum", "width", "height", "channels", "image_format")
+
+
+def record_path(out: Path, shard: int) -> Path:
+    return out / STAGING_DIR / RECORD_DIR / f"shard-{shard:05d}.pkr"
+
+
+
+def write_record(path: Path, header: dict[str, Any], rows: dict[str, list[int]]) -> None:
+    dtypes = {"source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
+              "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8}
+    columns = {name: np.asarray(rows[name], dtype=dtypes[name]) for name in RECORD_COLUMNS}
+    columns["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
+    write_atomic(path, fmt.encode_column_file(fmt.PLAN_MAGIC, len(columns["source"]), columns))
+
+
+def read_record(path: Path, fingerprint: int, out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """A shard record, if present, from this plan, and its shard file is still there intact in size."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        _, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC, path=path, kind="shard record")
+        header = json.loads(columns.pop("header").tobytes())
+    except (PackerError, KeyError, ValueError):
+        return None  # a damaged record is redone, not trusted
+    if header.get("plan") != fmt.checksum_hex(fingerprint):
+        return None
+    if header["sample_count"]:
+        shard_path = out / header["path"]
+        try:
+            if shard_path.stat().st_size != header["size"]:
+                return None
+        except OSError:
+            return None
+    return header, columns
+
+

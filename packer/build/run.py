@@ -1,0 +1,230 @@
+"""The whole build: plan (or reuse the saved plan), pack the planned shards with an engine, finish.
+
+``build`` is the library form of ``packer build``; ``finish`` combines the parts of a split build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import BuildError, OptionError, OutputExistsError, SourceError
+from ..progress import BuildProgress, ListingProgress
+from .commit import BuildResult, finish_build
+from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
+from .sources import list_source
+from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
+
+__all__ = ["build", "finish", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+def parse_part(text: str) -> tuple[int, int]:
+    """Parse ``"K/N"`` (0-based K) into (K, N)."""
+    try:
+        k_text, n_text = text.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise OptionError(f"--part must look like K/N (e.g. 0/4), got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise OptionError(f"--part {text}: need 0 <= K < N")
+    return k, n
+
+
+def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
+    """Planned shards of part ``part`` of ``parts``: round-robin, so parts get similar work."""
+    return list(range(part, shard_count, parts))
+
+
+def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
+                 reuse: bool = True, progress: bool = False) -> BuildPlan:
+    """Load the saved plan if it matches, else list the source and save a new plan.
+
+    Raises:
+        BuildError: a saved plan exists with different options (and ``reuse`` is on).
+    """
+    staging = out / STAGING_DIR
+    plan_path = staging / PLAN_NAME
+    source_root = root if root is not None else (source.parent if source.is_file() else source)
+    if reuse and plan_path.exists():
+        plan = load_plan(plan_path, source_root)
+        _refuse_append_plan(plan, out)
+        _check_same_source(plan, source_root)
+        if plan.options != options:
+            raise BuildError(
+                f"an unfinished build with different options is in this folder "
+                f"(saved {plan.options.to_json()}, asked {options.to_json()}); use the same options, "
+                f"or build without --resume to start over", path=out)
+        return plan
+    with ListingProgress(enabled=progress) as counter:
+        listing = list_source(source, root, progress=counter.update)
+    plan = make_plan(listing, options, source=source.name)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        (staging / RECORD_DIR).mkdir(exist_ok=True)
+        save_plan(plan, plan_path)
+    except OSError as exc:
+        raise io_error(exc, "saving the build plan", plan_path) from None
+    return plan
+
+
+def _refuse_append_plan(plan: BuildPlan, out: Path) -> None:
+    """An interrupted ``packer append`` left its plan here: it must never be finished as a build
+    (that would replace the dataset with only the appended samples)."""
+    if plan.first_shard_number != 0:
+        raise BuildError("the unfinished work in this folder is an interrupted `packer append`, not a build; "
+                         "run the same `packer append` again (it starts over), or build without "
+                         "--resume/--part to replace the dataset", path=out)
+
+
+def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> None:
+    """A reused plan must describe this source: spot-check a spread of listed files' sizes.
+
+    Listing ten million files again for every part would cost more than the check is worth;
+    a spread of probes catches a part pointed at the wrong folder or a re-generated source.
+    """
+    listing = plan.listing
+    count = len(listing)
+    for i in sorted({int(x) for x in np.linspace(0, count - 1, num=min(probes, count))}):
+        key = listing.key(i)
+        try:
+            size = os.stat(source_root / key).st_size
+        except OSError:
+            size = -1
+        if size != int(listing.sizes[i]):
+            raise BuildError(f"the unfinished build here was planned from a different source: {key!r} is "
+                             f"{'missing' if size < 0 else f'{size} bytes'} under {source_root}, the plan says "
+                             f"{int(listing.sizes[i])} bytes; point SRC at the same folder, or start over "
+                             f"without --resume", path=source_root)
+
+
+# --- packing one planned shard ----------------------------------------------------------------
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SourceError("output exists and is not a folder", path=out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise io_error(exc, "creating the output folder", out) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise BuildError("the output folder is not writable", path=out)
+    if (out / fmt.MANIFEST_NAME).exists() and not overwrite:
+        raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out)
+
+
+def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: BuildOptions = BuildOptions(),
+          *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
+          on_error: str = "skip", root: str | os.PathLike[str] | None = None,
+          part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
+          address: str | None = None,
+          progress: bool = True) -> BuildResult | None:
+    """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
+
+    Args:
+        source: an ImageFolder-layout folder, or a ``.csv``/``.jsonl`` manifest.
+        out: the output folder.
+        options: everything that changes the output bytes.
+        workers: processes packing shards (default: available cores). Output is identical for any value.
+        overwrite: replace an existing dataset (it stays readable until the new manifest lands).
+        resume: continue an interrupted build with the same options, reusing finished shards.
+        on_error: ``"skip"`` (reject and report bad files) or ``"fail"`` (stop at the first).
+        root: the folder manifest paths are relative to (default: the manifest's folder).
+        part: ``(K, N)``: pack only part K of N and return None; run ``finish`` afterwards.
+        plan_only: list the source and save the plan (for the parts to share), then return None.
+        engine: ``"local"`` (process pool) or ``"ray"``.
+        address: the Ray cluster address for ``engine="ray"``.
+        progress: show a tqdm bar on stderr.
+
+    Returns:
+        The BuildResult, or None when only a part was packed.
+
+    Raises:
+        SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError.
+    """
+    started = time.monotonic()
+    source_path, out_path = Path(source), Path(out)
+    if on_error not in ("skip", "fail"):
+        raise OptionError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
+    options.check()  # before the output folder or its lock file exist
+    if not source_path.exists():
+        raise SourceError("source does not exist", path=source_path)
+    # --resume continues a build that was replacing a dataset, or that committed and was killed
+    # while cleaning up: its saved plan shows it was allowed to write here.
+    split = part is not None or plan_only  # one step of a split build: shares the folder with others
+    continuing = resume and not split and (out_path / STAGING_DIR / PLAN_NAME).is_file()
+    _check_output(out_path, overwrite or split or continuing)
+    if split and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+        raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
+    root_path = Path(root) if root is not None else None
+    with build_lock(out_path, shared=split):
+        if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
+            # Checked again under the lock: another build may have committed since the check above.
+            raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it",
+                                    path=out_path)
+        staging = out_path / STAGING_DIR
+        if not split and not resume and staging.exists():
+            shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
+        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
+                            progress=progress)
+        if plan_only:
+            return None
+        if not split:
+            shutil.rmtree(staging / TEMP_DIR, ignore_errors=True)
+        shard_ids = (shards_of_part(plan.shard_count, *part) if part is not None
+                     else list(range(plan.shard_count)))
+        run_shards(plan, out_path, shard_ids, workers=workers, engine=engine, address=address,
+                   progress=progress, fail_on_reject=on_error == "fail")
+        if part is not None:
+            return None
+        result = finish_build(plan, out_path)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
+           root: str | os.PathLike[str] | None = None, *, overwrite: bool = False) -> BuildResult:
+    """Combine the parts of a split build into the dataset (``packer build --finish``).
+
+    Raises:
+        BuildError: no split build here, a part is missing, or the staged plan is an append's.
+        OutputExistsError: a dataset already exists and ``overwrite`` is off.
+    """
+    out_path = Path(out)
+    plan_path = out_path / STAGING_DIR / PLAN_NAME
+    if not plan_path.exists():
+        raise BuildError("no split build to finish here (no saved plan); run the parts first", path=out_path)
+    source_root = Path(root) if root is not None else (
+        (Path(source).parent if Path(source).is_file() else Path(source)) if source is not None else Path("."))
+    with build_lock(out_path):
+        if (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+            raise OutputExistsError("a dataset already exists here; pass --overwrite (as the parts did) to "
+                                    "replace it", path=out_path)
+        plan = load_plan(plan_path, source_root)
+        _refuse_append_plan(plan, out_path)
+        return finish_build(plan, out_path)
+
+
+# --- engines ----------------------------------------------------------------------------------
+
+def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None, engine: str,
+               address: str | None, progress: bool, fail_on_reject: bool) -> None:
+    """Pack the given planned shards with the chosen engine, showing one progress bar."""
+    total_files = int(sum(plan.shard_starts[s + 1] - plan.shard_starts[s] for s in shard_ids))
+    total_bytes = int(sum(int(plan.listing.sizes[plan.shard_members(s)].sum()) for s in shard_ids))
+    with BuildProgress(total_files, total_bytes, enabled=progress) as bar:
+        if engine == "ray":
+            from .engines.ray_engine import run_with_ray
+            run_with_ray(plan, out, shard_ids, address=address, progress=bar.update,
+                         fail_on_reject=fail_on_reject)
+        elif engine == "local":
+            from .engines.local import run_local
+            run_local(plan, out, shard_ids, workers=workers, progress=bar.update, fail_on_reject=fail_on_reject)
+        else:
+            raise OptionError(f"unknown engine {engine!r} (use 'local' or 'ray')")
