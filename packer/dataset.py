@@ -2,8 +2,8 @@
 
 ``open_index`` validates the manifest and maps the index (no shard is touched): enough for
 ``inspect`` and tools. ``open_dataset`` adds shard access. Opening is O(1) in the number of
-samples apart from mapping, hashing and vectorised validation of the index (about 20 ms per
-million samples). Shards are opened lazily, each header validated against the manifest at its
+samples apart from mapping, hashing and vectorised validation of the index (10-17 ms for a
+million samples on the project VM: README, "Performance"). Shards are opened lazily, each header validated against the manifest at its
 first use, then the hot path trusts the validated tables.
 
 A ``Dataset`` pickles as the manifest bytes it was opened from plus options (a few KB), never

@@ -39,9 +39,10 @@ EXIF orientation is not applied: pixels come out as encoded in the file, as with
 ``ImageOps.exif_transpose``. Embedded ICC colour profiles are not applied either.
 
 Failures raise ``packer.errors.DecodeError`` naming the sample, never a Pillow or simplejpeg
-exception. Decoding applies no pixel limit of its own (Pillow's global decompression-bomb limit
-is bypassed, so every image the packer accepted decodes): the limit is enforced once, at pack
-time, by ``packer.imageinfo.probe_image``. Run ``probe_image`` first on untrusted bytes.
+exception. The pixel limit is packer's own, not Pillow's (its global decompression-bomb limit is
+bypassed): ``max_pixels`` (default ``imageinfo.DEFAULT_MAX_PIXELS``, the build's default) is
+checked from the header before any pixel buffer is allocated, the same rule ``probe_image``
+applied when the image was packed.
 """
 
 from __future__ import annotations

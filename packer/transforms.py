@@ -34,36 +34,9 @@ Pillow, then the same crop and resize):
 CMYK/YCCK JPEGs and JPEGs that simplejpeg's strict mode refuses take the ``decode_image`` path.
 EXIF orientation and colour profiles are not applied (see ``packer.decode``).
 
-Why these choices (``scripts/bench_peers.py --choices``: 500x375 JPEGs of about 110 KB at
-quality ~90, one core, best of many runs; instruction counts from valgrind's callgrind)::
-
-    decode of one 500x375 JPEG          ms     vs full  notes
-    full, accurate (islow, fancy up)    1.05   1.00     15.0 M instructions
-    fastdct                             1.03   0.98     mean error 1.0 grey level
-    fastupsample                        1.02   0.98     mean error 4.3 levels (chroma edges)
-    fastdct + fastupsample              0.99   0.95
-    DCT scale 4/8                       0.94   0.90     12.1 M instructions
-    DCT scale 1/8                       0.79   0.76     6.9 M instructions
-    DCT scale 6/8                       1.39   1.33     17.9 M: no SIMD for odd scales
-
-    crop (~290x250 on average) to 224x224          ms
-    torch uint8 antialiased bilinear, channels-last  0.19   chosen when torch is loaded
-    Pillow bilinear, box= (fromarray + resize)       0.74   chosen otherwise
-    Pillow crop() then resize (torchvision's path)   0.65   plus a crop copy
-    torch float bilinear, no antialias               0.41
-    Pillow nearest (no antialias, for reference)     0.03
-
-    flip of a 224x224x3 result: torch.flip 0.013 ms, Image.transpose 0.044, numpy [:, ::-1] 0.21
-
-Entropy (Huffman) decoding dominates at this size: even a 1/8-scale decode costs three
-quarters of a full one. DCT-domain downscaling therefore pays only at power-of-two scales, and
-mostly through the smaller image it hands to the resize; scales 5/8..7/8 are *slower* than a
-full decode, hence ``FAST_SCALES``. It only triggers when the crop is at least twice the output
-size (large photos, or ``CenterCrop`` on images over ~512 px); ImageNet-sized images decode in
-full. ``fastdct`` and ``fastupsample`` save 2-5 %: ``RandomResizedCrop`` uses ``fastdct`` by
-default (about one grey level, below the JPEG's own quantisation noise), neither transform
-uses ``fastupsample`` (4 levels of chroma error for 2 %), and ``CenterCrop`` (evaluation)
-decodes accurately so scores match a full-decode reference.
+Why these choices: the measurements behind each (decoder flags, DCT scales, resize backend, flip)
+are in ``docs/design-notes.md``, "Fused decode"; rerun them with
+``scripts/bench_peers.py --choices``.
 
 Region (partial) JPEG decoding. libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``
 still entropy-decode every block above and beside a crop, which is most of the work, and neither
@@ -155,9 +128,11 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 _BILINEAR = Image.Resampling.BILINEAR
 _FLIP = Image.Transpose.FLIP_LEFT_RIGHT
 # For the Pillow path, where the whole stored image is resized: reduce by an integer factor with
-# a box filter first while the remaining factor stays >= 3 (Pillow's own thumbnail setting; the
-# result is indistinguishable from a plain bilinear resize, and large images resize ~2x faster).
-_REDUCING_GAP = 3.0
+# a box filter first while the remaining factor stays >= 3 (the value Pillow's documentation
+# calls indistinguishable from a fair resize; large images resize ~2x faster). Deliberately not
+# codecs.resize.REDUCING_GAP (2.0): that one bounds a DCT-domain pre-reduction before a Lanczos
+# resize at build time, where the speed/quality trade-off was measured separately.
+_BOX_REDUCING_GAP = 3.0
 
 # (top, left, height, width) in original pixel coordinates.
 Box = tuple[int, int, int, int]
@@ -361,7 +336,7 @@ class DecodeTransform:
         # Only a full-size (Pillow-decoded) image can be many times larger than the output.
         result = Image.fromarray(pixels).resize((self.out_width, self.out_height), _BILINEAR,
                                                 box=box,
-                                                reducing_gap=_REDUCING_GAP if full_size else None)
+                                                reducing_gap=_BOX_REDUCING_GAP if full_size else None)
         if flip:
             result = result.transpose(_FLIP)
         array = np.asarray(result)

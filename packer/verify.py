@@ -358,8 +358,9 @@ def _check_header(head: bytes, task: _ShardTask, problems: list[Problem]) -> Non
         add(f"header file_size {header.file_size} disagrees with the manifest's size {task.size}")
     if header.shard_number != task.expected_number:
         add(f"header shard_number {header.shard_number} disagrees with the file name's {task.expected_number}")
-    if any(head[44:fmt.SHARD_HEADER_SIZE]):
-        add("reserved header bytes 44..63 are not zero")
+    reserved = fmt.SHARD_HEADER_RESERVED
+    if any(head[reserved]):
+        add(f"reserved header bytes {reserved.start}..{reserved.stop - 1} are not zero")
 
 
 class _ShardScan:

@@ -309,3 +309,54 @@ def test_iter_samples_equals_get_for_every_backend(datasets: dict) -> None:
         expected = expected or got
         assert got == expected
         assert [bytes(d) for d, _ in ds.iter_samples()] == [ds.read(i) for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_willneed_hints_are_page_aligned_and_clipped(tmp_path: Path, backend: str, monkeypatch) -> None:
+    """Read-ahead hints accept any range: the kernel gets a page-aligned start and a range inside
+    the file, and the bytes read afterwards are unchanged."""
+    import mmap as mmap_module
+
+    from packer.dataset import open_dataset
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for k in range(6):  # ~9 KB each: several pages per sample, several samples per shard
+        pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        (src / f"{k}.png").write_bytes(_png_of_exact_size(pixels, 9000 + 100 * k))
+    build(tmp_path / "src", tmp_path / "ds", BuildOptions(alignment=512), workers=1, progress=False)
+    dataset = open_dataset(tmp_path / "ds", backend=backend)
+    before = [dataset.read(i) for i in range(len(dataset))]
+    shard = dataset.shard(0)
+    calls = []
+    if backend == "mmap":
+        monkeypatch.setattr(shard, "_map", _Recorder(shard._map, calls))
+    else:
+        monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, size, advice: calls.append((offset, size)))
+    shard.advise_willneed(1000, 5000)
+    shard.advise_willneed(0, shard.size)
+    shard.advise_willneed(shard.size - 10, 100)  # past the end of the file
+    shard.advise_willneed(10, 0)  # empty: no hint at all
+    assert len(calls) == 3
+    if backend == "mmap":
+        assert all(advice == mmap_module.MADV_WILLNEED for advice, _, _ in calls)
+        assert all(start % mmap_module.PAGESIZE == 0 and start + length <= shard.size for _, start, length in calls)
+        assert calls[0][1] <= 1000 < calls[0][1] + calls[0][2] and calls[0][1] + calls[0][2] >= 6000
+    else:
+        assert calls[0] == (1000, 5000) and calls[1] == (0, shard.size)
+    assert [dataset.read(i) for i in range(len(dataset))] == before
+    dataset.close()
+
+
+class _Recorder:
+    """Stands in for an mmap object: records madvise calls, forwards everything else."""
+
+    def __init__(self, target, calls: list) -> None:
+        self._target, self._calls = target, calls
+
+    def madvise(self, advice: int, start: int = 0, length: int = 0) -> None:
+        self._calls.append((advice, start, length))
+
+    def __getattr__(self, name: str):
+        return getattr(self._target, name)

@@ -34,14 +34,13 @@ from packer.build.plan import BuildOptions
 verify_module = pytest.importorskip("packer.verify")
 
 PAGE = 4096
-#: Trial outcomes, printed at the end of the module (run with -s to see them).
-OUTCOMES: Counter[str] = Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_outcomes():
-    yield
-    print("\nreliability/corruption outcomes:", json.dumps(dict(sorted(OUTCOMES.items()))))
+@pytest.fixture(scope="module")
+def outcomes():
+    """Trial outcomes of this module, printed at its end (run with -s to see them): one counter per
+    module run, passed explicitly, so no state leaks between test sessions or modules."""
+    counts: Counter[str] = Counter()
+    yield counts
+    print("\nreliability/corruption outcomes:", json.dumps(dict(sorted(counts.items()))))
 
 
 def _make_source(root: Path, seed: int) -> Path:
@@ -144,7 +143,8 @@ def _read_everything(path: Path, samples: list[bytes], backend: str) -> str:
     return "read-refused-some" if refused else "read-all-correct"
 
 
-def _run_trial(base: dict[str, Any], trial_dir: Path, target: str, kind: str, rng: random.Random) -> None:
+def _run_trial(base: dict[str, Any], trial_dir: Path, target: str, kind: str, rng: random.Random,
+               outcomes: Counter[str]) -> None:
     if trial_dir.exists():
         shutil.rmtree(trial_dir)
     shutil.copytree(base["path"], trial_dir)
@@ -158,14 +158,14 @@ def _run_trial(base: dict[str, Any], trial_dir: Path, target: str, kind: str, rn
     # 1-2. open and read, with both backends
     for backend in ("mmap", "pread"):
         read_outcome = _read_everything(trial_dir, base["samples"], backend)
-    OUTCOMES[f"{label}:{read_outcome.split(':')[0]}"] += 1
+    outcomes[f"{label}:{read_outcome.split(':')[0]}"] += 1
 
     # 3. verify
     report = verify_module.verify(trial_dir, workers=1, progress=False)
     assert isinstance(report, verify_module.VerifyReport)
     if new == old:
         assert report.ok, f"{where}: verify reports damage in an unchanged dataset: {report.problems}"
-        OUTCOMES[f"{label}:no-op"] += 1
+        outcomes[f"{label}:no-op"] += 1
         return
     if target == fmt.MANIFEST_NAME and report.ok:
         # The manifest is the root of trust and has no checksum of its own: a change verify cannot
@@ -175,7 +175,7 @@ def _run_trial(base: dict[str, Any], trial_dir: Path, target: str, kind: str, rn
         assert (reread.alignment, reread.sample_count, reread.index, reread.shards) == (
             original.alignment, original.sample_count, original.index, original.shards), where
         fields = sorted(k for k in set(reread.raw) | set(original.raw) if reread.raw.get(k) != original.raw.get(k))
-        OUTCOMES[f"{label}:undetected-informational:{','.join(fields) or 'whitespace'}"] += 1
+        outcomes[f"{label}:undetected-informational:{','.join(fields) or 'whitespace'}"] += 1
         return
     assert not report.ok, f"{where}: verify missed the damage"
     if target.startswith("shards/"):
@@ -188,19 +188,19 @@ def _run_trial(base: dict[str, Any], trial_dir: Path, target: str, kind: str, rn
         if changed or lost:
             keys = {p.key for p in report.problems if p.kind == "checksum"}
             assert all(keys), f"{where}: a damaged sample is named without its key"
-            OUTCOMES[f"{label}:samples-named"] += 1
+            outcomes[f"{label}:samples-named"] += 1
         else:
-            OUTCOMES[f"{label}:non-payload-detected"] += 1
+            outcomes[f"{label}:non-payload-detected"] += 1
     else:
-        OUTCOMES[f"{label}:detected"] += 1
-    OUTCOMES["verify-exit-1"] += 1
+        outcomes[f"{label}:detected"] += 1
+    outcomes["verify-exit-1"] += 1
 
 
 TRIALS_PER_KIND = {"shard": 28, "index": 12, "manifest": 12}  # x 4 mutation kinds x 2 alignments = 416
 
 
 @pytest.mark.parametrize("kind", ["flip", "truncate", "extend", "zero-page"])
-def test_random_corruption_trials(base, kind):
+def test_random_corruption_trials(base, kind, outcomes):
     rng = random.Random(f"corruption-{kind}-{base['manifest'].alignment}")
     shards = sorted(name for name in base["files"] if name.startswith("shards/"))
     index = next(name for name in base["files"] if name.endswith(".pki"))
@@ -210,13 +210,13 @@ def test_random_corruption_trials(base, kind):
         for _ in range(count):
             target = (rng.choice(shards) if file_kind == "shard" else index if file_kind == "index"
                       else fmt.MANIFEST_NAME)
-            _run_trial(base, trial_dir, target, kind, rng)
+            _run_trial(base, trial_dir, target, kind, rng, outcomes)
             trials += 1
-    OUTCOMES["trials"] += trials
+    outcomes["trials"] += trials
     shutil.rmtree(trial_dir, ignore_errors=True)
 
 
-def test_every_page_of_a_shard_zeroed_and_truncated(base):
+def test_every_page_of_a_shard_zeroed_and_truncated(base, outcomes):
     """Deterministic sweep: zero each 4 KiB page of the first shard, and cut it at each page."""
     shard = sorted(name for name in base["files"] if name.startswith("shards/"))[0]
     data = base["files"][shard]
@@ -235,11 +235,11 @@ def test_every_page_of_a_shard_zeroed_and_truncated(base):
             changed, lost = _payload_damage(base, shard, data, new)
             assert changed | lost <= set(report.damaged_samples), f"{description}@{start}"
             trials += 1
-    OUTCOMES["sweep-trials"] += trials
+    outcomes["sweep-trials"] += trials
     shutil.rmtree(trial_dir, ignore_errors=True)
 
 
-def test_missing_files(base):
+def test_missing_files(base, outcomes):
     """A deleted shard or index, or a dataset without its manifest: typed errors, verify names the
     lost samples."""
     trial_dir = base["work"] / "trial-missing"
@@ -256,7 +256,7 @@ def test_missing_files(base):
         if name.startswith("shards/"):
             lost = {sample for sample, _, _ in base["layout"][name]}
             assert lost <= set(report.damaged_samples), name
-        OUTCOMES["missing-file-trials"] += 1
+        outcomes["missing-file-trials"] += 1
     shutil.rmtree(trial_dir, ignore_errors=True)
 
 
@@ -269,7 +269,7 @@ def test_build_report_is_informative_only(base, tmp_path):
     assert verify_module.verify(trial_dir, workers=1, progress=False).ok
 
 
-def test_verify_cli_exit_codes_and_names(base, tmp_path):
+def test_verify_cli_exit_codes_and_names(base, tmp_path, outcomes):
     """Through the real CLI: exit 0 when intact; exit 1 naming the damaged sample and its key after
     a payload flip, and after a structural flip in the index."""
     import subprocess
@@ -305,4 +305,4 @@ def test_verify_cli_exit_codes_and_names(base, tmp_path):
     (structure / index).write_bytes(bytes(data))
     code, document = run(structure)
     assert code == 1 and document["problems"][0]["kind"] == "structure"
-    OUTCOMES["verify-cli-trials"] += 3
+    outcomes["verify-cli-trials"] += 3

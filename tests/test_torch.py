@@ -290,17 +290,6 @@ def test_block_read_ahead_asks_for_whole_blocks(same_size: Path) -> None:
     assert sum(len(labels) for _, labels in batches) == 20
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_backends_accept_unaligned_willneed_ranges(packed: Path, backend: str) -> None:
-    from packer.dataset import open_dataset
-
-    dataset = open_dataset(packed, backend=backend)
-    shard = dataset.shard(0)
-    shard.advise_willneed(1000, 5000)
-    shard.advise_willneed(0, shard.size)
-    shard.advise_willneed(shard.size - 10, 100)  # clipped at the end of the file
-
-
 def test_getitems_checks_range_and_never_aliases_repeated_samples(tmp_path) -> None:
     from PIL import Image
 

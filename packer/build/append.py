@@ -21,11 +21,11 @@ import numpy as np
 from .. import format as fmt
 from ..dataset import open_index
 from ..errors import BuildError, EmptySourceError, PackerError
-from .commit import BuildResult, commit_dataset
+from .commit import BuildResult, assemble_index, commit_dataset
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
 from .run import run_shards
-from .sources import Rejection, SourceListing, gather_blob, list_source, select_rows
+from .sources import Rejection, SourceListing, list_source, select_rows
 from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
 __all__ = ["append"]
@@ -81,18 +81,10 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         manifest = old.manifest
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
-        stored = dict(manifest.build.get("options", {}))
-        try:
-            options = BuildOptions(**stored) if stored else BuildOptions(alignment=manifest.alignment)
-        except TypeError as exc:
-            raise BuildError(f"the dataset's recorded build options are not understood: {exc}", path=out) from None
-        options = BuildOptions(**{**options.to_json(), "alignment": manifest.alignment,
-                                  "seed": options.seed + generation if seed is None else seed})
+        options = _generation_options(manifest, out, generation, seed)
         listing = list_source(Path(source), root)
         listing, classes = _relabel(listing, manifest.classes)
-        existing = {bytes(old.index.keys[int(a):int(b)]) for a, b in
-                    zip(old.index.key_offsets[:-1], old.index.key_offsets[1:])}
-        listing = _drop_existing_keys(listing, existing)
+        listing = _drop_existing_keys(listing, _existing_keys(old.index))
         if len(listing) == 0:
             raise EmptySourceError("every file of the new source is already in the dataset or rejected",
                                    path=Path(source))
@@ -105,57 +97,7 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
             save_plan(plan, staging / PLAN_NAME)
             run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
                        progress=progress, fail_on_reject=False)
-            headers, records = [], []
-            for shard in range(plan.shard_count):
-                found = read_record(record_path(out, shard), plan.fingerprint, out)
-                if found is None:
-                    raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
-                headers.append(found[0])
-                records.append(found[1])
-            live = [i for i, h in enumerate(headers) if h["sample_count"]]
-            new_rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
-            if not live:
-                raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
-            source_rows = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
-            counts = [h["sample_count"] for h in (headers[i] for i in live)]
-            keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source_rows)
-            meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source_rows)
-            ix = old.index
-            old_shards = len(manifest.shards)
-            columns = {
-                "shard": np.concatenate([ix.shard, np.repeat(np.arange(old_shards, old_shards + len(live),
-                                                                       dtype=np.uint32), counts)]),
-                "offset": np.concatenate([ix.offset] + [records[i]["offset"] for i in live]),
-                "size": np.concatenate([ix.size] + [records[i]["size"] for i in live]),
-                "checksum": np.concatenate([ix.checksum] + [records[i]["checksum"] for i in live]),
-                "label": np.concatenate([ix.label, listing.labels[source_rows]]),
-                "width": np.concatenate([ix.width] + [records[i]["width"] for i in live]),
-                "height": np.concatenate([ix.height] + [records[i]["height"] for i in live]),
-                "channels": np.concatenate([ix.channels] + [records[i]["channels"] for i in live]),
-                "image_format": np.concatenate([ix.image_format] + [records[i]["image_format"] for i in live]),
-                "key_offsets": np.concatenate([ix.key_offsets, key_offsets[1:] + ix.key_offsets[-1]]),
-                "keys": np.concatenate([ix.keys, keys]),
-                "meta_offsets": np.concatenate([ix.meta_offsets, meta_offsets[1:] + ix.meta_offsets[-1]]),
-                "meta": np.concatenate([ix.meta, meta]),
-            }
-            shards = list(manifest.shards) + [
-                fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"], checksum=int(headers[i]["checksum"], 16),
-                               sample_count=headers[i]["sample_count"]) for i in live]
-            history = list(manifest.history) or [{
-                "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
-                "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
-            history.append({"generation": generation, "kind": "append", "source": Path(source).name,
-                            "samples": int(len(source_rows)), "shards": len(live), "rejected": len(new_rejected),
-                            "classes": len(classes), "first_shard_number": last_number + 1,
-                            "options": options.to_json()})
-            old_rejected = _previous_rejections(out)
-            build_info = dict(manifest.build)
-            build_info.update(packed=manifest.sample_count + int(len(source_rows)),
-                              rejected=len(old_rejected) + len(new_rejected))
-            old.close()
-            result = commit_dataset(out, columns, shards, classes=classes, codec=manifest.codec,
-                                    alignment=manifest.alignment, build_info=build_info,
-                                    rejected=old_rejected + new_rejected, history=history, cleanup=False)
+            result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name)
         except BaseException:
             _discard_failed_append(out)
             raise
@@ -163,6 +105,58 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result
+
+
+def _generation_options(manifest: fmt.Manifest, out: Path, generation: int, seed: int | None) -> BuildOptions:
+    """The dataset's recorded build options, reseeded for this generation."""
+    stored = dict(manifest.build.get("options", {}))
+    try:
+        options = BuildOptions(**stored) if stored else BuildOptions(alignment=manifest.alignment)
+    except TypeError as exc:
+        raise BuildError(f"the dataset's recorded build options are not understood: {exc}", path=out) from None
+    return BuildOptions(**{**options.to_json(), "alignment": manifest.alignment,
+                           "seed": options.seed + generation if seed is None else seed})
+
+
+def _existing_keys(index: Any) -> set[bytes]:
+    return {bytes(index.keys[int(a):int(b)]) for a, b in zip(index.key_offsets[:-1], index.key_offsets[1:])}
+
+
+def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...], generation: int,
+                       source_name: str) -> tuple[BuildResult, list[Rejection]]:
+    """Old rows + the packed new shards -> a new index, report and manifest (the commit point)."""
+    manifest = old.manifest
+    listing = plan.listing
+    headers, records = [], []
+    for shard in range(plan.shard_count):
+        found = read_record(record_path(out, shard), plan.fingerprint, out)
+        if found is None:
+            raise BuildError(f"planned shard {shard} of the append did not complete", path=out)
+        if found[0]["sample_count"]:
+            headers.append(found[0])
+            records.append(found[1])
+    new_rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
+    if not headers:
+        raise BuildError(f"every one of the {len(listing)} new files was rejected", path=out)
+    old_shards = len(manifest.shards)
+    columns, new_shards, source_rows = assemble_index(listing, headers, records, previous=old.index,
+                                                      previous_shards=old_shards)
+    history = list(manifest.history) or [{
+        "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
+        "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
+    history.append({"generation": generation, "kind": "append", "source": source_name,
+                    "samples": int(len(source_rows)), "shards": len(new_shards), "rejected": len(new_rejected),
+                    "classes": len(classes), "first_shard_number": plan.first_shard_number,
+                    "options": plan.options.to_json()})
+    old_rejected = _previous_rejections(out)
+    build_info = dict(manifest.build)
+    build_info.update(packed=manifest.sample_count + int(len(source_rows)),
+                      rejected=len(old_rejected) + len(new_rejected))
+    old.close()
+    result = commit_dataset(out, columns, list(manifest.shards) + new_shards, classes=classes, codec=manifest.codec,
+                            alignment=manifest.alignment, build_info=build_info,
+                            rejected=old_rejected + new_rejected, history=history, cleanup=False)
+    return result, new_rejected
 
 
 def _discard_failed_append(out: Path) -> None:

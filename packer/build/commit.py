@@ -22,10 +22,10 @@ from ..errors import BuildError
 from .atomic import fsync_dir, write_atomic
 from .plan import BuildPlan
 from .records import read_record, record_path
-from .sources import Rejection, gather_blob
+from .sources import Rejection, SourceListing, gather_blob
 from .staging import STAGING_DIR, io_error
 
-__all__ = ["BuildResult", "finish_build", "commit_dataset"]
+__all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset"]
 
 @dataclass
 class BuildResult:
@@ -73,25 +73,7 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
         raise BuildError(f"every one of the {len(listing)} source files was rejected ({shown}); nothing to pack",
                          path=out)
-    shards = [fmt.ShardEntry(path=headers[i]["path"], size=headers[i]["size"],
-                             checksum=int(headers[i]["checksum"], 16), sample_count=headers[i]["sample_count"])
-              for i in live]
-    source = np.concatenate([records[i]["source"] for i in live]).astype(np.int64)
-    counts = np.array([h["sample_count"] for h in (headers[i] for i in live)], dtype=np.int64)
-    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source)
-    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source)
-    columns = {
-        "shard": np.repeat(np.arange(len(live), dtype=np.uint32), counts),
-        "offset": np.concatenate([records[i]["offset"] for i in live]),
-        "size": np.concatenate([records[i]["size"] for i in live]),
-        "checksum": np.concatenate([records[i]["checksum"] for i in live]),
-        "label": listing.labels[source].astype(np.int64),
-        "width": np.concatenate([records[i]["width"] for i in live]),
-        "height": np.concatenate([records[i]["height"] for i in live]),
-        "channels": np.concatenate([records[i]["channels"] for i in live]),
-        "image_format": np.concatenate([records[i]["image_format"] for i in live]),
-        "key_offsets": key_offsets, "keys": keys, "meta_offsets": meta_offsets, "meta": meta,
-    }
+    columns, shards, source = assemble_index(listing, [headers[i] for i in live], [records[i] for i in live])
     rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
     options = plan.options
     codec = get_codec(options.codec)
@@ -175,3 +157,40 @@ def _remove_unreferenced(out: Path, keep: set[str]) -> None:
             path.unlink(missing_ok=True)
 
 
+#: The per-sample index columns a shard record carries, concatenated as they are.
+_RECORD_INDEX_COLUMNS = ("offset", "size", "checksum", "width", "height", "channels", "image_format")
+
+
+def assemble_index(listing: SourceListing, headers: Sequence[dict[str, Any]], records: Sequence[dict[str, np.ndarray]],
+                   *, previous: Any = None, previous_shards: int = 0
+                   ) -> tuple[dict[str, np.ndarray], list[fmt.ShardEntry], np.ndarray]:
+    """The index columns and shard entries of packed shards, after an existing index if given.
+
+    Args:
+        listing: the listing the shards were planned from (keys, labels, metadata).
+        headers, records: each non-empty packed shard's record header and columns, in order.
+        previous: an existing index's ``IndexColumns`` (``packer append``): its rows come first.
+        previous_shards: the existing manifest's shard count: the new shards' positions follow.
+
+    Returns:
+        ``(columns, new shard entries, listing rows of the new samples)``.
+    """
+    shards = [fmt.ShardEntry(path=h["path"], size=h["size"], checksum=int(h["checksum"], 16),
+                             sample_count=h["sample_count"]) for h in headers]
+    source = (np.concatenate([r["source"] for r in records]) if records else np.zeros(0)).astype(np.int64)
+    counts = np.array([h["sample_count"] for h in headers], dtype=np.int64)
+    first_shard = previous_shards if previous is not None else 0
+    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, source)
+    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, source)
+    columns = {"shard": np.repeat(np.arange(first_shard, first_shard + len(headers), dtype=np.uint32), counts)}
+    columns.update({name: np.concatenate([r[name] for r in records]) for name in _RECORD_INDEX_COLUMNS})
+    columns["label"] = listing.labels[source].astype(np.int64)
+    columns.update(key_offsets=key_offsets, keys=keys, meta_offsets=meta_offsets, meta=meta)
+    if previous is not None:
+        for name in ("shard", "label", *_RECORD_INDEX_COLUMNS, "keys", "meta"):
+            columns[name] = np.concatenate([getattr(previous, name), columns[name]])
+        for name, blob in (("key_offsets", previous.key_offsets), ("meta_offsets", previous.meta_offsets)):
+            columns[name] = np.concatenate([blob, columns[name][1:] + blob[-1]])
+    order = ("shard", "offset", "size", "checksum", "label", "width", "height", "channels", "image_format",
+             "key_offsets", "keys", "meta_offsets", "meta")
+    return {name: columns[name] for name in order}, shards, source

@@ -24,7 +24,7 @@ import numpy as np
 from .. import format as fmt
 from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
-from ..errors import BuildError, OptionError, PackerError
+from ..errors import BuildError, FormatError, OptionError, PackerError
 from .sources import Rejection, SourceListing
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -58,10 +58,10 @@ class BuildOptions:
         """
         from ..codecs import get_codec
 
-        if (not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > fmt.MAX_ALIGNMENT
-                or self.alignment & (self.alignment - 1)):
-            raise OptionError(f"--alignment must be a power of two between 1 and {fmt.MAX_ALIGNMENT}, "
-                              f"got {self.alignment}")
+        try:
+            fmt.check_alignment(self.alignment)  # the format's rule, one place
+        except FormatError as exc:
+            raise OptionError(f"--alignment: {exc.message}") from None
         if not isinstance(self.shard_size, int) or not self.alignment <= self.shard_size < fmt.MAX_FILE_SIZE:
             raise OptionError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
                               f"2^62, got {self.shard_size}")

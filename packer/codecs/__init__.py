@@ -71,13 +71,10 @@ Resampling. Pillow's ``Image.resize`` with the ``resample`` filter (``lanczos`` 
 ``bicubic``, ``bilinear``, ``box`` or ``nearest``) and ``reducing_gap=2.0``. JPEG sources that
 are at least twice as large as needed are first decoded smaller by libjpeg-turbo's DCT scaling
 (``simplejpeg.decode_jpeg(min_width=, min_height=)``), never below twice the final resolution
-of the box: the same trade-off as Pillow's ``Image.thumbnail(reducing_gap=2.0)``. Measured on a
-2000x1500 photo-like JPEG to 256x192: 13 ms, against 27 ms for a full decode and a resize with
-``reducing_gap`` and 40 ms without (mean absolute difference to the exact Lanczos result: 0.4
-level). A typical 500x375 JPEG costs about 5 ms per image with ``lanczos`` and 2.5 ms with
-``bilinear`` at build time; reading it back, the 256-pixel JPEG decodes in 0.2 ms against 1.3 ms
-for the source. Output depends only on the input bytes and the parameters (and the Pillow and
-libjpeg-turbo versions).
+of the box: the same trade-off as Pillow's ``Image.thumbnail(reducing_gap=2.0)``
+(``codecs.resize``; the measurements are in ``docs/design-notes.md``, "Build-time resampling").
+Output depends only on the input bytes and the parameters (and the Pillow and libjpeg-turbo
+versions).
 """
 
 from __future__ import annotations
