@@ -518,7 +518,7 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
     for n, (name, kwargs) in enumerate(variants):
         row: dict[str, Any] = {"variant": name}
         with warnings.catch_warnings():
-            warnings.simplefilter("always")
+            warnings.simplefilter("default")  # a GpuFallbackWarning is printed (once), never hidden
             with GpuJpegBatches(jpeg_path, batch_size, seed=0, **kwargs) as loader:
                 row.update(_time_loader(loader, seconds_each, None))
                 row["decode_counts"] = dict(loader.decode_counts)

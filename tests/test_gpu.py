@@ -460,9 +460,9 @@ def test_gpu_raw_batches_equal_the_host_path(raw_dataset: Path, io: str) -> None
             pytest.skip(str(exc))
     with gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cuda", io=io) as loader, \
             gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cpu") as host:
-        assert loader.io == io
+        assert loader.io == io and loader.device == torch.device("cuda", torch.cuda.current_device())
         for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
-            assert images.is_cuda and labels.is_cuda
+            assert images.device == labels.device == loader.device
             assert torch.equal(images.cpu(), cpu_images) and torch.equal(labels.cpu(), cpu_labels)
 
 
@@ -491,14 +491,17 @@ def test_gpu_kvikio_backend_reads_into_device_memory(raw_dataset: Path) -> None:
 @needs_gpu
 def test_gpu_jpeg_batches_decode_on_the_gpu(jpeg_dataset: Path) -> None:
     pytest.importorskip("torchvision")
-    with gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cuda") as loader, \
+    with gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cuda", cpu_fallback="error") as loader, \
             gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cpu") as host:
+        assert loader.device == torch.device("cuda", torch.cuda.current_device())
         for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
-            assert torch.equal(labels.cpu(), cpu_labels)
+            assert torch.equal(labels.cpu(), cpu_labels) and labels.device == loader.device
             for image, reference in zip(images, cpu_images):
-                assert image.is_cuda and image.shape == reference.shape
+                assert image.device == loader.device and image.shape == reference.shape
                 # nvJPEG and libjpeg-turbo differ by rounding (IDCT, chroma upsampling): a few levels.
                 assert (image.cpu().int() - reference.int()).abs().float().mean() < 3.0
+        jpegs = int((loader.dataset.index.image_format == 1).sum())
+        assert loader.decode_counts == {"gpu": jpegs, "cpu_fallback": 0, "cpu": len(loader.dataset) - jpegs}
 
 
 def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
