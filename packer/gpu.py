@@ -583,7 +583,7 @@ class GpuJpegBatches(_GpuBatches):
         gpu_decoder: a ``GpuJpegDecoder`` (default ``TorchvisionJpegDecoder()`` on CUDA devices,
             none on ``cpu``).
 
-    Attributes:
+    Properties:
         decode_counts: images decoded since the loader was created, by path: ``"gpu"`` (the GPU
             decoder), ``"cpu_fallback"`` (JPEGs it refused), ``"cpu"`` (non-JPEG formats, or no
             GPU decoder). ``decode_counts["cpu_fallback"] > 0`` means nvJPEG did not do all the work.
@@ -606,7 +606,7 @@ class GpuJpegBatches(_GpuBatches):
         super().__init__(source, batch_size, dataclasses.replace(merged, io="host"))
         self.transform = transform
         self.cpu_fallback = cpu_fallback
-        self.decode_counts = {"gpu": 0, "cpu_fallback": 0, "cpu": 0}
+        self._decode_counts = {"gpu": 0, "cpu_fallback": 0, "cpu": 0}
         self._counts_lock = threading.Lock()
         self._warned = False
         self.gpu_decoder: GpuJpegDecoder | None = gpu_decoder
@@ -617,10 +617,16 @@ class GpuJpegBatches(_GpuBatches):
                 self.close()
                 raise
 
+    @property
+    def decode_counts(self) -> dict[str, int]:
+        """Images decoded since the loader was created, by path (a copy; see the class docstring)."""
+        with self._counts_lock:
+            return dict(self._decode_counts)
+
     def _count(self, path: str, n: int) -> None:
         if n:
             with self._counts_lock:
-                self.decode_counts[path] += n
+                self._decode_counts[path] += n
 
     def _cpu_decode(self, data: Any, image_format: int, i: int) -> Any:
         from .decode import decode_image
