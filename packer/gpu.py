@@ -258,6 +258,7 @@ class _GpuBatches(CursorReader):
         self.read_block = max(options.read_block, self.alignment)
         self.io_threads = options.io_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._ahead: ReadAhead | None = None
         self._host_staging: Any = None
         self._device_staging: Any = None
 
@@ -397,7 +398,9 @@ class _GpuBatches(CursorReader):
             return item
 
         if self.double_buffer:
-            ahead = ReadAhead(produce, count, depth=1, setup=self._thread_context)
+            if self._ahead is not None:  # a previous iteration still running: only one reads the staging buffers
+                self._ahead.close()
+            ahead = self._ahead = ReadAhead(produce, count, depth=1, setup=self._thread_context)
             try:
                 for item in ahead:
                     item = self._hand_out(item)
@@ -405,6 +408,8 @@ class _GpuBatches(CursorReader):
                     yield item
             finally:
                 ahead.close()
+                if self._ahead is ahead:
+                    self._ahead = None
         else:
             for k in range(count):
                 with self._device_context():
@@ -413,6 +418,10 @@ class _GpuBatches(CursorReader):
                 yield item
 
     def close(self) -> None:
+        """Stop the read-ahead thread (waiting for its reads), then release buffers and files."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -799,3 +799,27 @@ def test_gds_status_reports_what_is_known_and_never_claims_gds(monkeypatch: pyte
     assert status["gds_available"] is available and status["gds_possible"] is possible
     assert status["gds_verified"] is False and "gds_active" not in status
     assert status["num_threads"] == 8 and status["error"] is None
+
+
+def test_close_waits_for_the_read_ahead_thread(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while an iterator is still open: the thread's read finishes before files and buffers go."""
+    import time
+
+    loader = gpu.GpuRawBatches(raw_dataset, 4, device="cpu", order="sequential")
+    real = loader._read_host
+    events: list[str] = []
+
+    def slow(plan: RunPlan, out: np.ndarray) -> None:
+        events.append("read")
+        time.sleep(0.05)
+        real(plan, out)
+        events.append("done")
+
+    monkeypatch.setattr(loader, "_read_host", slow)
+    real_close = loader._reader.close
+    monkeypatch.setattr(loader._reader, "close", lambda: (events.append("close"), real_close()))
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()  # the iterator is not closed: the read-ahead thread is preparing batch 1
+    assert events[-1] == "close" and events.count("read") == events.count("done")
+    assert not [t for t in threading.enumerate() if t.name == "packer-read-ahead" and t.is_alive()]
