@@ -25,7 +25,12 @@ Why these (from their METADATA, ``Requires-Dist`` without extras): kvikio-cu13 2
 ``libkvikio-cu13==26.10.*``, ``cupy-cuda13x[ctk]>=14.0.1,!=14.1.0``, ``numpy>=2,<3`` and
 ``packaging`` (all there); libkvikio-cu13 needs ``rapids-logger==0.3.*`` (carried),
 ``cuda-pathfinder`` (there; it finds libcufile) and ``cuda-toolkit[cufile]==13.*``, i.e.
-``nvidia-cufile`` (there). simplejpeg is packer's own dependency (CPU JPEG decode). If the
+``nvidia-cufile`` (there). Do not carry cuda-pathfinder or nvidia-cufile: libkvikio's loader
+imports ``cuda.pathfinder`` (without it librapids_logger is never loaded and ``import kvikio``
+fails), and pathfinder looks for ``libcufile.so.0`` in the interpreter's site-packages
+(``nvidia/cu13/lib``), not in a ``--target`` folder. Checked here on 2026-12-03: these three
+kvikio wheels plus cuda-pathfinder 1.9.1 import (kvikio 26.10.00, ``gds_status()`` as
+documented) once libcufile is found. simplejpeg is packer's own dependency (CPU JPEG decode). If the
 machine's torch were a CUDA 12 build, take the ``-cu12`` kvikio pair and ``nvidia-cufile-cu12``
 instead. DALI's wheel is far too large to carry: its section says "not run: DALI missing".
 
