@@ -11,9 +11,10 @@ bytes, or ``(H, W, C)`` pixels for a ``raw``-codec dataset) and ``label`` a 0-d 
     ``first_epoch + info.epoch_idx`` is a pure function of (seed, epoch, shard), so DALI's worker
     processes can compute any sample in any order. Past the end of an epoch it keeps raising
     ``StopIteration`` (DALI prefetches beyond the end). Sample mode cannot emit a short batch, so
-    every shard's epoch is a whole number of full batches: with ``drop_last=False`` (default) the
-    last partial batch is completed with the shard's first samples of the epoch, with
-    ``drop_last=True`` the order's tail is dropped.
+    every shard's epoch is a whole number of full batches: with ``drop_last=True`` the order's
+    tail is dropped (full batches only, no sample twice); with ``drop_last=False`` (default) the
+    shard's ``shard_size()`` samples are completed to a full last batch with the shard's first
+    samples of the epoch (wrapping around).
 
 ``PackedBatchSource`` / ``PackedBatchIterator`` -- for ``fn.external_source(source=..., batch=True)``
     Whole batches, each read with one coalesced ``read_batch`` (runs of adjacent samples are one
@@ -32,6 +33,32 @@ Files are opened lazily inside the process that reads (each DALI worker, after f
 never shared across a fork; pickling a source costs a few hundred bytes (path and settings). The
 index version is pinned: a worker that finds the dataset replaced raises ``DatasetChangedError``.
 
+The framework iterators and the last batch. DALI's ``DALIGenericIterator`` (and
+``DALIClassificationIterator``, the JAX and PaddlePaddle ones) only honour ``last_batch_policy``
+when they know the shard's size: with neither ``size`` nor ``reader_name`` (an external source
+has no reader) they force ``LastBatchPolicy.FILL`` and run until the source raises
+``StopIteration``, so ``DROP`` and ``PARTIAL`` are silently ignored. Pass
+``**source.iterator_options()``: ``size`` is ``shard_size()``, DALI's "number of samples in the
+shard" (this shard's samples of the epoch, the batch completion excluded), and
+``last_batch_padded=True`` (the completion belongs to the epoch: the next epoch starts afresh).
+What each policy then yields per shard and epoch, with ``S = shard_size()`` and batch size ``B``:
+
+* ``DROP``: ``S // B`` full batches. With ``drop_last=True`` on the source ``S`` is already a
+  multiple of ``B``: no sample is seen twice and nothing but the order's tail is skipped (the
+  recommended form, below);
+* ``FILL``: ``ceil(S / B)`` full batches, the last completed with the shard's first samples of
+  the epoch (the source's padding);
+* ``PARTIAL``: ``ceil(S / B)`` batches, the last one holding only the shard's remaining samples.
+
+Every shard gets the same ``S`` (``packer.order``'s pad/drop rule), hence the same number of
+batches under every policy. With ``drop_last=False`` the order itself repeats at most
+``num_shards - 1`` samples per epoch to share it equally (the epoch's first ones). ``size`` is per
+epoch: after a mid-epoch resume (``consumed > 0``) the first epoch is shorter, so run that epoch
+with its own pipeline and iterator and start the next ones with ``first_epoch + 1``. DALI warns
+that ``size`` is set by hand ("Please set reader_name..."): expected with an external source.
+The batch sources can emit a short last batch, which DALI's iterators accept only with
+``size=-1``: use them with the default iterator settings, and ``drop_last=True`` to drop it.
+
 Example: a GPU training pipeline (PyTorch)::
 
     from nvidia.dali import fn, pipeline_def, types
@@ -40,7 +67,7 @@ Example: a GPU training pipeline (PyTorch)::
 
     BATCH = 256
     source = PackedSampleSource("/data/imagenet-packed", batch_size=BATCH, shard_id=rank,
-                                num_shards=world_size, seed=0)
+                                num_shards=world_size, seed=0, drop_last=True)
 
     @pipeline_def(batch_size=BATCH, num_threads=8, device_id=local_rank,
                   py_num_workers=8, py_start_method="spawn")
@@ -57,9 +84,9 @@ Example: a GPU training pipeline (PyTorch)::
     pipe = train_pipeline()
     pipe.build()
     loader = DALIGenericIterator(pipe, ["images", "labels"], auto_reset=True,
-                                 last_batch_policy=LastBatchPolicy.DROP)
+                                 last_batch_policy=LastBatchPolicy.DROP, **source.iterator_options())
     for epoch in range(epochs):          # the source's epochs advance with the pipeline's
-        for batch in loader:
+        for batch in loader:             # len(loader) full batches, the same on every rank
             images, labels = batch[0]["images"], batch[0]["labels"]   # on the GPU
 
 (``py_start_method="spawn"`` is the safe choice once CUDA is initialised in the parent; the
@@ -74,7 +101,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .errors import DatasetChangedError
+from .errors import DatasetChangedError, OptionError
 from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, EpochCursor, RankPlan, ReadOrder, check_epoch, index_blocks
 
 __all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator"]
@@ -98,17 +125,17 @@ class _PackedSource:
                  consumed: int = 0, block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
                  backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-            raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+            raise OptionError(f"num_shards must be a positive integer, got {num_shards!r}")
         if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
-            raise ValueError(f"shard_id must be an integer in 0..{num_shards - 1}, got {shard_id!r}")
+            raise OptionError(f"shard_id must be an integer in 0..{num_shards - 1}, got {shard_id!r}")
         for name, value in (("first_epoch", first_epoch), ("consumed", consumed)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+                raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
         read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
                                batch_size=batch_size, drop_last=drop_last)
         self.path, self._index_checksum, num_samples = _dataset_path_and_version(dataset)
         if consumed > num_samples:
-            raise ValueError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
+            raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
         # at consumed; later epochs start at their beginning. Blocks are computed per process.
         self.cursor = EpochCursor(read_order, num_samples, rank=shard_id, world_size=num_shards,
@@ -243,7 +270,9 @@ class PackedSampleSource(_PackedSource):
         shard_id, num_shards: this pipeline's shard (DALI's names for rank and world size).
         order: ``"random"``, ``"block"`` or ``"sequential"``.
         seed: orders are functions of (seed, epoch).
-        drop_last: drop the order's tail instead of completing the last batch (see the module doc).
+        drop_last: drop the order's tail (full batches only) instead of completing the last
+            batch with the shard's first samples (see the module doc; pair it with
+            ``LastBatchPolicy.DROP`` and ``iterator_options()``).
         first_epoch: the epoch DALI's epoch 0 is (to resume, or to continue a schedule).
         consumed: global position within ``first_epoch`` to start from (resuming mid-epoch).
         block_bytes, window: settings of the ``"block"`` order.
@@ -255,6 +284,33 @@ class PackedSampleSource(_PackedSource):
     def epoch_length(self, epoch: int | None = None) -> int:
         """Samples this shard emits in ``epoch``: ``num_batches * batch_size``, full batches only."""
         return self.num_batches(epoch) * self.batch_size
+
+    def shard_size(self, epoch: int | None = None) -> int:
+        """This shard's samples of ``epoch`` (default ``first_epoch``) before the last batch is completed.
+
+        DALI's ``size`` ("number of samples in the shard") for this shard's iterator: the same on
+        every shard, ``epoch_length()`` minus the completion of the last batch.
+        """
+        epoch = self.first_epoch if epoch is None else epoch
+        return self.read_order.share(self.num_samples, consumed=self.epoch_start(epoch),
+                                     world_size=self.num_shards).per_rank
+
+    def iterator_options(self, epoch: int | None = None) -> dict[str, Any]:
+        """Keyword arguments that make DALI's framework iterators honour ``last_batch_policy``.
+
+        ``DALIGenericIterator(pipe, names, last_batch_policy=..., **source.iterator_options())``:
+        ``size`` is ``shard_size(epoch)`` and ``last_batch_padded`` is True (the source completes
+        the last batch inside the epoch). See the module docstring for what each policy yields.
+
+        Raises:
+            OptionError: the shard has no sample in ``epoch`` (DALI refuses ``size=0``).
+        """
+        size = self.shard_size(epoch)
+        if size < 1:
+            raise OptionError(f"shard {self.shard_id} of {self.num_shards} has no sample in this epoch "
+                              f"(batch_size={self.batch_size}, drop_last={self.read_order.drop_last}); DALI's "
+                              f"iterators refuse size=0")
+        return {"size": size, "last_batch_padded": True}
 
     def sample_index(self, epoch: int, idx_in_epoch: int) -> int:
         """The dataset sample at position ``idx_in_epoch`` of this shard's ``epoch``.

@@ -19,6 +19,9 @@ class                     exit   raised when
 ``MissingDependencyError`` 3     an optional dependency (torch, kvikio, DALI, Ray, the C
                                  extension) is not installed or cannot run here
 ``DirectIOUnsupportedError`` 3   the file system refuses ``O_DIRECT``
+``GpuPathError``          3      a GPU path refused work it was asked to do: kvikio/cuFile
+                                 cannot open a shard, or the GPU JPEG decoder (nvJPEG) failed
+                                 with ``cpu_fallback="error"``
 ``DatasetChangedError``   3      the dataset was replaced while it was being read
 ========================  =====  ==============================================================
 
@@ -57,6 +60,7 @@ __all__ = [
     "MissingDependencyError",
     "RejectedImageError",
     "DirectIOUnsupportedError",
+    "GpuPathError",
 ]
 
 
@@ -191,6 +195,12 @@ class BuildLockedError(BuildError):
 
 class DirectIOUnsupportedError(PackerError):
     """The file system holding the dataset refuses ``O_DIRECT``; use another backend."""
+
+    exit_code = 3
+
+
+class GpuPathError(PackerError):
+    """A GPU path (kvikio/cuFile reads, nvJPEG decodes) could not do what it was asked here."""
 
     exit_code = 3
 

@@ -1,16 +1,11 @@
-"""GPU byte movement: the kvikio (GPUDirect Storage) backend and batch loaders that land shards in GPU memory.
+"""GPU batch loaders: raw-pixel shards and encoded JPEG shards landed in GPU memory, plus the kvikio status helpers.
 
-Nothing here imports torch, kvikio or CuPy at module import: ``import packer.gpu`` is cheap and
-works on a machine without a GPU. Each class imports what it needs when it is created and says
-which extra to install when something is missing (``pip install 'packer[gpu]'``).
-
-``KvikioShard`` (``open_dataset(path, backend="kvikio")``)
-    The backend protocol over ``kvikio.CuFile``: ``read_into(offset, out)`` reads straight into
-    device memory when ``out`` is a CUDA array (anything with ``__cuda_array_interface__``: a
-    CuPy array, a torch CUDA tensor), through GPUDirect Storage when the cuFile driver is active
-    and through kvikio's POSIX compatibility mode (a pinned bounce buffer) otherwise. kvikio
-    splits each read into tasks of ``task_size`` bytes (default 8 MiB) run by its thread pool.
-    Host buffers and ``view`` use plain ``pread``. ``gds_status()`` reports which path is live.
+Nothing here imports torch, kvikio, torchvision or CuPy at module import: ``import packer.gpu``
+is cheap and works on a machine without a GPU. Each class imports what it needs when it is
+created and says which extra to install when something is missing (``pip install 'packer[gpu]'``).
+The kvikio backend itself (``open_dataset(path, backend="kvikio")``, ``KvikioShard``) lives in
+``packer.backends.kvikio``; ``gds_status``, ``cuda_driver_status`` and ``set_kvikio_threads``
+are re-exported here because GPU users look for them here.
 
 ``GpuRawBatches``
     Batches of a ``raw``-codec dataset (decoded ``uint8`` HWC pixels at a fixed size) as
@@ -26,37 +21,62 @@ which extra to install when something is missing (``pip install 'packer[gpu]'``)
     equal batch counts, resumable at ``(seed, epoch, consumed)``, like ``packer.torch``'s readers.
 
 ``GpuJpegBatches``
-    Batches of an encoded dataset: coalesced block reads into pinned host memory, then
-    ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG, batched). Non-JPEG samples are
-    decoded on the CPU (``packer.decode``) and copied. Yields a list of ``(3, H, W)`` uint8 CUDA
-    tensors (sizes differ) and the labels; pass ``transform`` to resize/stack on the GPU.
+    Batches of an encoded dataset: coalesced block reads into pinned host memory, then a GPU
+    JPEG decoder (default ``TorchvisionJpegDecoder``: ``torchvision.io.decode_jpeg(list,
+    device=...)``, nvJPEG, batched). Non-JPEG samples are decoded on the CPU (``packer.decode``)
+    by design; JPEGs the GPU decoder refuses go to the CPU according to ``cpu_fallback``
+    (``"warn"``: a one-time warning, the default; ``"error"``; ``"silent"``), and
+    ``decode_counts`` says how many images each path decoded. Yields a list of ``(3, H, W)``
+    uint8 tensors (sizes differ) and the labels; pass ``transform`` to resize/stack on the GPU.
 
 Both loaders take ``device="cpu"`` to run the same planning, reading, view and read-ahead code
 on the host (CPU tensors out): that is how CI tests them, and a usable fallback.
 
-Overlap: with ``double_buffer=True`` a background thread prepares batch ``k+1`` (reads, copy,
-gather, on its own CUDA stream, synchronised before hand-off) while the caller computes on batch
-``k``. The tensors handed out are fresh allocations, never the staging buffers, and are marked
-with ``record_stream`` for the consumer's stream, so the caching allocator cannot recycle them
-while the caller's kernels still read them.
+Devices: ``device="cuda"`` means the caller's current CUDA device *when the loader is created*
+(``torch.cuda.set_device(local_rank)`` first, as DDP scripts do), resolved once to
+``cuda:N``. The read-ahead thread sets that device on itself before it creates its stream or
+allocates anything (a new thread starts on device 0 whatever the main thread chose), so streams,
+staging buffers, pinned memory's context, batches and nvJPEG decodes all use rank ``N``'s GPU.
+
+Overlap: with ``double_buffer=True`` a background thread (``packer.backends.readahead``)
+prepares batch ``k+1`` (reads, copy, gather, on its own CUDA stream, synchronised before
+hand-off) while the caller computes on batch ``k``. The tensors handed out are fresh
+allocations, never the staging buffers, and are marked with ``record_stream`` for the
+consumer's stream, so the caching allocator cannot recycle them while the caller's kernels
+still read them. When a read fails, every read already in flight is waited for before the error
+reaches the caller, so no kvikio thread writes into a freed staging buffer or a closed file.
+
+Settings: both loaders take the settings of ``GpuLoaderOptions`` (a frozen dataclass) as keyword
+arguments, or an ``options=GpuLoaderOptions(...)`` object plus keyword overrides.
 
 Example::
 
     from packer.gpu import GpuRawBatches
+    torch.cuda.set_device(local_rank)
     loader = GpuRawBatches("/data/imagenet-raw224", batch_size=256, order="block", seed=0)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        for images, labels in loader:          # (256, 224, 224, 3) uint8 on cuda:0, (256,) int64
+        for images, labels in loader:          # (256, 224, 224, 3) uint8 on cuda:local_rank, (256,) int64
             x = images.permute(0, 3, 1, 2).float().div_(255)
             ...
+
+What replaces torchvision's CUDA ``decode_jpeg``: torchvision has deprecated its image decoders
+in favour of TorchCodec. The GPU decoder is a plug-in (``gpu_decoder=``: any callable with the
+``GpuJpegDecoder`` signature); when torchvision removes CUDA ``decode_jpeg``, packer's default
+becomes TorchCodec's nvJPEG decoder (``torchcodec.decoders``, 0.16 and later), and nvImageCodec
+(``nvidia.nvimgcodec``) where TorchCodec is missing; until then torchvision's is the default and
+``cpu_fallback`` makes sure a missing nvJPEG never goes unnoticed.
 """
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import dataclasses
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from concurrent.futures import wait as wait_futures
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -64,19 +84,24 @@ from . import format as fmt
 from .backends.buffers import PAGE
 from .backends.kvikio import (GPU_EXTRA, cuda_driver_status, gds_status, import_kvikio, kvikio_get,
                               set_kvikio_threads)
+from .backends.readahead import ReadAhead
 from .backends.runs import RunPlan, plan_runs
-from .errors import DatasetChangedError, IndexMismatchError, MissingDependencyError, PackerError
+from .errors import (DatasetChangedError, GpuPathError, IndexMismatchError, MissingDependencyError, OptionError,
+                     PackerError)
 from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, RankPlan, ReadOrder, index_blocks
 
 # gds_status, cuda_driver_status and set_kvikio_threads live with the kvikio backend; they are
 # part of this module's public surface because GPU users look for them here.
-__all__ = ["DEFAULT_READ_BLOCK", "gds_status", "cuda_driver_status", "set_kvikio_threads", "GpuRawBatches",
-           "GpuJpegBatches"]
+__all__ = ["DEFAULT_READ_BLOCK", "CPU_FALLBACKS", "GpuLoaderOptions", "GpuJpegDecoder", "TorchvisionJpegDecoder",
+           "GpuFallbackWarning", "gds_status", "cuda_driver_status", "set_kvikio_threads", "resolve_device",
+           "GpuRawBatches", "GpuJpegBatches"]
 
 #: Largest single host ``pread`` the loaders issue; longer runs are split and read in parallel.
 DEFAULT_READ_BLOCK = 8 << 20
 #: Device staging buffers start page-aligned: what cuFile needs to DMA without a bounce buffer.
 _DEVICE_ALIGNMENT = PAGE
+#: What ``GpuJpegBatches`` does with a JPEG the GPU decoder refused.
+CPU_FALLBACKS = ("warn", "error", "silent")
 
 
 def _import_torch() -> Any:
@@ -88,94 +113,118 @@ def _import_torch() -> Any:
     return torch
 
 
-# --- read-ahead --------------------------------------------------------------------------------
+def resolve_device(device: Any) -> Any:
+    """``device`` as a ``torch.device`` with an explicit index: ``"cuda"`` is the calling thread's current device.
 
-class _ReadAhead:
-    """Runs ``produce(k)`` for ``k`` in ``range(count)`` on a background thread, ``depth`` results ahead.
+    Resolve once, on the thread that chose the device (``torch.cuda.set_device(local_rank)``):
+    other threads start on device 0 and would resolve ``"cuda"`` to it.
 
-    Errors raised by ``produce`` are re-raised in the consumer, at the batch where they happened.
-    ``setup`` returns a context manager entered on the thread (e.g. a CUDA stream).
+    Raises:
+        OptionError: not a CUDA device or ``"cpu"``, or an index past the visible GPUs.
+        MissingDependencyError: torch is missing, or a CUDA device without a usable GPU.
+    """
+    torch = _import_torch()
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise OptionError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r} ({exc})") from None
+    if resolved.type not in ("cuda", "cpu"):
+        raise OptionError(f"device must be a CUDA device or 'cpu', got {device!r}")
+    if resolved.type == "cpu":
+        return resolved
+    if not torch.cuda.is_available():
+        raise MissingDependencyError(
+            f"device={device!r} but PyTorch sees no CUDA GPU (torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda}); use device='cpu', or install a CUDA build of torch")
+    index = resolved.index if resolved.index is not None else int(torch.cuda.current_device())
+    count = int(torch.cuda.device_count())
+    if not 0 <= index < count:
+        raise OptionError(f"device={device!r}: this process sees {count} GPU(s) (cuda:0..cuda:{count - 1}); "
+                          f"check CUDA_VISIBLE_DEVICES and the local rank")
+    return torch.device("cuda", index)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GpuLoaderOptions:
+    """The settings both GPU loaders share (pass them as keyword arguments, or as ``options=``).
+
+    Attributes:
+        order: ``"block"``, ``"random"`` or ``"sequential"`` (``packer.order``).
+        seed: the run's seed; orders are functions of (seed, epoch).
+        rank, world_size: this rank's share; default from ``torch.distributed``, else (0, 1).
+        drop_last: full batches only (``packer.order``'s drop rule) instead of a short last batch.
+        device: ``"cuda"`` (the current device when the loader is created), ``"cuda:N"`` or ``"cpu"``.
+        io: ``"kvikio"`` (reads into GPU memory), ``"host"`` (pinned memory + copy) or ``"auto"``
+            (kvikio when importable). JPEG batches always read to the host.
+        double_buffer: prepare the next batch on a background thread while the caller computes.
+        block_bytes, window: the block shuffle's block span and window (``packer.order``).
+        read_block: largest single host read; longer runs are split and read in parallel.
+        io_threads: parallel reads (host reads, and at least this many kvikio threads).
+        backend: backend for host reads (``"pread"``, ``"mmap"``, ``"direct"``).
     """
 
-    def __init__(self, produce: Callable[[int], Any], count: int, depth: int,
-                 setup: Callable[[], Any] | None = None) -> None:
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(produce, count, setup), daemon=True,
-                                        name="packer-gpu-read-ahead")
-        self._thread.start()
+    order: str = "block"
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    drop_last: bool = False
+    device: str = "cuda"
+    io: str = "auto"
+    double_buffer: bool = True
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    window: int = DEFAULT_WINDOW
+    read_block: int = DEFAULT_READ_BLOCK
+    io_threads: int = 8
+    backend: str = "pread"
 
-    def _put(self, item: tuple[str, Any]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def __post_init__(self) -> None:
+        if self.io not in ("auto", "kvikio", "host"):
+            raise OptionError(f"io must be 'auto', 'kvikio' or 'host', got {self.io!r}")
+        for name in ("read_block", "io_threads", "block_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"{name} must be a positive integer, got {value!r}")
 
-    def _run(self, produce: Callable[[int], Any], count: int, setup: Callable[[], Any] | None) -> None:
-        try:
-            context = setup() if setup is not None else None
-            if context is not None:
-                context.__enter__()
-            try:
-                for k in range(count):
-                    if self._stop.is_set() or not self._put(("item", produce(k))):
-                        return
-            finally:
-                if context is not None:
-                    context.__exit__(None, None, None)
-            self._put(("done", None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            self._put(("error", exc))
+    @classmethod
+    def merge(cls, options: "GpuLoaderOptions | None", settings: dict[str, Any],
+              base: "GpuLoaderOptions | None" = None) -> "GpuLoaderOptions":
+        """``options`` (else ``base``, else the defaults) with the keyword ``settings`` applied.
 
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            kind, value = self._queue.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise value
-            yield value
-
-    def close(self) -> None:
-        self._stop.set()
-        while self._thread.is_alive():
-            try:
-                while True:
-                    self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            self._thread.join(timeout=0.05)
+        Raises:
+            OptionError: a setting that is not a field of ``GpuLoaderOptions``.
+        """
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - fields)
+        if unknown:
+            raise OptionError(f"unknown GPU loader setting(s) {', '.join(unknown)}; the settings are "
+                              f"{', '.join(sorted(fields))}")
+        start = options if options is not None else (base if base is not None else cls())
+        if not isinstance(start, cls):
+            raise OptionError(f"options must be a GpuLoaderOptions, got {type(start).__name__}")
+        return dataclasses.replace(start, **settings) if settings else start
 
 
-# --- the loaders -------------------------------------------------------------------------------
+# --- the shared loader -------------------------------------------------------------------------
 
 class _GpuBatches(CursorReader):
-    """Order, rank share, resumable position and the read path shared by the two loaders."""
+    """Order, rank share, resumable position, device and the read path shared by the two loaders."""
 
-    def __init__(self, source: Any, batch_size: int, *, order: str, seed: int, rank: int | None,
-                 world_size: int | None, drop_last: bool, device: str, io: str, double_buffer: bool,
-                 block_bytes: int, window: int, read_block: int, io_threads: int, backend: str) -> None:
+    def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions) -> None:
         from .dataset import Dataset, open_dataset
 
         torch = _import_torch()
         from .torch import resolve_rank  # torch is importable here: the line above checked
 
         self._torch = torch
-        self.device = torch.device(device)
-        if self.device.type not in ("cuda", "cpu"):
-            raise ValueError(f"device must be a CUDA device or 'cpu', got {device!r}")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise MissingDependencyError(
-                f"device={device!r} but PyTorch sees no CUDA GPU (torch {torch.__version__}, CUDA "
-                f"{torch.version.cuda}); use device='cpu', or install a CUDA build of torch")
-        if io not in ("auto", "kvikio", "host"):
-            raise ValueError(f"io must be 'auto', 'kvikio' or 'host', got {io!r}")
+        self.options = options
+        # Resolved here, on the caller's thread: the read-ahead thread starts on device 0.
+        self.device = resolve_device(options.device)
+        io = options.io
         if self.device.type == "cpu":
             if io == "kvikio":
-                raise ValueError("io='kvikio' reads into GPU memory; it needs a CUDA device")
+                raise OptionError("io='kvikio' reads into GPU memory; it needs a CUDA device")
             io = "host"
         elif io == "auto":
             try:
@@ -186,34 +235,52 @@ class _GpuBatches(CursorReader):
         if io == "kvikio":
             # kvikio's pool defaults to one thread: one task in flight is far below NVMe/GDS bandwidth.
             current = kvikio_get(import_kvikio(), "num_threads")
-            if not isinstance(current, int) or current < io_threads:
-                set_kvikio_threads(io_threads)
+            if not isinstance(current, int) or current < options.io_threads:
+                set_kvikio_threads(options.io_threads)
         self.io = io
-        self.dataset: Dataset = source if isinstance(source, Dataset) else open_dataset(source, backend=backend)
+        self.dataset: Dataset = source if isinstance(source, Dataset) else open_dataset(source, backend=options.backend)
         self._owns_dataset = not isinstance(source, Dataset)
         # A private reader for the loader's thread (LRU of open shards is not thread-safe), pinned
         # to the same index version as the caller's dataset.
-        self._reader = Dataset(self.dataset.path, backend="kvikio" if io == "kvikio" else backend)
+        self._reader = Dataset(self.dataset.path, backend="kvikio" if io == "kvikio" else options.backend)
         if self._reader.manifest.index.checksum != self.dataset.manifest.index.checksum:
             self._reader.close()
             raise DatasetChangedError("the dataset was replaced since it was opened", path=self.dataset.path)
         self.alignment = self.dataset.alignment
         ix = self.dataset.index
-        blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes) if order == "block" else None
-        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                               batch_size=batch_size, drop_last=drop_last)
-        rank, world_size = resolve_rank(rank, world_size)
+        blocks = (index_blocks(ix.offset, ix.size, ix.shard, options.block_bytes)
+                  if options.order == "block" else None)
+        read_order = ReadOrder(kind=options.order, seed=options.seed, block_bytes=options.block_bytes,
+                               window=options.window, batch_size=batch_size, drop_last=options.drop_last)
+        rank, world_size = resolve_rank(options.rank, options.world_size)
         self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size, blocks=blocks)
-        self.double_buffer = bool(double_buffer)
-        self.read_block = max(int(read_block), self.alignment)
-        self.io_threads = max(1, int(io_threads))
+        self.double_buffer = bool(options.double_buffer)
+        self.read_block = max(options.read_block, self.alignment)
+        self.io_threads = options.io_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._ahead: ReadAhead | None = None
         self._host_staging: Any = None
         self._device_staging: Any = None
 
     # --- order and position: packer.order.CursorReader over self.cursor ---
     def __len__(self) -> int:
         return self.share().num_batches
+
+    # --- device placement ---
+    def _device_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Make this loader's device the current one of the calling thread (nothing for ``cpu``)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return self._torch.cuda.device(self.device)
+
+    def _thread_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered on the read-ahead thread: the loader's device first, then a stream on that device."""
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            torch = self._torch
+            stack.enter_context(torch.cuda.device(self.device))
+            stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device=self.device)))
+        return stack
 
     # --- reading ---
     def _host_buffer(self, nbytes: int) -> Any:
@@ -253,6 +320,8 @@ class _GpuBatches(CursorReader):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="packer-gpu-io")
         futures = [self._pool.submit(shards[shard].read_into, offset, out[pos:pos + nbytes])
                    for shard, offset, pos, nbytes in reads]
+        # Every read finishes before the first error is raised: none may write into `out` later.
+        wait_futures(futures)
         for future in futures:
             future.result()
 
@@ -263,16 +332,20 @@ class _GpuBatches(CursorReader):
             # All runs in flight at once, unless the batch spans more shards than the LRU keeps open
             # (opening one more would close a file with a read still in flight).
             overlap = len(set(plan.run_shard.tolist())) <= self._reader.max_open_shards
-            waits = []
-            for shard, offset, pos, nbytes in zip(plan.run_shard.tolist(), plan.run_offset.tolist(),
-                                                  plan.run_pos[:-1].tolist(), plan.run_bytes.tolist()):
-                wait = self._reader.shard(shard).start_read(offset, buffer[pos:pos + nbytes])
-                if overlap:
-                    waits.append(wait)
-                else:
-                    wait()
-            for wait in waits:
-                wait()
+            pending: list[Callable[[], None]] = []
+            try:
+                for shard, offset, pos, nbytes in zip(plan.run_shard.tolist(), plan.run_offset.tolist(),
+                                                      plan.run_pos[:-1].tolist(), plan.run_bytes.tolist()):
+                    pending.append(self._reader.shard(shard).start_read(offset, buffer[pos:pos + nbytes]))
+                    if not overlap:
+                        pending.pop()()
+                while pending:
+                    pending.pop(0)()
+            finally:
+                # A failure left reads in flight: kvikio's futures do not wait when dropped, and
+                # its threads would write into the staging buffer (or a closed file) after the
+                # error reached the caller, who may free both. Wait for every one of them.
+                _wait_quietly(pending)
             return buffer[:plan.nbytes]
         tensor, array = self._host_buffer(plan.nbytes)
         self._read_host(plan, array)
@@ -302,13 +375,6 @@ class _GpuBatches(CursorReader):
     def _produce(self, indices: np.ndarray) -> Any:
         raise NotImplementedError
 
-    def _stream_context(self) -> Any:
-        if self.device.type != "cuda":
-            return None
-        torch = self._torch
-        stream = torch.cuda.Stream(device=self.device)
-        return torch.cuda.stream(stream)
-
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             self._torch.cuda.current_stream(self.device).synchronize()
@@ -332,7 +398,9 @@ class _GpuBatches(CursorReader):
             return item
 
         if self.double_buffer:
-            ahead = _ReadAhead(produce, count, depth=1, setup=self._stream_context)
+            if self._ahead is not None:  # a previous iteration still running: only one reads the staging buffers
+                self._ahead.close()
+            ahead = self._ahead = ReadAhead(produce, count, depth=1, setup=self._thread_context)
             try:
                 for item in ahead:
                     item = self._hand_out(item)
@@ -340,13 +408,20 @@ class _GpuBatches(CursorReader):
                     yield item
             finally:
                 ahead.close()
+                if self._ahead is ahead:
+                    self._ahead = None
         else:
             for k in range(count):
-                item = produce(k)
+                with self._device_context():
+                    item = produce(k)
                 self.cursor.handed_out += 1
                 yield item
 
     def close(self) -> None:
+        """Stop the read-ahead thread (waiting for its reads), then release buffers and files."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -362,6 +437,15 @@ class _GpuBatches(CursorReader):
         self.close()
 
 
+def _wait_quietly(waits: list[Callable[[], None]]) -> None:
+    """Wait for every started read, ignoring their errors (the first error is already on its way)."""
+    while waits:
+        try:
+            waits.pop(0)()
+        except Exception:  # noqa: BLE001 - only the wait matters here; the caller re-raises the first error
+            pass
+
+
 def _tensors(item: Any) -> Iterator[Any]:
     if isinstance(item, dict):
         item = list(item.values())
@@ -372,42 +456,31 @@ def _tensors(item: Any) -> Iterator[Any]:
         yield item
 
 
+# --- raw pixels --------------------------------------------------------------------------------
+
 class GpuRawBatches(_GpuBatches):
     """``(images, labels)`` batches of a ``raw``-codec dataset: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 on ``device``.
 
     Args:
         source: a dataset folder or an open ``Dataset`` (its codec must be ``raw``).
         batch_size: samples per batch per rank.
-        order: ``"block"`` (default), ``"random"`` or ``"sequential"`` (``packer.order``).
-        seed: the run's seed; orders are functions of (seed, epoch).
-        rank, world_size: this rank's share; default from ``torch.distributed``, else (0, 1).
-        drop_last: full batches only (``packer.order``'s drop rule) instead of padding.
-        device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the host path, for tests and fallbacks).
-        io: ``"kvikio"`` (reads into GPU memory), ``"host"`` (pinned memory + copy) or ``"auto"``
-            (kvikio when importable).
-        double_buffer: prepare the next batch on a background thread while the caller computes.
-        block_bytes, window: the block shuffle's block span and window (``packer.order``).
-        read_block: largest single host read; longer runs are split and read in parallel.
-        io_threads: parallel reads (host reads, and at least this many kvikio threads).
-        backend: backend for host reads (``"pread"``, ``"mmap"``, ``"direct"``).
+        options: a ``GpuLoaderOptions`` (default: its defaults, ``order="block"``).
+        **settings: any ``GpuLoaderOptions`` field (``order``, ``seed``, ``rank``, ``world_size``,
+            ``drop_last``, ``device``, ``io``, ``double_buffer``, ``block_bytes``, ``window``,
+            ``read_block``, ``io_threads``, ``backend``), overriding ``options``.
 
     Raises:
+        OptionError: a bad setting (unknown name, io, device index).
         ManifestError: the dataset is not ``raw``.
         IndexMismatchError: a sample's size or format disagrees with the manifest's raw shape.
         MissingDependencyError: torch missing, or ``device="cuda"`` without a GPU.
     """
 
-    def __init__(self, source: Any, batch_size: int, *, order: str = "block", seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                 device: str = "cuda", io: str = "auto", double_buffer: bool = True,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 read_block: int = DEFAULT_READ_BLOCK, io_threads: int = 8, backend: str = "pread") -> None:
+    def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None,
+                 **settings: Any) -> None:
         from .codecs import raw_sample_shape, raw_sample_stride
 
-        super().__init__(source, batch_size, order=order, seed=seed, rank=rank, world_size=world_size,
-                         drop_last=drop_last, device=device, io=io, double_buffer=double_buffer,
-                         block_bytes=block_bytes, window=window, read_block=read_block, io_threads=io_threads,
-                         backend=backend)
+        super().__init__(source, batch_size, GpuLoaderOptions.merge(options, settings))
         try:
             self.shape = raw_sample_shape(self.dataset.manifest.codec, path=self.dataset.path)
             self.stride = raw_sample_stride(self.shape, self.alignment)
@@ -439,45 +512,130 @@ class GpuRawBatches(_GpuBatches):
         return images, self._labels(batch)
 
 
+# --- JPEG on the GPU ---------------------------------------------------------------------------
+
+class GpuJpegDecoder(Protocol):
+    """A GPU JPEG decoder ``GpuJpegBatches`` can use (``gpu_decoder=``).
+
+    Called on the read-ahead thread, with the loader's device current, with a list of 1-D uint8
+    CPU tensors (views of pinned memory: copy what you keep) and the target ``torch.device``.
+    Returns one entry per input: a ``(3, H, W)`` uint8 RGB tensor on ``device``, or the
+    exception that made the decoder refuse that input (it then goes to ``cpu_fallback``).
+    """
+
+    name: str
+
+    def __call__(self, inputs: Sequence[Any], device: Any) -> list[Any]: ...
+
+
+class TorchvisionJpegDecoder:
+    """nvJPEG through ``torchvision.io.decode_jpeg(list, mode=RGB, device=...)``: one batched call.
+
+    When the batched call fails (one bad file fails the batch) each input is decoded alone, so
+    only the inputs nvJPEG really refuses (CMYK, progressive corner cases, a torchvision built
+    without nvJPEG) are reported as refused.
+
+    Raises:
+        MissingDependencyError: torchvision cannot be imported.
+    """
+
+    name = "torchvision.io.decode_jpeg (nvJPEG)"
+
+    def __init__(self) -> None:
+        try:
+            from torchvision.io import ImageReadMode, decode_jpeg
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"GPU JPEG decoding needs torchvision (nvJPEG), which cannot be imported ({exc}); install "
+                f"torchvision, or decode on the GPU with DALI (packer.dali, pip install 'packer[dali]')"
+            ) from None
+        self._decode_jpeg = decode_jpeg
+        self._rgb = ImageReadMode.RGB
+
+    def __call__(self, inputs: Sequence[Any], device: Any) -> list[Any]:
+        try:
+            return list(self._decode_jpeg(list(inputs), mode=self._rgb, device=device))
+        except (RuntimeError, TypeError, ValueError):
+            pass
+        decoded: list[Any] = []
+        for data in inputs:
+            try:
+                decoded.append(self._decode_jpeg(data, mode=self._rgb, device=device))
+            except (RuntimeError, TypeError, ValueError) as exc:
+                decoded.append(exc)
+        return decoded
+
+
+class GpuFallbackWarning(RuntimeWarning):
+    """The GPU decoder refused images and ``GpuJpegBatches`` decoded them on the CPU instead."""
+
+
 class GpuJpegBatches(_GpuBatches):
-    """``(images, labels)`` batches of an encoded dataset, decoded on the GPU by nvJPEG (torchvision).
+    """``(images, labels)`` batches of an encoded dataset, JPEGs decoded on the GPU (nvJPEG by default).
 
     ``images`` is a list of ``(3, H, W)`` uint8 tensors on ``device`` (RGB; sizes differ), or
     whatever ``transform(list)`` returns (it runs on the read-ahead thread and stream, e.g. a
     resize and ``torch.stack``); ``labels`` is ``(B,)`` int64 on ``device``. JPEG payloads are
-    decoded in one batched ``torchvision.io.decode_jpeg(..., device=device)`` call; other formats
-    (and JPEGs nvJPEG refuses, e.g. CMYK) are decoded on the CPU by ``packer.decode``. With
-    ``device="cpu"`` everything is decoded by ``packer.decode`` (simplejpeg).
+    decoded in one call of the GPU decoder per batch; other formats are decoded on the CPU by
+    ``packer.decode`` by design. With ``device="cpu"`` and no ``gpu_decoder`` everything is
+    decoded by ``packer.decode`` (simplejpeg).
 
-    Arguments are those of ``GpuRawBatches`` (``order`` defaults to ``"random"``; ``io`` is
-    always host: compressed bytes are decoded from pinned host memory), plus ``transform``.
+    Args:
+        source, batch_size, options, **settings: as for ``GpuRawBatches`` (``order`` defaults to
+            ``"random"``; reads always go to pinned host memory: compressed bytes are decoded
+            from there, so ``io`` must be ``"auto"`` or ``"host"``).
+        transform: applied to each batch's image list on the read-ahead thread.
+        cpu_fallback: what to do with a JPEG the GPU decoder refuses (a torchvision without
+            nvJPEG refuses all of them): ``"warn"`` (default: decode it on the CPU and warn once
+            per loader with the decoder's reason), ``"silent"`` (decode it on the CPU), or
+            ``"error"`` (raise ``GpuPathError``). Counted in ``decode_counts`` either way.
+        gpu_decoder: a ``GpuJpegDecoder`` (default ``TorchvisionJpegDecoder()`` on CUDA devices,
+            none on ``cpu``).
+
+    Properties:
+        decode_counts: images decoded since the loader was created, by path: ``"gpu"`` (the GPU
+            decoder), ``"cpu_fallback"`` (JPEGs it refused), ``"cpu"`` (non-JPEG formats, or no
+            GPU decoder). ``decode_counts["cpu_fallback"] > 0`` means nvJPEG did not do all the work.
 
     Raises:
+        OptionError: a bad setting, ``io="kvikio"``, or an unknown ``cpu_fallback``.
         MissingDependencyError: ``device="cuda"`` without torchvision (use ``packer.dali``).
+        GpuPathError: while iterating, a JPEG the GPU decoder refused with ``cpu_fallback="error"``.
     """
 
-    def __init__(self, source: Any, batch_size: int, *, order: str = "random", seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                 device: str = "cuda", double_buffer: bool = True, transform: Callable[[list[Any]], Any] | None = None,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 read_block: int = DEFAULT_READ_BLOCK, io_threads: int = 8, backend: str = "pread") -> None:
-        super().__init__(source, batch_size, order=order, seed=seed, rank=rank, world_size=world_size,
-                         drop_last=drop_last, device=device, io="host", double_buffer=double_buffer,
-                         block_bytes=block_bytes, window=window, read_block=read_block, io_threads=io_threads,
-                         backend=backend)
+    def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
+                 transform: Callable[[list[Any]], Any] | None = None, cpu_fallback: str = "warn",
+                 gpu_decoder: GpuJpegDecoder | None = None, **settings: Any) -> None:
+        if cpu_fallback not in CPU_FALLBACKS:
+            raise OptionError(f"cpu_fallback must be one of {', '.join(CPU_FALLBACKS)}, got {cpu_fallback!r}")
+        merged = GpuLoaderOptions.merge(options, settings, base=GpuLoaderOptions(order="random"))
+        if merged.io == "kvikio":
+            raise OptionError("GpuJpegBatches decodes from pinned host memory: io must be 'auto' or 'host', "
+                              "not 'kvikio'")
+        super().__init__(source, batch_size, dataclasses.replace(merged, io="host"))
         self.transform = transform
-        self._decode_jpeg = None
-        if self.device.type == "cuda":
+        self.cpu_fallback = cpu_fallback
+        self._decode_counts = {"gpu": 0, "cpu_fallback": 0, "cpu": 0}
+        self._counts_lock = threading.Lock()
+        self._warned = False
+        self.gpu_decoder: GpuJpegDecoder | None = gpu_decoder
+        if gpu_decoder is None and self.device.type == "cuda":
             try:
-                from torchvision.io import ImageReadMode, decode_jpeg
-            except ImportError as exc:
+                self.gpu_decoder = TorchvisionJpegDecoder()
+            except MissingDependencyError:
                 self.close()
-                raise MissingDependencyError(
-                    f"GPU JPEG decoding needs torchvision (nvJPEG), which cannot be imported ({exc}); install "
-                    f"torchvision, or decode on the GPU with DALI (packer.dali, pip install 'packer[dali]')"
-                ) from None
-            self._decode_jpeg = decode_jpeg
-            self._rgb = ImageReadMode.RGB
+                raise
+
+    @property
+    def decode_counts(self) -> dict[str, int]:
+        """Images decoded since the loader was created, by path (a copy; see the class docstring)."""
+        with self._counts_lock:
+            return dict(self._decode_counts)
+
+    def _count(self, path: str, n: int) -> None:
+        if n:
+            with self._counts_lock:
+                self._decode_counts[path] += n
 
     def _cpu_decode(self, data: Any, image_format: int, i: int) -> Any:
         from .decode import decode_image
@@ -486,29 +644,46 @@ class GpuJpegBatches(_GpuBatches):
         image = self._torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
         return image if self.device.type == "cpu" else image.to(self.device, non_blocking=True)
 
+    def _refused(self, sample: int, reason: BaseException, refused: int) -> None:
+        """Apply ``cpu_fallback`` to the GPU decoder's refusals (``refused`` of them in this batch)."""
+        name = getattr(self.gpu_decoder, "name", type(self.gpu_decoder).__name__)
+        if self.cpu_fallback == "error":
+            raise GpuPathError(f"the GPU JPEG decoder ({name}) refused this JPEG ({reason}); "
+                               f"cpu_fallback='error' (pass cpu_fallback='warn' to decode refused JPEGs "
+                               f"on the CPU)", path=self.dataset.path, sample=sample)
+        if self.cpu_fallback == "warn" and not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.dataset.path}: the GPU JPEG decoder ({name}) refused {refused} of this "
+                          f"batch's JPEGs (first: sample {sample}: {reason}); they are decoded on the CPU, "
+                          f"which is much slower. decode_counts counts them; this warning is shown once "
+                          f"per loader (cpu_fallback='silent' hides it, 'error' raises)",
+                          GpuFallbackWarning, stacklevel=2)
+
     def _produce(self, indices: np.ndarray) -> Any:
         batch = plan_runs(self.dataset.index, indices, round_to=self.alignment)
         tensor, array = self._host_buffer(batch.nbytes)
         self._read_host(batch, array)
         formats = self.dataset.index.image_format
-        images: list[Any] = [None] * len(batch.unique)
+        unique = batch.unique.tolist()
+        images: list[Any] = [None] * len(unique)
         starts, sizes = batch.sample_pos.tolist(), batch.sizes.tolist()
-        gpu = [u for u, i in enumerate(batch.unique.tolist())
-               if self._decode_jpeg is not None and int(formats[i]) == fmt.ImageFormat.JPEG]
+        gpu = [u for u, i in enumerate(unique)
+               if self.gpu_decoder is not None and int(formats[i]) == fmt.ImageFormat.JPEG]
         if gpu:
-            inputs = [tensor[starts[u]:starts[u] + sizes[u]] for u in gpu]
-            try:
-                decoded = self._decode_jpeg(inputs, mode=self._rgb, device=self.device)
-            except (RuntimeError, TypeError, ValueError):
-                decoded = [None] * len(gpu)  # one bad file fails the batch call: retry one by one below
-                for n, data in enumerate(inputs):
-                    try:
-                        decoded[n] = self._decode_jpeg(data, mode=self._rgb, device=self.device)
-                    except (RuntimeError, TypeError, ValueError):
-                        pass
+            decoded = self.gpu_decoder([tensor[starts[u]:starts[u] + sizes[u]] for u in gpu], self.device)
+            if len(decoded) != len(gpu):
+                raise GpuPathError(f"the GPU JPEG decoder returned {len(decoded)} images for {len(gpu)} inputs",
+                                   path=self.dataset.path)
+            refusals = [(u, image) for u, image in zip(gpu, decoded) if isinstance(image, BaseException)]
+            if refusals:
+                self._refused(unique[refusals[0][0]], refusals[0][1], len(refusals))
             for u, image in zip(gpu, decoded):
-                images[u] = image
-        for u, i in enumerate(batch.unique.tolist()):
+                if not isinstance(image, BaseException):
+                    images[u] = image
+            self._count("gpu", len(gpu) - len(refusals))
+            self._count("cpu_fallback", len(refusals))
+        self._count("cpu", len(unique) - len(gpu))
+        for u, i in enumerate(unique):
             if images[u] is None:
                 images[u] = self._cpu_decode(array[starts[u]:starts[u] + sizes[u]], int(formats[i]), i)
         ordered = [images[u] for u in batch.where.tolist()]

@@ -12,7 +12,7 @@ import pytest
 from packer.build import build
 from packer.dali import PackedBatchIterator, PackedBatchSource, PackedSampleSource
 from packer.dataset import open_dataset
-from packer.errors import DatasetChangedError
+from packer.errors import DatasetChangedError, OptionError
 from packer.order import ReadOrder
 from packer.build.plan import BuildOptions
 
@@ -299,3 +299,70 @@ def test_dali_generic_iterator_for_pytorch(jpeg_dataset: Path) -> None:
             assert batch[0]["images"].shape == (BATCH, 3, 16, 16) and batch[0]["labels"].shape == (BATCH,)
             indices += batch[0]["index"].tolist()
         assert indices == _expected(18, epoch, seed=9)
+
+
+def test_iterator_options_size_the_shard(jpeg_dataset: Path) -> None:
+    """DALI's ``size`` is the shard's samples before the batch completion: equal on every shard."""
+    # 18 samples, 4 shards of batch 4: the order pads to 20 (5 per shard), the source to 8.
+    shards = [PackedSampleSource(jpeg_dataset, BATCH, shard_id=s, num_shards=4) for s in range(4)]
+    assert [s.shard_size() for s in shards] == [5] * 4 and [s.epoch_length() for s in shards] == [8] * 4
+    assert shards[0].iterator_options() == {"size": 5, "last_batch_padded": True}
+    dropped = PackedSampleSource(jpeg_dataset, BATCH, num_shards=4, drop_last=True)
+    assert dropped.shard_size() == dropped.epoch_length() == 4
+    resumed = PackedSampleSource(jpeg_dataset, BATCH, first_epoch=3, consumed=8)
+    assert resumed.shard_size() == 10 and resumed.shard_size(4) == 18
+    with pytest.raises(OptionError, match="no sample"):
+        PackedSampleSource(jpeg_dataset, BATCH, num_shards=4, drop_last=True, consumed=4).iterator_options()
+
+
+@pytest.mark.parametrize("drop_last", [False, True], ids=["source-pads", "source-drops"])
+@pytest.mark.parametrize("policy", ["DROP", "FILL", "PARTIAL"])
+def test_dali_generic_iterator_honours_the_last_batch_policy(jpeg_dataset: Path, policy: str,
+                                                              drop_last: bool) -> None:
+    """A real DALI iterator given ``iterator_options()``: exactly the batches each policy promises."""
+    pytest.importorskip("nvidia.dali")
+    pytest.importorskip("torch")
+    import warnings
+
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    # Shard 1 of 2: 9 samples a epoch (18 / 2), batch 4; with drop_last the order keeps 16 (8 a shard).
+    source = PackedSampleSource(jpeg_dataset, BATCH, seed=9, shard_id=1, num_shards=2, drop_last=drop_last,
+                                return_index=True)
+    size = source.shard_size()
+    assert size == (8 if drop_last else 9)
+    pipe = _sample_pipeline(source, parallel=False, decode=True, resize=8)  # dense outputs, as the iterator needs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DALI warns that size is set by hand: expected without a reader
+        loader = DALIGenericIterator(pipe, ["data", "labels", "index"], auto_reset=True,
+                                     last_batch_policy=getattr(LastBatchPolicy, policy),
+                                     **source.iterator_options())
+    for epoch in range(3):
+        emitted = _expected(18, epoch, shard_id=1, num_shards=2, seed=9, drop_last=drop_last)  # what the source emits
+        real = emitted[:size]
+        if policy == "DROP":
+            want = [real[k * BATCH:(k + 1) * BATCH] for k in range(size // BATCH)]
+        elif policy == "FILL":
+            want = [emitted[k * BATCH:(k + 1) * BATCH] for k in range(-(-size // BATCH))]
+        else:
+            want = [real[k * BATCH:(k + 1) * BATCH] for k in range(-(-size // BATCH))]
+        got = [batch[0]["index"].tolist() for batch in loader]
+        assert got == want, (policy, epoch)
+        assert len(loader) == len(want)
+    if not drop_last and policy == "FILL":
+        # The padding is the shard's first samples of the epoch: the last batch repeats them.
+        assert want[-1][1:] == real[:3]
+
+
+def test_dali_iterator_without_a_size_ignores_drop(jpeg_dataset: Path) -> None:
+    """What the iterator does without ``iterator_options()``: DROP is forced to FILL (DALI's rule)."""
+    pytest.importorskip("nvidia.dali")
+    pytest.importorskip("torch")
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    source = PackedSampleSource(jpeg_dataset, BATCH, seed=9, shard_id=1, num_shards=2, return_index=True)
+    loader = DALIGenericIterator(_sample_pipeline(source, parallel=False, decode=True, resize=8),
+                                 ["data", "labels", "index"],
+                                 auto_reset=True, last_batch_policy=LastBatchPolicy.DROP)
+    got = [batch[0]["index"].tolist() for batch in loader]
+    assert len(got) == 3 and sum(got, []) == _expected(18, 0, shard_id=1, num_shards=2, seed=9)  # padded, not dropped

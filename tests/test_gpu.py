@@ -3,9 +3,11 @@ GPU batch loaders' host path (``device="cpu"``); tests marked ``gpu`` run the re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,8 @@ from packer.backends import kvikio as kvikio_backend
 from packer.backends.runs import RunPlan, plan_runs
 from packer.build import build
 from packer.dataset import open_dataset
-from packer.errors import (IndexMismatchError, ManifestError, MissingDependencyError, OffsetOutOfBoundsError,
-                           TruncatedFileError)
+from packer.errors import (GpuPathError, IndexMismatchError, ManifestError, MissingDependencyError,
+                           OffsetOutOfBoundsError, OptionError, TruncatedFileError)
 from packer.order import ReadOrder
 from packer.build.plan import BuildOptions
 
@@ -31,6 +33,62 @@ def _has_gpu() -> bool:
 needs_gpu = pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU with CUDA")
 
 RAW_SHAPE = (12, 10, 3)
+
+
+class _FakeCuda:
+    """``torch.cuda`` as seen host-side, with CUDA's per-thread current device (a new thread starts on 0).
+
+    ``calls`` records (what, thread name, device asked for, the thread's current device).
+    """
+
+    def __init__(self, count: int = 2) -> None:
+        self.count = count
+        self.local = threading.local()
+        self.calls: list[tuple[str, str, int | None, int]] = []
+
+    def current_device(self) -> int:
+        return getattr(self.local, "index", 0)
+
+    def _index(self, device: object) -> int:
+        return device.index if isinstance(device, torch.device) else int(device)
+
+    def set_device(self, device: object) -> None:
+        self.calls.append(("set_device", threading.current_thread().name, self._index(device), self.current_device()))
+        self.local.index = self._index(device)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> "_FakeCuda":
+        fake = self
+
+        class Device:  # torch.cuda.device: a context that makes a device the thread's current one
+            def __init__(self, device: object) -> None:
+                self.index = fake._index(device)
+
+            def __enter__(self) -> None:
+                self.previous = fake.current_device()
+                fake.calls.append(("device", threading.current_thread().name, self.index, self.previous))
+                fake.local.index = self.index
+
+            def __exit__(self, *exc: object) -> None:
+                fake.local.index = self.previous
+
+        class Stream:
+            def __init__(self, device: object = None) -> None:
+                fake.calls.append(("stream", threading.current_thread().name,
+                                   None if device is None else fake._index(device), fake.current_device()))
+
+            def synchronize(self) -> None:
+                fake.calls.append(("synchronize", threading.current_thread().name, None, fake.current_device()))
+
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(cuda, "current_device", self.current_device)
+        monkeypatch.setattr(cuda, "set_device", self.set_device)
+        monkeypatch.setattr(cuda, "device", Device)
+        monkeypatch.setattr(cuda, "Stream", Stream)
+        monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext(stream))
+        monkeypatch.setattr(cuda, "current_stream", lambda device=None: Stream.__new__(Stream))
+        return self
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +116,13 @@ def raw_dataset_unaligned(sources: Path, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("gpu-raw1") / "ds"
     build(sources / "jpeg", out, BuildOptions(shard_size=3000, alignment=8, codec="raw:size=12x10"), workers=1,
           progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jpeg_only_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-jpeg-only") / "ds"
+    build(sources / "jpeg", out, BuildOptions(shard_size=24 << 10), workers=1, progress=False)
     return out
 
 
@@ -267,7 +332,7 @@ def test_jpeg_batches_on_cuda_need_torchvision(jpeg_dataset: Path, monkeypatch: 
     import sys
 
     if not _has_gpu():
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        _FakeCuda(1).install(monkeypatch)
     monkeypatch.setitem(sys.modules, "torchvision.io", None)  # import fails as if not installed
     with pytest.raises(MissingDependencyError, match="torchvision.*DALI"):
         gpu.GpuJpegBatches(jpeg_dataset, 4, device="cuda")
@@ -305,9 +370,9 @@ def test_kvikio_backend_here_fails_cleanly(raw_dataset: Path) -> None:
 
 def test_gds_status_never_raises() -> None:
     status = gpu.gds_status()
-    assert {"kvikio", "cuda_driver", "compat_mode", "gds_available", "gds_active", "error"} <= set(status)
+    assert {"kvikio", "cuda_driver", "compat_mode", "gds_available", "gds_possible", "gds_verified", "requested_mode", "error"} <= set(status)
     if not status["kvikio"]:
-        assert "packer[gpu]" in status["error"] and status["gds_active"] is False
+        assert "packer[gpu]" in status["error"] and status["gds_possible"] is False and status["gds_verified"] is False
 
 
 class _FakeCudaBuffer:
@@ -395,9 +460,9 @@ def test_gpu_raw_batches_equal_the_host_path(raw_dataset: Path, io: str) -> None
             pytest.skip(str(exc))
     with gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cuda", io=io) as loader, \
             gpu.GpuRawBatches(raw_dataset, 5, seed=4, device="cpu") as host:
-        assert loader.io == io
+        assert loader.io == io and loader.device == torch.device("cuda", torch.cuda.current_device())
         for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
-            assert images.is_cuda and labels.is_cuda
+            assert images.device == labels.device == loader.device
             assert torch.equal(images.cpu(), cpu_images) and torch.equal(labels.cpu(), cpu_labels)
 
 
@@ -426,14 +491,17 @@ def test_gpu_kvikio_backend_reads_into_device_memory(raw_dataset: Path) -> None:
 @needs_gpu
 def test_gpu_jpeg_batches_decode_on_the_gpu(jpeg_dataset: Path) -> None:
     pytest.importorskip("torchvision")
-    with gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cuda") as loader, \
+    with gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cuda", cpu_fallback="error") as loader, \
             gpu.GpuJpegBatches(jpeg_dataset, 4, seed=1, device="cpu") as host:
+        assert loader.device == torch.device("cuda", torch.cuda.current_device())
         for (images, labels), (cpu_images, cpu_labels) in zip(loader, host):
-            assert torch.equal(labels.cpu(), cpu_labels)
+            assert torch.equal(labels.cpu(), cpu_labels) and labels.device == loader.device
             for image, reference in zip(images, cpu_images):
-                assert image.is_cuda and image.shape == reference.shape
+                assert image.device == loader.device and image.shape == reference.shape
                 # nvJPEG and libjpeg-turbo differ by rounding (IDCT, chroma upsampling): a few levels.
                 assert (image.cpu().int() - reference.int()).abs().float().mean() < 3.0
+        jpegs = int((loader.dataset.index.image_format == 1).sum())
+        assert loader.decode_counts == {"gpu": jpegs, "cpu_fallback": 0, "cpu": len(loader.dataset) - jpegs}
 
 
 def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -468,3 +536,290 @@ def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monk
         out = torch.empty(360, dtype=torch.uint8)
         shard.read_into(int(loader.dataset.index.offset[0]), out)
         assert out.numpy().tobytes() == loader.dataset.read(0)
+
+
+# --- device placement (host-side, with a fake torch.cuda) -----------------------------------
+
+def _recording_produce(loader: gpu._GpuBatches, seen: list) -> object:
+    def produce(indices: np.ndarray) -> tuple:
+        seen.append((threading.current_thread().name, torch.cuda.current_device()))
+        return torch.zeros(len(indices)), torch.zeros(len(indices), dtype=torch.int64)
+    return produce
+
+
+@pytest.mark.parametrize("double_buffer", [True, False], ids=["read-ahead-thread", "caller-thread"])
+def test_cuda_batches_land_on_the_device_of_the_creating_thread(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               double_buffer: bool) -> None:
+    """Rank 1 calls torch.cuda.set_device(1): its stream, reads and batches must use cuda:1, not cuda:0."""
+    fake = _FakeCuda(2).install(monkeypatch)
+    torch.cuda.set_device(1)  # what a DDP script does for local rank 1
+    with gpu.GpuRawBatches(raw_dataset, 4, device="cuda", io="host", double_buffer=double_buffer) as loader:
+        assert loader.device == torch.device("cuda", 1)
+        seen: list = []
+        monkeypatch.setattr(loader, "_produce", _recording_produce(loader, seen))
+        batches = list(loader)
+    assert len(batches) == 6 and len(seen) == 6
+    assert {device for _, device in seen} == {1}, seen
+    threads = {name for name, _ in seen}
+    assert threads == ({"packer-read-ahead"} if double_buffer else {threading.current_thread().name})
+    streams = [call for call in fake.calls if call[0] == "stream"]
+    if double_buffer:
+        # One stream per epoch, created on the read-ahead thread after it switched to device 1.
+        assert streams == [("stream", "packer-read-ahead", 1, 1)]
+    syncs = [call for call in fake.calls if call[0] == "synchronize"]
+    assert len(syncs) == 6 and {call[3] for call in syncs} == {1}
+    assert torch.cuda.current_device() == 1  # the caller's device is left as it was
+
+
+def test_explicit_cuda_index_and_bad_indices(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _FakeCuda(2).install(monkeypatch)
+    torch.cuda.set_device(1)
+    with gpu.GpuRawBatches(raw_dataset, 4, device="cuda:0", io="host") as loader:
+        seen: list = []
+        monkeypatch.setattr(loader, "_produce", _recording_produce(loader, seen))
+        list(loader)
+        assert loader.device == torch.device("cuda", 0) and {d for _, d in seen} == {0}
+    with pytest.raises(OptionError, match="sees 2 GPU.*CUDA_VISIBLE_DEVICES"):
+        gpu.GpuRawBatches(raw_dataset, 4, device="cuda:2", io="host")
+    with pytest.raises(OptionError, match="device must be"):
+        gpu.GpuRawBatches(raw_dataset, 4, device="tpu")
+
+
+def test_jpeg_decoder_runs_on_the_loader_device(jpeg_only_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvJPEG decodes on the read-ahead thread with the rank's device current and targeted."""
+    _FakeCuda(2).install(monkeypatch)
+    torch.cuda.set_device(1)
+    calls: list = []
+
+    class Decoder:
+        name = "fake nvJPEG"
+
+        def __call__(self, inputs: list, device: object) -> list:
+            calls.append((torch.cuda.current_device(), device, len(inputs)))
+            return [torch.zeros(3, 2, 2, dtype=torch.uint8) for _ in inputs]
+
+    with gpu.GpuJpegBatches(jpeg_only_dataset, 5, device="cuda", gpu_decoder=Decoder()) as loader:
+        def host_buffer(nbytes: int) -> tuple:  # unpinned: this torch has no CUDA
+            tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+            return tensor, tensor.numpy()
+
+        monkeypatch.setattr(loader, "_host_buffer", host_buffer)
+        monkeypatch.setattr(loader, "_labels", lambda plan: torch.from_numpy(loader.dataset.index.label[plan.indices]))
+        batches = list(loader)
+    assert len(batches) == 5 and calls
+    assert {(current, device) for current, device, _ in calls} == {(1, torch.device("cuda", 1))}
+    assert loader.decode_counts == {"gpu": 24, "cpu_fallback": 0, "cpu": 0}
+
+
+# --- in-flight kvikio reads after a failure --------------------------------------------------
+
+def _recording_kvikio(events: list, *, fail_start: int | None = None, fail_wait: int | None = None):
+    """A fake kvikio whose futures record being waited on; read ``fail_start`` refuses to start,
+    the future of read ``fail_wait`` fails when waited on."""
+    fake = _fake_kvikio([])
+    counter = {"n": 0}
+
+    class Future:
+        def __init__(self, number: int, size: int) -> None:
+            self.number, self.size = number, size
+
+        def get(self) -> int:
+            events.append(("wait", self.number))
+            if self.number == fail_wait:
+                raise RuntimeError("simulated cuFile error")
+            return self.size
+
+    def pread(self, buf, size, file_offset, task_size=None):  # noqa: ANN001 - the fake's signature
+        counter["n"] += 1
+        number = counter["n"]
+        if number == fail_start:
+            raise RuntimeError("simulated submission failure")
+        data = os.pread(self.fd, size, file_offset)
+        buf.numpy()[:len(data)] = np.frombuffer(data, np.uint8)
+        events.append(("start", number))
+        return Future(number, len(data))
+
+    real_close = fake.CuFile.close
+
+    def close(self) -> None:
+        events.append(("close", None))
+        real_close(self)
+
+    fake.CuFile.pread = pread
+    fake.CuFile.close = close
+    return fake
+
+
+@pytest.mark.parametrize("failure", ["start", "wait"])
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_kvikio_reads_in_flight_are_waited_for_after_a_failure(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               failure: str, double_buffer: bool) -> None:
+    events: list = []
+    fake = _recording_kvikio(events, fail_start=3 if failure == "start" else None,
+                             fail_wait=1 if failure == "wait" else None)
+    monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: fake)
+    monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (True, "fake GPU"))
+    monkeypatch.setattr(kvikio_backend, "is_cuda_buffer", lambda out: isinstance(out, torch.Tensor))
+    monkeypatch.setattr(kvikio_backend, "cuda_nbytes", lambda out: out.numel())
+    from packer.dataset import Dataset
+
+    loader = gpu.GpuRawBatches(raw_dataset, 12, order="random", seed=8, device="cpu", double_buffer=double_buffer)
+    loader._reader.close()
+    loader._reader = Dataset(raw_dataset, backend="kvikio")
+    loader.io = "kvikio"
+    first = plan_runs(loader.dataset.index, loader.batch_indices(loader.plan(), 0), round_to=loader.alignment)
+    assert len(first.run_offset) >= 4  # several reads in flight at once
+    with pytest.raises(GpuPathError, match="simulated"):
+        list(loader)
+    # By the time the error reached the caller, every read that had started was waited for.
+    started = [n for kind, n in events if kind == "start"]
+    waited = [n for kind, n in events if kind == "wait"]
+    assert started and set(started) <= set(waited), events
+    if failure == "start":
+        assert started == [1, 2] and 3 not in waited
+    else:
+        assert len(started) == len(first.run_offset)  # the failed first wait did not stop the others
+    loader.close()
+    closes = [i for i, (kind, _) in enumerate(events) if kind == "close"]
+    assert closes and min(closes) > max(i for i, (kind, _) in enumerate(events) if kind == "wait")
+
+
+# --- nvJPEG fallback ---------------------------------------------------------------------------
+
+class _RefusingDecoder:
+    """A GPU decoder that refuses every input, as torchvision built without nvJPEG does."""
+
+    name = "fake decoder without nvJPEG"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, inputs: list, device: object) -> list:
+        self.calls += 1
+        return [RuntimeError("torchvision not compiled with nvJPEG support") for _ in inputs]
+
+
+class _WorkingDecoder:
+    name = "fake decoder"
+
+    def __call__(self, inputs: list, device: object) -> list:
+        from packer.decode import decode_image
+
+        return [torch.from_numpy(decode_image(bytes(t.numpy()))).permute(2, 0, 1).contiguous() for t in inputs]
+
+
+def _fallback_warnings(caught: list) -> list:
+    return [w for w in caught if issubclass(w.category, gpu.GpuFallbackWarning)]
+
+
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_nvjpeg_fallback_warns_once_and_counts(jpeg_dataset: Path, double_buffer: bool) -> None:
+    from packer.decode import decode_image
+
+    decoder = _RefusingDecoder()
+    with open_dataset(jpeg_dataset) as ds:
+        jpegs = int((ds.index.image_format == 1).sum())
+        assert 0 < jpegs < len(ds)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", gpu_decoder=decoder,
+                                    double_buffer=double_buffer) as loader:
+                indices, batches = _collect(loader)
+                assert loader.decode_counts == {"gpu": 0, "cpu_fallback": jpegs, "cpu": len(ds) - jpegs}
+        found = _fallback_warnings(caught)
+        assert len(found) == 1 and decoder.calls > 1
+        assert "refused" in str(found[0].message) and "nvJPEG support" in str(found[0].message)
+        images = [image for batch in batches for image in batch[0]]
+        for image, i in zip(images, indices):
+            assert np.array_equal(image.permute(1, 2, 0).numpy(), decode_image(ds.read(i), int(ds.index.image_format[i])))
+
+
+def test_nvjpeg_fallback_silent_error_and_working(jpeg_dataset: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", gpu_decoder=_RefusingDecoder(),
+                                cpu_fallback="silent") as loader:
+            list(loader)
+            assert loader.decode_counts["cpu_fallback"] > 0
+    assert not _fallback_warnings(caught)
+    with gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", gpu_decoder=_RefusingDecoder(),
+                            cpu_fallback="error") as loader:
+        with pytest.raises(GpuPathError, match="refused.*nvJPEG support.*cpu_fallback='error'") as info:
+            list(loader)
+        assert info.value.sample is not None
+    with gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", gpu_decoder=_WorkingDecoder()) as loader, \
+            gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu") as reference:
+        for (images, _), (expected, _) in zip(loader, reference):
+            assert all(torch.equal(a, b) for a, b in zip(images, expected))
+        counts = loader.decode_counts
+        assert counts["gpu"] > 0 and counts["cpu_fallback"] == 0 and counts["cpu"] > 0
+        assert reference.decode_counts["gpu"] == 0 and reference.decode_counts["cpu_fallback"] == 0
+    with pytest.raises(OptionError, match="cpu_fallback"):
+        gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu", cpu_fallback="maybe")
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+def test_loader_options_dataclass_and_keywords_agree(raw_dataset: Path) -> None:
+    options = gpu.GpuLoaderOptions(order="random", seed=3, device="cpu")
+    with gpu.GpuRawBatches(raw_dataset, 5, options) as a, \
+            gpu.GpuRawBatches(raw_dataset, 5, order="random", seed=3, device="cpu") as b, \
+            gpu.GpuRawBatches(raw_dataset, 5, options, seed=4) as c:
+        assert _collect(a)[0] == _collect(b)[0] != _collect(c)[0]
+        assert c.options.seed == 4 and c.options.order == "random"
+    with pytest.raises(OptionError, match="unknown GPU loader setting.*sed"):
+        gpu.GpuRawBatches(raw_dataset, 5, sed=3, device="cpu")
+    with pytest.raises(OptionError, match="io must be"):
+        gpu.GpuLoaderOptions(io="gds")
+    with pytest.raises(OptionError, match="io must be 'auto' or 'host'"):
+        gpu.GpuJpegBatches(raw_dataset, 5, device="cpu", io="kvikio")
+    assert gpu.GpuJpegBatches.__init__.__kwdefaults__["cpu_fallback"] == "warn"
+
+
+# --- gds_status honesty ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,preferred,available,possible", [
+    ("AUTO", False, True, True), ("OFF", False, True, True), ("ON", True, True, False),
+    ("AUTO", True, True, False), ("AUTO", False, False, False)])
+def test_gds_status_reports_what_is_known_and_never_claims_gds(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                               preferred: bool, available: bool,
+                                                               possible: bool) -> None:
+    import sys
+
+    settings = {"compat_mode": types.SimpleNamespace(name=mode), "num_threads": 8, "task_size": 4 << 20}
+    defaults = types.SimpleNamespace(get=settings.__getitem__, is_compat_mode_preferred=lambda: preferred)
+    driver = types.SimpleNamespace(get=lambda name: {"is_gds_available": available}[name])
+    fake = types.SimpleNamespace(__version__="26.10.0", defaults=defaults, cufile_driver=driver)
+    monkeypatch.setitem(sys.modules, "kvikio", fake)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", defaults)
+    monkeypatch.setitem(sys.modules, "kvikio.cufile_driver", driver)
+    monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (True, "1 GPU(s) visible"))
+    status = gpu.gds_status()
+    assert status["requested_mode"] == mode and status["compat_mode_preferred"] is preferred
+    assert status["gds_available"] is available and status["gds_possible"] is possible
+    assert status["gds_verified"] is False and "gds_active" not in status
+    assert status["num_threads"] == 8 and status["error"] is None
+
+
+def test_close_waits_for_the_read_ahead_thread(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while an iterator is still open: the thread's read finishes before files and buffers go."""
+    import time
+
+    loader = gpu.GpuRawBatches(raw_dataset, 4, device="cpu", order="sequential")
+    real = loader._read_host
+    events: list[str] = []
+
+    def slow(plan: RunPlan, out: np.ndarray) -> None:
+        events.append("read")
+        time.sleep(0.05)
+        real(plan, out)
+        events.append("done")
+
+    monkeypatch.setattr(loader, "_read_host", slow)
+    real_close = loader._reader.close
+    monkeypatch.setattr(loader._reader, "close", lambda: (events.append("close"), real_close()))
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()  # the iterator is not closed: the read-ahead thread is preparing batch 1
+    assert events[-1] == "close" and events.count("read") == events.count("done")
+    assert not [t for t in threading.enumerate() if t.name == "packer-read-ahead" and t.is_alive()]

@@ -8,7 +8,8 @@ validated when the shard was opened (see ``packer.dataset``).
 - ``direct``: ``O_DIRECT`` reads through one checked choke point;
 - ``kvikio``: GPUDirect Storage reads into device memory (kvikio imported lazily);
 - ``runs``: coalescing a batch of samples into one aligned read per run of consecutive samples;
-- ``buffers``: aligned host allocations and buffer addresses.
+- ``buffers``: aligned host allocations and buffer addresses;
+- ``readahead``: the background thread that prepares the next batch (used by ``packer.gpu``).
 """
 
 from __future__ import annotations

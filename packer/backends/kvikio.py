@@ -12,7 +12,8 @@ import ctypes
 import os
 from typing import Any, Callable
 
-from ..errors import DatasetChangedError, MissingDependencyError, OffsetOutOfBoundsError, PackerError, TruncatedFileError
+from ..errors import (DatasetChangedError, GpuPathError, MissingDependencyError, OffsetOutOfBoundsError, OptionError,
+                      TruncatedFileError)
 from .posix import PreadShard
 
 __all__ = ["DEFAULT_TASK_SIZE", "GPU_EXTRA", "KvikioShard", "gds_status", "cuda_driver_status", "set_kvikio_threads",
@@ -105,18 +106,35 @@ def _mode_name(value: Any) -> str | None:
 
 
 def gds_status() -> dict[str, Any]:
-    """What the kvikio backend would do here (JSON-ready).
+    """What is *known* here about kvikio and GPUDirect Storage, without a read (JSON-ready).
 
-    Keys: ``kvikio`` (importable), ``kvikio_version``, ``error`` (why not, else None),
-    ``cuda_driver`` and ``cuda`` (the driver check and its explanation), ``compat_mode``
-    (``"ON"``, ``"OFF"``, ``"AUTO"`` or None), ``compat_mode_preferred`` (kvikio will use its
-    POSIX path), ``gds_available`` (the cuFile driver reports GDS), ``num_threads``,
-    ``task_size``, and ``gds_active``: reads into device memory go through GPUDirect Storage.
+    Two things are known before any read: the mode kvikio was asked for, and what the machine
+    offers. Whether a given file's reads then go through GDS is decided per file, at open or at
+    the first cuFile call (under ``AUTO`` kvikio falls back to its POSIX path for a file whose
+    cuFile open or ``O_DIRECT`` open fails, and cuFile can run its own compatibility mode), and
+    packer cannot observe that decision. So this never says GDS *is* active: ``gds_possible``
+    is the most it claims, and only a measurement (``scripts/gpu_check.py``: kvikio reads into
+    device memory vs ``pread`` + copy in the same run) tells what a file really got.
+
+    Keys:
+        kvikio, kvikio_version, error: importable, its version, why not (else None).
+        cuda_driver, cuda: the driver check and its explanation.
+        requested_mode: the compatibility mode kvikio was asked for (``"ON"``, ``"OFF"``,
+            ``"AUTO"``; ``KVIKIO_COMPAT_MODE`` or ``kvikio.defaults.set``), or None.
+        compat_mode: the same value (kept for older callers).
+        compat_mode_preferred: kvikio's machine-wide guess that it will use its POSIX path
+            (True: no GDS for any file; False: cuFile will be *tried*), or None.
+        gds_available: the cuFile driver reports GDS support on this machine, or None.
+        gds_possible: driver, cuFile GDS support and a mode that tries cuFile: GDS *can* run
+            here; a file may still fall back (see above).
+        gds_verified: always False here: nothing was measured (kept so that no caller reads
+            a missing key as "yes").
+        num_threads, task_size: kvikio's thread pool and task size.
     """
     status: dict[str, Any] = {"kvikio": False, "kvikio_version": None, "error": None, "cuda_driver": False,
-                              "cuda": None, "compat_mode": None, "compat_mode_preferred": None,
-                              "gds_available": None, "num_threads": None, "task_size": None,
-                              "gds_active": False}
+                              "cuda": None, "requested_mode": None, "compat_mode": None,
+                              "compat_mode_preferred": None, "gds_available": None, "gds_possible": False,
+                              "gds_verified": False, "num_threads": None, "task_size": None}
     try:
         kvikio = import_kvikio()
     except MissingDependencyError as exc:
@@ -126,12 +144,12 @@ def gds_status() -> dict[str, Any]:
     status["kvikio_version"] = getattr(kvikio, "__version__", None)
     status["cuda_driver"], status["cuda"] = cuda_driver_status()
     try:
-        status["compat_mode"] = _mode_name(kvikio_get(kvikio, "compat_mode"))
+        status["requested_mode"] = status["compat_mode"] = _mode_name(kvikio_get(kvikio, "compat_mode"))
         status["num_threads"] = kvikio_get(kvikio, "num_threads")
         status["task_size"] = kvikio_get(kvikio, "task_size")
         preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)
         status["compat_mode_preferred"] = (bool(preferred()) if callable(preferred)
-                                           else status["compat_mode"] == "ON")
+                                           else status["requested_mode"] == "ON")
     except Exception as exc:  # noqa: BLE001 - a status report must not fail on a kvikio quirk
         status["error"] = f"kvikio settings unreadable: {exc}"
     if status["cuda_driver"]:
@@ -145,8 +163,9 @@ def gds_status() -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - no libcufile is a normal answer: GDS unavailable
             status["gds_available"] = False
             status["error"] = status["error"] or f"cuFile driver unavailable: {exc}"
-    status["gds_active"] = bool(status["cuda_driver"] and status["gds_available"]
-                                and status["compat_mode_preferred"] is False)
+    status["gds_possible"] = bool(status["cuda_driver"] and status["gds_available"]
+                                  and status["requested_mode"] in ("OFF", "AUTO")
+                                  and status["compat_mode_preferred"] is False)
     return status
 
 
@@ -167,7 +186,7 @@ def cuda_nbytes(out: Any) -> int:
             step *= int(extent)
         if any(int(extent) > 1 and int(s) != e
                for extent, s, e in zip(cai["shape"], strides, reversed(expected))):
-            raise ValueError("read_into needs a C-contiguous CUDA buffer")
+            raise OptionError("read_into needs a C-contiguous CUDA buffer")
     return count * itemsize
 
 
@@ -214,7 +233,8 @@ class KvikioShard:
             self._file = kvikio.CuFile(path, "r")
         except Exception as exc:  # kvikio raises RuntimeError for open/register failures
             self._host.close()
-            raise PackerError(f"kvikio cannot open the shard: {exc}", path=path) from None
+            raise GpuPathError(f"kvikio cannot open the shard ({exc}); read it with backend='pread' or "
+                               f"'direct', or check the cuFile setup (cufile.json, /run/udev)", path=path) from None
         try:
             mine, theirs = os.fstat(self._file.fileno()), os.fstat(fd)
         except (OSError, AttributeError, TypeError):
@@ -233,16 +253,27 @@ class KvikioShard:
         """Start filling ``out`` from ``offset``; returns a function that waits and checks the length.
 
         Device buffers are read asynchronously by kvikio's pool; host buffers are read now.
+        Call the returned function before ``out`` is freed or the shard closed, also when
+        another read failed: kvikio's future does not wait when it is dropped, and its threads
+        would go on writing into ``out``.
         """
         if not is_cuda_buffer(out):
             self._host.read_into(offset, host_view(out))
             return _done
         nbytes = cuda_nbytes(out)
         self._check_range(offset, nbytes)
-        future = self._file.pread(out, nbytes, offset, task_size=self.task_size)
+        try:
+            future = self._file.pread(out, nbytes, offset, task_size=self.task_size)
+        except RuntimeError as exc:  # kvikio reports cuFile/POSIX failures as RuntimeError
+            raise GpuPathError(f"kvikio could not start a read of {nbytes} bytes at {offset}: {exc}",
+                               path=self.path, offset=offset) from None
 
         def wait() -> None:
-            got = int(future.get())
+            try:
+                got = int(future.get())
+            except RuntimeError as exc:
+                raise GpuPathError(f"kvikio read of {nbytes} bytes at {offset} failed: {exc}", path=self.path,
+                                   offset=offset) from None
             if got != nbytes:
                 raise TruncatedFileError(f"kvikio read {got} of {nbytes} bytes at {offset}", path=self.path,
                                          offset=offset + got)
