@@ -109,6 +109,11 @@ class DatasetIndex:
         return self.index.label
 
     @property
+    def classes_checksum(self) -> str | None:
+        """The class list's checksum (``packer.classes.class_list_checksum``), None without classes."""
+        return fmt.class_list_checksum(self.classes) if self.classes else None
+
+    @property
     def sizes(self) -> np.ndarray:
         return self.index.size
 

@@ -10,7 +10,8 @@ class                     exit   raised when
 ``DecodeError``           1      stored image bytes cannot be decoded (damage, or a codec or
                                  format this reader cannot decode)
 ``OptionError``           2      an argument or option value is invalid (a codec option, a
-                                 backend name, a seed, a worker count): the *call* is wrong
+                                 backend name, a seed, a worker count): the *call* is wrong;
+                                 ``ClassListMismatchError`` (two class lists disagree) is one
 ``SourceError``           2      the build source cannot be used (missing, not a folder or
                                  manifest, no usable rows); ``EmptySourceError`` is one
 ``OutputExistsError``     2      a dataset exists and ``--overwrite`` was not given
@@ -51,6 +52,7 @@ __all__ = [
     "IndexMismatchError",
     "DatasetChangedError",
     "OptionError",
+    "ClassListMismatchError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -167,6 +169,11 @@ class OptionError(PackerError, ValueError):
     """
 
     exit_code = 2
+
+
+class ClassListMismatchError(OptionError):
+    """Two datasets (or a dataset and a given list) disagree on the class list: labels would mean
+    different classes. The message names what is missing, extra or renumbered."""
 
 
 class SourceError(PackerError):

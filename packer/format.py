@@ -43,6 +43,7 @@ from .errors import (
 )
 
 __all__ = [
+    "class_list_checksum",
     "FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT",
     "MANIFEST_NAME", "REPORT_NAME", "SHARD_DIR", "SHARD_MAGIC", "INDEX_MAGIC", "PLAN_MAGIC",
     "SHARD_HEADER_SIZE", "SHARD_HEADER_RESERVED", "COLUMN_FILE_HEADER_SIZE", "COLUMN_ENTRY_SIZE", "COLUMN_ALIGNMENT",
@@ -202,6 +203,16 @@ def checksum(data: Any) -> int:
 def checksum_hex(value: int) -> str:
     """The manifest spelling of a checksum: 16 lowercase hex digits."""
     return f"{value:016x}"
+
+
+def class_list_checksum(classes: Any) -> str:
+    """The checksum of a class list: xxh3-64 of each name's UTF-8 bytes followed by ``\n``, in
+    label order, as 16 hex digits (informational: ``build.classes_checksum`` in the manifest)."""
+    digest = xxhash.xxh3_64()
+    for name in classes:
+        digest.update(name.encode("utf-8", "surrogateescape"))
+        digest.update(b"\n")
+    return checksum_hex(digest.intdigest())
 
 
 def parse_checksum_hex(text: object, *, path: object = None, what: str = "checksum") -> int:

@@ -39,6 +39,7 @@ class BuildResult:
     total_bytes: int
     seconds: float = 0.0
     summary: dict[str, Any] = field(default_factory=dict)
+    classes: tuple[str, ...] = ()
 
 
 
@@ -80,6 +81,7 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     build_info = {
         "options": options.to_json(),
         "source_kind": listing.kind,
+        "label_type": listing.label_type,
         "source_files": len(listing) + len(listing.rejected),
         "packed": int(len(source)),
         "rejected": len(rejected),
@@ -90,6 +92,8 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     for header in headers:
         for note, count in header.get("codec_notes", {}).items():
             notes[note] = notes.get(note, 0) + int(count)
+    if listing.warnings:
+        build_info["warnings"] = list(listing.warnings)
     if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
         build_info["codec_notes"] = dict(sorted(notes.items()))
     return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
@@ -106,6 +110,8 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
     """
     rows = len(columns["offset"])
+    if classes:  # informational: lets two datasets' class lists be compared at a glance
+        build_info = {**build_info, "classes_checksum": fmt.class_list_checksum(classes)}
     fmt.validate_index(rows, columns, shards, alignment, path="(new index)")  # never commit a bad index
     index_pieces = fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns)
     index_size = sum(memoryview(p).nbytes for p in index_pieces)
@@ -138,7 +144,7 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     payload = int(columns["size"].sum())
     total = sum(s.size for s in shards) + index_size
     return BuildResult(path=out, sample_count=rows, shard_count=len(shards), rejected=rejected,
-                       payload_bytes=payload, total_bytes=total, summary=build_info)
+                       payload_bytes=payload, total_bytes=total, summary=build_info, classes=tuple(classes))
 
 
 def _remove_unreferenced(out: Path, keep: set[str]) -> None:

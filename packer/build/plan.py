@@ -24,8 +24,9 @@ import numpy as np
 from .. import format as fmt
 from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
+from ..classes import load_class_list
 from ..errors import BuildError, FormatError, OptionError, PackerError
-from .sources import Rejection, SourceListing
+from .sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
            "DEFAULT_SHARD_SIZE"]
@@ -46,9 +47,20 @@ class BuildOptions:
     codec: str = "passthrough"
     validate: str = "header"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    #: A fixed class list (label i is classes[i]), or None to number the classes found.
+    classes: tuple[str, ...] | None = None
+    #: How manifest labels are read: "auto", "int" or "str" (see ``sources.LABEL_TYPES``).
+    label_type: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.classes, list):  # from JSON (a saved plan, a manifest's build options)
+            object.__setattr__(self, "classes", tuple(self.classes))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        document = asdict(self)
+        if document["classes"] is not None:
+            document["classes"] = list(document["classes"])
+        return document
 
     def check(self) -> "BuildOptions":
         """Refuse impossible options before anything is written (exit code 2, like any usage error).
@@ -73,6 +85,9 @@ class BuildOptions:
             get_codec(self.codec)
         except BuildError as exc:
             raise OptionError(exc.message) from None
+        check_label_type(self.label_type)
+        if self.classes is not None:
+            load_class_list(self.classes)  # refuses an empty list, duplicates, non-strings
         return self
 
 
@@ -147,6 +162,8 @@ def _plan_header(plan: BuildPlan) -> bytes:
         "rejected": [r.to_json() for r in plan.listing.rejected],
         "source": plan.source,
         "first_shard_number": plan.first_shard_number,
+        "label_type": plan.listing.label_type,
+        "warnings": plan.listing.warnings,
     }
     return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -181,7 +198,8 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
             root=root, kind=header["kind"], classes=tuple(header["classes"]),
             key_blob=columns["keys"], key_offsets=columns["key_offsets"], sizes=columns["sizes"],
             labels=columns["labels"], meta_blob=columns["meta"], meta_offsets=columns["meta_offsets"],
-            rejected=[Rejection(**r) for r in header["rejected"]])
+            rejected=[Rejection(**r) for r in header["rejected"]],
+            label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])))
         order = columns["order"].astype(np.int64)
         starts = columns["shard_starts"].astype(np.int64)
     except PackerError as exc:

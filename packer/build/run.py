@@ -43,11 +43,16 @@ def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
 
 
 def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
-                 reuse: bool = True, progress: bool = False) -> BuildPlan:
+                 reuse: bool = True, progress: bool = False, strict_classes: bool = False) -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
+
+    Args:
+        strict_classes: refuse the whole source when a file is not in ``options.classes``
+            (``--on-error fail``), instead of rejecting those files.
 
     Raises:
         BuildError: a saved plan exists with different options (and ``reuse`` is on).
+        SourceError: ``strict_classes`` and the source holds classes not in the list.
     """
     staging = out / STAGING_DIR
     plan_path = staging / PLAN_NAME
@@ -63,7 +68,12 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
                 f"or build without --resume to start over", path=out)
         return plan
     with ListingProgress(enabled=progress) as counter:
-        listing = list_source(source, root, progress=counter.update)
+        listing = list_source(source, root, progress=counter.update, classes=options.classes,
+                              label_type=options.label_type)
+    unknown = [r for r in listing.rejected if r.reason == "unknown-class"]
+    if strict_classes and unknown:
+        raise SourceError(f"{len(unknown)} file(s) are not in the class list (--on-error fail), e.g. "
+                          f"{unknown[0].key}: {unknown[0].message}", path=source)
     plan = make_plan(listing, options, source=source.name)
     try:
         staging.mkdir(parents=True, exist_ok=True)
@@ -172,7 +182,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         if not split and not resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
         plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
-                            progress=progress)
+                            progress=progress, strict_classes=on_error == "fail")
         if plan_only:
             return None
         if not split:

@@ -13,7 +13,11 @@ The listing is the input of the shard plan, so its order is part of the determin
   ``duplicate-entry``, which also keeps a fan-out of folder links from listing exponentially.
 * Manifest input (CSV with a ``path,label[,...]`` header, or JSONL objects with ``path``,
   ``label`` and optional ``metadata``): listed in the manifest's order, paths relative to a root.
-  String labels become sorted class names; integer labels are kept as they are.
+  Labels are read by ``--label-type`` (``LABEL_TYPES`` states the ``auto`` rule): string labels
+  become sorted class names, integer labels are kept as they are.
+* A class list given up front (``classes=``, ``--classes``) numbers the classes instead: a
+  folder or label not in it is rejected per file as ``unknown-class``, a listed class with no
+  files stays a class with 0 samples, so train and val built with one list agree on every label.
 
 Paths are held in one UTF-8 blob plus offsets (not a Python list of strings), so listing ten
 million files costs about 100 bytes per file, not a kilobyte of Python objects.
@@ -23,20 +27,26 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import re
 import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import xxhash
 
-from ..errors import EmptySourceError, SourceError
+from ..classes import split_folder_warning
+from ..errors import EmptySourceError, OptionError, SourceError
 
 __all__ = ["Rejection", "SourceListing", "list_image_folder", "list_manifest", "list_source",
-           "REJECTION_REASONS"]
+           "REJECTION_REASONS", "LABEL_TYPES", "check_label_type", "rejection_summary", "empty_source_error",
+           "header_hints", "parse_strict_json"]
+
+logger = logging.getLogger("packer.build")
 
 #: Every reason a source file can be rejected for (the build report's ``reason`` field).
 REJECTION_REASONS = {
@@ -58,6 +68,8 @@ REJECTION_REASONS = {
     "undecodable-name": "a file name that is not valid UTF-8",
     "not-a-file": "a device, socket or FIFO",
     "bad-manifest-row": "a manifest row without a usable path or label",
+    "bad-metadata": "a manifest row whose metadata is not a JSON object of finite values",
+    "unknown-class": "a class folder or label that is not in the class list given (--classes)",
 }
 
 
@@ -86,6 +98,8 @@ class SourceListing:
         labels: int64 labels.
         meta_blob / meta_offsets: canonical JSON metadata per entry (empty when none).
         rejected: entries refused while listing.
+        label_type: ``"str"`` (labels are class names) or ``"int"`` (integer manifest labels).
+        warnings: things the user should know before a long build (e.g. split folders as classes).
     """
 
     root: Path
@@ -98,6 +112,8 @@ class SourceListing:
     meta_blob: np.ndarray
     meta_offsets: np.ndarray
     rejected: list[Rejection] = field(default_factory=list)
+    label_type: str = "str"
+    warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -219,13 +235,19 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             out.reject(_printable(rel), "not-a-file", "not a regular file (device, socket or FIFO)")
 
 
-def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None
-                      ) -> SourceListing:
+def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None,
+                      classes: Sequence[str] | None = None) -> SourceListing:
     """List an ImageFolder-layout source (see the module docstring for the rules).
+
+    Args:
+        root: the folder of class sub-folders.
+        progress: called with the running count of entries every 10,000 entries.
+        classes: a fixed class list (label i is ``classes[i]``): every file of a class folder not
+            in it is rejected as ``unknown-class``; a listed class without a folder has 0 samples.
 
     Raises:
         SourceError: the root is missing or not a folder.
-        EmptySourceError: no class folder holds any file.
+        EmptySourceError: no class folder holds any file (naming the top rejection reasons).
     """
     root_path = Path(root)
     if not root_path.exists():
@@ -253,7 +275,17 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
             out.reject(_printable(entry.name), "not-in-class-folder",
                        "files must sit inside a class sub-folder (ImageFolder layout)")
     root_stat = root_path.stat()
-    for label, (name, entry) in enumerate(class_dirs):
+    folder_names = [name for name, _ in class_dirs]
+    warning = split_folder_warning(folder_names)
+    if warning:
+        logger.warning("%s: %s", root_path, warning)
+    class_names = tuple(classes) if classes is not None else tuple(folder_names)
+    class_ids = {name: i for i, name in enumerate(class_names)}
+    for name, entry in class_dirs:
+        label = class_ids.get(name, -1)
+        if label < 0:
+            _reject_unknown_class(Path(entry.path), name, out, root_stat)
+            continue
         st = entry.stat(follow_symlinks=True)
         if (st.st_dev, st.st_ino) in out.listed_folders:
             out.reject(_printable(name + "/"), "duplicate-entry", f"the same folder as class "
@@ -262,17 +294,112 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
         out.listed_folders[(st.st_dev, st.st_ino)] = _printable(name)
         _walk_class(Path(entry.path), name, label, out,
                     frozenset({(root_stat.st_dev, root_stat.st_ino), (st.st_dev, st.st_ino)}))
-    listing = out.finish(root_path, "folder", tuple(name for name, _ in class_dirs))
+    listing = out.finish(root_path, "folder", class_names)
+    listing.warnings = [warning] if warning else []
     if len(listing) == 0:
-        raise EmptySourceError(
+        raise empty_source_error(
             f"no files found under {len(class_dirs)} class folder(s)"
             f"{'' if class_dirs else ' (expected class sub-folders such as SRC/cat/1.jpg)'}",
-            path=root_path)
+            listing.rejected, path=root_path)
     return listing
 
 
+def _reject_unknown_class(folder: Path, name: str, out: _ListingBuilder, root_stat: os.stat_result) -> None:
+    """Reject every file of a class folder that is not in the given class list, one by one
+    (the build report names each file, as for any other rejection)."""
+    scratch = _ListingBuilder()
+    scratch.listed_folders = out.listed_folders  # one folder reached twice is still a duplicate
+    try:
+        st = folder.stat()
+    except OSError as exc:
+        out.reject(_printable(name + "/"), "unreadable", f"cannot stat: {exc.strerror}")
+        return
+    _walk_class(folder, name, -1, scratch,
+                frozenset({(root_stat.st_dev, root_stat.st_ino), (st.st_dev, st.st_ino)}))
+    listing = scratch.finish(folder, "folder", ())
+    for i in range(len(listing)):
+        out.reject(listing.key(i), "unknown-class", f"class folder {name!r} is not in the class list (--classes)")
+    for rejection in scratch.rejected:
+        out.reject(rejection.key, rejection.reason, rejection.message)
+
+
+#: JSONL limits: a row longer than this, or nested deeper, is rejected before it is parsed
+#: (a row nested 100,000 brackets deep would otherwise end the build with RecursionError).
+MAX_MANIFEST_ROW_BYTES = 1 << 20
+MAX_JSON_DEPTH = 64
+
+#: Header names people give the path and label columns, and what to rename them to.
+_PATH_ALIASES = ("file_name", "filename", "file", "filepath", "file_path", "image", "image_path", "img", "path ")
+_LABEL_ALIASES = ("labels", "class", "class_name", "target", "category", "y", "label_id")
+
+
+def _json_depth_ok(line: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when no bracket nesting in ``line`` exceeds ``limit`` (brackets in strings ignored)."""
+    depth = 0
+    in_string = escaped = False
+    if line.count("[") + line.count("{") <= limit:  # the common case: no scan needed
+        return True
+    for char in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (strict JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text} is out of range (it would be stored as Infinity)")
+    return value
+
+
+def parse_strict_json(text: str | bytes) -> object:
+    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to infinity (``1e400``)."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def header_hints(columns: list[str]) -> list[str]:
+    """Suggested fixes for a manifest header (CSV columns or JSONL keys) without path/label."""
+    hints = []
+    stripped = {c.strip().lower(): c for c in columns if isinstance(c, str)}
+    for wanted, aliases in (("path", _PATH_ALIASES), ("label", _LABEL_ALIASES)):
+        if wanted in columns:
+            continue
+        if wanted in stripped:
+            hints.append(f"column {stripped[wanted]!r} has spaces or capitals: name it exactly {wanted!r}")
+            continue
+        alias = next((stripped[a] for a in aliases if a in stripped), None)
+        if alias is not None:
+            origin = " (HuggingFace imagefolder metadata names it file_name)" if alias.strip() == "file_name" else ""
+            hints.append(f"rename column {alias!r} to {wanted!r}{origin}")
+        else:
+            hints.append(f"no {wanted!r} column (columns: {', '.join(map(repr, columns[:10]))})")
+    return hints
+
+
 def _manifest_rows(path: Path) -> Iterator[tuple[int, dict[str, object] | None, str]]:
-    """Yield (line number, row, error) from a CSV or JSONL manifest, streaming line by line."""
+    """Yield (line number, row, error) from a CSV or JSONL manifest, streaming line by line.
+
+    Raises:
+        SourceError: not a manifest suffix, unreadable, not UTF-8, or a CSV header without a
+            ``path`` and ``label`` column or with a repeated column (the fix is suggested).
+    """
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".ndjson", ".csv", ".tsv"):
         raise SourceError("manifest must be .csv, .tsv or .jsonl", path=path)
@@ -283,40 +410,215 @@ def _manifest_rows(path: Path) -> Iterator[tuple[int, dict[str, object] | None, 
     try:
         with handle:
             if suffix in (".jsonl", ".ndjson"):
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError as exc:
-                        yield number, None, f"line is not JSON: {exc}"
-                        continue
-                    yield (number, row, "") if isinstance(row, dict) else (number, None, "line is not a JSON object")
+                yield from _jsonl_rows(handle)
             else:
-                reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-                if not reader.fieldnames or "path" not in reader.fieldnames:
-                    raise SourceError(f"CSV manifest needs a header row with a 'path' column (and 'label'), "
-                                      f"got {reader.fieldnames}", path=path)
-                for row in reader:
-                    yield reader.line_num, dict(row), ""
+                yield from _csv_rows(handle, path, "\t" if suffix == ".tsv" else ",")
     except UnicodeDecodeError as exc:
         raise SourceError(f"manifest is not UTF-8 text ({exc.reason})", path=path) from None
     except csv.Error as exc:
         raise SourceError(f"manifest is not valid CSV: {exc}", path=path) from None
 
 
+def _jsonl_rows(handle: Any) -> Iterator[tuple[int, dict[str, object] | None, str]]:
+    number = 0
+    while True:
+        # readline with a cap: a 10 GB line without a newline is read in bounded pieces
+        line = handle.readline(MAX_MANIFEST_ROW_BYTES + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_MANIFEST_ROW_BYTES and not line.endswith("\n"):
+            while line and not line.endswith("\n"):  # skip the rest of the oversize row
+                line = handle.readline(MAX_MANIFEST_ROW_BYTES + 1)
+            yield number, None, f"line is longer than {MAX_MANIFEST_ROW_BYTES} characters"
+            continue
+        if not line.strip():
+            continue
+        if not _json_depth_ok(line):
+            yield number, None, f"line nests brackets deeper than {MAX_JSON_DEPTH} levels"
+            continue
+        try:
+            row = parse_strict_json(line)
+        except (ValueError, RecursionError) as exc:
+            yield number, None, f"line is not strict JSON: {exc}"
+            continue
+        yield (number, row, "") if isinstance(row, dict) else (number, None, "line is not a JSON object")
+
+
+def _csv_rows(handle: Any, path: Path, delimiter: str) -> Iterator[tuple[int, dict[str, object] | None, str]]:
+    reader = csv.reader(handle, delimiter=delimiter)
+    header = next(reader, None)
+    if not header:
+        raise SourceError("CSV manifest is empty (it needs a header row: path,label)", path=path)
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:  # csv.DictReader would silently keep the last of two 'path' columns
+        raise SourceError(f"CSV manifest header repeats column(s) {repeated}: each column must appear once",
+                          path=path)
+    if "path" not in header or "label" not in header:
+        raise SourceError(f"CSV manifest needs a header row with 'path' and 'label' columns, got {header[:10]}: "
+                          + "; ".join(header_hints(header)), path=path)
+    if "metadata" in header:
+        raise SourceError("a CSV column named 'metadata' would be stored as a string, not an object: rename "
+                          "it (every column other than path and label is stored as a metadata field), or "
+                          "use a JSONL manifest with a 'metadata' object", path=path)
+    width = len(header)
+    for values in reader:
+        if not values:
+            continue
+        if len(values) != width:
+            yield reader.line_num, None, f"row has {len(values)} fields, the header has {width}"
+            continue
+        yield reader.line_num, dict(zip(header, values)), ""
+
+
+class _LabelReader:
+    """Turns manifest labels into int64 labels, by ``label_type`` (see ``LABEL_TYPES``).
+
+    Class names are numbered in order of first appearance while streaming and renumbered by
+    sorted name at the end (``finish``), unless a class list was given: then the list numbers them.
+    """
+
+    def __init__(self, label_type: str, classes: tuple[str, ...] | None, manifest: Path) -> None:
+        self.label_type = "str" if label_type == "auto" and classes is not None else label_type
+        self.given = classes
+        self.class_ids: dict[str, int] = {name: i for i, name in enumerate(classes)} if classes else {}
+        self.manifest = manifest
+        self.first_int: tuple[int, object] | None = None
+        self.first_name: tuple[int, object] | None = None
+
+    def read(self, label: object, number: int) -> tuple[int | None, str, str]:
+        """(label value, rejection reason, message); value None when rejected."""
+        if isinstance(label, list):
+            return None, "bad-manifest-row", (f"label {label!r} is a list (multi-label): a sample has one "
+                                              f"integer label; put the list in metadata")
+        if label is None or label == "" or isinstance(label, (bool, float, dict)):
+            return None, "bad-manifest-row", f"label must be an integer or a class name, got {label!r}"
+        if self.label_type == "str":
+            return self._name(str(label), number)
+        integer = label if isinstance(label, int) else _strict_int(label)  # label is a str here
+        if integer is None:
+            if self.label_type == "int":
+                return None, "bad-manifest-row", (f"label {label!r} is not an integer (--label-type int: plain "
+                                                  f"ASCII digits with an optional '-', nothing else)")
+            if _loose_int(label):
+                return None, "bad-manifest-row", (
+                    f"label {label!r} looks like an integer but is not plain ASCII digits (spaces, '_', '+', "
+                    f"leading zeros or non-ASCII digits): packer reads labels strictly; fix the row, or pass "
+                    f"--label-type str to use every label as a class name")
+            return self._name(label, number)
+        if not -(1 << 63) <= integer < (1 << 63):
+            return None, "bad-manifest-row", f"label {integer} does not fit in a signed 64-bit integer"
+        if self.given is not None and not 0 <= integer < len(self.given):
+            return None, "unknown-class", f"label {integer} is outside the {len(self.given)} classes given"
+        self.first_int = self.first_int or (number, label)
+        self._check_mix(number)
+        return integer, "", ""
+
+    def _name(self, name: str, number: int) -> tuple[int | None, str, str]:
+        self.first_name = self.first_name or (number, name)
+        self._check_mix(number)
+        if self.given is not None:
+            value = self.class_ids.get(name)
+            if value is None:
+                return None, "unknown-class", f"class {name!r} is not in the class list (--classes)"
+            return value, "", ""
+        return self.class_ids.setdefault(name, len(self.class_ids)), "", ""
+
+    def _check_mix(self, number: int) -> None:
+        if self.first_int is not None and self.first_name is not None:
+            (i_line, i_label), (n_line, n_label) = self.first_int, self.first_name
+            raise SourceError(f"manifest mixes integer labels (line {i_line}: {i_label!r}) and class-name labels "
+                              f"(line {n_line}: {n_label!r}); use one kind, or pass --label-type str to read "
+                              f"every label as a class name", path=self.manifest)
+
+    @property
+    def kind(self) -> str:
+        """``"int"`` or ``"str"``: what the labels were read as."""
+        return "str" if self.label_type == "str" or self.first_name is not None else "int"
+
+    def finish(self, labels: array) -> tuple[tuple[str, ...], array]:
+        """(classes, labels renumbered to the sorted class order)."""
+        if self.given is not None:
+            return self.given, labels
+        if self.kind == "int":
+            return (), labels
+        classes = tuple(sorted(self.class_ids, key=str.encode))
+        remap = np.empty(len(self.class_ids), dtype=np.int64)
+        for sorted_id, name in enumerate(classes):
+            remap[self.class_ids[name]] = sorted_id
+        values = np.frombuffer(labels, dtype=np.int64)
+        return classes, (array("q", remap[values].tobytes()) if len(values) else labels)
+
+
+def _row_metadata(row: dict[str, object], jsonl: bool) -> tuple[bytes | None, str]:
+    """(canonical JSON metadata or b"", error); bytes None when the row's metadata is refused."""
+    if jsonl and "metadata" in row:
+        meta_obj = row["metadata"]
+        if meta_obj is None:
+            return b"", ""
+        if not isinstance(meta_obj, dict):
+            return None, f"metadata must be a JSON object, got {type(meta_obj).__name__}"
+    else:  # CSV columns, or a JSONL row's other keys, are the metadata fields
+        meta_obj = {k: v for k, v in row.items() if k not in ("path", "label")}
+    if not meta_obj:
+        return b"", ""
+    try:
+        text = json.dumps(meta_obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError) as exc:  # non-finite numbers cannot reach here (parse_strict_json)
+        return None, f"metadata is not storable as strict JSON ({exc})"
+    return text.encode("utf-8", "surrogatepass"), ""
+
+
+def _row_file(rel: str, root: Path) -> tuple[str, int, str, str]:
+    """(key, size, rejection reason, message) of a manifest path; reason "" when usable."""
+    key = rel.replace(os.sep, "/")
+    if "\x00" in rel:
+        return key, 0, "bad-manifest-row", "path contains a NUL character"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file name and no valid key
+        return key, 0, "undecodable-name", "path is not valid Unicode text"
+    normal = os.path.normpath(rel)
+    # Lexical check only (like the folder walk, symlinks are followed): resolving every path
+    # with realpath would cost one lstat per path component per row.
+    if os.path.isabs(rel) or normal == ".." or normal.startswith(".." + os.sep):
+        return key, 0, "outside-root", f"path leads outside the root {root}"
+    key = normal.replace(os.sep, "/")  # one spelling per file: "a/./b.jpg" is "a/b.jpg"
+    full = os.path.join(root, normal)
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        return key, 0, "dangling-symlink" if os.path.islink(full) else "missing", "file does not exist"
+    except OSError as exc:
+        return key, 0, "unreadable", f"cannot stat: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return key, 0, "not-a-file", "not a regular file"
+    return key, st.st_size, "", ""
+
+
 def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                  progress: Callable[[int], None] | None = None) -> SourceListing:
+                  progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
+                  label_type: str = "auto") -> SourceListing:
     """List the images named by a CSV/JSONL manifest, in the manifest's order.
 
     CSV columns other than ``path`` and ``label`` become the sample's metadata (strings); JSONL
-    rows may carry a ``metadata`` object. Labels are all integers or all class-name strings.
-    Streaming: rows go straight into flat arrays, so a manifest of 100 M rows is never a list of
-    100 M Python objects; duplicates are found afterwards by sorting 64-bit key hashes.
+    rows may carry a ``metadata`` object (strict JSON: no NaN/Infinity, rows at most
+    ``MAX_MANIFEST_ROW_BYTES`` long and ``MAX_JSON_DEPTH`` deep). Labels follow ``label_type``
+    (see ``LABEL_TYPES``). Streaming: rows go straight into flat arrays, so a manifest of 100 M
+    rows is never a list of 100 M Python objects; duplicates are found afterwards by sorting
+    64-bit key hashes.
+
+    Args:
+        manifest: the ``.csv``/``.tsv``/``.jsonl`` file.
+        root: the folder paths are relative to (default: the manifest's folder).
+        progress: called with the running count of rows every 10,000 rows.
+        classes: a fixed class list: labels are names in it (or indices into it with
+            ``label_type="int"``); any other label is rejected as ``unknown-class``.
+        label_type: ``"auto"``, ``"int"`` or ``"str"``.
 
     Raises:
-        SourceError: unreadable manifest, mixed label kinds, missing header.
-        EmptySourceError: no usable rows.
+        SourceError: unreadable manifest, mixed label kinds, a header without path/label.
+        EmptySourceError: no usable rows (its message names the top reasons, with examples).
     """
     manifest_path = Path(manifest)
     if not manifest_path.is_file():
@@ -324,82 +626,86 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     root_path = Path(root) if root is not None else manifest_path.parent
     if not root_path.is_dir():
         raise SourceError("manifest root is not a folder", path=root_path)
+    check_label_type(label_type)
+    jsonl = manifest_path.suffix.lower() in (".jsonl", ".ndjson")
     out = _ListingBuilder(progress)
     key_hashes = array("Q")
-    class_ids: dict[str, int] = {}  # class name -> id in order of first appearance (remapped below)
-    label_kinds: set[str] = set()
+    labels = _LabelReader(label_type, tuple(classes) if classes is not None else None, manifest_path)
+    first_keys: list[str] | None = None  # the first rejected JSONL row's keys, for the header hints
     for number, row, error in _manifest_rows(manifest_path):
         where = f"{manifest_path.name}:{number}"
         if row is None:
             out.reject(where, "bad-manifest-row", error)
             continue
-        rel, label = row.get("path"), row.get("label")
-        if not isinstance(rel, str) or not rel or label is None or label == "" or isinstance(label, bool):
-            out.reject(where, "bad-manifest-row", "row needs a non-empty 'path' and a 'label'")
+        rel = row.get("path")
+        if not isinstance(rel, str) or not rel or "label" not in row:
+            first_keys = first_keys if first_keys is not None else [str(k) for k in row]
+            hint = "; ".join(header_hints([str(k) for k in row]))
+            out.reject(where, "bad-manifest-row", f"row needs a non-empty 'path' and a 'label' ({hint})")
             continue
-        if isinstance(label, int) or (isinstance(label, str) and _is_int_text(label)):
-            value = int(label)
-            if not -(1 << 63) <= value < (1 << 63):
-                out.reject(where, "bad-manifest-row", f"label {value} does not fit in a signed 64-bit integer")
-                continue
-            label_kinds.add("int")
-        elif isinstance(label, str):
-            label_kinds.add("name")
-            value = class_ids.setdefault(label, len(class_ids))
-        else:
-            out.reject(where, "bad-manifest-row", f"label must be an integer or a class name, got {label!r}")
+        value, reason, message = labels.read(row["label"], number)
+        if value is None:
+            out.reject(where, reason, message)
             continue
-        if len(label_kinds) > 1:
-            raise SourceError(f"manifest mixes integer and class-name labels (line {number}); use one kind",
-                              path=manifest_path)
-        meta_obj = row["metadata"] if "metadata" in row else {
-            k: v for k, v in row.items() if k not in ("path", "label") and k is not None}
-        meta = (json.dumps(meta_obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-                if meta_obj not in ({}, None) else b"")
-        key = rel.replace(os.sep, "/")
-        if "\x00" in rel:
-            out.reject(where, "bad-manifest-row", "path contains a NUL character")
+        meta, meta_error = _row_metadata(row, jsonl)
+        if meta is None:
+            out.reject(where, "bad-metadata", meta_error)
             continue
-        try:
-            rel.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: no file name and no valid key
-            out.reject(where, "undecodable-name", "path is not valid Unicode text")
-            continue
-        normal = os.path.normpath(rel)
-        # Lexical check only (like the folder walk, symlinks are followed): resolving every path
-        # with realpath would cost one lstat per path component per row.
-        if os.path.isabs(rel) or normal == ".." or normal.startswith(".." + os.sep):
-            out.reject(key, "outside-root", f"path leads outside the root {root_path}")
-            continue
-        key = normal.replace(os.sep, "/")  # one spelling per file: "a/./b.jpg" is "a/b.jpg"
-        full = os.path.join(root_path, normal)
-        try:
-            st = os.stat(full)
-        except FileNotFoundError:
-            out.reject(key, "dangling-symlink" if os.path.islink(full) else "missing", "file does not exist")
-            continue
-        except OSError as exc:
-            out.reject(key, "unreadable", f"cannot stat: {exc.strerror}")
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            out.reject(key, "not-a-file", "not a regular file")
+        key, size, reason, message = _row_file(rel, root_path)
+        if reason:
+            out.reject(key, reason, message)
             continue
         encoded = key.encode("utf-8")
-        out.add(encoded, st.st_size, value, meta)
+        out.add(encoded, size, value, meta)
         key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
-    classes: tuple[str, ...] = ()
-    if "name" in label_kinds:
-        classes = tuple(sorted(class_ids, key=str.encode))
-        remap = np.empty(len(class_ids), dtype=np.int64)
-        for sorted_id, name in enumerate(classes):
-            remap[class_ids[name]] = sorted_id
-        labels = np.frombuffer(out.labels, dtype=np.int64)
-        out.labels = array("q", remap[labels].tobytes()) if len(labels) else out.labels
-    listing = out.finish(root_path, "manifest", classes)
+    class_names, out.labels = labels.finish(out.labels)
+    listing = out.finish(root_path, "manifest", class_names)
+    listing.label_type = labels.kind
     listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))
     if len(listing) == 0:
-        raise EmptySourceError(f"manifest lists no usable files ({len(listing.rejected)} rejected)", path=manifest_path)
+        hints = header_hints(first_keys) if first_keys else []
+        raise empty_source_error(f"manifest lists no usable files", listing.rejected, path=manifest_path,
+                                 hints=hints)
     return listing
+
+
+def rejection_summary(rejected: Sequence[Rejection], *, top: int = 3) -> str:
+    """"240 rejected: 200 unknown-class (e.g. 'wolf/1.jpg': ...), 40 missing (e.g. ...)"."""
+    by_reason: dict[str, list[Rejection]] = {}
+    for r in rejected:
+        by_reason.setdefault(r.reason, []).append(r)
+    ranked = sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
+    parts = [f"{len(rows)} {reason} (e.g. {rows[0].key}: {rows[0].message})" for reason, rows in ranked[:top]]
+    if len(ranked) > top:
+        parts.append(f"{sum(len(rows) for _, rows in ranked[top:])} for {len(ranked) - top} other reason(s)")
+    return f"{len(rejected)} rejected: " + "; ".join(parts) if rejected else "nothing was listed"
+
+
+def empty_source_error(what: str, rejected: list[Rejection], *, path: Path,
+                       hints: Sequence[str] = ()) -> EmptySourceError:
+    """An EmptySourceError naming the top rejection reasons, carrying the rejections for the report."""
+    fix = f"; to fix: {'; '.join(hints)}" if hints else ""
+    error = EmptySourceError(f"{what} ({rejection_summary(rejected)}){fix}", path=path)
+    error.rejected = list(rejected)  # type: ignore[attr-defined]  (the build writes them to its report)
+    return error
+
+
+#: How manifest labels are read (``--label-type``):
+#: ``auto`` (default): labels that are all integers (JSON integers, or CSV text of plain ASCII
+#: digits with an optional ``-``: no spaces, ``_``, ``+``, leading zeros or other scripts' digits)
+#: stay integers; labels that are all other strings are class names, numbered in sorted order;
+#: a mix is an error; a label that only *looks* like an integer (``" 1 "``, ``"1_000"``, ``"١"``)
+#: is rejected with a reason. With ``--classes``, ``auto`` means ``str``.
+#: ``int``: every label must be an integer (else the row is rejected).
+#: ``str``: every label is a class name, as written (``"1"`` and ``" 1 "`` are two classes).
+LABEL_TYPES = ("auto", "int", "str")
+
+
+def check_label_type(label_type: str) -> str:
+    """Raises OptionError unless ``label_type`` is one of ``LABEL_TYPES``."""
+    if label_type not in LABEL_TYPES:
+        raise OptionError(f"--label-type must be one of {', '.join(LABEL_TYPES)}, got {label_type!r}")
+    return label_type
 
 
 def gather_blob(blob: np.ndarray, offsets: np.ndarray, rows: np.ndarray, *, chunk_rows: int = 1 << 20
@@ -436,7 +742,8 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
     meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, rows)
     return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
                          key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
-                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected)
+                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected,
+                         label_type=listing.label_type, warnings=listing.warnings)
 
 
 def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
@@ -464,7 +771,18 @@ def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceLi
     return select_rows(listing, keep) if not keep.all() else listing
 
 
-def _is_int_text(text: str) -> bool:
+_STRICT_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+
+
+def _strict_int(text: str) -> int | None:
+    """The integer ``text`` spells in plain ASCII digits (``-12``), else None (``" 1 "``, ``"1_000"``)."""
+    if len(text) > 20 or not _STRICT_INT.match(text):
+        return None
+    return int(text)
+
+
+def _loose_int(text: str) -> bool:
+    """True when Python's ``int()`` would read ``text`` (spaces, ``_``, ``+``, Unicode digits)."""
     try:
         int(text)
     except ValueError:
@@ -473,14 +791,17 @@ def _is_int_text(text: str) -> bool:
 
 
 def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                progress: Callable[[int], None] | None = None) -> SourceListing:
+                progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
+                label_type: str = "auto") -> SourceListing:
     """List a folder or a manifest file, whichever ``source`` is.
 
     ``progress`` is called with the running count of entries every 10,000 entries (listing
     100 M files takes minutes even on a fast file system: the build shows a counter).
+    ``classes`` fixes the class list (see ``list_image_folder``, ``list_manifest``);
+    ``label_type`` applies to manifests.
     """
     path = Path(source)
     if path.is_file():
-        return list_manifest(path, root, progress=progress)
-    return list_image_folder(path, progress=progress)
+        return list_manifest(path, root, progress=progress, classes=classes, label_type=label_type)
+    return list_image_folder(path, progress=progress, classes=classes)
 

@@ -9,6 +9,7 @@ verify) goes to stdout so it can be piped. Progress bars, warnings and errors al
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any, Callable
 
@@ -18,7 +19,7 @@ from .. import __version__
 from ..errors import PackerError
 from ..format import FORMAT_VERSION
 
-__all__ = ["main", "cli", "emit_json", "run_command"]
+__all__ = ["main", "cli", "emit_json", "run_command", "configure_logging"]
 
 EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
 
@@ -27,6 +28,31 @@ def emit_json(document: dict[str, Any]) -> None:
     """Print the one JSON document of a ``--json`` run to stdout."""
     document = {"format_version": FORMAT_VERSION, "packer_version": __version__, **document}
     click.echo(json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False))
+
+
+def configure_logging(*, quiet: bool = False, verbose: bool = False) -> None:
+    """Route the ``packer`` loggers to stderr for a CLI run: warnings always, INFO with ``--verbose``.
+
+    The library itself only logs (it configures nothing, like any library); the CLI decides.
+    ``--quiet`` keeps warnings and errors: they are what a user must not miss.
+    """
+    logger = logging.getLogger("packer")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO if verbose and not quiet else logging.WARNING)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the *current* ``sys.stderr`` (a test runner may swap it between commands)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:  # noqa: BLE001 - logging must never break the command
+            self.handleError(record)
 
 
 def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> None:

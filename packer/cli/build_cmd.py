@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import cli, emit_json, run_command
+from . import cli, configure_logging, emit_json, run_command
 from ..build.plan import BuildOptions
 
 
@@ -21,6 +21,21 @@ def parse_size(text: str) -> int:
         return int(float(number) * units[unit])
     except (ValueError, OverflowError):
         raise click.BadParameter(f"{text!r} is not a size like 512M, 1G or 4096") from None
+
+
+def describe_labels(summary: dict, class_count: int) -> str:
+    """The summary line that says how labels were assigned (the --label-type auto rule applied)."""
+    options = summary.get("options", {})
+    asked = options.get("label_type", "auto")
+    checksum = summary.get("classes_checksum")
+    fixed = " from the given class list" if options.get("classes") else ""
+    if summary.get("label_type") == "int" and not class_count:
+        why = " (auto: every label is a plain integer)" if asked == "auto" else ""
+        return f"labels: integers as written in the manifest{why}"
+    source = "folder names" if summary.get("source_kind") == "folder" else "label strings, sorted"
+    why = " (auto: labels are not all integers)" if asked == "auto" and summary.get("source_kind") == "manifest" else ""
+    return (f"labels: {class_count} classes{fixed or ' from ' + source}{why}, class-list checksum {checksum}; "
+            f"build other splits with --classes-from this dataset")
 
 
 @cli.command("build")
@@ -58,20 +73,49 @@ def parse_size(text: str) -> int:
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--classes", "classes_spec", default=None,
+              help="Fix the class list (label i = i-th name): a file (one name per line, or a .json list) "
+                   "or names like a,b,c. Folders/labels not in it are rejected (unknown-class); a listed "
+                   "class without files keeps its label with 0 samples. Use one list for every split.")
+@click.option("--classes-from", "classes_from", type=click.Path(path_type=Path), default=None,
+              help="Use the class list of an existing dataset (e.g. the train split when building val).")
+@click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
+              help="Manifest labels: int (plain ASCII integers), str (class names, sorted), auto (integers "
+                   "when every label is one, class names when none is; a mix is an error).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only warnings and errors.")
+@click.option("--verbose", "-v", is_flag=True, help="Also log what each step does (packer.* loggers at INFO).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 def build_command(source: Path, out: Path, root: Path | None, shard_size: str, alignment: int, seed: int,
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,
                   engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
-                  quality: int | None, resize_side: str | None, raw_size: str | None) -> None:
-    """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT."""
+                  quality: int | None, resize_side: str | None, raw_size: str | None,
+                  classes_spec: str | None, classes_from: Path | None, label_type: str,
+                  verbose: bool) -> None:
+    """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT.
+
+    Build every split of one dataset with one class list (`--classes-from TRAIN_OUT` for val),
+    or a class missing from one split shifts every label after it.
+    """
     from ..build.run import build, finish, parse_part
+    from ..classes import classes_of, load_class_list
     from ..codecs import merge_codec_options
     from ..errors import OptionError
 
+    configure_logging(quiet=quiet, verbose=verbose)
+
     def body() -> int:
+        classes = None
+        if classes_spec is not None and classes_from is not None:
+            raise OptionError("give --classes or --classes-from, not both")
+        if classes_spec is not None:
+            classes = load_class_list(classes_spec)
+        elif classes_from is not None:
+            classes = classes_of(classes_from)
+            if not classes:
+                raise OptionError(f"--classes-from {classes_from}: that dataset has integer labels and no "
+                                  f"class names")
         try:
             spec = merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
                                                "size": raw_size})
@@ -79,7 +123,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
             raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
                               f"jpeg options, --size is a raw option)") from None
         options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
-                               seed=seed, codec=spec, validate=validate, max_pixels=max_pixels)
+                               seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,
+                               classes=classes, label_type=label_type)
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:
@@ -99,6 +144,9 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         click.echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
                    f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
                    f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
+        click.echo(describe_labels(result.summary, len(result.classes)), err=True)
+        for warning in result.summary.get("warnings", []):
+            click.echo(f"WARNING: {warning}", err=True)
         notes = result.summary.get("codec_notes", {})
         if notes:
             click.echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
@@ -110,7 +158,9 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
             emit_json({"ok": True, "path": str(out), "samples": result.sample_count, "shards": result.shard_count,
                        "payload_bytes": result.payload_bytes, "total_bytes": result.total_bytes,
                        "rejected": len(result.rejected), "rejected_by_reason": reasons,
-                       "codec_notes": notes})
+                       "codec_notes": notes, "classes": len(result.classes),
+                       "classes_checksum": result.summary.get("classes_checksum"),
+                       "label_type": result.summary.get("label_type")})
         return 0
 
     run_command(body, as_json=as_json)
