@@ -138,10 +138,12 @@ def check_classes(expected: Any, actual: Any) -> tuple[str, ...]:
     if moved:
         c, i, j = moved[0]
         parts.append(f"{len(moved)} class(es) have other labels, e.g. {c!r} is {i} in {a} but {j} in {b}")
+    fix = (f"`packer build ... --classes-from {a}`" if isinstance(expected, (str, os.PathLike)) or
+           hasattr(expected, "path") or hasattr(expected, "dataset") else "`packer build ... --classes FILE`")
     raise ClassListMismatchError(
         f"class lists disagree ({len(want)} vs {len(got)} classes; checksums {class_list_checksum(want)} vs "
-        f"{class_list_checksum(got)}): {'; '.join(parts)}. Labels would mean different classes; rebuild "
-        f"with `packer build ... --classes-from {a}` so both use one list")
+        f"{class_list_checksum(got)}): {'; '.join(parts)}. Labels would mean different classes; rebuild {b} "
+        f"with {fix} so both use one list")
 
 
 def _few(names: Sequence[str], shown: int = 5) -> str:

@@ -87,13 +87,14 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
         f"pip install 'packer[torch]'") from None
 
 from . import format as fmt
+from .classes import check_classes
 from .dataset import Dataset, DatasetIndex, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
 from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, CursorReader, EpochCursor, Position,
                     RankPlan, ReadOrder, index_blocks, uniform_blocks)
 
 __all__ = ["PackedDataset", "PackedSampler", "PackedBatchSampler", "PackedIterableDataset", "PackedDataLoader",
-           "collate", "resolve_rank", "LAYOUTS"]
+           "collate", "resolve_rank", "check_classes", "LAYOUTS", "FIELDS"]
 
 LAYOUTS = ("CHW", "HWC")
 #: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
@@ -156,14 +157,17 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
     memory inside a worker, so it reaches the main process without another copy); images of
     different sizes come back as a list of tensors. Samples that ``__getitems__`` decoded straight
     into one batch tensor (fused transforms, ``layout="HWC"``) come back as that tensor, uncopied.
-    Labels become an int64 tensor.
+    Labels become an int64 tensor. Dict samples (``PackedDataset(fields=...)``) give a dict
+    batch: ``{"image": images, "label": int64, "index": int64, "key": [str], "metadata": [dict]}``.
 
     Args:
         samples: what ``PackedDataset.__getitems__`` returns.
 
     Returns:
-        ``(images, labels)``.
+        ``(images, labels)``, or a dict for dict samples.
     """
+    if samples and isinstance(samples[0], dict):
+        return _collate_fields(samples)
     labels = [sample[1] for sample in samples]
     try:
         label_tensor = torch.as_tensor(labels, dtype=torch.int64)
@@ -172,6 +176,26 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
     if isinstance(samples, _BatchSamples) and len(samples) == len(samples.batch):
         return samples.batch, label_tensor  # decoded in place: nothing to stack
     return _stack([sample[0] for sample in samples]), label_tensor
+
+
+def _collate_fields(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Dict samples (``PackedDataset(fields=...)``) into one dict: images stacked as ``collate``
+    does, labels and indices int64 tensors, keys and metadata lists (no per-key tensors of
+    ragged metadata)."""
+    out: dict[str, Any] = {}
+    for name in samples[0]:
+        values = [sample[name] for sample in samples]
+        if name == "image":
+            batch = getattr(samples, "batch", None)
+            out[name] = batch if batch is not None and len(batch) == len(samples) else _stack(values)
+        elif name in ("label", "index"):
+            try:
+                out[name] = torch.as_tensor(values, dtype=torch.int64)
+            except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
+                out[name] = torch_data.default_collate(values)
+        else:
+            out[name] = values
+    return out
 
 
 def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
@@ -184,6 +208,34 @@ def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
         return list(images)
     out = _empty((len(images), *first.shape), first.dtype)
     return torch.stack(list(images), 0, out=out)
+
+
+#: What a ``PackedDataset`` sample can hold (``fields=``), and the default.
+FIELDS = ("image", "label", "index", "key", "metadata")
+DEFAULT_FIELDS = ("image", "label")
+
+
+def _check_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    from .errors import OptionError
+
+    chosen = (fields,) if isinstance(fields, str) else tuple(fields)
+    unknown = [f for f in chosen if f not in FIELDS]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise OptionError(f"fields must be distinct names from {list(FIELDS)}, got {list(chosen)}")
+    return chosen
+
+
+def _refuse_decode_transform(transform: Any) -> None:
+    """packer's crops decode the stored bytes: as ``transform=`` they would get a tensor and fail
+    on every sample with an obscure error (the torchvision habit is to pass crops as transform)."""
+    from .errors import OptionError
+    from .transforms import DecodeTransform
+
+    if isinstance(transform, DecodeTransform):
+        name = type(transform).__name__
+        raise OptionError(f"packer.transforms.{name} decodes the stored bytes itself: pass it as decode=, "
+                          f"not transform= (e.g. PackedDataset(path, decode={name}(...))); transform= is for "
+                          f"functions of the decoded image tensor (torchvision transforms)")
 
 
 class _Pipeline:
@@ -265,23 +317,46 @@ class PackedDataset(torch_data.Dataset):
     when it has a batch sampler or ``batch_size``) decodes from zero-copy mmap views, or reads a
     whole batch with one coalesced ``read_batch`` first (other backends, checksums, raw bytes).
 
+    torchvision's ``ImageFolder`` names that fit a flat index are here: ``classes``,
+    ``class_to_idx``, ``targets`` (a read-only zero-copy int64 array, not a list) and ``root``.
+    Deliberately missing: ``samples`` and ``imgs`` (a list of ``(path, label)`` tuples costs
+    ~150 bytes of Python objects per sample, per worker: use ``dataset.key(i)``), ``loader``
+    and ``extensions`` (packer decides by the bytes), and ``find_classes`` (the class list is
+    fixed at build time: ``packer build --classes``).
+
     Args:
         source: the dataset folder, or an open ``packer.dataset.Dataset``.
         decode: ``True`` (decode to pixels), ``False`` (stored bytes) or a callable
-            ``decode(data, image_format) -> HWC array``.
+            ``decode(data, image_format) -> HWC array`` such as ``packer.transforms.RandomResizedCrop``.
         layout: ``"CHW"`` (default) or ``"HWC"``.
-        transform: applied to the image tensor.
+        transform: applied to the image tensor (torchvision tensor transforms work).
         target_transform: applied to the int label.
         backend: ``"mmap"``, ``"pread"`` or ``"direct"`` (see ``packer.open_dataset``).
         verify_checksums: check every sample's xxh3 on read.
+        classes: the class list this dataset must have (e.g. ``train.classes`` when opening the
+            validation set): a mismatch raises ``ClassListMismatchError`` at once.
+        fields: what a sample holds. The default ``("image", "label")`` gives ``(image, label)``
+            tuples; any other choice from ``FIELDS`` (``"image"``, ``"label"``, ``"index"``,
+            ``"key"``, ``"metadata"``) gives a dict per sample, and ``collate`` a dict per batch:
+            images stacked, labels and indices int64 tensors, keys a list of str, metadata a list
+            of dicts.
+
+    Raises:
+        ClassListMismatchError: ``classes`` given and different from the dataset's.
+        OptionError: a decode transform passed as ``transform=``, or an unknown field.
     """
 
     def __init__(self, source: PathOrDataset, *, decode: bool | DecodeFn = True, layout: str = "CHW",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
-                 verify_checksums: bool = False) -> None:
+                 verify_checksums: bool = False, classes: Sequence[str] | None = None,
+                 fields: Sequence[str] = DEFAULT_FIELDS) -> None:
+        _refuse_decode_transform(transform)
+        self._fields = _check_fields(fields)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
+        if classes is not None:
+            check_classes(tuple(classes), self.dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -289,6 +364,29 @@ class PackedDataset(torch_data.Dataset):
     @property
     def classes(self) -> tuple[str, ...]:
         return self.dataset.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """``{class name: label}``, as torchvision's ``ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self.dataset.classes)}
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Every sample's label: a read-only, zero-copy int64 view of the index (torchvision's
+        ``ImageFolder.targets`` is a list; this indexes, slices and ``len``s the same way)."""
+        labels = self.dataset.labels.view()
+        labels.flags.writeable = False
+        return labels
+
+    @property
+    def root(self) -> str:
+        """The dataset folder."""
+        return str(self.dataset.path)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """What each sample holds (see the class docstring)."""
+        return self._fields
 
     @property
     def labels(self) -> np.ndarray:
@@ -305,17 +403,47 @@ class PackedDataset(torch_data.Dataset):
             raise IndexError(f"sample {i} out of range for a dataset of {count} samples")
         return i % count
 
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
+    def __getitem__(self, i: int) -> Any:
         i = self._index(i)
         data = np.frombuffer(self.dataset.get(i), dtype=np.uint8)  # zero-copy over the shard mapping
         pipeline = self._pipeline
         pixels = pipeline.pixels(self.dataset, i, data)
         image = pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data))
-        return image, pipeline.label(self.dataset, i)
+        sample = (image, pipeline.label(self.dataset, i))
+        return sample if self._fields == DEFAULT_FIELDS else self._sample_dict(sample, i)
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def _sample_dict(self, sample: tuple[Any, Any], i: int) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in self._fields:
+            if name == "image":
+                values[name] = sample[0]
+            elif name == "label":
+                values[name] = sample[1]
+            elif name == "index":
+                values[name] = i
+            elif name == "key":
+                values[name] = self.dataset.key(i)
+            else:
+                values[name] = self.dataset.metadata(i)
+        return values
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Samples ``indices``: decoded from zero-copy views with the mmap backend, else read with
         one coalesced ``read_batch`` (a run per contiguous group)."""
+        samples = self._pairs(indices)
+        if self._fields == DEFAULT_FIELDS:
+            return samples
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self.dataset)
+        rows = [self._sample_dict(sample, i) for sample, i in zip(samples, (idx % n if n else idx).tolist())]
+        if isinstance(samples, _BatchSamples):
+            out = _BatchSamples.__new__(_BatchSamples)
+            list.__init__(out, rows)
+            out.batch = samples.batch
+            return out
+        return rows
+
+    def _pairs(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset

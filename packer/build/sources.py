@@ -571,13 +571,13 @@ def _row_metadata(row: dict[str, object], jsonl: bool) -> tuple[bytes | None, st
 
 def _row_file(rel: str, root: Path) -> tuple[str, int, str, str]:
     """(key, size, rejection reason, message) of a manifest path; reason "" when usable."""
-    key = rel.replace(os.sep, "/")
-    if "\x00" in rel:
-        return key, 0, "bad-manifest-row", "path contains a NUL character"
+    if "\x00" in rel:  # no usable key: the caller names the row by its line instead
+        return "", 0, "bad-manifest-row", "path contains a NUL character"
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: no file name and no valid key
-        return key, 0, "undecodable-name", "path is not valid Unicode text"
+        return "", 0, "undecodable-name", "path is not valid Unicode text"
+    key = rel.replace(os.sep, "/")
     normal = os.path.normpath(rel)
     # Lexical check only (like the folder walk, symlinks are followed): resolving every path
     # with realpath would cost one lstat per path component per row.
@@ -653,7 +653,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
             continue
         key, size, reason, message = _row_file(rel, root_path)
         if reason:
-            out.reject(key, reason, message)
+            out.reject(key or where, reason, message)
             continue
         encoded = key.encode("utf-8")
         out.add(encoded, size, value, meta)
