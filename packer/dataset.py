@@ -47,9 +47,12 @@ def _read_manifest_bytes(root: Path) -> bytes:
         data = read_capped(root, fmt.MANIFEST_NAME, fmt.MAX_MANIFEST_BYTES)
     except DatasetChangedError:  # [R42]
         staging = (root / ".packer-build").exists()
+        failed = not staging and (root / fmt.REPORT_NAME).is_file()
         raise NotAPackerFileError(
             "no manifest.json: not a packer dataset" + (
-                " (an unfinished build is here: finish it with `packer build --resume`)" if staging else ""),
+                " (an unfinished build is here: finish it with `packer build --resume`)" if staging else "") + (
+                f" (a build that packed nothing left {fmt.REPORT_NAME} here: it lists every rejected file "
+                f"and why)" if failed else ""),
             path=root) from None
     except NotAPackerFileError:  # [R44] a FIFO or folder in its place
         raise NotAPackerFileError("manifest.json is not a regular file", path=root / fmt.MANIFEST_NAME) from None

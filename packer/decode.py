@@ -139,7 +139,7 @@ def decode_jpeg_rgb(data: ImageBytes, *, name: str = "", max_pixels: int = DEFAU
 
 def _check_pixels(width: int, height: int, max_pixels: int, path: str | None) -> None:
     if width * height > max_pixels:
-        raise DecodeError(f"the header declares {width}x{height} = {width * height} pixels, over the limit of "
+        raise DecodeError(f"the header declares {height}x{width} (HxW) = {width * height} pixels, over the limit of "
                           f"{max_pixels} (a decompression bomb, or raise max_pixels)", path=path)
 
 

@@ -413,8 +413,8 @@ class DecodeTransform:
             m = 8
         decoded_height, decoded_width = pixels.shape[:2]
         if m == 8 and (decoded_width, decoded_height) != (width, height):
-            raise DecodeError(f"JPEG header says {width}x{height} but the image decodes to "
-                              f"{decoded_width}x{decoded_height}")
+            raise DecodeError(f"JPEG header says {height}x{width} (HxW) but the image decodes to "
+                              f"{decoded_height}x{decoded_width}")
         # Decoded pixel i covers original pixels [i * 8/M, (i + 1) * 8/M): scale by M/8 exactly,
         # not by decoded/original size, which libjpeg's rounding-up would skew.
         factor = m / 8
@@ -558,31 +558,38 @@ class CenterCrop(DecodeTransform):
 
 def normalize_on_gpu(images: Any, mean: Sequence[float] = IMAGENET_MEAN,
                      std: Sequence[float] = IMAGENET_STD, *, device: Any = "cuda",
-                     dtype: Any = None, channels_last: bool = True) -> "torch.Tensor":
-    """Turn a uint8 NHWC batch into a normalised float NCHW tensor on ``device``.
+                     dtype: Any = None, channels_last: bool = True, layout: str | None = None) -> "torch.Tensor":
+    """Turn a uint8 batch (NHWC or NCHW) into a normalised float NCHW tensor on ``device``.
 
     The copy to the device moves uint8 (a quarter of float32's bytes); the conversion, the
     subtraction and the division then run on the device. The result is NCHW in channels-last
     memory format (a free permute of NHWC), which cuDNN convolutions prefer under AMP.
 
     Args:
-        images: ``(N, H, W, 3)`` uint8 torch tensor or numpy array (pin it for async copies).
+        images: ``(N, H, W, 3)`` or ``(N, 3, H, W)`` uint8 torch tensor or numpy array (pin it
+            for async copies): ``PackedDataset``'s default ``layout="CHW"`` batches and the
+            ``HWC`` batches of the fused decode transforms both work.
         mean: per-channel mean in 0..255 units (default: ImageNet's).
         std: per-channel standard deviation in 0..255 units (default: ImageNet's).
         device: where to compute, e.g. ``"cuda"`` or ``"cpu"``.
         dtype: result dtype (default ``torch.float32``; ``torch.float16``/``bfloat16`` work).
         channels_last: keep channels-last memory format; False returns a contiguous NCHW tensor.
+        layout: ``"NHWC"`` or ``"NCHW"``; by default the axis of size 3 says which (a batch with
+            3 at both places, e.g. 3-pixel-wide images, must say).
 
     Returns:
         ``(N, 3, H, W)`` tensor of ``(x - mean) / std``.
 
     Raises:
         MissingDependencyError: torch is not installed.
+        OptionError: not a 4-D batch with 3 channels, or an ambiguous / unknown ``layout``.
 
     Example:
         >>> for images, labels in loader:
         ...     x = normalize_on_gpu(images, device="cuda", dtype=torch.bfloat16)
     """
+    from .errors import OptionError
+
     try:
         import torch
     except ImportError as exc:
@@ -591,8 +598,24 @@ def normalize_on_gpu(images: Any, mean: Sequence[float] = IMAGENET_MEAN,
             from exc
     if isinstance(images, np.ndarray):
         images = torch.from_numpy(images)
-    if images.ndim != 4 or images.shape[-1] != 3:
-        raise ValueError(f"expected an (N, H, W, 3) batch, got shape {tuple(images.shape)}")
+    shape = tuple(images.shape)
+    if layout is None:
+        if len(shape) == 4 and shape[-1] == 3 and shape[1] != 3:
+            layout = "NHWC"
+        elif len(shape) == 4 and shape[1] == 3 and shape[-1] != 3:
+            layout = "NCHW"
+        elif len(shape) == 4 and shape[1] == 3 == shape[-1]:
+            raise OptionError(f"batch of shape {shape} could be NHWC or NCHW: pass layout='NHWC' or 'NCHW'")
+        else:
+            raise OptionError(f"expected an (N, H, W, 3) or (N, 3, H, W) batch, got shape {shape}")
+    if layout not in ("NHWC", "NCHW"):
+        raise OptionError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+    channel_axis = 3 if layout == "NHWC" else 1
+    if len(shape) != 4 or shape[channel_axis] != 3:
+        raise OptionError(f"expected an {'(N, H, W, 3)' if layout == 'NHWC' else '(N, 3, H, W)'} batch "
+                          f"for layout {layout!r}, got shape {shape}")
+    if layout == "NCHW":  # the same NHWC memory path below: a free view for channels-last inputs
+        images = images.permute(0, 2, 3, 1)
     on_device = images.to(device, non_blocking=True)
     x = on_device.permute(0, 3, 1, 2).float()
     mean_t = torch.tensor(mean, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)

@@ -196,7 +196,7 @@ class _ShardResult:
 
 
 def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int | None = None,
-           progress: bool = True) -> VerifyReport:
+           progress: bool = False) -> VerifyReport:
     """Check a dataset completely: structure, every shard and sample checksum, padding, headers.
 
     Args:
@@ -205,7 +205,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
         workers: processes to scan shards in parallel; ``None`` picks one per available core,
             at most one per shard and one per ``BYTES_PER_WORKER`` (256 MiB) of shards; ``1``
             scans in this process.
-        progress: show a tqdm bar on stderr (samples/s and MB/s).
+        progress: show a tqdm bar on stderr (samples/s and MB/s); off by default in the library
+            (the CLI turns it on), so library calls print nothing unless asked.
 
     Returns:
         A ``VerifyReport``; ``report.ok`` is False when anything is wrong, and
@@ -578,4 +579,4 @@ class _Decoder:
             return
         got_height, got_width = pixels.shape[:2]
         if width and height and (got_width, got_height) != (width, height):
-            add(f"decodes to {got_width}x{got_height} pixels but the index says {width}x{height}")
+            add(f"decodes to {got_height}x{got_width} (HxW) pixels but the index says {height}x{width}")

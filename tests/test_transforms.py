@@ -360,5 +360,6 @@ def test_normalize_on_gpu_on_the_cpu() -> None:
     np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6, atol=1e-5)
     y = normalize_on_gpu(batch, device="cpu", dtype=torch.bfloat16, channels_last=False)
     assert y.dtype == torch.bfloat16 and y.is_contiguous()
-    with pytest.raises(ValueError, match="N, H, W, 3"):
+    from packer.errors import OptionError
+    with pytest.raises(OptionError, match="N, H, W, 3"):  # a typed error, not a ValueError
         normalize_on_gpu(batch[0], device="cpu")

@@ -64,7 +64,7 @@ def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceL
 
 
 def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
-           workers: int | None = None, seed: int | None = None, progress: bool = True) -> BuildResult:
+           workers: int | None = None, seed: int | None = None, progress: bool = False) -> BuildResult:
     """Append the images of ``source`` to ``dataset`` as new shards (the library form of ``packer append``).
 
     The build options of the dataset (alignment, shard size, codec, validation, shuffle) are reused;

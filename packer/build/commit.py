@@ -22,10 +22,10 @@ from ..errors import BuildError
 from .atomic import fsync_dir, write_atomic
 from .plan import BuildPlan
 from .records import read_record, record_path
-from .sources import Rejection, SourceListing, gather_blob
+from .sources import Rejection, SourceListing, empty_source_error, gather_blob
 from .staging import STAGING_DIR, io_error
 
-__all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset"]
+__all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "record_empty_build"]
 
 @dataclass
 class BuildResult:
@@ -40,6 +40,10 @@ class BuildResult:
     seconds: float = 0.0
     summary: dict[str, Any] = field(default_factory=dict)
     classes: tuple[str, ...] = ()
+    #: ``--resume`` found this dataset already finished from the same source and options.
+    already_complete: bool = False
+    #: for ``already_complete``: the source was spot-checked against the recorded file sizes.
+    source_verified: bool = True
 
 
 
@@ -67,13 +71,10 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     listing = plan.listing
     live = [i for i, h in enumerate(headers) if h["sample_count"]]
     if not live:
-        # No dataset, so no build report either: the reasons go in the message.
-        reasons: dict[str, int] = {}
-        for r in list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]:
-            reasons[r.reason] = reasons.get(r.reason, 0) + 1
-        shown = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        raise BuildError(f"every one of the {len(listing)} source files was rejected ({shown}); nothing to pack",
-                         path=out)
+        # No dataset: the caller writes the build report (``record_empty_build``) so the names survive.
+        raise empty_source_error(f"every one of the {len(listing)} listed source files was rejected; nothing "
+                                 f"to pack", list(listing.rejected) + [Rejection(**r) for h in headers
+                                                                       for r in h["rejected"]], path=out)
     columns, shards, source = assemble_index(listing, [headers[i] for i in live], [records[i] for i in live])
     rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
     options = plan.options
@@ -87,6 +88,11 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         "rejected": len(rejected),
         "planned_shards": plan.shard_count,
         "tool": f"packer {__version__}",
+        "source": plan.source,
+        # A spread of (key, size) from the listing: `--resume` on the finished dataset checks
+        # them to tell "this source, already done" from "another source" without a new listing.
+        "source_probes": [[listing.key(i), int(listing.sizes[i])] for i in
+                          sorted({int(x) for x in np.linspace(0, len(listing) - 1, num=min(16, len(listing)))})],
     }
     notes: dict[str, int] = {}
     for header in headers:
@@ -145,6 +151,31 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     total = sum(s.size for s in shards) + index_size
     return BuildResult(path=out, sample_count=rows, shard_count=len(shards), rejected=rejected,
                        payload_bytes=payload, total_bytes=total, summary=build_info, classes=tuple(classes))
+
+
+def record_empty_build(out: Path, error: Exception, options: dict[str, Any], *, source_kind: str) -> None:
+    """A build that packed nothing: write its build report (every rejection, with its reason) and
+    remove the working folder, so OUT holds no half-made build that ``--resume`` would continue.
+
+    An existing dataset in OUT (``--overwrite``) keeps its own report; the new one then goes
+    only into the error message. Best effort: a report that cannot be written never hides the
+    error the build is raising.
+    """
+    rejected: list[Rejection] = list(getattr(error, "rejected", []))
+    try:
+        if not (out / fmt.MANIFEST_NAME).exists() and out.is_dir():
+            summary = {"type": "summary", "packed": 0, "rejected": len(rejected), "error": str(error),
+                       "options": options, "source_kind": source_kind, "tool": f"packer {__version__}"}
+            lines = [json.dumps(summary, sort_keys=True, ensure_ascii=False)]
+            lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
+                      for r in sorted(rejected, key=lambda r: r.key.encode("utf-8", "surrogateescape"))]
+            write_atomic(out / fmt.REPORT_NAME, [("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")])
+            error.args = (f"{error.args[0]}; every rejection is in {out / fmt.REPORT_NAME}",) + error.args[1:]
+            if hasattr(error, "message"):
+                error.message = f"{error.message}; every rejection is in {out / fmt.REPORT_NAME}"
+    except OSError:
+        pass
+    shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
 
 
 def _remove_unreferenced(out: Path, keep: set[str]) -> None:

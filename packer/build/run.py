@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -13,14 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import format as fmt
-from ..errors import BuildError, OptionError, OutputExistsError, SourceError
+from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, SourceError
 from ..progress import BuildProgress, ListingProgress
-from .commit import BuildResult, finish_build
+from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
 from .sources import list_source
-from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
+from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
 __all__ = ["build", "finish", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
+
+logger = logging.getLogger("packer.build")
 
 
 # --- planning ---------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
           part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
           address: str | None = None,
-          progress: bool = True) -> BuildResult | None:
+          progress: bool = False) -> BuildResult | None:
     """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
 
     Args:
@@ -150,7 +153,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         plan_only: list the source and save the plan (for the parts to share), then return None.
         engine: ``"local"`` (process pool) or ``"ray"``.
         address: the Ray cluster address for ``engine="ray"``.
-        progress: show a tqdm bar on stderr.
+        progress: show a tqdm bar on stderr; off by default in the library (the CLI turns it
+            on): library calls only log, to the ``packer`` loggers (warnings reach stderr).
 
     Returns:
         The BuildResult, or None when only a part was packed.
@@ -169,10 +173,29 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     # while cleaning up: its saved plan shows it was allowed to write here.
     split = part is not None or plan_only  # one step of a split build: shares the folder with others
     continuing = resume and not split and (out_path / STAGING_DIR / PLAN_NAME).is_file()
+    if resume and not split and not overwrite and not continuing and (out_path / fmt.MANIFEST_NAME).is_file():
+        # A requeued job after success: the dataset is the result, not an obstacle.
+        return _already_complete(source_path, out_path, options, Path(root) if root is not None else None,
+                                 started)
+    created = not out_path.exists()
     _check_output(out_path, overwrite or split or continuing)
     if split and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
     root_path = Path(root) if root is not None else None
+    try:
+        return _build_locked(source_path, out_path, options, root_path, started, workers=workers,
+                             overwrite=overwrite, resume=resume, continuing=continuing, on_error=on_error,
+                             part=part, plan_only=plan_only, split=split, engine=engine, address=address,
+                             progress=progress)
+    except SourceError:  # the input is unusable: leave no half-made output behind
+        _drop_lock_file(out_path, remove_empty=created)
+        raise
+
+
+def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root_path: Path | None,
+                  started: float, *, workers: int | None, overwrite: bool, resume: bool, continuing: bool,
+                  on_error: str, part: tuple[int, int] | None, plan_only: bool, split: bool, engine: str,
+                  address: str | None, progress: bool) -> BuildResult | None:
     with build_lock(out_path, shared=split):
         if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
             # Checked again under the lock: another build may have committed since the check above.
@@ -181,8 +204,16 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         staging = out_path / STAGING_DIR
         if not split and not resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
-        plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
-                            progress=progress, strict_classes=on_error == "fail")
+        try:
+            plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
+                                progress=progress, strict_classes=on_error == "fail")
+        except EmptySourceError as exc:
+            if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
+                record_empty_build(out_path, exc, options.to_json(), source_kind="manifest" if
+                                   source_path.is_file() else "folder")
+            raise
+        logger.info("planned %d shard(s) for %d file(s) (%d rejected while listing)", plan.shard_count,
+                    len(plan.listing), len(plan.listing.rejected))
         if plan_only:
             return None
         if not split:
@@ -193,9 +224,79 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
                    progress=progress, fail_on_reject=on_error == "fail")
         if part is not None:
             return None
-        result = finish_build(plan, out_path)
+        try:
+            result = finish_build(plan, out_path)
+        except EmptySourceError as exc:  # every listed file was rejected while packing
+            record_empty_build(out_path, exc, options.to_json(), source_kind=plan.listing.kind)
+            raise
     result.seconds = time.monotonic() - started
+    logger.info("committed %d samples in %d shard(s) to %s", result.sample_count, result.shard_count, out_path)
     return result
+
+
+def _drop_lock_file(out: Path, *, remove_empty: bool) -> None:
+    """A build refused for its input leaves no lock file or staging behind: OUT then holds only
+    the build report of a build that packed nothing, or (if this build created it) is gone."""
+    if (out / fmt.MANIFEST_NAME).exists() or (out / STAGING_DIR).exists():
+        return
+    (out / LOCK_NAME).unlink(missing_ok=True)
+    if remove_empty:
+        try:
+            out.rmdir()  # only if empty: never removes anything but the folder this build made
+        except OSError:
+            pass
+
+
+def _already_complete(source: Path, out: Path, options: BuildOptions, root: Path | None,
+                      started: float) -> BuildResult:
+    """``--resume`` on a finished dataset: complete when it was built from this source with these
+    options (exit 0, nothing rewritten); otherwise a clear error.
+
+    Raises:
+        BuildError: the dataset here was built with other options or from another source.
+    """
+    from ..dataset import open_index
+
+    with build_lock(out), open_index(out) as index:
+        info = index.manifest.build if isinstance(index.manifest.build, dict) else {}
+        stored = info.get("options")
+        try:
+            built_with = BuildOptions(**stored) if isinstance(stored, dict) else None
+        except TypeError:
+            built_with = None
+        if built_with != options:
+            asked = options.to_json()
+            then = built_with.to_json() if built_with is not None else {}
+            differ = ", ".join(f"{k}: built {then.get(k, '?')!r}, asked {v!r}" for k, v in sorted(asked.items())
+                               if then.get(k) != v) if built_with is not None else "its options are not recorded"
+            raise BuildError(f"--resume: a finished dataset is here, built with other options ({differ}); pass "
+                             f"--overwrite to rebuild it, or use the options it was built with", path=out)
+        kind = "manifest" if source.is_file() else "folder"
+        if info.get("source_kind") not in (None, kind):
+            raise BuildError(f"--resume: the finished dataset here was built from a {info.get('source_kind')}, "
+                             f"not a {kind}; pass --overwrite to rebuild it", path=out)
+        source_root = root if root is not None else (source.parent if source.is_file() else source)
+        probes = info.get("source_probes")
+        for probe in probes if isinstance(probes, list) else []:
+            key, size = (probe + [None, None])[:2] if isinstance(probe, list) else (None, None)
+            if not isinstance(key, str) or not isinstance(size, int):
+                continue
+            try:
+                now = os.stat(source_root / key).st_size
+            except OSError:
+                now = -1
+            if now != size:
+                raise BuildError(f"--resume: the finished dataset here was built from a different source: {key!r} "
+                                 f"is {'missing' if now < 0 else f'{now} bytes'} under {source_root}, it was "
+                                 f"{size} bytes; pass --overwrite to rebuild", path=out)
+        shards = index.manifest.shards
+        payload = int(index.sizes.sum())
+        total = sum(s.size for s in shards) + index.manifest.index.size
+        logger.info("%s is already complete (%d samples); nothing to do", out, len(index))
+        return BuildResult(path=out, sample_count=len(index), shard_count=len(shards), rejected=[],
+                           payload_bytes=payload, total_bytes=total, seconds=time.monotonic() - started,
+                           summary=dict(info), classes=tuple(index.classes), already_complete=True,
+                           source_verified=isinstance(probes, list))
 
 
 def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
@@ -218,7 +319,11 @@ def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
                                     "replace it", path=out_path)
         plan = load_plan(plan_path, source_root)
         _refuse_append_plan(plan, out_path)
-        return finish_build(plan, out_path)
+        try:
+            return finish_build(plan, out_path)
+        except EmptySourceError as exc:
+            record_empty_build(out_path, exc, plan.options.to_json(), source_kind=plan.listing.kind)
+            raise
 
 
 # --- engines ----------------------------------------------------------------------------------

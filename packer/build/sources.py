@@ -684,8 +684,10 @@ def rejection_summary(rejected: Sequence[Rejection], *, top: int = 3) -> str:
 def empty_source_error(what: str, rejected: list[Rejection], *, path: Path,
                        hints: Sequence[str] = ()) -> EmptySourceError:
     """An EmptySourceError naming the top rejection reasons, carrying the rejections for the report."""
-    fix = f"; to fix: {'; '.join(hints)}" if hints else ""
-    error = EmptySourceError(f"{what} ({rejection_summary(rejected)}){fix}", path=path)
+    summary = rejection_summary(rejected)
+    fresh = [hint for hint in hints if hint not in summary]  # the example row may already say it
+    fix = f"; to fix: {'; '.join(fresh)}" if fresh else ""
+    error = EmptySourceError(f"{what} ({summary}){fix}", path=path)
     error.rejected = list(rejected)  # type: ignore[attr-defined]  (the build writes them to its report)
     return error
 

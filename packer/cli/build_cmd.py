@@ -58,7 +58,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--resize-side", type=click.Choice(["longer", "shorter"]), default=None,
               help="jpeg: which side --max-size bounds (default longer).")
 @click.option("--size", "raw_size", default=None,
-              help="raw: stored HEIGHTxWIDTH in pixels (e.g. 224x224): resize and centre crop.")
+              help="raw: stored size as HEIGHTxWIDTH in pixels (e.g. 224x160 is 224 high, 160 wide; height "
+                   "first, like numpy shapes and torchvision sizes, and like inspect prints sizes): "
+                   "resize and centre crop.")
 @click.option("--validate", type=click.Choice(["header", "full"]), default="header", show_default=True,
               help="header: parse each image's header; full: also decode every image.")
 @click.option("--max-pixels", default=150_000_000, show_default=True, type=int,
@@ -137,6 +139,14 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
                        f"--finish`", err=True)
             if as_json:
                 emit_json({"ok": True, "part": part, "plan_only": plan_only})
+            return 0
+        if result.already_complete:
+            checked = "" if result.source_verified else " (options checked; this dataset records no source probes)"
+            click.echo(f"{out} is already complete: {result.sample_count} samples in {result.shard_count} shard(s), "
+                       f"built from this source with these options{checked}; nothing to do", err=True)
+            if as_json:
+                emit_json({"ok": True, "path": str(out), "already_complete": True, "samples": result.sample_count,
+                           "shards": result.shard_count})
             return 0
         reasons: dict[str, int] = {}
         for r in result.rejected:

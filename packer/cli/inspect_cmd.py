@@ -76,7 +76,7 @@ def _format_sample(info: dict[str, Any]) -> str:
         ("offset", f"{info['offset']}"),
         ("size", f"{info['size']} bytes"),
         ("checksum", info["checksum"]),
-        ("image", f"{info['image_format']} {info['width']}x{info['height']}, {info['channels']} channel(s)"),
+        ("image", f"{info['image_format']} {info['height']}x{info['width']} (HxW), {info['channels']} channel(s)"),
         ("metadata", json.dumps(info["metadata"], sort_keys=True, ensure_ascii=False) if info["metadata"] else "none"),
     ]
     return "\n".join(f"{name:<9}  {value}" for name, value in rows)
@@ -165,5 +165,5 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
     result["path"] = str(out)
     document["grid"] = result
     failed = f"; {len(result['failed'])} could not be shown (marked !): {result['failed']}" if result["failed"] else ""
-    click.echo(f"wrote a {result['width']}x{result['height']} contact sheet of {len(result['samples'])} "
+    click.echo(f"wrote a {result['height']}x{result['width']} (HxW) contact sheet of {len(result['samples'])} "
                f"samples to {out}{failed}", err=True)

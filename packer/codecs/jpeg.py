@@ -92,7 +92,7 @@ class JpegCodec:
             payload = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=self.quality,
                                              colorspace="RGB", colorsubsampling=self.subsampling)
         except Exception as exc:  # noqa: BLE001 - report any encoder failure as this sample's
-            raise DecodeError(f"cannot encode the {out_w}x{out_h} image as JPEG: {exc}",
+            raise DecodeError(f"cannot encode the {out_h}x{out_w} (HxW) image as JPEG: {exc}",
                               path=name or None) from None
         return payload, ImageInfo(image_format=ImageFormat.JPEG, width=out_w, height=out_h,
                                   channels=3, mode="RGB")
