@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import EXIT_DAMAGED, EXIT_OK, cli, emit_json, run_command
+from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, emit_json, run_command
 
 __all__ = ["verify_command"]
 
@@ -17,12 +17,16 @@ __all__ = ["verify_command"]
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes checking shards in parallel (default: one per core, at most one per shard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bool, quiet: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only warnings and errors.")
+@click.option("--verbose", "-v", is_flag=True, help="Also log what each step does (packer.* loggers at INFO).")
+def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bool, quiet: bool,
+                   verbose: bool) -> None:
     """Check DATASET completely: manifest and index structure, every shard header, size and
     checksum, every sample checksum, zero padding, and with --decode every image. Names each
     damaged sample (number, shard, key, what is wrong). Exit status 0: intact; 1: damaged."""
     from ..verify import verify
+
+    configure_logging(quiet=quiet, verbose=verbose)
 
     if dataset.is_file() and dataset.name == "manifest.json":
         dataset = dataset.parent
