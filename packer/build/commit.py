@@ -89,10 +89,10 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         "planned_shards": plan.shard_count,
         "tool": f"packer {__version__}",
         "source": plan.source,
-        # A spread of (key, size) from the listing: `--resume` on the finished dataset checks
+        # A spread of {key: size} from the listing: `--resume` on the finished dataset checks
         # them to tell "this source, already done" from "another source" without a new listing.
-        "source_probes": [[listing.key(i), int(listing.sizes[i])] for i in
-                          sorted({int(x) for x in np.linspace(0, len(listing) - 1, num=min(16, len(listing)))})],
+        "source_probes": {listing.key(i): int(listing.sizes[i]) for i in
+                          sorted({int(x) for x in np.linspace(0, len(listing) - 1, num=min(16, len(listing)))})},
     }
     notes: dict[str, int] = {}
     for header in headers:

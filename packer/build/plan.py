@@ -58,8 +58,14 @@ class BuildOptions:
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
-        if document["classes"] is not None:
+        # Options added later are written only when set: a dataset built before they existed
+        # records the same options as one built now with the defaults (so --resume matches it).
+        if document["classes"] is None:
+            del document["classes"]
+        else:
             document["classes"] = list(document["classes"])
+        if document["label_type"] == "auto":
+            del document["label_type"]
         return document
 
     def check(self) -> "BuildOptions":

@@ -276,10 +276,10 @@ def _already_complete(source: Path, out: Path, options: BuildOptions, root: Path
             raise BuildError(f"--resume: the finished dataset here was built from a {info.get('source_kind')}, "
                              f"not a {kind}; pass --overwrite to rebuild it", path=out)
         source_root = root if root is not None else (source.parent if source.is_file() else source)
-        probes = info.get("source_probes")
-        for probe in probes if isinstance(probes, list) else []:
-            key, size = (probe + [None, None])[:2] if isinstance(probe, list) else (None, None)
-            if not isinstance(key, str) or not isinstance(size, int):
+        probes = info.get("source_probes")  # informational: checked for type, never trusted
+        for key, size in (probes.items() if isinstance(probes, dict) else ()):
+            if (not isinstance(size, int) or isinstance(size, bool) or not key or key.startswith("/")
+                    or ".." in key.split("/")):
                 continue
             try:
                 now = os.stat(source_root / key).st_size
@@ -296,7 +296,7 @@ def _already_complete(source: Path, out: Path, options: BuildOptions, root: Path
         return BuildResult(path=out, sample_count=len(index), shard_count=len(shards), rejected=[],
                            payload_bytes=payload, total_bytes=total, seconds=time.monotonic() - started,
                            summary=dict(info), classes=tuple(index.classes), already_complete=True,
-                           source_verified=isinstance(probes, list))
+                           source_verified=isinstance(probes, dict))
 
 
 def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
