@@ -97,6 +97,26 @@ def test_cli_classes_list_file_and_classes_from(tmp_path: Path) -> None:
     assert open_index(tmp_path / "f").classes == ("c", "b", "a")
     result = runner.invoke(cli, ["build", str(tmp_path / "val"), str(tmp_path / "g"), "-q", "--classes", "a,a"])
     assert result.exit_code == 2 and "listed twice" in result.output
+    checksum = fmt.class_list_checksum(("a", "b", "c"))
+    for out in ("t", "v"):  # inspect shows the same checksum for both splits
+        shown = runner.invoke(cli, ["inspect", str(tmp_path / out)]).output
+        assert f"class-list checksum {checksum}" in shown
+
+
+def test_cli_summary_states_the_label_rule(tmp_path: Path) -> None:
+    write_images(tmp_path / "img", {"x": 2})
+    (tmp_path / "ints.csv").write_text("path,label\nx/000.jpg,4\nx/001.jpg,9\n")
+    runner = CliRunner()
+    auto = runner.invoke(cli, ["build", str(tmp_path / "ints.csv"), str(tmp_path / "a"), "-q",
+                               "--root", str(tmp_path / "img")])
+    assert auto.exit_code == 0 and "integers as written in the manifest (auto: every label is a plain integer)" \
+        in auto.output
+    as_str = runner.invoke(cli, ["build", str(tmp_path / "ints.csv"), str(tmp_path / "s"), "-q",
+                                 "--root", str(tmp_path / "img"), "--label-type", "str", "--json"])
+    assert as_str.exit_code == 0 and "2 classes from label strings" in as_str.stderr
+    document = json.loads(as_str.stdout)
+    assert document["label_type"] == "str" and document["classes"] == 2
+    assert open_index(tmp_path / "s").classes == ("4", "9")
 
 
 @pytest.mark.parametrize("spec, message", [("", "empty"), ("a,,a", "twice"), ("missing/list.txt", "no such file")])

@@ -82,7 +82,7 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
         options = _generation_options(manifest, out, generation, seed)
-        listing = list_source(Path(source), root)
+        listing = list_source(Path(source), root, label_type=options.label_type)
         listing, classes = _relabel(listing, manifest.classes)
         listing = _drop_existing_keys(listing, _existing_keys(old.index))
         if len(listing) == 0:

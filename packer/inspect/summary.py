@@ -75,6 +75,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
                        "samples": _stats(shard_counts)},
             "classes": [{"label": label, "name": name, "count": int(class_counts[label])}
                         for label, name in enumerate(classes)],
+            "classes_checksum": fmt.class_list_checksum(classes) if classes else None,
             "labels": _label_counts(labels) if not classes else None,
             "unlabeled": int(np.count_nonzero(labels < 0)),
             "bytes": {
@@ -198,7 +199,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     options = s["build"].get("options") if isinstance(s["build"], dict) else None
     if isinstance(options, dict):
-        lines.append("build      " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(options.items())))
+        shown = {k: (f"<{len(v)} names>" if k == "classes" and isinstance(v, list) else v) for k, v in options.items()}
+        lines.append("build      " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(shown.items())))
     notes = s["build"].get("codec_notes") if isinstance(s["build"], dict) else None
     if isinstance(notes, dict) and notes:  # what the codec did, e.g. JPEGs tiled or kept as they are
         lines.append("codec did " + ", ".join(f"{n:,} {k}" for k, n in notes.items()
@@ -208,7 +210,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     classes = s["classes"]
     if classes:
         unlabeled = f" (+ {s['unlabeled']:,} unlabeled samples)" if s["unlabeled"] else ""
-        lines.append(f"classes    {len(classes):,}{unlabeled}")
+        lines.append(f"classes    {len(classes):,}{unlabeled} (class-list checksum {s.get('classes_checksum')})")
         width = max(len(c["name"]) for c in classes[:_CLASSES_SHOWN])
         for c in classes[:_CLASSES_SHOWN]:
             lines.append(f"  {c['name']:<{width}}  {c['count']:>10,}")
