@@ -119,6 +119,13 @@ def test_cli_summary_states_the_label_rule(tmp_path: Path) -> None:
     assert open_index(tmp_path / "s").classes == ("4", "9")
 
 
+def test_build_options_take_the_cli_spellings_of_a_class_list(tmp_path: Path) -> None:
+    (tmp_path / "classes.json").write_text('["b", "a"]')
+    assert BuildOptions(classes=str(tmp_path / "classes.json")).classes == ("b", "a")
+    assert BuildOptions(classes="x, y").classes == ("x", "y")
+    assert BuildOptions(classes=["p", "q"]).classes == ("p", "q")
+
+
 @pytest.mark.parametrize("spec, message", [("", "empty"), ("a,,a", "twice"), ("missing/list.txt", "no such file")])
 def test_bad_class_lists_are_option_errors(spec: str, message: str) -> None:
     with pytest.raises(OptionError, match=message):

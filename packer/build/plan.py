@@ -15,6 +15,7 @@ sample larger than the target gets a shard of its own. Planned shard ``i`` is wr
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ class BuildOptions:
     codec: str = "passthrough"
     validate: str = "header"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    #: A fixed class list (label i is classes[i]), or None to number the classes found.
+    #: A fixed class list (label i is classes[i]), or None to number the classes found. Also
+    #: accepts what ``--classes`` does (a file of names, or ``"a,b,c"``), read once here.
     classes: tuple[str, ...] | None = None
     #: How manifest labels are read: "auto", "int" or "str" (see ``sources.LABEL_TYPES``).
     label_type: str = "auto"
@@ -55,6 +57,8 @@ class BuildOptions:
     def __post_init__(self) -> None:
         if isinstance(self.classes, list):  # from JSON (a saved plan, a manifest's build options)
             object.__setattr__(self, "classes", tuple(self.classes))
+        elif isinstance(self.classes, (str, os.PathLike)):
+            object.__setattr__(self, "classes", load_class_list(self.classes))
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
