@@ -70,6 +70,19 @@ def test_val_missing_a_class_keeps_train_labels_with_classes_from(tmp_path: Path
     assert '"reason": "unknown-class"' in report and "wolf/000.jpg" in report
 
 
+def test_append_keeps_a_fixed_class_list(tmp_path: Path) -> None:
+    from packer.build.append import append
+
+    write_images(tmp_path / "train", {"cat": 1, "dog": 1})
+    write_images(tmp_path / "more", {"dog": 2, "wolf": 1})
+    (tmp_path / "more" / "dog" / "000.jpg").unlink()  # already in the dataset under that key
+    quick(tmp_path / "train", tmp_path / "ds", classes=("cat", "dog", "emu"))
+    result = append(tmp_path / "ds", tmp_path / "more", workers=1)
+    assert open_index(tmp_path / "ds").classes == ("cat", "dog", "emu")
+    assert [(r.key, r.reason) for r in result.rejected] == [("wolf/000.jpg", "unknown-class")]
+    assert sorted(open_index(tmp_path / "ds").labels.tolist()) == [0, 1, 1]
+
+
 def test_on_error_fail_refuses_unknown_classes_as_a_whole(tmp_path: Path) -> None:
     write_images(tmp_path / "val", {"dog": 1, "wolf": 1})
     with pytest.raises(SourceError, match="not in the class list.*wolf/000.jpg"):

@@ -67,7 +67,8 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
            workers: int | None = None, seed: int | None = None, progress: bool = False) -> BuildResult:
     """Append the images of ``source`` to ``dataset`` as new shards (the library form of ``packer append``).
 
-    The build options of the dataset (alignment, shard size, codec, validation, shuffle) are reused;
+    The build options of the dataset (alignment, shard size, codec, validation, shuffle, a fixed
+    class list and the label type) are reused;
     ``seed`` defaults to the original seed plus the generation number, so each generation is shuffled
     differently but reproducibly.
 
@@ -82,7 +83,9 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
         options = _generation_options(manifest, out, generation, seed)
-        listing = list_source(Path(source), root, label_type=options.label_type)
+        # A dataset built with a fixed class list (--classes) keeps it: new class names are
+        # rejected as unknown-class, never given new ids that other splits do not have.
+        listing = list_source(Path(source), root, label_type=options.label_type, classes=options.classes)
         listing, classes = _relabel(listing, manifest.classes)
         listing = _drop_existing_keys(listing, _existing_keys(old.index))
         if len(listing) == 0:

@@ -170,7 +170,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
                        "rejected": len(result.rejected), "rejected_by_reason": reasons,
                        "codec_notes": notes, "classes": len(result.classes),
                        "classes_checksum": result.summary.get("classes_checksum"),
-                       "label_type": result.summary.get("label_type")})
+                       "label_type": result.summary.get("label_type"),
+                       "warnings": result.summary.get("warnings", [])})
         return 0
 
     run_command(body, as_json=as_json)
