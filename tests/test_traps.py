@@ -188,3 +188,13 @@ def test_cli_verbose_logs_the_steps_and_quiet_keeps_warnings(tmp_path: Path) -> 
     assert verbose.exit_code == 0 and "INFO: planned 1 shard(s)" in verbose.output
     quiet = runner.invoke(cli, ["build", str(tmp_path / "data"), str(tmp_path / "b"), "-q"])
     assert quiet.exit_code == 0 and "INFO" not in quiet.output and "look like dataset splits" in quiet.output
+
+
+def test_cli_logging_setup_is_undone_after_the_command(source: Path, tmp_path: Path) -> None:
+    import logging
+
+    logger = logging.getLogger("packer")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    result = CliRunner().invoke(cli, ["build", str(source), str(tmp_path / "out"), "-q", "-v"])
+    assert result.exit_code == 0
+    assert (list(logger.handlers), logger.level, logger.propagate) == before

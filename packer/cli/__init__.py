@@ -34,19 +34,30 @@ def configure_logging(*, quiet: bool = False, verbose: bool = False) -> None:
     """Route the ``packer`` loggers to stderr for a CLI run: warnings always, INFO with ``--verbose``.
 
     The library itself only logs (it configures nothing, like any library); the CLI decides.
-    ``--quiet`` keeps warnings and errors: they are what a user must not miss.
+    ``--quiet`` keeps warnings and errors: they are what a user must not miss. ``run_command``
+    undoes this when the command ends, so an in-process caller (a test, a notebook using
+    ``CliRunner``) keeps its own logging set-up.
     """
     logger = logging.getLogger("packer")
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+    _reset_logging()
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.previous_level = logger.level
+    logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose and not quiet else logging.WARNING)
+
+
+def _reset_logging() -> None:
+    logger = logging.getLogger("packer")
+    for handler in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(handler)
+        logger.setLevel(handler.previous_level)
 
 
 class _StderrHandler(logging.Handler):
     """Writes to the *current* ``sys.stderr`` (a test runner may swap it between commands)."""
+
+    previous_level = logging.NOTSET
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -67,6 +78,8 @@ def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> Non
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    finally:
+        _reset_logging()
     sys.exit(code)
 
 
