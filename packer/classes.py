@@ -28,6 +28,7 @@ SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "tes
 
 #: A class list larger than this is refused as an option (a mistake, like a manifest given as the list).
 MAX_CLASSES = 1 << 20
+MAX_CLASS_FILE_BYTES = 64 << 20
 
 
 def _checked(names: Sequence[Any], where: str) -> tuple[str, ...]:
@@ -65,14 +66,16 @@ def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, 
     if path.is_file():
         try:
             with open(path, "rb") as handle:
-                data = handle.read(64 << 20)
+                data = handle.read(MAX_CLASS_FILE_BYTES + 1)
+            if len(data) > MAX_CLASS_FILE_BYTES:
+                raise OptionError(f"--classes {path}: over {MAX_CLASS_FILE_BYTES} bytes (is it a manifest?)")
             text = data.decode("utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
             raise OptionError(f"--classes {path}: cannot read the class list ({exc})") from None
         if path.suffix.lower() == ".json":
             try:
                 names = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise OptionError(f"--classes {path}: not JSON ({exc})") from None
             if not isinstance(names, list):
                 raise OptionError(f"--classes {path}: expected a JSON list of class names")

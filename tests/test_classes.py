@@ -145,6 +145,14 @@ def test_bad_class_lists_are_option_errors(spec: str, message: str) -> None:
         load_class_list(spec)
 
 
+@pytest.mark.parametrize("content, message", [("[" * 100_000, "not JSON"), ('{"a": 1}', "JSON list"),
+                                              ('["a", 3]', "non-empty strings"), ("[]", "empty")])
+def test_bad_class_list_files_are_option_errors(tmp_path: Path, content: str, message: str) -> None:
+    (tmp_path / "classes.json").write_text(content)
+    with pytest.raises(OptionError, match=message):
+        load_class_list(tmp_path / "classes.json")
+
+
 def test_building_the_parent_of_splits_warns_loudly(tmp_path: Path, caplog) -> None:
     write_images(tmp_path / "data" / "train", {"cat": 1})
     write_images(tmp_path / "data" / "val", {"cat": 1})
