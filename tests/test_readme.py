@@ -155,3 +155,15 @@ def test_readme_block_runs(block: Block, world: dict[str, object]) -> None:
     output = (done.stdout[-3000:] + "\n" + done.stderr[-3000:]).strip()
     assert done.returncode == 0, f"README line {block.line} ({block.language}) exited {done.returncode}:\n{output}"
     assert "Traceback (most recent call last)" not in done.stderr, f"README line {block.line}:\n{output}"
+
+
+def test_readme_claims_hold_after_the_blocks_ran(world: dict[str, object]) -> None:
+    """What the README's comments promise about the outputs its blocks made (run after them)."""
+    from packer.classes import check_classes
+
+    home = world["home"]
+    assert isinstance(home, Path)
+    train, val = home / "packed" / "train", home / "packed" / "val"
+    if not (train / "manifest.json").is_file() or not (val / "manifest.json").is_file():
+        pytest.skip("the README no longer builds packed/train and packed/val")
+    check_classes(train, val)  # "same labels in every split", though val lacks a class
