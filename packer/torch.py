@@ -813,6 +813,7 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
                                   count_samples=not self.batched)
         self._advised: OrderedDict[int, None] = OrderedDict()
         self._advised_shards: set[int] = set()
+        self._skip_batches = 0  # set by a worker's own state (StatefulDataLoader), used by its next iteration
 
     def _dataset_blocks(self) -> np.ndarray | None:
         if self.cursor.read_order.kind != "block":
@@ -832,13 +833,56 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
         share = self.share()
         return share.num_batches if self.batched else share.per_rank
 
+    # --- torchdata's StatefulDataLoader: one state per worker, taken and restored in the worker ---
+    def state_dict(self, *, batches_consumed: int | None = None,
+                   samples_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position; see ``CursorReader.state_dict``.
+
+        Called inside a DataLoader worker with no argument (what torchdata's
+        ``StatefulDataLoader`` does), it returns that worker's state: the iteration's start and
+        how many of its own batches the worker handed out. ``load_state_dict`` in the same
+        worker of a loader with the same ``num_workers`` continues exactly there.
+        """
+        info = torch_data.get_worker_info()
+        if info is None or batches_consumed is not None or samples_consumed is not None:
+            return super().state_dict(batches_consumed=batches_consumed, samples_consumed=samples_consumed)
+        state = self.read_order.state_dict(self.num_samples, epoch=self.epoch, consumed=self.start,
+                                           blocks=self.cursor.blocks)
+        state.update(worker=int(info.id), num_workers=int(info.num_workers), worker_items=self.cursor.handed_out)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position (see ``CursorReader.load_state_dict``), or a worker's state.
+
+        Raises:
+            OptionError: the state was saved with another order, seed or dataset size, or is a
+                worker's state loaded outside that worker of a loader with as many workers.
+        """
+        if "worker" not in state:
+            super().load_state_dict(state)
+            return
+        info = torch_data.get_worker_info()
+        here = (info.id, info.num_workers) if info is not None else None
+        if here != (state.get("worker"), state.get("num_workers")):
+            raise OptionError(f"this is the state of worker {state.get('worker')} of {state.get('num_workers')}; "
+                              f"resume with a loader of as many workers (here: "
+                              f"{'no worker' if here is None else f'worker {here[0]} of {here[1]}'})")
+        base = {key: value for key, value in state.items() if key not in ("worker", "num_workers", "worker_items")}
+        self.cursor.load_state_dict(base)
+        items = int(state.get("worker_items", 0))
+        if not self.batched:  # a sample state: whole batches of this worker
+            items //= self.batch_size
+        self._skip_batches = max(0, items)
+
     def __iter__(self) -> Iterator[Any]:
         info = torch_data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         indices, bounds = _worker_share(self.cursor.begin(), worker, num_workers)  # the epoch order is freed here
         _release_free_heap()
         count = len(bounds) - 1
-        for k in range(count):
+        skip, self._skip_batches = min(self._skip_batches, count), 0  # a worker state loaded for this worker
+        self.cursor.handed_out = skip if self.batched else int(bounds[skip])
+        for k in range(skip, count):
             batch = indices[bounds[k]:bounds[k + 1]]
             if self.read_ahead:
                 self._prepare(batch)

@@ -231,3 +231,37 @@ def test_plain_dataloader_with_explicit_counts(packed: Path, identify) -> None:
     rest = [i for images, _ in DataLoader(dataset, sampler=fresh, batch_size=4, collate_fn=collate)
             for i in identify(images)]
     _assert_epoch_once(seen + rest)
+
+
+# --- torchdata's StatefulDataLoader: its own state_dict protocol on samplers and datasets --------
+
+@pytest.mark.parametrize("kind", ["sampler", "batch_sampler", "iterable"])
+def test_torchdata_stateful_dataloader(packed: Path, identify, kind: str) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make():
+        dataset = PackedDataset(packed, decode=False)
+        if kind == "sampler":
+            return stateful.StatefulDataLoader(dataset, sampler=PackedSampler(dataset, seed=3), batch_size=4,
+                                               collate_fn=collate, **_workers())
+        if kind == "batch_sampler":
+            return stateful.StatefulDataLoader(dataset, batch_sampler=PackedBatchSampler(dataset, batch_size=4, seed=3),
+                                               collate_fn=collate, **_workers())
+        iterable = PackedIterableDataset(packed, batch_size=4, seed=3, decode=False)
+        return stateful.StatefulDataLoader(iterable, batch_size=None, **_workers())
+
+    loader = make()
+    seen = _take(loader, 3, identify)
+    state = loader.state_dict()  # the loader's own protocol: it asks the sampler / each worker's dataset
+    del loader
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [i for images, _ in resumed for i in identify(images)]
+    _assert_epoch_once(seen + rest)
+
+
+def test_a_worker_state_is_refused_outside_its_worker(packed: Path) -> None:
+    dataset = PackedIterableDataset(packed, batch_size=4, seed=3, decode=False)
+    state = dict(dataset.state_dict(), worker=1, num_workers=2, worker_items=3)
+    with pytest.raises(OptionError, match="worker 1 of 2"):
+        dataset.load_state_dict(state)
