@@ -90,6 +90,7 @@ from . import format as fmt
 from .classes import check_classes
 from .dataset import Dataset, DatasetIndex, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
+from .rawcrop import raw_shape_of, read_raw_batch
 from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, CursorReader, EpochCursor, Position,
                     RankPlan, ReadOrder, index_blocks, uniform_blocks)
 
@@ -256,15 +257,22 @@ class _Pipeline:
         """The sample's image before layout: HWC pixels, or the 1-D payload when not decoding."""
         if self.decode is False:
             return data
+        from .transforms import DecodeTransform
+
         image_format = int(dataset.index.image_format[i])
-        if self.decode is True:
+        fused = isinstance(self.decode, DecodeTransform)
+        if self.decode is True or fused:
             if image_format == fmt.ImageFormat.RAW:
                 ix = dataset.index
                 shape = (int(ix.height[i]), int(ix.width[i]), int(ix.channels[i]))
                 if math.prod(shape) != data.size:
                     raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
                                       f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
+                if fused:  # crop and resize the raw pixels; the index keys seeded draws
+                    return self.decode(data.reshape(shape), image_format, index=i, name=dataset.key(i))
                 return data.reshape(shape)
+            if fused:
+                return self.decode(data, image_format, index=i)
             try:
                 return decode_image(data, image_format)
             except DecodeError as exc:
@@ -451,6 +459,10 @@ class PackedDataset(torch_data.Dataset):
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
+        if pipeline.decode is not False and pipeline.batch_shape(len(idx)) is not None:
+            raw_shape = raw_shape_of(dataset)
+            if raw_shape is not None:  # raw pixels: one batched crop-resize (packer.rawcrop)
+                return self._raw_into_batch(idx, raw_shape)
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
@@ -488,12 +500,21 @@ class PackedDataset(torch_data.Dataset):
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
             try:
-                pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k])
+                pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k], index=i)
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
             labels.append(pipeline.label(dataset, i))
         return _BatchSamples(batch, labels)
+
+    def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int]) -> "_BatchSamples":
+        """Raw pixels: gather the batch from the shard views, then crop, resize and flip it in one
+        vectorised pass (``DecodeTransform.batch``) straight into the batch tensor (in shared
+        memory inside a worker)."""
+        dataset, pipeline = self.dataset, self._pipeline
+        batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
+        pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=batch)
+        return _BatchSamples(batch, [pipeline.label(dataset, i) for i in idx.tolist()])
 
     def close(self) -> None:
         self.dataset.close()

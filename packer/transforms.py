@@ -52,6 +52,17 @@ against 1.6-2.0 ms). The window is cut by ``packer.codecs.tiles.cut_window`` (co
 ``packer.codecs._jpegtiles`` is installed: 20 us instead of ~150 us in Python). ``CenterCrop`` decodes the whole image either way (its box is most of the image, and
 its exact resize-then-crop rule needs the whole image's size).
 
+Raw pixels (``--codec raw`` datasets). Both transforms also take already decoded ``(H, W, 3)``
+uint8 pixels in place of ``data`` (``packer.torch`` passes a raw sample's pixels, reshaped from
+the index), and crop, resize and flip them exactly as a decoded image. For a whole batch,
+``transform.batch(images, indices, out=...)`` does the same in one vectorised pass
+(``packer.rawcrop``): all boxes drawn with numpy, one antialiased bilinear resample over the
+batch; ``PackedDataset.__getitems__`` and ``packer.threaded.ThreadedLoader`` use it for raw
+datasets. Its pixels agree with the per-sample path within ``rawcrop.AGREEMENT_MAX_ABS`` grey
+levels. With ``seed=`` the boxes are a function of ``(seed, epoch, index)`` on both paths (call
+``transform.set_epoch(epoch)`` with the sampler's; the threaded loader does it itself); without
+it, each process draws from its own generator as below.
+
 Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
 worker shared memory) and convert on the device, as ``normalize_on_gpu`` does::
 
@@ -90,6 +101,7 @@ from .errors import DecodeError
 from .format import ImageFormat
 from .imageinfo import byte_view, detect_format
 from .codecs.tiles import cut_window, window_margin
+from .rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
 
 if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
     import torch
@@ -238,8 +250,16 @@ class DecodeTransform:
     _resize_then_crop = False
 
     def __init__(self, size: Size, *, fast_dct: bool, fast_upsample: bool,
-                 resize_backend: str) -> None:
+                 resize_backend: str, seed: int | None = None) -> None:
         self.out_height, self.out_width = _output_size(size)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                                 or seed < 0):
+            raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
+        self.seed = None if seed is None else int(seed)
+        # The epoch of the seeded draws: a one-element array, or a shared-memory torch tensor once
+        # this transform is pickled with torch loaded (DataLoader workers, persistent ones too,
+        # then see set_epoch from the main process).
+        self._epoch_cell: Any = np.zeros(1, dtype=np.int64)
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
         if resize_backend not in RESIZE_BACKENDS:
@@ -266,9 +286,28 @@ class DecodeTransform:
         return self._rng
 
     def __getstate__(self) -> dict[str, Any]:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(self._epoch_cell, np.ndarray):
+            self._epoch_cell = torch.from_numpy(self._epoch_cell.copy()).share_memory_()
         state = self.__dict__.copy()
         state["_rng"], state["_rng_pid"] = None, -1  # each process makes its own stream
         return state
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the seeded draws (``set_epoch``)."""
+        return int(self._epoch_cell[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the seeded draws (with ``seed=``): call it with the sampler's.
+
+        Reaches DataLoader workers, persistent ones included (the value lives in shared memory
+        once the transform has been sent to a worker). ``packer.threaded.ThreadedLoader`` calls
+        it itself.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self._epoch_cell[0] = int(epoch)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -285,36 +324,108 @@ class DecodeTransform:
              rng: np.random.Generator) -> tuple[tuple[float, float, float, float], bool]:
         raise NotImplementedError
 
+    def _batch_boxes(self, width: int, height: int, indices: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``(N, 4)`` boxes and ``(N,)`` flips for a batch of same-size images."""
+        raise NotImplementedError
+
+    def _draw(self, width: int, height: int, rng: np.random.Generator,
+              index: int | None) -> tuple[tuple[float, float, float, float], bool]:
+        """The box and flip of one sample: seeded draws of ``(seed, epoch, index)`` when both
+        are known (the same as the batched path's), else the generator's."""
+        if self.seed is None or index is None:
+            return self._box(width, height, rng)
+        boxes, flips = self._batch_boxes(width, height, np.array([index], dtype=np.int64), rng)
+        return tuple(float(v) for v in boxes[0]), bool(flips[0])  # type: ignore[return-value]
+
+    def batch(self, images: Any, indices: Any = None, *, out: Any = None,
+              rng: np.random.Generator | None = None) -> Any:
+        """Crop, resize and flip a whole batch of raw pixels at once (``packer.rawcrop``).
+
+        The batched path for ``--codec raw`` datasets: every box drawn with numpy, one
+        vectorised antialiased bilinear resample over the batch, written into ``out``. Pixels
+        agree with calling this transform on each sample within ``rawcrop.AGREEMENT_MAX_ABS``
+        grey levels (``tests/test_rawcrop.py``); with ``seed=`` the boxes and flips are exactly
+        the per-sample path's, a function of ``(seed, epoch, index)``.
+
+        Args:
+            images: ``(N, H, W, 3)`` uint8 pixels: a numpy array (a zero-copy strided view of
+                a shard is fine) or a torch tensor on any device.
+            indices: the samples' dataset indices (needed with ``seed=``).
+            out: ``(N, height, width, 3)`` uint8 torch tensor to write into (e.g. in shared
+                memory, or on the GPU); default a new tensor on ``images``' device.
+            rng: the generator for unseeded draws (default this transform's per-process one).
+
+        Returns:
+            The ``(N, height, width, 3)`` uint8 torch tensor.
+
+        Raises:
+            ValueError: ``indices`` missing with ``seed=``, or shapes that do not fit.
+        """
+        shape = tuple(images.shape)
+        if len(shape) != 4 or shape[3] != 3:
+            raise ValueError(f"images must be an (N, H, W, 3) batch, got shape {shape}")
+        count, height, width = shape[0], shape[1], shape[2]
+        if indices is None:
+            if self.seed is not None:
+                raise ValueError("a seeded transform draws from each sample's index: pass indices=")
+            index_array = np.zeros(count, dtype=np.int64)
+        else:
+            index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
+            if len(index_array) != count:
+                raise ValueError(f"{count} images but {len(index_array)} indices")
+        boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
+        return crop_resize_batch(images, boxes, self.size, flips=flips,
+                                 clip_to_box=not self._resize_then_crop, out=out)
+
     def __call__(self, data: ImageBytes, image_format: int | None = None,
                  rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
-                 name: str = "") -> np.ndarray:
+                 name: str = "", index: int | None = None) -> np.ndarray:
         """Decode ``data`` and return the transformed ``(height, width, 3)`` uint8 RGB array.
 
         Args:
-            data: the stored image bytes (any C-contiguous buffer).
+            data: the stored image bytes (any C-contiguous buffer), or already decoded
+                ``(H, W, 3)`` uint8 pixels (a ``--codec raw`` sample, which ``packer.torch``
+                passes reshaped: raw bytes carry no shape).
             image_format: an ``ImageFormat`` value (the index's ``image_format`` column);
                 ``None`` detects it from the magic bytes.
             rng: the random generator; ``None`` uses this transform's per-process generator
                 (seeded from ``torch.initial_seed()`` when torch is loaded, else unseeded).
             out: optional ``(height, width, 3)`` uint8 array to write into; it is returned.
             name: the sample's name or key, for error messages.
+            index: the sample's dataset index: with ``seed=``, the box and flip are then the
+                seeded draws of ``(seed, epoch, index)`` (the batched path's), not ``rng``'s.
 
         Returns:
             ``out`` if given, else a new C-contiguous array.
 
         Raises:
-            DecodeError: the bytes cannot be decoded.
+            DecodeError: the bytes cannot be decoded, or raw bytes come without their shape.
         """
         if rng is None:
             rng = self._process_rng()
-        view = byte_view(data)
-        if image_format is None or image_format == ImageFormat.UNKNOWN:
-            image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
-        decoded = self._decode_jpeg(view, rng) if image_format == ImageFormat.JPEG else None
+        if isinstance(data, np.ndarray) and data.ndim == 3:
+            if data.dtype != np.uint8 or data.shape[2] != 3 or data.shape[0] < 1 or data.shape[1] < 1:
+                raise DecodeError(f"decoded pixels must be (H, W, 3) uint8, got {data.shape} "
+                                  f"{data.dtype}", path=name or None)
+            pixels = data
+            decoded = None
+        elif image_format == ImageFormat.RAW:
+            raise DecodeError("a raw payload carries no shape: pass its pixels as an (H, W, 3) "
+                              "uint8 array (packer.torch.PackedDataset does), or use .batch()",
+                              path=name or None)
+        else:
+            pixels = None
+            view = byte_view(data)
+            if image_format is None or image_format == ImageFormat.UNKNOWN:
+                image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
+            decoded = (self._decode_jpeg(view, rng, index) if image_format == ImageFormat.JPEG
+                       else None)
         if decoded is None:
-            pixels = decode_image(view, image_format, name=name)
+            if pixels is None:
+                pixels = decode_image(view, image_format, name=name)
             height, width = pixels.shape[:2]
-            box, flip = self._box(width, height, rng)
+            box, flip = self._draw(width, height, rng, index)
             full_size = True
         else:
             pixels, box, flip = decoded
@@ -361,7 +472,7 @@ class DecodeTransform:
                     max(self.out_width, round(width * scale_x)))
             x0 = min(max(round(left * scale_x), 0), size[1] - self.out_width)
             y0 = min(max(round(top * scale_y), 0), size[0] - self.out_height)
-            source = torch.from_numpy(pixels)
+            source = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy())
         else:
             # A random crop only needs whole pixels: round the box (under one decoded pixel).
             x0 = min(max(int(left + 0.5), 0), width - 1)
@@ -369,7 +480,8 @@ class DecodeTransform:
             x1 = min(max(int(right + 0.5), x0 + 1), width)
             y1 = min(max(int(bottom + 0.5), y0 + 1), height)
             size = (self.out_height, self.out_width)
-            source = torch.from_numpy(pixels[y0:y1, x0:x1])
+            crop = pixels[y0:y1, x0:x1]  # raw pixels may be a read-only view of a shard
+            source = torch.from_numpy(crop if crop.flags.writeable else crop.copy())
         # torch's AVX2 uint8 antialiased bilinear kernel works on channels-last images, and its
         # output then keeps that layout, so the HWC result below is contiguous (a crop view, or
         # a 1xCxHxW view torch does not recognise as channels-last, would come back planar and
@@ -386,7 +498,7 @@ class DecodeTransform:
         torch.from_numpy(out).copy_(resized)
         return out
 
-    def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator
+    def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator, index: int | None = None
                      ) -> tuple[np.ndarray, tuple[float, float, float, float], bool] | None:
         """Scaled simplejpeg decode: ``(pixels, box in decoded pixels, flip)``, or None.
 
@@ -399,7 +511,7 @@ class DecodeTransform:
             return None
         if colorspace in PILLOW_JPEG_COLORSPACES or width < 1 or height < 1:
             return None
-        box, flip = self._box(width, height, rng)
+        box, flip = self._draw(width, height, rng, index)
         left, top, right, bottom = box
         m = _dct_scale(right - left, bottom - top, self.size)
         if not self._resize_then_crop:
@@ -486,6 +598,11 @@ class RandomResizedCrop(DecodeTransform):
             colour edges).
         resize_backend: ``"auto"`` (torch when this process has imported it, else Pillow),
             ``"torch"`` or ``"pil"``; see ``RESIZE_BACKENDS``.
+        seed: draw each sample's box and flip from ``(seed, epoch, index)`` (``set_epoch``
+            selects the epoch; ``packer.rawcrop.sample_uniforms``) instead of a per-process
+            generator: the same crops whatever the workers, threads, ranks or resumes, and the
+            same on the per-sample and the batched raw path. Default None: per-process
+            generator, as torchvision.
 
     Example:
         >>> transform = RandomResizedCrop(224)
@@ -497,9 +614,9 @@ class RandomResizedCrop(DecodeTransform):
     def __init__(self, size: Size = 224, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, *,
                  fast_dct: bool = True, fast_upsample: bool = False,
-                 resize_backend: str = "auto") -> None:
+                 resize_backend: str = "auto", seed: int | None = None) -> None:
         super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
-                         resize_backend=resize_backend)
+                         resize_backend=resize_backend, seed=seed)
         if not (0 < scale[0] <= scale[1]):
             raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
         if not (0 < ratio[0] <= ratio[1]):
@@ -518,9 +635,18 @@ class RandomResizedCrop(DecodeTransform):
         flip = self.flip and bool(rng.random() < 0.5)
         return (float(left), float(top), float(left + w), float(top + h)), flip
 
+    def _batch_boxes(self, width: int, height: int, indices: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        if self.seed is not None:
+            draws = sample_uniforms(self.seed, self.epoch, indices, RRC_DRAWS)
+        else:
+            draws = rng.random((len(indices), RRC_DRAWS))
+        return random_resized_crop_boxes(draws, width, height, scale=self.scale, ratio=self.ratio,
+                                         flip=self.flip)
+
     def _repr_fields(self) -> dict[str, Any]:
         return {"size": self.size, "scale": self.scale, "ratio": self.ratio, "flip": self.flip,
-                **super()._repr_fields()}
+                "seed": self.seed, **super()._repr_fields()}
 
 
 class CenterCrop(DecodeTransform):
@@ -551,6 +677,11 @@ class CenterCrop(DecodeTransform):
     def _box(self, width: int, height: int,
              rng: np.random.Generator) -> tuple[tuple[float, float, float, float], bool]:
         return center_crop_box(width, height, self.size, self.resize), False
+
+    def _batch_boxes(self, width: int, height: int, indices: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        box = np.array(center_crop_box(width, height, self.size, self.resize), dtype=np.float64)
+        return np.tile(box, (len(indices), 1)), np.zeros(len(indices), dtype=bool)
 
     def _repr_fields(self) -> dict[str, Any]:
         return {"size": self.size, "resize": self.resize, **super()._repr_fields()}
