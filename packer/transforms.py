@@ -88,6 +88,7 @@ under ``torch.manual_seed``, as with torchvision's transforms.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Sequence, Union
@@ -259,7 +260,8 @@ class DecodeTransform:
         # The epoch of the seeded draws: a one-element array, or a shared-memory torch tensor once
         # this transform is pickled with torch loaded (DataLoader workers, persistent ones too,
         # then see set_epoch from the main process).
-        self._epoch_cell: Any = np.zeros(1, dtype=np.int64)
+        # An anonymous MAP_SHARED page is shared with forked children from the start.
+        self._epoch_cell: Any = np.frombuffer(mmap.mmap(-1, 8), dtype=np.int64)
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
         if resize_backend not in RESIZE_BACKENDS:
@@ -288,8 +290,11 @@ class DecodeTransform:
     def __getstate__(self) -> dict[str, Any]:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(self._epoch_cell, np.ndarray):
+            # A spawned worker unpickles the state: a torch shared-memory tensor stays shared.
             self._epoch_cell = torch.from_numpy(self._epoch_cell.copy()).share_memory_()
         state = self.__dict__.copy()
+        if isinstance(self._epoch_cell, np.ndarray):
+            state["_epoch_cell"] = self._epoch_cell.copy()  # an mmap does not pickle: the value
         state["_rng"], state["_rng_pid"] = None, -1  # each process makes its own stream
         return state
 
@@ -410,12 +415,14 @@ class DecodeTransform:
                                   f"{data.dtype}", path=name or None)
             pixels = data
             decoded = None
+            raw_input = True
         elif image_format == ImageFormat.RAW:
             raise DecodeError("a raw payload carries no shape: pass its pixels as an (H, W, 3) "
                               "uint8 array (packer.torch.PackedDataset does), or use .batch()",
                               path=name or None)
         else:
             pixels = None
+            raw_input = False
             view = byte_view(data)
             if image_format is None or image_format == ImageFormat.UNKNOWN:
                 image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
@@ -435,6 +442,12 @@ class DecodeTransform:
                              f"{out.dtype}")
         if self._use_torch():
             return self._resize_torch(pixels, box, flip, out)
+        if raw_input and not self._resize_then_crop:
+            # Cut the (whole-pixel) crop out first, as the torch path and the batched raw path do:
+            # Pillow's box= resize would also filter pixels outside the crop.
+            left, top, right, bottom = (int(v) for v in box)
+            pixels = pixels[top:bottom, left:right]
+            box = (0.0, 0.0, float(right - left), float(bottom - top))
         return self._resize_pil(pixels, box, flip, full_size, out)
 
     def _use_torch(self) -> bool:

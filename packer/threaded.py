@@ -1,0 +1,199 @@
+"""An in-process batch loader: the main process and a small thread pool, no worker processes.
+
+For small samples (CIFAR's 32x32, Tiny ImageNet's 64x64, raw pixels) a DataLoader's worker
+processes cost more than they give: each batch crosses a process boundary (pickled indices one
+way, a shared-memory tensor and its file descriptor the other way) and every worker pays its
+own start-up and page-table costs. The batched raw path (``packer.rawcrop``: one gather, one
+vectorised crop-resize per batch) spends its time in numpy and torch kernels that release the
+GIL, so a few threads of the training process keep up with it.
+
+``ThreadedLoader`` runs ``PackedDataset.__getitems__`` + ``collate`` (``packer.torch``) for each
+batch in a ``ThreadPoolExecutor`` of ``threads`` threads, keeping ``prefetch`` batches in
+flight, and yields them in order. The order, the rank split, the pad/drop rule and the
+resumable position are ``packer.order``'s (``ReadOrder.plan``), exactly as for
+``PackedBatchSampler``: the loader's ``k``-th batch is the rank's ``k``-th batch. Because
+nothing is prefetched *past the caller's view* (a batch counts as consumed when it is yielded),
+``state_dict()`` needs no ``batches_consumed`` argument: it is exact as is.
+
+A seeded fused transform (``RandomResizedCrop(32, seed=0)``) gets ``set_epoch`` from the
+loader, so each sample's crop is a function of (seed, epoch, index) whatever the number of
+threads; an unseeded one draws from one generator shared by the threads (thread-safe, not
+reproducible across thread counts).
+
+Example::
+
+    from packer.threaded import ThreadedLoader
+    from packer.transforms import RandomResizedCrop
+
+    loader = ThreadedLoader("packed/cifar-raw32", batch_size=512, order="random", seed=0,
+                            decode=RandomResizedCrop(32, scale=(0.35, 1.0), seed=0), threads=2)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:          # (512, 32, 32, 3) uint8, (512,) int64
+            ...
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder, index_blocks
+
+__all__ = ["ThreadedLoader", "DEFAULT_THREADS"]
+
+#: Threads when none are asked for: two (the batched raw path saturates about that many cores;
+#: more threads mostly contend with the training loop).
+DEFAULT_THREADS = 2
+
+
+class ThreadedLoader:
+    """Batches of a packed dataset, made by a thread pool inside this process, in order.
+
+    Args:
+        source: the dataset folder, or an open ``packer.dataset.Dataset``.
+        batch_size: samples per batch on each rank.
+        decode, layout, transform, target_transform: as for ``PackedDataset`` (``layout``
+            defaults to ``"HWC"`` here: with a fused transform from ``packer.transforms`` that
+            is the batched path, each batch decoded or cropped straight into one tensor).
+        order: ``"sequential"``, ``"random"`` (default) or ``"block"``.
+        seed: the run's seed; orders are functions of (seed, epoch).
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        drop_last: drop the end of the epoch order (full batches only) instead of padding.
+        threads: worker threads (default ``DEFAULT_THREADS``).
+        prefetch: batches in flight (default ``2 * threads``).
+        backend, verify_checksums: as for ``packer.open_dataset``.
+        block_bytes, window: the block shuffle's block span and window (in blocks).
+        pin_memory: pin each batch's images (for asynchronous copies to a GPU).
+
+    Raises:
+        ValueError: a bad thread or prefetch count (and whatever ``ReadOrder`` and
+            ``PackedDataset`` refuse).
+    """
+
+    def __init__(self, source: Any, *, batch_size: int, decode: Any = True, layout: str = "HWC",
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None, order: str = "random",
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, threads: int = DEFAULT_THREADS, prefetch: int | None = None,
+                 backend: str = "mmap", verify_checksums: bool = False,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+                 pin_memory: bool = False) -> None:
+        from .torch import PackedDataset, collate, resolve_rank  # torch is optional: imported here
+
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        prefetch = 2 * threads if prefetch is None else prefetch
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+        self.dataset = PackedDataset(source, decode=decode, layout=layout, transform=transform,
+                                     target_transform=target_transform, backend=backend,
+                                     verify_checksums=verify_checksums)
+        self._decode = decode
+        self._collate = collate
+        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                                    batch_size=batch_size, drop_last=drop_last)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.num_samples = len(self.dataset)
+        self.threads = threads
+        self.prefetch = prefetch
+        self.pin_memory = bool(pin_memory)
+        self._blocks: np.ndarray | None = None
+        if order == "block":
+            ix = self.dataset.dataset.index
+            self._blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
+        self._epoch = 0
+        self._start = 0
+        self._yielded = 0
+
+    # --- position (the same rules as packer.torch's samplers) ---
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def start(self) -> int:
+        """The global position the next iteration starts from (0 unless resumed)."""
+        return self._start
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (a loaded position is kept for its own epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if int(epoch) != self._epoch:
+            self._start = 0
+        self._epoch = int(epoch)
+
+    def share(self) -> RankShare:
+        """This rank's share of the rest of the current epoch."""
+        return self.read_order.share(self.num_samples, consumed=self._start, world_size=self.world_size)
+
+    def plan(self) -> RankPlan:
+        """This rank's batches for the rest of the current epoch."""
+        return self.read_order.plan(self.num_samples, epoch=self._epoch, consumed=self._start,
+                                    rank=self.rank, world_size=self.world_size, blocks=self._blocks)
+
+    def __len__(self) -> int:
+        return self.share().num_batches
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The resumable position (``packer.order``'s state; valid for any world size or threads).
+
+        Args:
+            batches_consumed: batches consumed since this epoch's iteration started; default
+                the batches this loader has yielded, which is exact (nothing is handed out early).
+        """
+        batches = self._yielded if batches_consumed is None else batches_consumed
+        consumed = self.share().consumed_after(batches)
+        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed,
+                                          blocks=self._blocks)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
+
+        Raises:
+            ValueError: the state was saved with another order, seed or dataset size.
+        """
+        self._epoch, self._start = self.read_order.check_state(state, self.num_samples, self._blocks)
+        self._yielded = 0
+
+    # --- iteration ---
+    def _load(self, indices: np.ndarray) -> tuple[Any, Any]:
+        images, labels = self._collate(self.dataset.__getitems__(indices))
+        if self.pin_memory and hasattr(images, "pin_memory"):
+            images = images.pin_memory()
+        return images, labels
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        if getattr(self._decode, "seed", None) is not None and hasattr(self._decode, "set_epoch"):
+            self._decode.set_epoch(self._epoch)  # seeded crops follow the loader's epoch
+        plan = self.plan()
+        self._yielded = 0
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"packer-{os.getpid()}")
+        pending: deque[Future] = deque()
+        try:
+            submitted = 0
+            for k in range(plan.num_batches):
+                while submitted < plan.num_batches and len(pending) < self.prefetch:
+                    pending.append(pool.submit(self._load, plan.batch(submitted)))
+                    submitted += 1
+                batch = pending.popleft().result()  # a failed batch raises here, in order
+                self._yielded = k + 1
+                yield batch
+        finally:  # a loop that stops early (break, exception) cancels what it will not use
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        self.dataset.close()
+
+    def __enter__(self) -> "ThreadedLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

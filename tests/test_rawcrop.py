@@ -1,0 +1,221 @@
+"""Crop and resize of raw pixels: per-sample and batched paths, seeded draws, DataLoader workers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from packer.build import build  # noqa: E402
+from packer.build.plan import BuildOptions  # noqa: E402
+from packer.errors import DecodeError  # noqa: E402
+from packer.format import ImageFormat  # noqa: E402
+from packer.rawcrop import (AGREEMENT_MAX_ABS, AGREEMENT_MEAN_ABS, RRC_DRAWS,  # noqa: E402
+                            crop_resize_batch, random_resized_crop_boxes, raw_shape_of, read_raw_batch,
+                            sample_uniforms)
+from packer.torch import PackedBatchSampler, PackedDataset, collate  # noqa: E402
+from packer.transforms import CenterCrop, RandomResizedCrop, random_resized_crop_params  # noqa: E402
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def raw_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import make_sample
+
+    root = tmp_path_factory.mktemp("rawcrop") / "src"
+    make_sample.make_image_folder(root, classes=4, per_class=N // 4, seed=3, min_size=30, max_size=70,
+                                  formats=("png", "jpeg"))
+    out = root.parent / "raw"
+    build(root, out, BuildOptions(codec="raw:size=36x40", shard_size=40 << 10, alignment=512, shuffle=False),
+          workers=1, progress=False)
+    return out
+
+
+def _noise(count: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """Smooth random images (a random walk along rows): like photos, unlike white noise."""
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(-12, 13, size=(count, height, width, 3))
+    return np.clip(128 + np.cumsum(steps, axis=2) // 2, 0, 255).astype(np.uint8)
+
+
+# --- seeded draws ---
+
+def test_sample_uniforms_depend_only_on_seed_epoch_index() -> None:
+    indices = np.array([5, 0, 17, 1_000_000_007, 5])
+    draws = sample_uniforms(3, 2, indices, RRC_DRAWS)
+    assert draws.shape == (5, RRC_DRAWS) and draws.min() >= 0 and draws.max() < 1
+    np.testing.assert_array_equal(draws[0], draws[4])  # the same index, anywhere in a batch
+    np.testing.assert_array_equal(draws[2], sample_uniforms(3, 2, [17], RRC_DRAWS)[0])
+    assert not np.array_equal(draws, sample_uniforms(3, 3, indices, RRC_DRAWS))  # another epoch
+    assert not np.array_equal(draws, sample_uniforms(4, 2, indices, RRC_DRAWS))  # another seed
+    many = sample_uniforms(0, 0, np.arange(20_000), 4)
+    assert abs(many.mean() - 0.5) < 0.01 and abs(np.corrcoef(many[:, 0], many[:, 1])[0, 1]) < 0.03
+    with pytest.raises(ValueError, match="non-negative"):
+        sample_uniforms(0, 0, [-1], 3)
+
+
+class _ColumnRng:
+    """A generator stand-in feeding ``random_resized_crop_params`` the batched rule's columns."""
+
+    def __init__(self, row: np.ndarray) -> None:
+        self.row, self.tries, self.placed = row, 0, 20
+
+    def uniform(self, low: float, high: float) -> float:
+        value = low + (high - low) * self.row[self.tries]
+        self.tries += 1
+        return value
+
+    def integers(self, low: int, high: int) -> int:
+        value = low + math.floor(self.row[self.placed] * (high - low))
+        self.placed += 1
+        return value
+
+
+@pytest.mark.parametrize("width,height,scale", [(40, 36, (0.08, 1.0)), (200, 20, (0.5, 1.0)),
+                                                (32, 32, (0.9, 1.0))])
+def test_batched_boxes_follow_the_per_sample_rule(width: int, height: int, scale: tuple) -> None:
+    draws = sample_uniforms(1, 0, np.arange(300), RRC_DRAWS)
+    boxes, flips = random_resized_crop_boxes(draws, width, height, scale=scale)
+    for row, box in zip(draws, boxes):
+        top, left, h, w = random_resized_crop_params(width, height, _ColumnRng(row), scale=scale)
+        assert tuple(box) == (left, top, left + w, top + h)
+    assert 0.4 < flips.mean() < 0.6
+    assert np.all(boxes[:, 2] <= width) and np.all(boxes[:, 3] <= height)
+
+
+# --- the resample kernel ---
+
+def test_identity_box_is_exact_and_flip_mirrors() -> None:
+    images = _noise(4, 20, 24)
+    boxes = np.tile([0.0, 0.0, 24.0, 20.0], (4, 1))
+    out = crop_resize_batch(images, boxes, (20, 24)).numpy()
+    np.testing.assert_array_equal(out, images)
+    flipped = crop_resize_batch(images, boxes, (20, 24), flips=np.array([True, False, True, False])).numpy()
+    np.testing.assert_array_equal(flipped[0], images[0, :, ::-1])
+    np.testing.assert_array_equal(flipped[1], images[1])
+
+
+def test_crop_resize_writes_into_a_strided_out_and_checks_shapes() -> None:
+    images = _noise(3, 16, 16)
+    boxes = np.array([[2.0, 3.0, 14.0, 15.0]] * 3)
+    nchw = torch.empty((3, 3, 8, 8), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    crop_resize_batch(images, boxes, (8, 8), out=nchw.permute(0, 2, 3, 1))
+    expected = crop_resize_batch(images, boxes, (8, 8))
+    assert torch.equal(nchw.permute(0, 2, 3, 1), expected)
+    with pytest.raises(ValueError, match="non-empty part"):
+        crop_resize_batch(images, np.array([[0.0, 0.0, 17.0, 16.0]] * 3), (8, 8))
+    with pytest.raises(ValueError, match="out must be"):
+        crop_resize_batch(images, boxes, (8, 8), out=torch.empty((3, 8, 9, 3), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("backend", ["torch", "pil"])
+@pytest.mark.parametrize("make,source", [
+    (lambda b: RandomResizedCrop(32, seed=7, resize_backend=b), (32, 32)),      # CIFAR-like
+    (lambda b: RandomResizedCrop(32, seed=8, resize_backend=b), (64, 64)),      # a downscale
+    (lambda b: RandomResizedCrop((20, 28), seed=9, resize_backend=b), (48, 40)),
+    (lambda b: RandomResizedCrop(96, seed=1, resize_backend=b), (160, 160)),   # the gather kernel
+    (lambda b: CenterCrop(24, resize=28, resize_backend=b), (36, 40)),
+    (lambda b: CenterCrop(28, resize=32, resize_backend=b), (64, 48)),
+])
+def test_batched_pixels_agree_with_the_per_sample_path(make, source: tuple, backend: str) -> None:
+    transform = make(backend)
+    images = _noise(48, *source, seed=source[0])
+    indices = np.arange(100, 148)
+    batched = transform.batch(images, indices).numpy().astype(int)
+    single = np.stack([transform(images[k], ImageFormat.RAW, index=int(i)) for k, i in enumerate(indices)])
+    diff = np.abs(batched - single.astype(int))
+    assert diff.max() <= AGREEMENT_MAX_ABS, diff.max()
+    assert diff.mean() <= AGREEMENT_MEAN_ABS, diff.mean()
+
+
+def test_seeded_batch_is_a_function_of_seed_epoch_and_index() -> None:
+    transform = RandomResizedCrop(16, seed=2)
+    images = _noise(6, 24, 24)
+    forward = transform.batch(images, [10, 11, 12, 13, 14, 15]).numpy()
+    backward = transform.batch(images[::-1].copy(), [15, 14, 13, 12, 11, 10]).numpy()
+    np.testing.assert_array_equal(forward, backward[::-1])
+    transform.set_epoch(1)
+    assert not np.array_equal(forward, transform.batch(images, [10, 11, 12, 13, 14, 15]).numpy())
+    transform.set_epoch(0)
+    np.testing.assert_array_equal(forward, transform.batch(images, [10, 11, 12, 13, 14, 15]).numpy())
+    with pytest.raises(ValueError, match="pass indices"):
+        transform.batch(images)
+
+
+def test_raw_bytes_without_shape_are_refused_with_a_reason() -> None:
+    with pytest.raises(DecodeError, match="carries no shape"):
+        RandomResizedCrop(8)(bytes(300), ImageFormat.RAW)
+    with pytest.raises(DecodeError, match=r"\(H, W, 3\) uint8"):
+        RandomResizedCrop(8)(np.zeros((4, 4, 3), dtype=np.float32), ImageFormat.RAW)
+    with pytest.raises(ValueError, match="seed must be"):
+        RandomResizedCrop(8, seed=-1)
+
+
+# --- through PackedDataset ---
+
+def test_raw_dataset_gather_is_the_same_on_every_backend(raw_dataset: Path) -> None:
+    mmap = PackedDataset(raw_dataset, layout="HWC").dataset
+    shape = raw_shape_of(mmap)
+    assert shape == (36, 40, 3) and len(mmap.manifest.shards) > 2
+    indices = np.array([N - 1, 0, 7, 7, 21, 3])
+    expected = np.stack([np.frombuffer(mmap.get(int(i)), np.uint8).reshape(shape) for i in indices])
+    np.testing.assert_array_equal(read_raw_batch(mmap, indices, shape), expected)
+    for options in ({"backend": "pread"}, {"verify_checksums": True}):
+        other = PackedDataset(raw_dataset, **options).dataset
+        np.testing.assert_array_equal(read_raw_batch(other, indices, shape), expected)
+
+
+@pytest.mark.parametrize("make", [lambda: RandomResizedCrop(24, seed=5), lambda: CenterCrop(24, resize=28)])
+def test_packed_dataset_batches_match_its_per_sample_items(raw_dataset: Path, make) -> None:
+    dataset = PackedDataset(raw_dataset, decode=make(), layout="HWC")
+    indices = [3, 17, 0, 39, 22, 17]
+    images, labels = collate(dataset.__getitems__(indices))
+    assert images.shape == (6, 24, 24, 3) and images.dtype == torch.uint8
+    assert labels.tolist() == [int(dataset.labels[i]) for i in indices]
+    single = torch.stack([dataset[i][0] for i in indices])
+    diff = (images.int() - single.int()).abs()
+    assert diff.max().item() <= AGREEMENT_MAX_ABS and diff.float().mean().item() <= AGREEMENT_MEAN_ABS
+    assert torch.equal(images[1], images[5])  # the same index: the same crop in the same epoch
+    chw = PackedDataset(raw_dataset, decode=make(), layout="CHW")[3][0]  # the per-sample layout path
+    assert chw.shape == (3, 24, 24) and torch.equal(chw.permute(1, 2, 0), single[0])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")
+def test_dataloader_workers_draw_the_same_crops_as_the_main_process(raw_dataset: Path) -> None:
+    transform = RandomResizedCrop(20, seed=11)
+    dataset = PackedDataset(raw_dataset, decode=transform, layout="HWC")
+    sampler = PackedBatchSampler(dataset, batch_size=8, order="random", seed=4)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=2,
+                        persistent_workers=True)
+    reference = PackedDataset(raw_dataset, decode=RandomResizedCrop(20, seed=11), layout="HWC")
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        transform.set_epoch(epoch)  # reaches the persistent workers through shared memory
+        reference_transform = RandomResizedCrop(20, seed=11)
+        reference_transform.set_epoch(epoch)
+        reference = PackedDataset(raw_dataset, decode=reference_transform, layout="HWC")
+        got = list(loader)
+        expected = [collate(reference.__getitems__(batch)) for batch in sampler]
+        assert len(got) == len(expected) == math.ceil(N / 8)
+        for (images, labels), (want_images, want_labels) in zip(got, expected):
+            assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    epoch0 = collate(reference.__getitems__(list(range(8))))[0]
+    reference_transform.set_epoch(0)
+    assert not torch.equal(epoch0, collate(reference.__getitems__(list(range(8))))[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA")
+def test_crop_resize_on_cuda_matches_cpu() -> None:
+    transform = RandomResizedCrop(32, seed=3)
+    images = _noise(64, 48, 48)
+    cpu = transform.batch(images, np.arange(64))
+    cuda = transform.batch(torch.from_numpy(images).cuda(), np.arange(64))
+    assert cuda.is_cuda
+    assert (cuda.cpu().int() - cpu.int()).abs().max().item() <= 1  # float rounding may differ
