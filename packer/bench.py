@@ -42,6 +42,8 @@ __all__ = [
     "HEADROOM",
     "run_bench",
     "advise",
+    "SMALL_IMAGE_SIDE",
+    "raw_codec_note",
     "format_report",
     "process_cpu_seconds",
     "run_queue_seconds",
@@ -57,6 +59,10 @@ READERS = ("map", "iterable")
 #: ``auto``: torch's DataLoader when torch imports, else the in-process loop; ``torch``: require
 #: torch; ``simple``: the in-process loop (no workers).
 LOADERS = ("auto", "torch", "simple")
+#: Encoded images whose median longer side is at most this are "small": decoding them costs
+#: less than the per-sample Python around it, and ``--codec raw`` (decoded pixels, batched
+#: crops) is the fast path.
+SMALL_IMAGE_SIDE = 96
 #: How much faster than the model's consumption the loader should be.
 HEADROOM = 1.5
 # A process whose CPU time covers this share of the timed wall-clock is busy (CPU-bound).
@@ -402,6 +408,9 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     workers = 0 if loader == "simple" else (cores if options.workers is None else options.workers)
     if loader == "simple" and options.workers:
         notes.append(f"--workers {options.workers} ignored: the in-process loop has no workers")
+    raw_note = raw_codec_note(dataset)
+    if raw_note is not None:
+        notes.append(raw_note)
     for note in notes:
         say(f"note: {note}")
 
@@ -449,7 +458,46 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         result.required_rate = round(HEADROOM * options.target_rate, 3)
         result.meets_target = result.samples_per_s >= result.required_rate
         result.advice = advise(result, options)
+        if raw_note is not None and result.advice:
+            result.advice.insert(1, "rebuild with --codec raw (see the note on small images): "
+                                    "no decode on read, and random crops of whole batches")
     return result
+
+
+def raw_codec_note(dataset: Dataset) -> str | None:
+    """For a dataset of small encoded images: say that ``--codec raw`` is the fast path, and its
+    disk cost (at the median image size and this dataset's alignment); else None.
+
+    Small images (median longer side up to ``SMALL_IMAGE_SIDE``) decode in tens of
+    microseconds, so a loader's time goes to the per-sample path around the decode. Raw pixels
+    skip the decode and let ``RandomResizedCrop``/``CenterCrop`` crop a whole batch at once
+    (``packer.rawcrop``), in DataLoader workers or in ``packer.threaded.ThreadedLoader``.
+    """
+    from .codecs import raw_sample_stride
+
+    count = len(dataset)
+    if count == 0 or dataset.manifest.codec.get("name") == "raw":
+        return None
+    ix = dataset.index
+    height, width = int(np.median(ix.height)), int(np.median(ix.width))
+    if max(height, width) > SMALL_IMAGE_SIDE or min(height, width) < 1:
+        return None
+    shape = (height, width, 3)
+    stride = raw_sample_stride(shape, dataset.alignment)
+    raw_bytes = count * stride
+    current = sum(shard.size for shard in dataset.manifest.shards)
+    packed = raw_sample_stride(shape, 64)
+    note = (f"small images (median {width}x{height} px): --codec raw is the fast path for them "
+            f"(decoded pixels, no decode on read; RandomResizedCrop/CenterCrop then crop whole "
+            f"batches at once, packer.rawcrop, also in the in-process packer.threaded."
+            f"ThreadedLoader). `packer build SRC OUT --codec raw --size {height}x{width}` stores "
+            f"{stride:,} bytes per image at this dataset's alignment ({dataset.alignment}): "
+            f"{raw_bytes / 1e6:,.1f} MB for {count:,} images, {raw_bytes / max(current, 1):.1f}x "
+            f"the {current / 1e6:,.1f} MB of these shards")
+    if packed < stride:
+        note += (f" (with --alignment 64: {packed:,} bytes per image, "
+                 f"{count * packed / 1e6:,.1f} MB)")
+    return note
 
 
 def _busy(cpu: list[float] | None, wait: list[float] | None) -> bool:

@@ -195,3 +195,41 @@ def test_without_torch_falls_back_to_the_in_process_loop(dataset: Path,
     from packer.errors import MissingDependencyError
     with pytest.raises(MissingDependencyError, match="packer\\[torch\\]"):
         run_bench(dataset, BenchOptions(batch_size=4, batches=1, warmup=0, loader="torch"))
+
+
+def test_small_encoded_images_get_the_raw_codec_note_with_its_disk_cost(tmp_path: Path) -> None:
+    import make_sample
+
+    from packer.bench import raw_codec_note
+    from packer.dataset import open_dataset
+
+    make_sample.make_image_folder(tmp_path / "src", classes=2, per_class=10, seed=2, min_size=32,
+                                  max_size=32, formats=("png",))
+    build(tmp_path / "src", tmp_path / "small", BuildOptions(), workers=1, progress=False)
+    with open_dataset(tmp_path / "small") as small:
+        current = sum(shard.size for shard in small.manifest.shards)
+        note = raw_codec_note(small)
+    assert note is not None and "--codec raw --size 32x32" in note
+    assert "4,096 bytes per image" in note  # 32*32*3 = 3072, padded to the 4096 alignment
+    assert f"{20 * 4096 / 1e6:,.1f} MB for 20 images" in note
+    assert f"{20 * 4096 / current:.1f}x" in note and "--alignment 64: 3,072 bytes" in note
+    _, document, stderr = run_cli(str(tmp_path / "small"), "--batches", "2", "--warmup", "0",
+                                  "--batch-size", "4", "--loader", "simple", "--target-rate", "1e9")
+    bench = document["bench"]
+    assert any("--codec raw is the fast path" in item for item in bench["notes"])
+    assert any(item.startswith("rebuild with --codec raw") for item in bench["advice"])
+    assert "--codec raw is the fast path" in stderr
+    build(tmp_path / "src", tmp_path / "raw", BuildOptions(codec="raw:size=32x32"), workers=1, progress=False)
+    with open_dataset(tmp_path / "raw") as raw:
+        assert raw_codec_note(raw) is None
+    with open_dataset(dataset_path_large(tmp_path)) as large:
+        assert raw_codec_note(large) is None
+
+
+def dataset_path_large(tmp_path: Path) -> Path:
+    import make_sample
+
+    make_sample.make_image_folder(tmp_path / "large-src", classes=1, per_class=3, seed=2, min_size=200,
+                                  max_size=200, formats=("jpeg",))
+    build(tmp_path / "large-src", tmp_path / "large", BuildOptions(), workers=1, progress=False)
+    return tmp_path / "large"

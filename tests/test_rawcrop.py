@@ -219,3 +219,28 @@ def test_crop_resize_on_cuda_matches_cpu() -> None:
     cuda = transform.batch(torch.from_numpy(images).cuda(), np.arange(64))
     assert cuda.is_cuda
     assert (cuda.cpu().int() - cpu.int()).abs().max().item() <= 1  # float rounding may differ
+
+
+@pytest.mark.parametrize("source,size", [((64, 64), (32, 32)), ((48, 64), (32, 32)), ((64, 64), (24, 40))])
+def test_raw_build_to_a_smaller_size_is_one_lanczos_resample(tmp_path: Path, source: tuple,
+                                                            size: tuple) -> None:
+    """``--codec raw --size`` below the source: Pillow's Lanczos resize of the centred box, once."""
+    from PIL import Image
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    pixels = _noise(3, *source, seed=1)
+    for k, image in enumerate(pixels):
+        Image.fromarray(image).save(tmp_path / "src" / "a" / f"{k}.png")
+    out = tmp_path / "raw"
+    build(tmp_path / "src", out, BuildOptions(codec=f"raw:size={size[0]}x{size[1]}", shuffle=False),
+          workers=1, progress=False)
+    dataset = PackedDataset(out, layout="HWC")
+    height, width = source
+    scale = max(size[1] / width, size[0] / height)
+    box_w, box_h = size[1] / scale, size[0] / scale
+    box = ((width - box_w) / 2, (height - box_h) / 2, (width + box_w) / 2, (height + box_h) / 2)
+    for k in range(3):
+        key = dataset.dataset.key(k)
+        expected = np.asarray(Image.fromarray(pixels[int(Path(key).stem)]).resize(
+            (size[1], size[0]), Image.Resampling.LANCZOS, box=box))
+        np.testing.assert_array_equal(dataset[k][0].numpy(), expected)

@@ -59,8 +59,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
               help="jpeg: which side --max-size bounds (default longer).")
 @click.option("--size", "raw_size", default=None,
               help="raw: stored size as HEIGHTxWIDTH in pixels (e.g. 224x160 is 224 high, 160 wide; height "
-                   "first, like numpy shapes and torchvision sizes, and like inspect prints sizes): "
-                   "resize and centre crop.")
+                   "first, like numpy shapes and torchvision sizes, and like inspect prints sizes): the "
+                   "largest centred box with that aspect ratio, resampled once to that size (Lanczos; "
+                   "raw:size=HxW,resample=bilinear|bicubic|box|nearest to change).")
 @click.option("--validate", type=click.Choice(["header", "full"]), default="header", show_default=True,
               help="header: parse each image's header; full: also decode every image.")
 @click.option("--max-pixels", default=150_000_000, show_default=True, type=int,
