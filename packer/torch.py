@@ -459,10 +459,14 @@ class PackedDataset(torch_data.Dataset):
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
+        if pipeline.decode is True and pipeline.transform is None and len(idx):
+            raw_shape = raw_shape_of(dataset)
+            if raw_shape is not None:  # raw pixels as stored: one gather into the batch tensor
+                return self._raw_into_batch(idx, raw_shape, crop=False)
         if pipeline.decode is not False and pipeline.batch_shape(len(idx)) is not None:
             raw_shape = raw_shape_of(dataset)
             if raw_shape is not None:  # raw pixels: one batched crop-resize (packer.rawcrop)
-                return self._raw_into_batch(idx, raw_shape)
+                return self._raw_into_batch(idx, raw_shape, crop=True)
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
@@ -507,13 +511,22 @@ class PackedDataset(torch_data.Dataset):
             labels.append(pipeline.label(dataset, i))
         return _BatchSamples(batch, labels)
 
-    def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int]) -> "_BatchSamples":
-        """Raw pixels: gather the batch from the shard views, then crop, resize and flip it in one
-        vectorised pass (``DecodeTransform.batch``) straight into the batch tensor (in shared
-        memory inside a worker)."""
+    def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int], *,
+                        crop: bool) -> "_BatchSamples":
+        """Raw pixels: gather the batch from the shard views, then (``crop``) crop, resize and
+        flip it in one vectorised pass (``DecodeTransform.batch``), straight into the batch
+        tensor (in shared memory inside a worker). Without ``crop`` the pixels are gathered
+        straight into it (``HWC``), or gathered and transposed once (``CHW``)."""
         dataset, pipeline = self.dataset, self._pipeline
-        batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
-        pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=batch)
+        if crop:
+            batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
+            pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=batch)
+        elif pipeline.layout == "HWC":
+            batch = _empty((len(idx), *raw_shape), torch.uint8)
+            read_raw_batch(dataset, idx, raw_shape, out=batch.numpy())
+        else:
+            batch = _empty((len(idx), raw_shape[2], raw_shape[0], raw_shape[1]), torch.uint8)
+            batch.copy_(torch.from_numpy(read_raw_batch(dataset, idx, raw_shape)).permute(0, 3, 1, 2))
         return _BatchSamples(batch, [pipeline.label(dataset, i) for i in idx.tolist()])
 
     def close(self) -> None:

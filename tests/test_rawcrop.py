@@ -244,3 +244,15 @@ def test_raw_build_to_a_smaller_size_is_one_lanczos_resample(tmp_path: Path, sou
         expected = np.asarray(Image.fromarray(pixels[int(Path(key).stem)]).resize(
             (size[1], size[0]), Image.Resampling.LANCZOS, box=box))
         np.testing.assert_array_equal(dataset[k][0].numpy(), expected)
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_raw_batches_without_a_transform_are_one_gather_equal_to_the_items(raw_dataset: Path, layout: str,
+                                                                         backend: str) -> None:
+    dataset = PackedDataset(raw_dataset, layout=layout, backend=backend)
+    indices = [5, 38, 0, 5, 12]
+    images, labels = collate(dataset.__getitems__(indices))
+    assert images.is_contiguous() and images.shape == ((5, 36, 40, 3) if layout == "HWC" else (5, 3, 36, 40))
+    assert torch.equal(images, torch.stack([dataset[i][0] for i in indices]))
+    assert labels.tolist() == [int(dataset.labels[i]) for i in indices]
