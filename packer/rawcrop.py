@@ -20,8 +20,13 @@ pixels at one fixed size). Three pure functions, no state:
    KB), then the batch is filtered in float32 torch ops, rows then columns, rounded and written
    into ``out``: up to ``DENSE_MAX_SIDE`` pixels as two batched matrix products with the
    ``(out, side)`` weight matrices, above it as ``K`` gathers and multiply-adds per axis (``K`` =
-   taps per output pixel, 3 for an upscale or mild downscale). Works on CPU and CUDA tensors alike (the inputs may be zero-copy, strided views
-   of a shard). A horizontal flip reverses the output columns' taps, so it costs nothing.
+   taps per output pixel, 3 for an upscale or mild downscale). Works on CPU and CUDA tensors
+   alike (the inputs may be zero-copy, strided views of a shard). A horizontal flip reverses the
+   output columns' taps, so it costs nothing. On the CPU, when packer's compiled extension
+   ``packer._rawresample`` is installed (built at install with a C compiler), the same float32
+   arithmetic runs as one pass per sample without the GIL (about 5x faster at 32x32, where the
+   torch ops' whole-batch temporaries cost more than the multiply-adds); torch's ops are the
+   fallback and the GPU path.
 
 Agreement with the per-sample path (``RandomResizedCrop``/``CenterCrop`` called on one sample's
 pixels, which uses torch's uint8 kernel or Pillow): the same boxes, and pixels that differ only by
@@ -41,8 +46,8 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
 
-__all__ = ["raw_shape_of", "read_raw_batch", "RRC_DRAWS", "AGREEMENT_MAX_ABS", "AGREEMENT_MEAN_ABS", "DENSE_MAX_SIDE", "sample_uniforms",
-           "random_resized_crop_boxes", "resample_taps", "crop_resize_batch"]
+__all__ = ["raw_shape_of", "read_raw_batch", "RRC_DRAWS", "AGREEMENT_MAX_ABS", "AGREEMENT_MEAN_ABS", "DENSE_MAX_SIDE", "KERNELS", "sample_uniforms",
+           "random_resized_crop_boxes", "resample_taps", "compiled_kernel_available", "crop_resize_batch"]
 
 #: Draws per sample for ``random_resized_crop_boxes``: 10 tries x (area, ratio), top, left, flip.
 RRC_DRAWS = 23
@@ -59,6 +64,8 @@ _INDEX_MULT = np.uint64(0xD1B54A32D192ED03)
 #: Images up to this side are filtered with two dense batched matrix products; larger ones with
 #: ``K`` gathers per axis (whose cost does not grow with the image's side).
 DENSE_MAX_SIDE = 128
+#: ``crop_resize_batch``'s kernels: see its docstring.
+KERNELS = ("auto", "c", "torch")
 # Keep each chunk's float32 intermediate near this size (bounded memory at 224 px and up).
 _CHUNK_BYTES = 32 << 20
 
@@ -264,9 +271,18 @@ def resample_taps(start: np.ndarray, end: np.ndarray, low: np.ndarray, high: np.
     return taps, weights.astype(np.float32)
 
 
+def compiled_kernel_available() -> bool:
+    """Whether the compiled CPU kernel (``packer._rawresample``, built at install) is present."""
+    try:
+        from . import _rawresample  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, size: tuple[int, int], *,
                       flips: np.ndarray | None = None, clip_to_box: bool = True,
-                      out: "torch.Tensor | None" = None) -> "torch.Tensor":
+                      out: "torch.Tensor | None" = None, kernel: str = "auto") -> "torch.Tensor":
     """Resample every sample's box to ``size`` (antialiased bilinear) and flip, in one batched pass.
 
     Args:
@@ -280,16 +296,23 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
             image (a resize then a crop, ``CenterCrop``'s rule).
         out: ``(N, out_h, out_w, C)`` uint8 tensor on the same device to write into (a view is
             fine, e.g. a channels-last NCHW batch permuted to NHWC); default a new tensor.
+        kernel: ``"auto"`` (the compiled CPU kernel for CPU data when it is installed, else
+            torch's ops), ``"c"`` (require the compiled kernel) or ``"torch"``.
 
     Returns:
         ``out`` (or the new tensor).
 
     Raises:
-        ValueError: shapes that do not fit, or a box outside the image.
+        ValueError: shapes that do not fit, a box outside the image, or an unknown kernel.
+        MissingDependencyError: ``kernel="c"`` without the compiled kernel, or on a GPU tensor.
     """
     import torch
 
-    source = torch.from_numpy(images) if isinstance(images, np.ndarray) else images
+    if isinstance(images, np.ndarray):
+        # torch cannot wrap a read-only array (a view of a mapped shard) without copying it.
+        source = torch.from_numpy(images if images.flags.writeable else images.copy())
+    else:
+        source = images
     if source.dim() != 4 or source.dtype != torch.uint8:
         raise ValueError(f"images must be an (N, H, W, C) uint8 batch, got {tuple(source.shape)} "
                          f"{source.dtype}")
@@ -321,6 +344,16 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
         flip = np.asarray(flips, dtype=bool)
         x_taps[flip] = x_taps[flip, ::-1]
         x_weights[flip] = x_weights[flip, ::-1]
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+    use_c = kernel == "c" or (kernel == "auto" and source.device.type == "cpu" and compiled_kernel_available())
+    if use_c:
+        if source.device.type != "cpu" or not compiled_kernel_available():
+            from .errors import MissingDependencyError
+            raise MissingDependencyError("kernel='c' needs CPU tensors and packer's compiled extension "
+                                         "packer._rawresample (reinstall packer with a C compiler)")
+        _resample_compiled(source, out, y_taps, y_weights, x_taps, x_weights)
+        return out
     device = source.device
     dense = max(height, width) <= DENSE_MAX_SIDE
     # float32 intermediate per sample: the row pass's (out_h, W, C), plus the image itself when dense.
@@ -334,6 +367,26 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
         else:
             _resample_gather(source[part], out[part], *taps)
     return out
+
+
+def _resample_compiled(source: "torch.Tensor", out: "torch.Tensor", y_taps: np.ndarray, y_weights: np.ndarray,
+                       x_taps: np.ndarray, x_weights: np.ndarray) -> None:
+    """The compiled kernel: one pass per sample, without the GIL (``packer/_rawresample.c``)."""
+    from . import _rawresample
+
+    count, height, width, channels = source.shape
+    out_h, out_w = out.shape[1], out.shape[2]
+    pixels = np.ascontiguousarray(source.numpy())
+    target = out if out.is_contiguous() else None
+    result = (target if target is not None else out.new_empty(out.shape)).numpy()
+    _rawresample.resample(pixels, result, np.ascontiguousarray(y_taps, dtype=np.int32),
+                          np.ascontiguousarray(y_weights, dtype=np.float32),
+                          np.ascontiguousarray(x_taps, dtype=np.int32),
+                          np.ascontiguousarray(x_weights, dtype=np.float32), count, height, width,
+                          channels, out_h, out_w, y_taps.shape[2], x_taps.shape[2])
+    if target is None:
+        import torch
+        out.copy_(torch.from_numpy(result))
 
 
 def _dense_weights(taps: "torch.Tensor", weights: "torch.Tensor", length: int) -> "torch.Tensor":

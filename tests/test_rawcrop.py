@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from packer.build.plan import BuildOptions  # noqa: E402
 from packer.errors import DecodeError  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.rawcrop import (AGREEMENT_MAX_ABS, AGREEMENT_MEAN_ABS, RRC_DRAWS,  # noqa: E402
-                            crop_resize_batch, random_resized_crop_boxes, raw_shape_of, read_raw_batch,
+                            compiled_kernel_available, crop_resize_batch, random_resized_crop_boxes, raw_shape_of, read_raw_batch,
                             sample_uniforms)
 from packer.torch import PackedBatchSampler, PackedDataset, collate  # noqa: E402
 from packer.transforms import CenterCrop, RandomResizedCrop, random_resized_crop_params  # noqa: E402
@@ -112,6 +113,55 @@ def test_crop_resize_writes_into_a_strided_out_and_checks_shapes() -> None:
         crop_resize_batch(images, np.array([[0.0, 0.0, 17.0, 16.0]] * 3), (8, 8))
     with pytest.raises(ValueError, match="out must be"):
         crop_resize_batch(images, boxes, (8, 8), out=torch.empty((3, 8, 9, 3), dtype=torch.uint8))
+
+
+needs_kernel = pytest.mark.skipif(not compiled_kernel_available(), reason="packer._rawresample not built")
+
+
+def test_compiled_kernel_is_built_where_required() -> None:
+    """CI (PACKER_REQUIRE_EXTENSION=1) must test the compiled kernel, not only the fallback."""
+    if os.environ.get("PACKER_REQUIRE_EXTENSION") != "1":
+        pytest.skip("PACKER_REQUIRE_EXTENSION is not set")
+    assert compiled_kernel_available()
+
+
+@needs_kernel
+@pytest.mark.parametrize("source,size,clip", [((32, 32), (32, 32), True), ((64, 48), (32, 32), True),
+                                              ((160, 160), (96, 80), True), ((36, 40), (24, 24), False)])
+def test_compiled_and_torch_kernels_agree(source: tuple, size: tuple, clip: bool) -> None:
+    images = _noise(40, *source, seed=4)
+    draws = sample_uniforms(0, 1, np.arange(40), RRC_DRAWS)
+    boxes, flips = random_resized_crop_boxes(draws, source[1], source[0])
+    if not clip:
+        boxes = boxes + np.array([0.3, 0.6, -0.2, -0.1])  # fractional, like CenterCrop's
+    compiled = crop_resize_batch(images, boxes, size, flips=flips, clip_to_box=clip, kernel="c")
+    reference = crop_resize_batch(images, boxes, size, flips=flips, clip_to_box=clip, kernel="torch")
+    diff = (compiled.int() - reference.int()).abs()
+    assert diff.max().item() <= 1 and diff.float().mean().item() < 0.01  # float sums, rounding ties
+    channels_last = torch.empty((40, 3, *size), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    crop_resize_batch(images, boxes, size, flips=flips, clip_to_box=clip, kernel="c",
+                      out=channels_last.permute(0, 2, 3, 1))
+    assert torch.equal(channels_last.permute(0, 2, 3, 1), compiled)
+    read_only = images.copy()
+    read_only.flags.writeable = False
+    assert torch.equal(crop_resize_batch(read_only, boxes, size, flips=flips, clip_to_box=clip), compiled)
+
+
+@needs_kernel
+def test_compiled_kernel_checks_its_arguments() -> None:
+    from packer import _rawresample
+
+    src = np.zeros((1, 4, 4, 3), np.uint8)
+    out = np.zeros((1, 2, 2, 3), np.uint8)
+    taps = np.zeros((1, 2, 1), np.int32)
+    weights = np.ones((1, 2, 1), np.float32)
+    _rawresample.resample(src, out, taps, weights, taps, weights, 1, 4, 4, 3, 2, 2, 1, 1)
+    with pytest.raises(ValueError, match="outside the image"):
+        _rawresample.resample(src, out, taps + 4, weights, taps, weights, 1, 4, 4, 3, 2, 2, 1, 1)
+    with pytest.raises(ValueError, match="does not match"):
+        _rawresample.resample(src, out, taps, weights, taps, weights, 1, 4, 5, 3, 2, 2, 1, 1)
+    with pytest.raises(ValueError, match="kernel must be"):
+        crop_resize_batch(src, np.array([[0.0, 0.0, 4.0, 4.0]]), (2, 2), kernel="numba")
 
 
 @pytest.mark.parametrize("backend", ["torch", "pil"])

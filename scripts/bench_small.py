@@ -1,0 +1,437 @@
+"""Small images at memory speed: CIFAR-like (and Tiny-ImageNet-like) loaders compared in one run.
+
+Usage::
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_small.py [--images 50000] [--size 32]
+        [--workers 2] [--threads 2] [--batch-size 512] [--rounds 3] [--out bench-out/small]
+        [--raw224 2000] [--json FILE]
+
+What one run does:
+
+1. Writes ``--images`` PNGs of ``--size`` x ``--size`` pixels in 10 class folders
+   (``make_sample.make_image_folder``; reused when already there), and packs them twice:
+   as they are (``--codec passthrough``) and as decoded pixels (``--codec raw``). Everything is
+   read once first, so every measurement runs from the page cache.
+2. **Training-style**, RandomResizedCrop(``--size``) + horizontal flip to uint8, batch
+   ``--batch-size``, random order, for every loader:
+
+   * ``imagefolder``: torchvision ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``
+     + ``PILToTensor`` in a DataLoader with ``--workers`` workers. When torchvision does not
+     import beside this torch (the CPU build of ``.venv``: "operator torchvision::nms does not
+     exist"), ``bench_peers.ImageFolderLike`` + the same transform transcribed from
+     torchvision's PIL path (get_params on torch's RNG, PIL crop + bilinear resize, flip,
+     tensor), and the table says ``(emulated)``;
+   * ``packer pass-through``: ``PackedDataset(decode=RandomResizedCrop(size), layout="HWC")`` +
+     ``PackedBatchSampler``, ``--workers`` workers (decodes each PNG);
+   * ``packer raw batched, N workers``: the same over the raw dataset: each batch is one
+     gather + one vectorised crop-resize (``packer.rawcrop``) in a worker;
+   * ``packer raw batched, main process``: the same with ``num_workers=0``;
+   * ``packer raw threaded, T threads``: ``packer.threaded.ThreadedLoader``.
+
+   The loaders run in ``--rounds`` interleaved rounds (background load hits all of them alike);
+   the table shows the median round's images/s, its ratio to ImageFolder's median, and
+   CPU-seconds per image over all rounds (workers + main process, from ``/proc``).
+3. **Raw batch reads** (no augmentation), random batches: ``read_raw_batch`` (one gather per
+   batch, one thread), ``ThreadedLoader(decode=True)``, and a ``memcpy`` (``numpy.copyto``) of
+   the same number of bytes, in samples/s and GB/s.
+4. **Where the time goes**: ms per batch of each stage of the raw batched path (gather, draws,
+   resample) and of ImageFolder's per-image path (file read, PIL decode, transform, collate).
+5. With ``--raw224 N``: N raw 224x224 samples; random batch reads against a ``memcpy`` of the
+   same bytes (GB/s), and RandomResizedCrop(224) per-sample vs batched.
+
+Timings on a shared machine are noisy: read the ratios, which compare loaders measured in the
+same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_peers  # noqa: E402  (scripts/ is not a package)
+import make_sample  # noqa: E402
+
+from packer.bench import child_pids, process_cpu_seconds  # noqa: E402
+
+TARGETS = {"raw_vs_imagefolder": 25.0, "raw_batch_reads_per_s": 2_000_000}
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+def ensure_images(root: Path, count: int, size: int) -> None:
+    marker = root / f".done-{count}-{size}"
+    if marker.exists():
+        return
+    make_sample.make_image_folder(root, classes=10, per_class=count // 10, seed=0, min_size=size,
+                                  max_size=size, formats=("png",))
+    marker.write_text("ok")
+
+
+def ensure_packed(src: Path, out: Path, codec: str, workers: int) -> Path:
+    if not (out / "manifest.json").exists():
+        from packer.build import build
+        from packer.build.plan import BuildOptions
+        build(src, out, BuildOptions(codec=codec, shard_size=256 << 20), workers=workers, progress=False)
+    return out
+
+
+def warm(folder: Path) -> None:
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
+
+
+# --- loaders --------------------------------------------------------------------------------------
+
+class _EmulatedSmallTransform(bench_peers._EmulatedTrainTransform):
+    """``bench_peers``' transcription of torchvision's PIL RandomResizedCrop + flip, at any size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, img: Any) -> Any:
+        import math
+
+        import torch
+        from PIL import Image
+
+        width, height = img.size
+        area = width * height
+        log_ratio = (math.log(3 / 4), math.log(4 / 3))
+        box = (0, 0, width, height)
+        for _ in range(10):
+            target_area = area * torch.empty(1).uniform_(0.08, 1.0).item()
+            aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                i = torch.randint(0, height - h + 1, size=(1,)).item()
+                j = torch.randint(0, width - w + 1, size=(1,)).item()
+                box = (j, i, j + w, i + h)
+                break
+        img = img.crop(box).resize((self.size, self.size), Image.Resampling.BILINEAR)
+        if torch.rand(1) < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1).contiguous()
+
+
+def tv_transform(size: int) -> Callable[[Any], Any]:
+    if bench_peers.have_torchvision():
+        from torchvision import transforms as T
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    return _EmulatedSmallTransform(size)
+
+
+def loader_imagefolder(src: Path, workers: int, batch: int, size: int) -> Any:
+    from torch.utils.data import DataLoader
+    dataset = bench_peers.image_folder(src, tv_transform(size))
+    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                      persistent_workers=workers > 0)
+
+
+def loader_packer(packed: Path, workers: int, batch: int, size: int, *, decode: Any = None) -> Any:
+    from torch.utils.data import DataLoader
+
+    from packer.torch import PackedBatchSampler, PackedDataset, collate
+    from packer.transforms import RandomResizedCrop
+    dataset = PackedDataset(packed, decode=RandomResizedCrop(size, seed=0) if decode is None else decode,
+                            layout="HWC")
+    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
+                      persistent_workers=workers > 0)
+
+
+def loader_threaded(packed: Path, threads: int, batch: int, size: int, *, decode: Any = None) -> Any:
+    from packer.threaded import ThreadedLoader
+    from packer.transforms import RandomResizedCrop
+    return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
+                          decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
+
+
+def forever(loader: Any) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        for target in (loader, getattr(loader, "batch_sampler", None)):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def measure(loader: Any, *, warmup: int, images: int) -> dict[str, float]:
+    """One timed stretch: images/s and CPU-seconds (main process and its worker children)."""
+    iterator = forever(loader)
+    for _ in range(warmup):
+        next(iterator)
+    pids = child_pids()
+    cpu0 = {pid: process_cpu_seconds(pid) or 0.0 for pid in pids}
+    main0 = time.process_time()
+    start = time.perf_counter()
+    seen = 0
+    while seen < images:
+        _, labels = next(iterator)
+        seen += len(labels)
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - main0 + sum((process_cpu_seconds(pid) or 0.0) - cpu0[pid] for pid in pids)
+    iterator.close()
+    inner = getattr(loader, "_iterator", None)
+    if inner is not None and hasattr(inner, "_shutdown_workers"):
+        inner._shutdown_workers()
+    return {"images": seen, "seconds": seconds, "cpu_s": cpu}
+
+
+def training_table(runs: list[tuple[str, Callable[[], Any]]], *, rounds: int, images: int,
+                   warmup: int) -> list[dict[str, Any]]:
+    stretches: dict[str, list[dict[str, float]]] = {name: [] for name, _ in runs}
+    for r in range(rounds):
+        for name, make in runs:
+            stretch = measure(make(), warmup=warmup, images=images)
+            stretches[name].append(stretch)
+            print(f"  round {r + 1}/{rounds} {name}: {stretch['images'] / stretch['seconds']:,.0f} "
+                  f"images/s", file=sys.stderr)
+    rows = []
+    for name, _ in runs:
+        done = stretches[name]
+        rates = [s["images"] / s["seconds"] for s in done]
+        rows.append({"name": name, "images_per_s": statistics.median(rates),
+                     "rounds": [round(x, 1) for x in rates],
+                     "cpu_us_per_image": 1e6 * sum(s["cpu_s"] for s in done) / sum(s["images"] for s in done)})
+    base = rows[0]["images_per_s"]
+    for row in rows:
+        row["vs_imagefolder"] = row["images_per_s"] / base
+    return rows
+
+
+# --- raw reads and stages -------------------------------------------------------------------------
+
+def median_rate(body: Callable[[], int], repeats: int = 3, min_seconds: float = 0.5) -> float:
+    return statistics.median(bench_peers.timed_loop(body, min_seconds) for _ in range(repeats))
+
+
+def raw_reads(raw: Path, batch: int, threads: int) -> dict[str, float]:
+    from packer.dataset import open_dataset
+    from packer.rawcrop import raw_shape_of, read_raw_batch
+
+    dataset = open_dataset(raw)
+    shape = raw_shape_of(dataset)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, len(dataset), batch) for _ in range(64)]
+    out = np.empty((batch, *shape), dtype=np.uint8)
+    source = np.random.default_rng(1).integers(0, 255, size=out.size, dtype=np.uint8).reshape(out.shape)
+    state = {"k": 0}
+
+    def gather() -> int:
+        read_raw_batch(dataset, batches[state["k"] % 64], shape, out=out)
+        state["k"] += 1
+        return batch
+
+    def memcpy() -> int:
+        np.copyto(out, source)
+        return batch
+
+    threaded = loader_threaded(raw, threads, batch, 0, decode=True)
+    stream = forever(threaded)
+
+    def threaded_body() -> int:
+        return len(next(stream)[1])
+
+    rates = {}
+    for _ in range(3):  # interleaved: the three see the same background load
+        for name, body in (("memcpy", memcpy), ("read_raw_batch", gather), ("threaded", threaded_body)):
+            rates.setdefault(name, []).append(bench_peers.timed_loop(body, 0.5))
+    stream.close()
+    sample_bytes = int(np.prod(shape))
+    result = {}
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        result[f"{name}_samples_per_s"] = rate
+        result[f"{name}_gb_per_s"] = rate * sample_bytes / 1e9
+    return result
+
+
+def stages_raw(raw: Path, batch: int, size: int) -> dict[str, float]:
+    """ms per batch of each stage of the batched raw path (one thread)."""
+    import torch
+
+    from packer.dataset import open_dataset
+    from packer.rawcrop import (RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, raw_shape_of,
+                                read_raw_batch, sample_uniforms)
+
+    dataset = open_dataset(raw)
+    shape = raw_shape_of(dataset)
+    indices = np.random.default_rng(0).integers(0, len(dataset), batch)
+    pixels = read_raw_batch(dataset, indices, shape)
+    boxes, flips = random_resized_crop_boxes(sample_uniforms(0, 0, indices, RRC_DRAWS), shape[1], shape[0])
+    out = torch.empty((batch, size, size, 3), dtype=torch.uint8)
+
+    def per_batch(fn: Callable[[], Any]) -> float:
+        return 1e3 / median_rate(lambda: (fn(), 1)[1], repeats=3, min_seconds=0.3)
+
+    return {"gather": per_batch(lambda: read_raw_batch(dataset, indices, shape)),
+            "draws": per_batch(lambda: random_resized_crop_boxes(
+                sample_uniforms(0, 0, indices, RRC_DRAWS), shape[1], shape[0])),
+            "resample": per_batch(lambda: crop_resize_batch(pixels, boxes, (size, size), flips=flips, out=out))}
+
+
+def stages_imagefolder(src: Path, batch: int, size: int) -> dict[str, float]:
+    """ms per batch (``batch`` images) of each stage of ImageFolder's per-image path (one process)."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    dataset = bench_peers.image_folder(src, None)
+    paths = [dataset.samples[i][0] for i in np.random.default_rng(0).integers(0, len(dataset), 256)]
+    blobs = [open(p, "rb").read() for p in paths]
+    decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
+    transform = tv_transform(size)
+    tensors = [transform(img) for img in decoded]
+    labels = list(range(len(tensors)))
+    scale = batch / len(paths)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        return scale * 1e3 / median_rate(lambda: (fn(), 1)[1], repeats=3, min_seconds=0.3)
+
+    return {"file read": timed(lambda: [open(p, "rb").read() for p in paths]),
+            "PIL decode": timed(lambda: [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]),
+            "crop+resize+flip+tensor": timed(lambda: [transform(img) for img in decoded]),
+            "collate": timed(lambda: torch.utils.data.default_collate(list(zip(tensors, labels))))}
+
+
+def raw224(out: Path, count: int, batch: int, threads: int) -> dict[str, float]:
+    """N raw 224x224 samples: batch reads vs memcpy of the same bytes; RRC(224) per-sample vs batched."""
+    from packer.transforms import RandomResizedCrop
+
+    src = out / f"src224-{count}"
+    if not (src / f".done-{count}").exists():
+        make_sample.make_image_folder(src, classes=10, per_class=count // 10, seed=0, min_size=224,
+                                      max_size=256, formats=("jpeg",))
+        (src / f".done-{count}").write_text("ok")
+    raw = ensure_packed(src, out / f"raw224-{count}", "raw:size=224x224", 2)
+    warm(raw)
+    result = {f"reads_{k}": v for k, v in raw_reads(raw, batch, threads).items()}
+    from packer.dataset import open_dataset
+    from packer.rawcrop import raw_shape_of, read_raw_batch
+
+    dataset = open_dataset(raw)
+    shape = raw_shape_of(dataset)
+    indices = np.random.default_rng(0).integers(0, len(dataset), 64)
+    pixels = read_raw_batch(dataset, indices, shape)
+    transform = RandomResizedCrop(224, seed=0, resize_backend="torch")
+
+    def per_sample() -> int:
+        for k, i in enumerate(indices.tolist()):
+            transform(pixels[k], 7, index=i)
+        return len(indices)
+
+    def batched() -> int:
+        transform.batch(pixels, indices)
+        return len(indices)
+
+    result["rrc224_per_sample_images_per_s"] = median_rate(per_sample)
+    result["rrc224_batched_images_per_s"] = median_rate(batched)
+    return result
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--per-round", type=int, default=None,
+                        help="images timed per loader per round (default: one epoch, at most 50,000)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/small"))
+    parser.add_argument("--raw224", type=int, default=0, help="also measure N raw 224x224 samples")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    out = args.out
+    src = out / f"src{args.size}-{args.images}"
+    print(f"writing {args.images} {args.size}x{args.size} PNGs to {src} ...", file=sys.stderr)
+    ensure_images(src, args.images, args.size)
+    passthrough = ensure_packed(src, out / f"pass{args.size}-{args.images}", "passthrough", 2)
+    raw = ensure_packed(src, out / f"raw{args.size}-{args.images}", f"raw:size={args.size}x{args.size}", 2)
+    for folder in (src, passthrough, raw):
+        warm(folder)
+    emulated = not bench_peers.have_torchvision()
+    size, batch, workers, threads = args.size, args.batch_size, args.workers, args.threads
+    per_round = args.per_round or min(args.images, 50_000)
+    runs = [
+        ("imagefolder" + (" (emulated)" if emulated else ""),
+         lambda: loader_imagefolder(src, workers, batch, size)),
+        (f"packer pass-through, {workers} workers", lambda: loader_packer(passthrough, workers, batch, size)),
+        (f"packer raw batched, {workers} workers", lambda: loader_packer(raw, workers, batch, size)),
+        ("packer raw batched, main process", lambda: loader_packer(raw, 0, batch, size)),
+        (f"packer raw threaded, {threads} threads", lambda: loader_threaded(raw, threads, batch, size)),
+    ]
+    print(f"training-style loaders, RandomResizedCrop({size}) + flip, batch {batch}:", file=sys.stderr)
+    table = training_table(runs, rounds=args.rounds, images=per_round, warmup=2)
+    reads = raw_reads(raw, batch, threads)
+    stages = {"raw batched": stages_raw(raw, batch, size),
+              "imagefolder": stages_imagefolder(src, batch, size)}
+    extra = raw224(out, args.raw224, 256, threads) if args.raw224 else None
+
+    disk = {name: sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            for name, path in (("png files", src), ("pass-through", passthrough), ("raw", raw))}
+    print(f"\n{args.images:,} {size}x{size} PNGs, RandomResizedCrop({size}) + flip, uint8, batch {batch}, "
+          f"random order, {args.rounds} interleaved rounds (median), {os.cpu_count()} cores, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} intra-op threads)")
+    print(f"{'loader':<40} {'images/s':>12} {'vs ImageFolder':>15} {'CPU us/image':>13}")
+    for row in table:
+        print(f"{row['name']:<40} {row['images_per_s']:>12,.0f} {row['vs_imagefolder']:>14.1f}x "
+              f"{row['cpu_us_per_image']:>13.1f}")
+    print(f"\nraw batch reads (no augmentation), random batches of {batch}:")
+    print(f"  memcpy of the same bytes   {reads['memcpy_samples_per_s']:>14,.0f} samples/s "
+          f"{reads['memcpy_gb_per_s']:6.2f} GB/s")
+    print(f"  read_raw_batch, 1 thread   {reads['read_raw_batch_samples_per_s']:>14,.0f} samples/s "
+          f"{reads['read_raw_batch_gb_per_s']:6.2f} GB/s "
+          f"({reads['read_raw_batch_samples_per_s'] / reads['memcpy_samples_per_s']:.2f}x memcpy)")
+    print(f"  ThreadedLoader, {threads} threads  {reads['threaded_samples_per_s']:>14,.0f} samples/s "
+          f"{reads['threaded_gb_per_s']:6.2f} GB/s")
+    print(f"\nwhere the time goes, ms per batch of {batch}:")
+    for name, parts in stages.items():
+        print(f"  {name:<12} " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
+              + f"  (total {sum(parts.values()):.2f})")
+    print(f"\ndisk: " + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in disk.items()))
+    if extra:
+        print(f"\nraw 224x224 ({args.raw224} samples), random batches of 256:")
+        print(f"  memcpy {extra['reads_memcpy_gb_per_s']:.2f} GB/s, read_raw_batch "
+              f"{extra['reads_read_raw_batch_gb_per_s']:.2f} GB/s "
+              f"({extra['reads_read_raw_batch_gb_per_s'] / extra['reads_memcpy_gb_per_s']:.2f}x), "
+              f"ThreadedLoader {extra['reads_threaded_gb_per_s']:.2f} GB/s")
+        print(f"  RandomResizedCrop(224): per-sample {extra['rrc224_per_sample_images_per_s']:,.0f} "
+              f"images/s, batched {extra['rrc224_batched_images_per_s']:,.0f} images/s")
+    best_raw = max(row["vs_imagefolder"] for row in table if "raw" in row["name"])
+    print(f"\ntargets: raw >= {TARGETS['raw_vs_imagefolder']:.0f}x ImageFolder: {best_raw:.1f}x "
+          f"{'PASS' if best_raw >= TARGETS['raw_vs_imagefolder'] else 'FAIL'}; raw batch reads >= "
+          f"{TARGETS['raw_batch_reads_per_s']:,}/s: {reads['read_raw_batch_samples_per_s']:,.0f} "
+          f"{'PASS' if reads['read_raw_batch_samples_per_s'] >= TARGETS['raw_batch_reads_per_s'] else 'FAIL'}")
+    if args.json:
+        args.json.write_text(json.dumps({"table": table, "reads": reads, "stages": stages, "disk": disk,
+                                         "raw224": extra, "emulated_imagefolder": emulated,
+                                         "machine": platform.platform(), "args": vars(args)},
+                                        default=str, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
