@@ -332,6 +332,16 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
                          f"{tuple(out.shape)} {out.dtype}")
     if count == 0:
         return out
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+    use_c = kernel == "c" or (kernel == "auto" and source.device.type == "cpu" and compiled_kernel_available())
+    if use_c:
+        if source.device.type != "cpu" or out.device.type != "cpu" or not compiled_kernel_available():
+            from .errors import MissingDependencyError
+            raise MissingDependencyError("kernel='c' needs CPU tensors and packer's compiled extension "
+                                         "packer._rawresample (reinstall packer with a C compiler)")
+        _resample_compiled(source, out, boxes, flips, clip_to_box)
+        return out
     if clip_to_box:
         x_low, x_high = np.floor(boxes[:, 0]), np.ceil(boxes[:, 2])
         y_low, y_high = np.floor(boxes[:, 1]), np.ceil(boxes[:, 3])
@@ -344,16 +354,6 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
         flip = np.asarray(flips, dtype=bool)
         x_taps[flip] = x_taps[flip, ::-1]
         x_weights[flip] = x_weights[flip, ::-1]
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
-    use_c = kernel == "c" or (kernel == "auto" and source.device.type == "cpu" and compiled_kernel_available())
-    if use_c:
-        if source.device.type != "cpu" or not compiled_kernel_available():
-            from .errors import MissingDependencyError
-            raise MissingDependencyError("kernel='c' needs CPU tensors and packer's compiled extension "
-                                         "packer._rawresample (reinstall packer with a C compiler)")
-        _resample_compiled(source, out, y_taps, y_weights, x_taps, x_weights)
-        return out
     device = source.device
     dense = max(height, width) <= DENSE_MAX_SIDE
     # float32 intermediate per sample: the row pass's (out_h, W, C), plus the image itself when dense.
@@ -369,9 +369,9 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
     return out
 
 
-def _resample_compiled(source: "torch.Tensor", out: "torch.Tensor", y_taps: np.ndarray, y_weights: np.ndarray,
-                       x_taps: np.ndarray, x_weights: np.ndarray) -> None:
-    """The compiled kernel: one pass per sample, without the GIL (``packer/_rawresample.c``)."""
+def _resample_compiled(source: "torch.Tensor", out: "torch.Tensor", boxes: np.ndarray,
+                       flips: np.ndarray | None, clip_to_box: bool) -> None:
+    """The compiled kernel: taps and one pass per sample, without the GIL (``packer/_rawresample.c``)."""
     from . import _rawresample
 
     count, height, width, channels = source.shape
@@ -379,11 +379,10 @@ def _resample_compiled(source: "torch.Tensor", out: "torch.Tensor", y_taps: np.n
     pixels = np.ascontiguousarray(source.numpy())
     target = out if out.is_contiguous() else None
     result = (target if target is not None else out.new_empty(out.shape)).numpy()
-    _rawresample.resample(pixels, result, np.ascontiguousarray(y_taps, dtype=np.int32),
-                          np.ascontiguousarray(y_weights, dtype=np.float32),
-                          np.ascontiguousarray(x_taps, dtype=np.int32),
-                          np.ascontiguousarray(x_weights, dtype=np.float32), count, height, width,
-                          channels, out_h, out_w, y_taps.shape[2], x_taps.shape[2])
+    flags = (np.zeros(count, dtype=np.uint8) if flips is None
+             else np.ascontiguousarray(np.asarray(flips, dtype=bool).reshape(-1), dtype=np.uint8))
+    _rawresample.crop_resize(pixels, result, np.ascontiguousarray(boxes, dtype=np.float64), flags,
+                             bool(clip_to_box), count, height, width, channels, out_h, out_w)
     if target is None:
         import torch
         out.copy_(torch.from_numpy(result))

@@ -153,13 +153,14 @@ def test_compiled_kernel_checks_its_arguments() -> None:
 
     src = np.zeros((1, 4, 4, 3), np.uint8)
     out = np.zeros((1, 2, 2, 3), np.uint8)
-    taps = np.zeros((1, 2, 1), np.int32)
-    weights = np.ones((1, 2, 1), np.float32)
-    _rawresample.resample(src, out, taps, weights, taps, weights, 1, 4, 4, 3, 2, 2, 1, 1)
-    with pytest.raises(ValueError, match="outside the image"):
-        _rawresample.resample(src, out, taps + 4, weights, taps, weights, 1, 4, 4, 3, 2, 2, 1, 1)
+    box = np.array([[0.0, 0.0, 4.0, 4.0]])
+    _rawresample.crop_resize(src, out, box, np.zeros(1, np.uint8), True, 1, 4, 4, 3, 2, 2)
+    with pytest.raises(ValueError, match="non-empty part"):
+        _rawresample.crop_resize(src, out, box + 1, np.zeros(1, np.uint8), True, 1, 4, 4, 3, 2, 2)
     with pytest.raises(ValueError, match="does not match"):
-        _rawresample.resample(src, out, taps, weights, taps, weights, 1, 4, 5, 3, 2, 2, 1, 1)
+        _rawresample.crop_resize(src, out, box, np.zeros(1, np.uint8), True, 1, 4, 5, 3, 2, 2)
+    with pytest.raises(ValueError, match="does not match"):
+        _rawresample.crop_resize(src, out, box, np.zeros(2, np.uint8), True, 1, 4, 4, 3, 2, 2)
     with pytest.raises(ValueError, match="kernel must be"):
         crop_resize_batch(src, np.array([[0.0, 0.0, 4.0, 4.0]]), (2, 2), kernel="numba")
 
