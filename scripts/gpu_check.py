@@ -55,7 +55,10 @@ failed or ran out of time (never a silent pass):
    must have been waited for before the error reaches the caller, and a new loader reads right;
 9. DALI ``fn.decoders.image(device="mixed")`` with ``iterator_options()`` and ``DROP``: runs only
    where DALI imports, else "not run: DALI missing";
-10. nvJPEG on the tiled-JPEG vectors: whether a tiled JPEG decodes exactly like its source (reported).
+10. nvJPEG on the tiled-JPEG vectors: whether a tiled JPEG decodes exactly like its source (reported);
+11. the batched raw crop-resize (``packer.rawcrop.crop_resize_batch``, RandomResizedCrop boxes)
+    on CUDA tensors (torch ops) vs the CPU (compiled kernel): images/s at 32 and 224 px; FAIL when
+    the two differ by more than 1 grey level anywhere.
 
 ``--dry-run`` runs every section host-side (``device="cpu"``, a fake kvikio writing into CPU
 tensors, CPU stand-ins for nvJPEG and several GPUs, DALI on the CPU where it is installed) on tiny
@@ -783,6 +786,39 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def raw_crop(gpu: bool, seconds_each: float) -> dict[str, Any]:
+    """Batched RandomResizedCrop of raw pixels: CUDA (torch ops) vs CPU (compiled kernel if built)."""
+    import numpy as np
+    import torch
+
+    from packer.rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
+
+    rows = []
+    for side, count in ((32, 512), (224, 128)):
+        images = np.random.default_rng(0).integers(0, 256, size=(count, side, side, 3), dtype=np.uint8)
+        boxes, flips = random_resized_crop_boxes(sample_uniforms(0, 0, np.arange(count), RRC_DRAWS), side, side)
+        variants = [("cpu", torch.from_numpy(images))]
+        if gpu:
+            variants.insert(0, ("cuda", torch.from_numpy(images).cuda()))
+        outputs = {}
+        for name, source in variants:
+            crop_resize_batch(source, boxes, (side, side), flips=flips)  # warm-up
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds_each / 2:
+                outputs[name] = crop_resize_batch(source, boxes, (side, side), flips=flips)
+                done += count
+            if name == "cuda":
+                torch.cuda.synchronize()
+            rows.append({"variant": f"{name} {side}px", "images_per_s": round(done / (time.perf_counter() - start), 1)})
+        if "cuda" in outputs:
+            diff = int((outputs["cuda"].cpu().int() - outputs["cpu"].int()).abs().max())
+            rows[-2]["max_diff_vs_cpu"] = diff
+            if diff > 1:
+                raise CheckFailed(f"raw crop at {side}px: CUDA and CPU differ by {diff} levels (expected <= 1)")
+        log(f"raw crop {rows[-len(variants):]}")
+    return {"rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="no GPU: host paths and stand-ins, tiny sizes")
@@ -829,6 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         section("failure injection", budget, 10 if gpu else 2)(lambda: failure_injection(raw, gpu, batch_size))
         section("dali mixed", budget, 15 if gpu else 3)(lambda: dali_mixed(jpeg, gpu, batch_size))
     section("tiled nvjpeg", budget, 5 if gpu else 1)(lambda: tiled_nvjpeg(gpu))
+    section("raw crop", budget, 10 if gpu else 2)(lambda: raw_crop(gpu, seconds_each))
     text = table()
     print(text, flush=True)
     RESULTS["table"] = text
