@@ -91,7 +91,8 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
 
     With the mmap backend (and no checksum checks) each shard's samples are a zero-copy strided
     view of the mapping (``codecs.raw_batch_view``) and the batch is gathered from it with one
-    ``numpy.take`` per shard, straight into ``out`` when given (e.g. a shared-memory batch).
+    fancy-indexing gather per shard, then copied into ``out`` when given (e.g. a shared-memory
+    batch).
     Otherwise the batch is read with ``dataset.read_batch`` (coalesced runs) and gathered.
 
     Args:
@@ -139,10 +140,12 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
                                      f"of the {stride}-byte stride from the shard's first sample",
                                      path=dataset.path, sample=bad)
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
+        # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
+        # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.
         if len(rows) == len(idx):
-            np.take(view, local, axis=0, out=out)
+            out[...] = view[local]
         else:
-            out[rows] = np.take(view, local, axis=0)
+            out[rows] = view[local]
     return out
 
 
