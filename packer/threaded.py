@@ -7,9 +7,10 @@ own start-up and page-table costs. The batched raw path (``packer.rawcrop``: one
 vectorised crop-resize per batch) spends its time in numpy and torch kernels that release the
 GIL, so a few threads of the training process keep up with it.
 
-``ThreadedLoader`` runs ``PackedDataset.__getitems__`` + ``collate`` (``packer.torch``) for each
-batch in a ``ThreadPoolExecutor`` of ``threads`` threads, keeping ``prefetch`` batches in
-flight, and yields them in order. The order, the rank split, the pad/drop rule and the
+``ThreadedLoader`` runs ``PackedDataset.load_batch`` (``packer.torch``: ``__getitems__`` +
+``collate``, without per-sample objects on raw datasets) for each batch in a
+``ThreadPoolExecutor`` of ``threads`` threads, keeping ``prefetch`` batches in flight, and
+yields them in order. The order, the rank split, the pad/drop rule and the
 resumable position are ``packer.order``'s (``ReadOrder.plan``), exactly as for
 ``PackedBatchSampler``: the loader's ``k``-th batch is the rank's ``k``-th batch. Because
 nothing is prefetched *past the caller's view* (a batch counts as consumed when it is yielded),
@@ -83,7 +84,7 @@ class ThreadedLoader:
                  backend: str = "mmap", verify_checksums: bool = False,
                  block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
                  pin_memory: bool = False) -> None:
-        from .torch import PackedDataset, collate, resolve_rank  # torch is optional: imported here
+        from .torch import PackedDataset, resolve_rank  # torch is optional: imported here
 
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
@@ -94,7 +95,6 @@ class ThreadedLoader:
                                      target_transform=target_transform, backend=backend,
                                      verify_checksums=verify_checksums)
         self._decode = decode
-        self._collate = collate
         self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
                                     batch_size=batch_size, drop_last=drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -163,7 +163,7 @@ class ThreadedLoader:
 
     # --- iteration ---
     def _load(self, indices: np.ndarray) -> tuple[Any, Any]:
-        images, labels = self._collate(self.dataset.__getitems__(indices))
+        images, labels = self.dataset.load_batch(indices)
         if self.pin_memory and hasattr(images, "pin_memory"):
             images = images.pin_memory()
         return images, labels

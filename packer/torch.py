@@ -459,14 +459,9 @@ class PackedDataset(torch_data.Dataset):
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
-        if pipeline.decode is True and pipeline.transform is None and len(idx):
-            raw_shape = raw_shape_of(dataset)
-            if raw_shape is not None:  # raw pixels as stored: one gather into the batch tensor
-                return self._raw_into_batch(idx, raw_shape, crop=False)
-        if pipeline.decode is not False and pipeline.batch_shape(len(idx)) is not None:
-            raw_shape = raw_shape_of(dataset)
-            if raw_shape is not None:  # raw pixels: one batched crop-resize (packer.rawcrop)
-                return self._raw_into_batch(idx, raw_shape, crop=True)
+        images = self._raw_batch(idx)
+        if images is not None:
+            return _BatchSamples(images, [pipeline.label(dataset, i) for i in idx.tolist()])
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
@@ -511,14 +506,51 @@ class PackedDataset(torch_data.Dataset):
             labels.append(pipeline.label(dataset, i))
         return _BatchSamples(batch, labels)
 
+    def load_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+        """``collate(self.__getitems__(indices))``, without per-sample objects where it can.
+
+        For a ``raw`` dataset (``decode=True`` or a fused transform, no ``transform``) the batch
+        tensor and the labels come straight from the batched path; otherwise it is exactly
+        ``collate(self.__getitems__(indices))``. ``packer.threaded.ThreadedLoader`` calls it.
+
+        Returns:
+            ``(images, labels)`` as ``collate`` returns them.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self.dataset)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+        idx = idx % n if n else idx
+        images = self._raw_batch(idx)
+        if images is None:
+            return collate(self.__getitems__(idx))
+        if self._pipeline.target_transform is None:
+            return images, torch.from_numpy(self.dataset.labels[idx].astype(np.int64))
+        return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
+
+    def _raw_batch(self, idx: np.ndarray) -> torch.Tensor | None:
+        """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or
+        None when they do not apply (another codec, a ``transform``, ``decode=False``, a
+        callable that is not a fused transform)."""
+        pipeline = self._pipeline
+        if not len(idx) or pipeline.decode is False or pipeline.transform is not None:
+            return None
+        crop = pipeline.batch_shape(len(idx)) is not None  # a fused transform, HWC
+        if not crop and pipeline.decode is not True:
+            return None
+        raw_shape = raw_shape_of(self.dataset)
+        if raw_shape is None:
+            return None
+        return self._raw_into_batch(idx, raw_shape, crop=crop)
+
     def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int], *,
-                        crop: bool) -> "_BatchSamples":
+                        crop: bool) -> torch.Tensor:
         """Raw pixels: gather the batch from the shard views, then (``crop``) crop, resize and
         flip it in one vectorised pass (``DecodeTransform.batch``), straight into the batch
         tensor (in shared memory inside a worker). Without ``crop`` the pixels are gathered
         straight into it (``HWC``), or gathered and transposed once (``CHW``)."""
         dataset, pipeline = self.dataset, self._pipeline
-        if crop:
+        if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
             batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
             pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=batch)
         elif pipeline.layout == "HWC":
@@ -527,7 +559,7 @@ class PackedDataset(torch_data.Dataset):
         else:
             batch = _empty((len(idx), raw_shape[2], raw_shape[0], raw_shape[1]), torch.uint8)
             batch.copy_(torch.from_numpy(read_raw_batch(dataset, idx, raw_shape)).permute(0, 3, 1, 2))
-        return _BatchSamples(batch, [pipeline.label(dataset, i) for i in idx.tolist()])
+        return batch
 
     def close(self) -> None:
         self.dataset.close()

@@ -318,3 +318,20 @@ def test_raw_gather_does_not_copy_the_whole_shard(raw_dataset: Path, monkeypatch
     monkeypatch.setattr(np, "take", lambda *a, **k: calls.append(a) or original(*a, **k))
     read_raw_batch(dataset, [1, 2, 3], raw_shape_of(dataset))
     assert calls == []
+
+
+@pytest.mark.parametrize("options", [{"decode": "rrc"}, {"decode": True}, {"decode": True, "layout": "CHW"},
+                                     {"decode": "rrc", "target_transform": lambda label: label * 10}])
+def test_load_batch_equals_collated_getitems(raw_dataset: Path, options: dict) -> None:
+    options = dict(options)
+    if options["decode"] == "rrc":
+        options["decode"] = RandomResizedCrop(16, seed=1)
+    options.setdefault("layout", "HWC")
+    dataset = PackedDataset(raw_dataset, **options)
+    indices = [9, 0, 33, 9]
+    images, labels = dataset.load_batch(indices)
+    want_images, want_labels = collate(dataset.__getitems__(indices))
+    assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    assert labels.dtype == torch.int64
+    with pytest.raises(IndexError):
+        dataset.load_batch([N])
