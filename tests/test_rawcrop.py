@@ -335,3 +335,18 @@ def test_load_batch_equals_collated_getitems(raw_dataset: Path, options: dict) -
     assert labels.dtype == torch.int64
     with pytest.raises(IndexError):
         dataset.load_batch([N])
+
+
+def test_large_raw_samples_are_gathered_one_copy_each(tmp_path: Path) -> None:
+    """150x150x3 = 67,500 bytes per sample: the per-sample copy path, across two shards."""
+    import make_sample
+
+    make_sample.make_image_folder(tmp_path / "src", classes=2, per_class=4, seed=6, formats=("png",))
+    build(tmp_path / "src", tmp_path / "raw", BuildOptions(codec="raw:size=150x150", shard_size=300 << 10,
+                                                           shuffle=False), workers=1, progress=False)
+    dataset = PackedDataset(tmp_path / "raw", layout="HWC").dataset
+    assert len(dataset.manifest.shards) > 1
+    indices = np.array([7, 0, 3, 3, 5])
+    shape = raw_shape_of(dataset)
+    expected = np.stack([np.frombuffer(dataset.get(int(i)), np.uint8).reshape(shape) for i in indices])
+    np.testing.assert_array_equal(read_raw_batch(dataset, indices, shape), expected)
