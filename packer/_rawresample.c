@@ -37,17 +37,19 @@ static inline uint8_t to_byte(float value) {
 }
 
 static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt, const float *yw,
-                            const int32_t *xt, const float *xw, long w, long c, long out_h,
-                            long out_w, long ky, long kx, float *rows) {
-    const long row_len = w * c;
+                            const int32_t *yn, const int32_t *xt, const float *xw, const int32_t *xn,
+                            long w, long c, long out_h, long out_w, long ky, long kx, long x_low,
+                            long x_high, float *rows) {
+    /* The row pass covers only columns [x_low, x_high): all the column pass reads. */
+    const long row_len = w * c, j0 = x_low * c, j1 = x_high * c;
     for (long y = 0; y < out_h; y++) {
         float *acc = rows + y * row_len;
-        for (long j = 0; j < row_len; j++) acc[j] = 0.0f;
-        for (long k = 0; k < ky; k++) {
+        for (long j = j0; j < j1; j++) acc[j] = 0.0f;
+        for (long k = 0; k < yn[y]; k++) {  /* only the taps this output uses */
             const float weight = yw[y * ky + k];
             if (weight == 0.0f) continue;
             const uint8_t *line = src + (long)yt[y * ky + k] * row_len;
-            for (long j = 0; j < row_len; j++) acc[j] += weight * (float)line[j];
+            for (long j = j0; j < j1; j++) acc[j] += weight * (float)line[j];
         }
     }
     for (long y = 0; y < out_h; y++) {
@@ -58,7 +60,7 @@ static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt,
                 float v0 = 0.5f, v1 = 0.5f, v2 = 0.5f;
                 const int32_t *taps = xt + x * kx;
                 const float *weights = xw + x * kx;
-                for (long k = 0; k < kx; k++) {
+                for (long k = 0; k < xn[x]; k++) {
                     const float weight = weights[k];
                     const float *pixel = acc + (long)taps[k] * 3;
                     v0 += weight * pixel[0];
@@ -74,7 +76,7 @@ static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt,
         for (long x = 0; x < out_w; x++) {
             for (long ch = 0; ch < c; ch++) {
                 float value = 0.5f;
-                for (long k = 0; k < kx; k++) {
+                for (long k = 0; k < xn[x]; k++) {
                     value += xw[x * kx + k] * acc[(long)xt[x * kx + k] * c + ch];
                 }
                 dst[x * c + ch] = to_byte(value);
@@ -88,7 +90,7 @@ static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt,
  * formulas, in double precision, as packer/rawcrop.py's resample_taps. Unused taps get weight 0
  * and the last valid position. */
 static void axis_taps(double start, double end, long low, long high, long out_len, long kmax,
-                      int32_t *taps, float *weights, double *raw) {
+                      int32_t *taps, float *weights, int32_t *counts, double *raw) {
     const double factor = (end - start) / (double)out_len;
     const double support = factor > 1.0 ? factor : 1.0;
     for (long i = 0; i < out_len; i++) {
@@ -96,6 +98,7 @@ static void axis_taps(double start, double end, long low, long high, long out_le
         long first = (long)floor(center - support + 0.5), last = (long)floor(center + support + 0.5);
         first = first < low ? low : first > high ? high : first;
         last = last < low ? low : last > high ? high : last;
+        counts[i] = (int32_t)(last - first < kmax ? last - first : kmax);
         double total = 0.0;
         for (long k = 0; k < kmax; k++) {
             const long j = first + k;
@@ -125,7 +128,7 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     float *rows = NULL, *yw = NULL, *xw = NULL;
-    int32_t *yt = NULL, *xt = NULL;
+    int32_t *yt = NULL, *xt = NULL, *yn = NULL, *xn = NULL;
     double *raw = NULL;
     if (n < 0 || h < 1 || w < 1 || c < 1 || out_h < 1 || out_w < 1 || h > 65536 || w > 65536 || c > 16 ||
         out_h > 65536 || out_w > 65536) {
@@ -157,7 +160,9 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     yw = (float *)malloc(sizeof(float) * (size_t)(out_h * kmax));
     xw = (float *)malloc(sizeof(float) * (size_t)(out_w * kmax));
     raw = (double *)malloc(sizeof(double) * (size_t)kmax);
-    if (!rows || !yt || !xt || !yw || !xw || !raw) {
+    yn = (int32_t *)malloc(sizeof(int32_t) * (size_t)out_h);
+    xn = (int32_t *)malloc(sizeof(int32_t) * (size_t)out_w);
+    if (!rows || !yt || !xt || !yw || !xw || !raw || !yn || !xn) {
         PyErr_NoMemory();
         goto done;
     }
@@ -167,10 +172,13 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
         const double left = box[4 * i], top = box[4 * i + 1], right = box[4 * i + 2], bottom = box[4 * i + 3];
         const long x_low = clip ? (long)floor(left) : 0, x_high = clip ? (long)ceil(right) : w;
         const long y_low = clip ? (long)floor(top) : 0, y_high = clip ? (long)ceil(bottom) : h;
-        axis_taps(top, bottom, y_low, y_high, out_h, kmax, yt, yw, raw);
-        axis_taps(left, right, x_low, x_high, out_w, kmax, xt, xw, raw);
+        axis_taps(top, bottom, y_low, y_high, out_h, kmax, yt, yw, yn, raw);
+        axis_taps(left, right, x_low, x_high, out_w, kmax, xt, xw, xn, raw);
         if (flip[i]) {  /* mirror: the output columns in reverse order */
             for (long a = 0, b = out_w - 1; a < b; a++, b--) {
+                const int32_t count = xn[a];
+                xn[a] = xn[b];
+                xn[b] = count;
                 for (long k = 0; k < kmax; k++) {
                     const int32_t tap = xt[a * kmax + k];
                     const float weight = xw[a * kmax + k];
@@ -182,7 +190,7 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
             }
         }
         resample_sample((const uint8_t *)src.buf + i * h * w * c, (uint8_t *)out.buf + i * out_h * out_w * c,
-                        yt, yw, xt, xw, w, c, out_h, out_w, kmax, kmax, rows);
+                        yt, yw, yn, xt, xw, xn, w, c, out_h, out_w, kmax, kmax, x_low, x_high, rows);
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
@@ -194,6 +202,8 @@ done:
     free(yw);
     free(xw);
     free(raw);
+    free(yn);
+    free(xn);
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     PyBuffer_Release(&boxes);
