@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: venv demo test bench clean
 
-$(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c Makefile
+$(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_rawresample.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"

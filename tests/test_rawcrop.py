@@ -350,3 +350,13 @@ def test_large_raw_samples_are_gathered_one_copy_each(tmp_path: Path) -> None:
     shape = raw_shape_of(dataset)
     expected = np.stack([np.frombuffer(dataset.get(int(i)), np.uint8).reshape(shape) for i in indices])
     np.testing.assert_array_equal(read_raw_batch(dataset, indices, shape), expected)
+
+
+@pytest.mark.parametrize("decode", ["rrc", "center", "full"])
+def test_packer_bench_measures_raw_datasets_with_every_decode_mode(raw_dataset: Path, decode: str) -> None:
+    from packer.bench import BenchOptions, run_bench
+
+    result = run_bench(raw_dataset, BenchOptions(decode=decode, size=24, batch_size=8, batches=2, warmup=1,
+                                                 loader="torch", workers=0))
+    assert result.samples == 16 and result.samples_per_s > 0 and result.codec == "raw"
+    assert not any("--codec raw is the fast path" in note for note in result.notes)
