@@ -131,14 +131,16 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         return out
     stride = raw_sample_stride(shape, dataset.alignment)
     shards = ix.shard[idx]
-    for shard in np.unique(shards).tolist():
+    single = len(dataset.manifest.shards) == 1
+    for shard in ([0] if single else np.unique(shards).tolist()):
         first, end = dataset.shard_range(shard)
         base = int(ix.offset[first])
-        rows = np.flatnonzero(shards == shard) if len(idx) > 1 else np.zeros(1, dtype=np.int64)
-        distance = ix.offset[idx[rows]].astype(np.int64) - base
-        local = distance // stride
-        if np.any(distance % stride) or np.any(local != idx[rows] - first):
-            bad = int(idx[rows][np.argmax((distance % stride != 0) | (local != idx[rows] - first))])
+        rows = np.arange(len(idx)) if single else np.flatnonzero(shards == shard)
+        mine = idx if single else idx[rows]
+        local = mine - first
+        misplaced = ix.offset[mine].astype(np.int64) != base + local * stride
+        if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
+            bad = int(mine[np.argmax(misplaced)])
             raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
                                      f"of the {stride}-byte stride from the shard's first sample",
                                      path=dataset.path, sample=bad)
