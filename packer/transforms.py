@@ -344,7 +344,7 @@ class DecodeTransform:
         return tuple(float(v) for v in boxes[0]), bool(flips[0])  # type: ignore[return-value]
 
     def batch(self, images: Any, indices: Any = None, *, out: Any = None,
-              rng: np.random.Generator | None = None) -> Any:
+              rng: np.random.Generator | None = None, kernel: str = "auto") -> Any:
         """Crop, resize and flip a whole batch of raw pixels at once (``packer.rawcrop``).
 
         The batched path for ``--codec raw`` datasets: every box drawn with numpy, one
@@ -360,6 +360,8 @@ class DecodeTransform:
             out: ``(N, height, width, 3)`` uint8 torch tensor to write into (e.g. in shared
                 memory, or on the GPU); default a new tensor on ``images``' device.
             rng: the generator for unseeded draws (default this transform's per-process one).
+            kernel: ``rawcrop.crop_resize_batch``'s kernel: ``"auto"`` (compiled on the CPU
+                when built, else torch's ops), ``"c"`` or ``"torch"``.
 
         Returns:
             The ``(N, height, width, 3)`` uint8 torch tensor.
@@ -381,7 +383,7 @@ class DecodeTransform:
                 raise ValueError(f"{count} images but {len(index_array)} indices")
         boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
         return crop_resize_batch(images, boxes, self.size, flips=flips,
-                                 clip_to_box=not self._resize_then_crop, out=out)
+                                 clip_to_box=not self._resize_then_crop, out=out, kernel=kernel)
 
     def __call__(self, data: ImageBytes, image_format: int | None = None,
                  rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
