@@ -145,3 +145,27 @@ def test_errors_surface_in_order_and_an_early_stop_does_not_hang(datasets: dict)
             ThreadedLoader(datasets["raw"], batch_size=5, **bad)
     with pytest.raises(ValueError, match="epoch"):
         ThreadedLoader(datasets["raw"], batch_size=5).set_epoch(-1)
+
+
+def test_seeded_crops_depend_on_the_sample_not_on_the_rank(datasets: dict) -> None:
+    from packer.rawcrop import raw_shape_of, read_raw_batch
+
+    reference = RandomResizedCrop(12, seed=4)
+    reference.set_epoch(3)
+    crops = {}
+    for world_size in (1, 3):
+        for rank in range(world_size):
+            loader = ThreadedLoader(datasets["raw"], batch_size=4, seed=6, rank=rank, world_size=world_size,
+                                    decode=RandomResizedCrop(12, seed=4), threads=2)
+            loader.set_epoch(3)
+            plan = ReadOrder(kind="random", seed=6, batch_size=4).plan(N, epoch=3, rank=rank,
+                                                                       world_size=world_size)
+            for k, (images, _) in enumerate(loader):
+                for i, image in zip(plan.batch(k).tolist(), images):
+                    crops.setdefault(i, []).append(image)
+    dataset = loader.dataset.dataset
+    pixels = read_raw_batch(dataset, np.arange(N), raw_shape_of(dataset))
+    expected = reference.batch(pixels, np.arange(N))
+    assert sorted(crops) == list(range(N))
+    for i, seen in crops.items():
+        assert all(torch.equal(image, expected[i]) for image in seen)
