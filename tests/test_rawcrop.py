@@ -367,3 +367,30 @@ def test_packer_bench_measures_raw_datasets_with_every_decode_mode(raw_dataset: 
                                                  loader="torch", workers=0))
     assert result.samples == 16 and result.samples_per_s > 0 and result.codec == "raw"
     assert not any("--codec raw is the fast path" in note for note in result.notes)
+
+
+def test_raw_gather_refuses_an_index_that_disagrees_with_the_raw_layout(raw_dataset: Path) -> None:
+    """A row whose size or offset breaks the raw layout gets IndexMismatchError naming the sample."""
+    from types import SimpleNamespace
+
+    from packer.errors import IndexMismatchError
+
+    real = PackedDataset(raw_dataset).dataset
+    shape = raw_shape_of(real)
+
+    def fake(size_of_7: int, offset_shift_of_7: int) -> SimpleNamespace:
+        size = real.index.size.copy()
+        offset = real.index.offset.copy()
+        size[7] = size_of_7
+        offset[7] += offset_shift_of_7
+        index = SimpleNamespace(size=size, offset=offset, shard=real.index.shard)
+        return SimpleNamespace(index=index, manifest=real.manifest, path=real.path, backend_name="mmap",
+                               verify_checksums=False, alignment=real.alignment,
+                               shard_range=real.shard_range, shard=real.shard)
+
+    with pytest.raises(IndexMismatchError, match="raw sample of 100 bytes") as error:
+        read_raw_batch(fake(100, 0), [3, 7], shape)
+    assert error.value.sample == 7
+    with pytest.raises(IndexMismatchError, match="not at a multiple") as error:
+        read_raw_batch(fake(int(real.index.size[7]), 512), [7, 3], shape)
+    assert error.value.sample == 7
