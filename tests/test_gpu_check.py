@@ -16,7 +16,7 @@ import gpu_check  # noqa: E402  (scripts/ is on sys.path: see conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ["environment", "pytest -m gpu", "datasets", "block reads", "raw batches", "jpeg decode", "multi-gpu",
-            "failure injection", "dali mixed", "tiled nvjpeg"]
+            "failure injection", "dali mixed", "tiled nvjpeg", "raw crop"]
 
 
 def test_dry_run_exercises_every_section(tmp_path: Path) -> None:
