@@ -25,6 +25,13 @@ opt-in. A header giving a zero width or height is ``not-an-image``.
 A problem is reported as ``RejectedImageError`` whose ``reason`` is one of ``empty-file``,
 ``not-an-image``, ``unsupported-format``, ``truncated``, ``decode-failed``, ``too-many-pixels``.
 
+Every header field these checks read is checked for type, count, range and overflow before it is
+used (a TIFF StripByteCounts stored as a DOUBLE NaN, a RATIONAL or ASCII text is
+``decode-failed``, never a ``ValueError``). As a second line of defence, any exception Pillow or a
+check raises for hostile bytes becomes a per-file ``RejectedImageError``: for any input,
+``probe_image`` returns an ``ImageInfo`` or raises ``RejectedImageError``, nothing else
+(tests/test_fuzz_headers.py mutates every header field of every format to hold this).
+
 Pillow's global decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) is neither used nor
 changed: plugins are called directly, and ``max_pixels`` is the only pixel limit. Full decoding
 honours ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` as the process has set it (``False`` unless
@@ -34,6 +41,7 @@ something changed it); the structural checks above run either way.
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -72,6 +80,8 @@ _TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and B
 _BMP_HEADER_SIZES = frozenset({12, 16, 40, 52, 56, 64, 108, 124})
 # What Pillow's ImageFile raises when a plugin parsed a header with a zero size or no mode.
 _NO_SIZE_OR_MODE = "not identified by this driver"
+_NOT_FF = re.compile(rb"[^\xff]")
+_GIF_BLOCK = re.compile(rb"[\x21\x2c\x3b]")
 # How far from the end of the file an end marker may sit (padding or junk after it is common).
 _TAIL = 64
 
@@ -157,6 +167,28 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
     image_format = detect_format(view)
     img = _open_header(view, image_format, path)
     pil_format = img.format or ""
+    try:
+        return _check_opened(view, img, pil_format, path, validate, max_pixels)
+    except RejectedImageError:
+        raise
+    except _BadField as exc:
+        raise RejectedImageError(
+            "decode-failed", f"{pil_format or 'image'} header field {exc}", path=path) from None
+    except Exception as exc:  # noqa: BLE001 - the last line of defence for hostile headers
+        # A check or a Pillow accessor tripped over a field nobody validated: one bad file is a
+        # per-file rejection, never an exception that aborts the build.
+        raise RejectedImageError(
+            "decode-failed", f"{pil_format or 'image'} header cannot be checked: "
+            f"{_describe(exc)}", path=path) from None
+
+
+class _BadField(Exception):
+    """A header field with the wrong type, count or range; the text names it and what was found."""
+
+
+def _check_opened(view: bytes | memoryview, img: Image.Image, pil_format: str, path: str | None,
+                  validate: str, max_pixels: int) -> ImageInfo:
+    """The checks after Pillow parsed the header (split out so every failure maps to a reason)."""
     # Trust what Pillow parsed over the magic-byte guess (an unusual BMP header, say).
     image_format = ImageFormat.BY_PIL_NAME.get(pil_format, ImageFormat.UNKNOWN)
     if image_format == ImageFormat.UNKNOWN:
@@ -166,6 +198,8 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
             f"identifies it), which packer does not accept", path=path)
 
     width, height = img.size
+    if type(width) is not int or type(height) is not int:  # noqa: E721 - bool/float are wrong
+        raise _BadField(f"size: expected integer width and height, got {width!r} x {height!r}")
     if width <= 0 or height <= 0:
         raise RejectedImageError(
             "not-an-image",
@@ -185,6 +219,8 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
         _decode_fully(img, pil_format, path)
 
     mode = img.mode
+    if not isinstance(mode, str):
+        raise _BadField(f"mode: expected a Pillow mode name, got {mode!r}")
     return ImageInfo(image_format=image_format, width=width, height=height,
                      channels=_mode_channels(mode), mode=mode)
 
@@ -242,7 +278,10 @@ def _open_header(view: bytes | memoryview, image_format: int, path: str | None) 
         except Exception as exc:  # noqa: BLE001 - hostile bytes can make a plugin raise anything
             # The signature matched, so the file claims to be this format: say whether it was
             # cut short or is damaged, rather than "not an image".
-            problem = _truncation_problem(view, image_format, None)
+            try:
+                problem = _truncation_problem(view, image_format, None)
+            except Exception:  # noqa: BLE001 - a damaged header may defeat the check too
+                problem = None
             if problem is None and _says_truncated(exc):
                 problem = (f"{format_name} header ends early: {_describe(exc)}; the file "
                            f"({len(view)} bytes) is truncated")
@@ -361,8 +400,9 @@ def _jpeg_scan_start(view: bytes | memoryview) -> int | None:
         if view[pos] != 0xFF:
             return None
         marker = view[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
+        if marker == 0xFF:  # fill bytes: skip the whole run at C speed, not one by one
+            run = _NOT_FF.search(view, pos + 1)
+            pos = (run.start() if run is not None else size) - 1
         elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
             pos += 2
         else:
@@ -416,8 +456,9 @@ def _gif_problem(view: bytes | memoryview) -> str | None:
                 pos += 3 << ((flags & 7) + 1)
             pos = _skip_sub_blocks(view, pos + 1)
             frames += 1
-        else:  # Pillow skips stray bytes between blocks, so the check does too
-            pos += 1
+        else:  # Pillow skips stray bytes between blocks, so the check does too (at C speed)
+            found = _GIF_BLOCK.search(view, pos + 1)
+            pos = found.start() if found is not None else size
         if pos < 0:
             break
     return (f"GIF ends without its trailer byte (0x3B) after {frames} complete frame(s): "
@@ -454,14 +495,52 @@ def _bmp_problem(view: bytes | memoryview, img: Image.Image) -> str | None:
     if len(tiles) != 1 or tiles[0][0] != "raw":
         return None
     _, extents, offset, args = tiles[0]
-    stride = args[1] if len(args) > 1 and isinstance(args[1], int) else 0
+    stride = args[1] if isinstance(args, tuple) and len(args) > 1 and _is_int(args[1]) else 0
     if stride <= 0:
         return None
+    if not _is_int(offset) or offset < 0:
+        raise _BadField(f"pixel data offset: expected a non-negative integer, got {offset!r}")
+    if (not isinstance(extents, tuple) or len(extents) != 4
+            or not all(_is_int(v) for v in extents) or extents[3] < extents[1]):
+        raise _BadField(f"pixel array extent: expected 4 ordered integers, got {extents!r}")
     end = offset + stride * (extents[3] - extents[1])
     if end > len(view):
         return (f"BMP pixel array needs {end} bytes ({extents[3] - extents[1]} rows of "
                 f"{stride} bytes from offset {offset}), found {len(view)}: the file is truncated")
     return None
+
+
+# TIFF field types an offset or byte count may have (TIFF 6.0 section 2, BigTIFF's LONG8).
+_TIFF_INTEGER_TYPES = {3: "SHORT", 4: "LONG", 16: "LONG8"}
+_TIFF_TYPE_NAMES = {1: "BYTE", 2: "ASCII", 3: "SHORT", 4: "LONG", 5: "RATIONAL", 6: "SBYTE",
+                    7: "UNDEFINED", 8: "SSHORT", 9: "SLONG", 10: "SRATIONAL", 11: "FLOAT",
+                    12: "DOUBLE", 13: "IFD", 16: "LONG8", 17: "SLONG8", 18: "IFD8"}
+_TIFF_FIELD_NAMES = {273: "StripOffsets", 279: "StripByteCounts", 324: "TileOffsets",
+                     325: "TileByteCounts"}
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # noqa: E721 - bool, float and numpy scalars are not accepted
+
+
+def _tiff_integers(tags: Any, tag: int) -> tuple[int, ...] | None:
+    """The values of an offsets/counts field, checked: integer type, non-negative; None if absent."""
+    values = tags.get(tag)
+    if values is None:
+        return None
+    name = _TIFF_FIELD_NAMES[tag]
+    field_type = getattr(tags, "tagtype", {}).get(tag)
+    if field_type not in _TIFF_INTEGER_TYPES:
+        raise _BadField(f"{name}: expected type SHORT, LONG or LONG8, got "
+                        f"{_TIFF_TYPE_NAMES.get(field_type, f'type {field_type}')}")
+    if not isinstance(values, tuple):
+        values = (values,)
+    if not values:
+        raise _BadField(f"{name}: expected at least one value, got none")
+    for value in values:
+        if not _is_int(value) or value < 0:
+            raise _BadField(f"{name}: expected non-negative integers, got {value!r}")
+    return values
 
 
 def _tiff_problem(view: bytes | memoryview, img: Image.Image) -> str | None:
@@ -470,15 +549,15 @@ def _tiff_problem(view: bytes | memoryview, img: Image.Image) -> str | None:
         return None
     end = 0
     for offsets_tag, counts_tag in ((273, 279), (324, 325)):  # strips, tiles
-        offsets, counts = tags.get(offsets_tag), tags.get(counts_tag)
+        offsets, counts = _tiff_integers(tags, offsets_tag), _tiff_integers(tags, counts_tag)
         if offsets is None or counts is None:
             continue
-        if isinstance(offsets, int):
-            offsets = (offsets,)
-        if isinstance(counts, int):
-            counts = (counts,)
+        if len(offsets) != len(counts):
+            raise _BadField(f"{_TIFF_FIELD_NAMES[offsets_tag]}: {len(offsets)} values, but "
+                            f"{_TIFF_FIELD_NAMES[counts_tag]} has {len(counts)}; expected one "
+                            f"byte count per offset")
         for offset, count in zip(offsets, counts):
-            end = max(end, int(offset) + int(count))
+            end = max(end, offset + count)
     if end > len(view):
         return (f"TIFF image data extends to byte {end} (strip/tile offsets plus byte counts), "
                 f"found {len(view)} bytes: the file is truncated")
