@@ -147,9 +147,13 @@ class DatasetIndex:
         raw = self.index.meta[int(mo[i]):int(mo[i + 1])].tobytes()
         if not raw:
             return {}
+        depth = fmt.json_nesting_depth(raw)
+        if depth > fmt.MAX_JSON_DEPTH:
+            raise IndexMismatchError(f"holds metadata nested {depth} levels deep; readers decode at most "
+                                     f"{fmt.MAX_JSON_DEPTH}", path=self.path, sample=i)
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise IndexMismatchError("holds metadata that is not JSON", path=self.path, sample=i) from None
         return value if isinstance(value, dict) else {"value": value}
 
@@ -161,7 +165,12 @@ class DatasetIndex:
         Raises:
             KeyError: no sample has this key.
         """
-        needle = key.encode("utf-8")
+        if not isinstance(key, str) or not key:
+            raise KeyError(key)  # keys are never empty: an empty needle would match everywhere
+        try:
+            needle = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise KeyError(key) from None  # a lone surrogate: no stored (UTF-8) key can equal it
         blob = memoryview(self.index.keys).tobytes() if len(self.index.keys) else b""
         offsets = self.index.key_offsets
         start = 0

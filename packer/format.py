@@ -20,6 +20,7 @@ real paths, sizes on disk, the index checksum); both carry the spec's ``[Rn]`` t
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -815,11 +816,51 @@ def dump_manifest(manifest: Manifest) -> bytes:
                   "checksum": checksum_hex(manifest.index.checksum)},
         "shards": [{"path": s.path, "size": s.size, "sample_count": s.sample_count,
                     "checksum": checksum_hex(s.checksum)} for s in manifest.shards],
-        "build": manifest.build,
-        "history": list(manifest.history),
+        # Informational: a hand-edited 1e400 or a too-deep value must not make a rewrite fail.
+        "build": json_ready(manifest.build),
+        "history": json_ready(list(manifest.history)),
     })
+    obj = {key: (value if key in MANIFEST_FIELDS else json_ready(value)) for key, value in obj.items()}
     text = json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     return (text + "\n").encode("utf-8")
+
+
+#: Deepest nesting of stored JSON (sample metadata, informational manifest fields) that readers
+#: decode or print; packer itself writes at most a few levels.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def json_nesting_depth(data: bytes) -> int:
+    """How deeply the arrays/objects of JSON text ``data`` nest, without parsing it (no recursion).
+
+    Strings are blanked first, so brackets inside them do not count. Used before ``json.loads``
+    so that hostile nesting is refused with a typed error instead of a ``RecursionError``.
+    """
+    stripped = _JSON_STRING.sub(b'""', bytes(data))
+    if not stripped:
+        return 0
+    codes = np.frombuffer(stripped, dtype=np.uint8)
+    step = ((codes == 0x5B) | (codes == 0x7B)).astype(np.int64) - ((codes == 0x5D) | (codes == 0x7D))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def json_ready(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``value`` as strict JSON can hold it: non-finite floats become None, deeper levels None.
+
+    Applied to informational content (the ``build``/``history`` fields of a manifest, sample
+    metadata) before it is written or printed, so every ``--json`` output and every manifest
+    rewrite is strict JSON (RFC 8259 has no NaN or Infinity) whatever an edited file holds.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (dict, list, tuple)):
+        if max_depth <= 0:
+            return None
+        if isinstance(value, dict):
+            return {str(k): json_ready(v, max_depth=max_depth - 1) for k, v in value.items()}
+        return [json_ready(v, max_depth=max_depth - 1) for v in value]
+    return value
 
 
 def verify_checksum(data: Any, expected: int, *, path: object = None, sample: int | None = None,

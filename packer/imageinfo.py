@@ -136,7 +136,7 @@ def detect_format(data: BytesLike) -> int:
 
 
 def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
-                max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
+                max_pixels: int = DEFAULT_MAX_PIXELS, show_bytes: bool = True) -> ImageInfo:
     """Check one source file's bytes and describe the image, without decoding pixels by default.
 
     Args:
@@ -145,6 +145,9 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
         validate: ``"header"`` parses the header and runs the cheap truncation checks described
             in the module docstring; ``"full"`` also decodes the first frame.
         max_pixels: largest accepted ``width * height``.
+        show_bytes: whether a ``not-an-image`` message may quote the file's first bytes. The
+            build passes False for a file that lies outside the source folder (a symlink to
+            ``/etc/passwd``), whose content must not end up in a report.
 
     Returns:
         The image's format, size, channels and Pillow mode.
@@ -165,7 +168,7 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
                                  path=path)
 
     image_format = detect_format(view)
-    img = _open_header(view, image_format, path)
+    img = _open_header(view, image_format, path, show_bytes)
     pil_format = img.format or ""
     try:
         return _check_opened(view, img, pil_format, path, validate, max_pixels)
@@ -265,7 +268,8 @@ def open_with_plugin(view: bytes | memoryview, image_format: int,
         return factory(stream, "")
 
 
-def _open_header(view: bytes | memoryview, image_format: int, path: str | None) -> Image.Image:
+def _open_header(view: bytes | memoryview, image_format: int, path: str | None,
+                 show_bytes: bool = True) -> Image.Image:
     """Parse the header, mapping every failure to a ``RejectedImageError``."""
     factory = plugin_factory(image_format)
     if factory is not None:
@@ -308,7 +312,7 @@ def _open_header(view: bytes | memoryview, image_format: int, path: str | None) 
     except Exception as exc:  # noqa: BLE001 - UnidentifiedImageError, or a plugin's own error
         raise RejectedImageError(
             "not-an-image",
-            f"expected {_EXPECTED_TEXT}, found {_sniff(view)}", path=path) from exc
+            f"expected {_EXPECTED_TEXT}, found {_sniff(view, show_bytes)}", path=path) from exc
 
 
 def _decode_fully(img: Image.Image, pil_format: str, path: str | None) -> None:
@@ -348,14 +352,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _sniff(view: bytes | memoryview) -> str:
-    """Say what a non-image file looks like, for the rejection message."""
+def _sniff(view: bytes | memoryview, show_bytes: bool = True) -> str:
+    """Say what a non-image file looks like, for the rejection message (its bytes if allowed)."""
     head = bytes(view[:64])
     if head.startswith(b"version https://git-lfs"):
         return "a git-LFS pointer file (the image was never fetched: run `git lfs pull`)"
     stripped = head.lstrip().lower()
     if stripped.startswith((b"<!doctype html", b"<html")):
         return "an HTML page (a failed download?)"
+    if not show_bytes:
+        return "bytes that are not an image (not quoted: the file lies outside the source folder)"
     return f"bytes starting {head[:16]!r}"
 
 

@@ -301,10 +301,18 @@ def test_dump_manifest_writes_known_fields_from_the_typed_values() -> None:
     assert out["format"] == fmt.FORMAT_NAME and out["sample_count"] == manifest.sample_count
 
 
-def test_dump_manifest_refuses_nan() -> None:
+def test_dump_manifest_refuses_nan_in_normative_fields_and_nulls_it_in_informational_ones() -> None:
+    """A NaN codec parameter is a writer bug (refused); a 1e400 in an edited ``build`` field is
+    informational and must not make ``append`` fail: it is written as null (strict JSON)."""
     manifest = fmt.parse_manifest((BASE / "manifest.json").read_bytes())
     with pytest.raises(ValueError):
-        fmt.dump_manifest(dataclasses.replace(manifest, build={"x": float("nan")}))
+        fmt.dump_manifest(dataclasses.replace(manifest, codec={"name": "passthrough", "x": float("nan")}))
+    edited = dataclasses.replace(manifest, build={"x": float("inf"), "y": [float("nan"), 1.5]},
+                                 history=({"z": float("-inf")},))
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+    out = json.loads(fmt.dump_manifest(edited), parse_constant=refuse)
+    assert out["build"] == {"x": None, "y": [None, 1.5]} and out["history"] == [{"z": None}]
 
 
 def test_manifest_size_cap() -> None:

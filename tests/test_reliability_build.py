@@ -641,17 +641,16 @@ def test_source_changes_while_workers_pack(tmp_path):
 
 def test_unreadable_source_file_injected(tmp_path, monkeypatch):
     """Permission denied on a source file (injected: root reads anything): rejected as unreadable."""
-    import builtins
     src = make_source(tmp_path / "src", seed=9)
-    real_open = builtins.open
+    real_open = pack_module.open_nonblocking  # the one place packing opens a source file
     victim = str(src / "class1" / "img04.png")
 
-    def fake_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
         if str(file) == victim:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
-        return real_open(file, mode, *args, **kwargs)
+        return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(pack_module, "open", fake_open, raising=False)
+    monkeypatch.setattr(pack_module, "open_nonblocking", fake_open)
     result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
     assert [(r.key, r.reason) for r in result.rejected] == [("class1/img04.png", "unreadable")]
     assert result.sample_count == 17

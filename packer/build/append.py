@@ -9,10 +9,10 @@ ids never change. Each generation is recorded in the manifest's ``history``.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +20,17 @@ import numpy as np
 
 from .. import format as fmt
 from ..dataset import open_index
-from ..errors import BuildError, EmptySourceError, PackerError
+from ..errors import BuildError, EmptySourceError, PackerError, SourceError
+from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
-from .run import run_shards
+from .run import check_output_outside_source, check_workers, run_shards
 from .sources import Rejection, SourceListing, list_source, select_rows
 from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
-__all__ = ["append"]
+__all__ = ["append", "options_from_manifest"]
+
 
 def _relabel(listing: SourceListing, old_classes: tuple[str, ...]) -> tuple[SourceListing, tuple[str, ...]]:
     """Map the new source's labels onto the dataset's classes; unseen class names get new ids."""
@@ -77,12 +79,18 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     """
     started = time.monotonic()
     out = Path(dataset)
+    check_workers(workers)
+    if not out.is_dir():
+        raise SourceError("the dataset to append to is not a folder (expected a dataset folder holding "
+                          "manifest.json)", path=out)
+    if Path(source).exists():
+        check_output_outside_source(Path(source), out)
     with build_lock(out):
         old = open_index(out)
         manifest = old.manifest
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
-        options = _generation_options(manifest, out, generation, seed)
+        options = _generation_options(manifest, generation, seed)
         # A dataset built with a fixed class list (--classes) keeps it: new class names are
         # rejected as unknown-class, never given new ids that other splits do not have.
         listing = list_source(Path(source), root, label_type=options.label_type, classes=options.classes)
@@ -110,15 +118,10 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     return result
 
 
-def _generation_options(manifest: fmt.Manifest, out: Path, generation: int, seed: int | None) -> BuildOptions:
-    """The dataset's recorded build options, reseeded for this generation."""
-    stored = dict(manifest.build.get("options", {}))
-    try:
-        options = BuildOptions(**stored) if stored else BuildOptions(alignment=manifest.alignment)
-    except TypeError as exc:
-        raise BuildError(f"the dataset's recorded build options are not understood: {exc}", path=out) from None
-    return BuildOptions(**{**options.to_json(), "alignment": manifest.alignment,
-                           "seed": options.seed + generation if seed is None else seed})
+def _generation_options(manifest: fmt.Manifest, generation: int, seed: int | None) -> BuildOptions:
+    """The dataset's recorded build options (validated, ``options_from_manifest``), reseeded for this generation."""
+    options = options_from_manifest(manifest)
+    return replace(options, seed=options.seed + generation if seed is None else seed)
 
 
 def _existing_keys(index: Any) -> set[bytes]:
@@ -146,13 +149,13 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
                                                       previous_shards=old_shards)
     history = list(manifest.history) or [{
         "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
-        "classes": len(manifest.classes), "options": manifest.build.get("options", {})}]
+        "classes": len(manifest.classes), "options": fmt.json_ready(manifest.build.get("options", {}))}]
     history.append({"generation": generation, "kind": "append", "source": source_name,
                     "samples": int(len(source_rows)), "shards": len(new_shards), "rejected": len(new_rejected),
                     "classes": len(classes), "first_shard_number": plan.first_shard_number,
                     "options": plan.options.to_json()})
     old_rejected = _previous_rejections(out)
-    build_info = dict(manifest.build)
+    build_info = fmt.json_ready(dict(manifest.build))
     build_info.update(packed=manifest.sample_count + int(len(source_rows)),
                       rejected=len(old_rejected) + len(new_rejected))
     old.close()
@@ -180,18 +183,44 @@ def _discard_failed_append(out: Path) -> None:
 
 
 def _previous_rejections(out: Path) -> list[Rejection]:
-    """The rejected entries of earlier generations, kept in the new build report."""
+    """The rejected entries of earlier generations, kept in the new build report.
+
+    The report is informational: read with the bounded, regular-file-only rules of files.py,
+    and lines that are not rejection objects with string fields are dropped, never trusted.
+    """
     rejected = []
-    try:
-        lines = (out / fmt.REPORT_NAME).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            entry: dict[str, Any] = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("type") == "rejected":
-            rejected.append(Rejection(str(entry.get("key", "")), str(entry.get("reason", "")),
-                                      str(entry.get("message", ""))))
+    for entry in iter_json_lines(out, fmt.REPORT_NAME, must_contain=b'"rejected"'):
+        fields = [entry.get("key"), entry.get("reason"), entry.get("message")]
+        if entry.get("type") == "rejected" and all(isinstance(f, str) for f in fields):
+            rejected.append(Rejection(*fields))
     return rejected
+
+
+def options_from_manifest(manifest: fmt.Manifest) -> BuildOptions:
+    """The build options recorded in an (informational) manifest, validated field by field.
+
+    A field that is missing, unknown, of the wrong type or out of range (a hand edit, another
+    writer) falls back to the default instead of failing the append; the alignment always comes
+    from the manifest's normative ``alignment`` and the codec from its normative ``codec`` entry.
+    """
+    stored = manifest.build.get("options") if isinstance(manifest.build, dict) else None
+    options = BuildOptions(alignment=manifest.alignment)
+    defaults = options.to_json()
+    codec = manifest.codec.get("name") if isinstance(manifest.codec, dict) else None
+    for name, value in (stored.items() if isinstance(stored, dict) else ()):
+        if name == "classes" and isinstance(value, list) and all(isinstance(c, str) for c in value):
+            value = tuple(value)  # a fixed class list (--classes): kept for every generation
+        elif name not in defaults or name == "alignment" or type(value) is not type(defaults[name]):
+            continue
+        candidate = replace(options, **{name: value})
+        try:
+            candidate.check()
+        except PackerError:
+            continue
+        options = candidate
+    if isinstance(codec, str) and codec != options.codec.split(":")[0]:
+        try:
+            options = replace(options, codec=codec).check()
+        except PackerError:
+            pass
+    return options

@@ -70,6 +70,7 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
                          f"(shards {shown}); run the missing parts, or the build with --resume", path=out)
     listing = plan.listing
     live = [i for i, h in enumerate(headers) if h["sample_count"]]
+    rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
     if not live:
         # No dataset: the caller writes the build report (``record_empty_build``) so the names survive.
         raise empty_source_error(f"every one of the {len(listing)} listed source files was rejected; nothing "
@@ -107,6 +108,13 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
                           history=list(history), cleanup=cleanup)
 
 
+def _report_lines(build_info: dict[str, Any], rejected: Sequence[Rejection]) -> bytes:
+    lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True, allow_nan=False)]
+    lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
+              for r in sorted(rejected, key=lambda r: r.key.encode("utf-8", "surrogateescape"))]
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
 def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,
                    classes: Sequence[str], codec: dict[str, Any], alignment: int,
                    build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
@@ -119,6 +127,12 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     if classes:  # informational: lets two datasets' class lists be compared at a glance
         build_info = {**build_info, "classes_checksum": fmt.class_list_checksum(classes)}
     fmt.validate_index(rows, columns, shards, alignment, path="(new index)")  # never commit a bad index
+    report = out / fmt.REPORT_NAME
+    if report.is_dir() and not report.is_symlink():
+        # A FIFO or a link in its place is simply replaced; a folder cannot be. Checked before
+        # the commit point: failing afterwards would report a committed build as failed.
+        raise BuildError(f"{fmt.REPORT_NAME} is a folder, not a regular file; remove it and run again",
+                         path=report)
     index_pieces = fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns)
     index_size = sum(memoryview(p).nbytes for p in index_pieces)
     staging_index = out / STAGING_DIR / "index.pki"
@@ -126,14 +140,11 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
         index_digest = write_atomic(staging_index, index_pieces)
         index_name = fmt.index_file_name(index_digest)
         os.replace(staging_index, out / index_name)
-        report_lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True)]
-        report_lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
-                         for r in sorted(rejected, key=lambda r: r.key.encode())]
         # Staged until after the commit point: the dataset in place keeps its own report until
         # the manifest that replaces it has landed.
         staged_report = out / STAGING_DIR / fmt.REPORT_NAME
         staged_report.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(staged_report, [("\n".join(report_lines) + "\n").encode()])
+        write_atomic(staged_report, [_report_lines(build_info, rejected)])
         manifest = fmt.Manifest(
             sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
@@ -164,12 +175,9 @@ def record_empty_build(out: Path, error: Exception, options: dict[str, Any], *, 
     rejected: list[Rejection] = list(getattr(error, "rejected", []))
     try:
         if not (out / fmt.MANIFEST_NAME).exists() and out.is_dir():
-            summary = {"type": "summary", "packed": 0, "rejected": len(rejected), "error": str(error),
-                       "options": options, "source_kind": source_kind, "tool": f"packer {__version__}"}
-            lines = [json.dumps(summary, sort_keys=True, ensure_ascii=False)]
-            lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
-                      for r in sorted(rejected, key=lambda r: r.key.encode("utf-8", "surrogateescape"))]
-            write_atomic(out / fmt.REPORT_NAME, [("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")])
+            summary = {"packed": 0, "rejected": len(rejected), "error": str(error), "options": options,
+                       "source_kind": source_kind, "tool": f"packer {__version__}"}
+            write_atomic(out / fmt.REPORT_NAME, [_report_lines(summary, rejected)])
             error.args = (f"{error.args[0]}; every rejection is in {out / fmt.REPORT_NAME}",) + error.args[1:]
             if hasattr(error, "message"):
                 error.message = f"{error.message}; every rejection is in {out / fmt.REPORT_NAME}"

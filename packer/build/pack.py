@@ -8,6 +8,7 @@ A task touches nothing another task owns, so tasks can run in any order and be r
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError, PackerError, RejectedImageError
+from ..files import open_nonblocking, read_fd_capped
 from ..imageinfo import probe_image
 from .atomic import fsync_dir
 from .plan import BuildOptions, BuildPlan
@@ -245,27 +247,90 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
     (``Codec.note``), counted in the build summary, or None.
     """
     path = root / key
-    try:
-        with open(path, "rb") as source:
-            data = source.read()
-    except FileNotFoundError:
-        return b"", None, Rejection(key, "missing", "the file vanished after it was listed"), None
-    except PermissionError as exc:
-        return b"", None, Rejection(key, "unreadable", f"permission denied: {exc.strerror}"), None
-    except OSError as exc:
-        return b"", None, Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}"), None
-    if len(data) != listed_size:
-        return b"", None, Rejection(key, "changed-during-build",
-                                    f"listed as {listed_size} bytes, read {len(data)} bytes"), None
+    if listed_size > options.max_file_size:
+        return b"", None, Rejection(key, "file-too-large",
+                                    f"is {listed_size} bytes; the limit (--max-file-size) is "
+                                    f"{options.max_file_size}"), None
+    data = _read_listed(path, key, listed_size)
+    if isinstance(data, Rejection):
+        return b"", None, data, None
     try:
         info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
-        return b"", None, Rejection(key, exc.reason, exc.message), None
+        message = exc.message
+        if exc.reason == "not-an-image" and not _inside(root, path):
+            # Never quote the bytes of a file outside the source (a link to /etc/passwd).
+            try:
+                probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels,
+                            show_bytes=False)
+            except RejectedImageError as quiet:
+                message = quiet.message
+        return b"", None, Rejection(key, exc.reason, message), None
     except PackerError as exc:
         return b"", None, Rejection(key, "decode-failed", exc.message), None
+    except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
+        return b"", None, Rejection(key, "decode-failed",
+                                    f"the {options.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
     note = codec.note(data, payload, info) if hasattr(codec, "note") else None
     return payload, info, None, note
+
+
+def _read_listed(path: Path, key: str, listed_size: int) -> bytes | Rejection:
+    """The file's bytes if it is still the regular file of ``listed_size`` bytes that was listed.
+
+    The read is bounded whatever the file has become since it was listed (normal with
+    ``--plan-only`` then ``--part``, ``--resume``, or a long listing): opened with ``O_NONBLOCK``
+    so a FIFO swapped in cannot hang the worker, checked with ``fstat`` on the open descriptor
+    (a link to ``/dev/zero`` is a device, not a regular file), and read for at most
+    ``listed_size + 1`` bytes so a file that grows, or lies about its size, is never read without
+    bound. Symlinks are followed on purpose: the listing follows them, and the checks apply to
+    what the descriptor refers to, wherever the link points.
+    """
+    try:
+        fd, info = open_nonblocking(path)
+    except FileNotFoundError:
+        return Rejection(key, "missing", "the file vanished after it was listed")
+    except PermissionError as exc:
+        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
+    except OSError as exc:
+        return Rejection(key, "unreadable", f"open failed: {exc.strerror or exc}")
+    try:
+        if not stat.S_ISREG(info.st_mode):
+            return Rejection(key, "changed-during-build",
+                             f"was a regular file of {listed_size} bytes when listed, is now "
+                             f"{_file_kind(info.st_mode)}")
+        if info.st_size != listed_size:
+            return Rejection(key, "changed-during-build",
+                             f"listed as {listed_size} bytes, is now {info.st_size} bytes")
+        data = read_fd_capped(fd, listed_size, listed_size)
+    except PermissionError as exc:
+        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
+    except OSError as exc:
+        return Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+    if data is None:
+        return Rejection(key, "changed-during-build",
+                         f"listed as {listed_size} bytes, but it grew while it was read")
+    if len(data) != listed_size:
+        return Rejection(key, "changed-during-build",
+                         f"listed as {listed_size} bytes, read {len(data)} bytes")
+    return data
+
+
+def _inside(root: Path, path: Path) -> bool:
+    real_root = os.path.realpath(root)
+    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _hash_file(path: Path) -> int:

@@ -30,11 +30,14 @@ from ..errors import BuildError, FormatError, OptionError, PackerError
 from .sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
-           "DEFAULT_SHARD_SIZE"]
+           "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE"]
 
 #: Default target shard size: large enough for GPUDirect-sized reads and few files, small
 #: enough that a damaged or re-built shard is cheap to replace.
 DEFAULT_SHARD_SIZE = 512 << 20
+#: Default per-file size cap: far above any real photo or scan (a 150 Mpx 16-bit PNG is under
+#: 1 GiB), low enough that one sparse or runaway file cannot exhaust a worker's memory.
+DEFAULT_MAX_FILE_SIZE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class BuildOptions:
             object.__setattr__(self, "classes", tuple(self.classes))
         elif isinstance(self.classes, (str, os.PathLike)):
             object.__setattr__(self, "classes", load_class_list(self.classes))
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -89,6 +93,9 @@ class BuildOptions:
                               f"2^62, got {self.shard_size}")
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
             raise OptionError(f"--max-pixels must be a positive number of pixels, got {self.max_pixels}")
+        if (not isinstance(self.max_file_size, int) or isinstance(self.max_file_size, bool)
+                or not 1 <= self.max_file_size < fmt.MAX_FILE_SIZE):
+            raise OptionError(f"--max-file-size must be between 1 byte and 2^62, got {self.max_file_size}")
         if self.validate not in ("header", "full"):
             raise OptionError(f"--validate must be 'header' or 'full', got {self.validate!r}")
         try:

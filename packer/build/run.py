@@ -21,7 +21,7 @@ from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
 from .sources import list_source
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
-__all__ = ["build", "finish", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
+__all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
 
 logger = logging.getLogger("packer.build")
 
@@ -132,6 +132,36 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out)
 
 
+def check_workers(workers: int | None) -> None:
+    """Refuse a worker count that is not a positive integer (None means: available cores).
+
+    Raises:
+        OptionError: naming ``--workers`` and what is allowed.
+    """
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise OptionError(f"--workers must be a positive number of processes, got {workers!r}")
+
+
+def check_output_outside_source(source: Path, out: Path) -> None:
+    """Refuse an output folder equal to, or inside, an image-folder source.
+
+    A dataset inside its own source would be listed by the next build: ``shards/`` becomes a
+    class and every label after it shifts. (A manifest source lists its files explicitly, so an
+    output next to it is fine.)
+
+    Raises:
+        SourceError: OUT is SRC or lies inside it (exit 2).
+    """
+    if not source.is_dir():
+        return
+    real_source = os.path.realpath(source)
+    real_out = os.path.realpath(out)
+    if os.path.commonpath([real_source, real_out]) == real_source:
+        where = "is the source folder" if real_out == real_source else "is inside the source folder"
+        raise SourceError(f"the output folder {where} ({real_source}): the next build would pack the "
+                          f"dataset's own files as images; choose an OUT outside SRC", path=out)
+
+
 def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: BuildOptions = BuildOptions(),
           *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
@@ -167,8 +197,10 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     if on_error not in ("skip", "fail"):
         raise OptionError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
     options.check()  # before the output folder or its lock file exist
+    check_workers(workers)
     if not source_path.exists():
         raise SourceError("source does not exist", path=source_path)
+    check_output_outside_source(source_path, out_path)
     # --resume continues a build that was replacing a dataset, or that committed and was killed
     # while cleaning up: its saved plan shows it was allowed to write here.
     split = part is not None or plan_only  # one step of a split build: shares the folder with others

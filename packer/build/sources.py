@@ -60,7 +60,8 @@ REJECTION_REASONS = {
     "dangling-symlink": "a symlink whose target does not exist",
     "symlink-loop": "a symlinked folder that leads back to one of its parents",
     "missing": "a manifest entry whose file does not exist",
-    "changed-during-build": "the file changed size between listing and packing",
+    "changed-during-build": "the file changed (size, or no longer a regular file) between listing and packing",
+    "file-too-large": "the file is larger than --max-file-size",
     "hidden-file": "a name starting with '.' (e.g. .DS_Store)",
     "not-in-class-folder": "a file at the top level of an image folder, outside any class folder",
     "outside-root": "a manifest path that leads outside the root",
@@ -193,14 +194,23 @@ def _printable(relative: str) -> str:
 
 def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
                 ancestors: frozenset[tuple[int, int]]) -> None:
-    """Depth-first listing of one class folder, following symlinks with loop detection."""
-    try:
-        entries = _sorted_entries(folder)
-    except OSError as exc:
-        out.reject(_printable(relative + "/"), "unreadable", f"cannot list folder: {exc.strerror}")
-        return
-    for entry in entries:
-        rel = f"{relative}/{entry.name}"
+    """Depth-first listing of one class folder, following symlinks with loop detection.
+
+    Iterative (an explicit stack of folders being listed), so a class folder nested thousands of
+    levels deep lists in the same order as a recursive walk would, without a RecursionError; a
+    path too long for the OS is rejected as ``unreadable`` like any folder that cannot be listed.
+    """
+    stack: list[tuple[Iterator[os.DirEntry[str]], str, frozenset[tuple[int, int]]]] = []
+    opened = _open_folder(folder, relative, out)
+    if opened is not None:
+        stack.append((opened, relative, ancestors))
+    while stack:
+        entries, here, parents = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        rel = f"{here}/{entry.name}"
         if entry.name.startswith("."):
             out.reject(_printable(rel), "hidden-file", "hidden entries are not packed")
             continue
@@ -216,7 +226,7 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             continue
         if stat.S_ISDIR(st.st_mode):
             ident = (st.st_dev, st.st_ino)
-            if ident in ancestors:
+            if ident in parents:
                 out.reject(_printable(rel + "/"), "symlink-loop", "folder leads back to one of its parents")
                 continue
             if ident in out.listed_folders:  # each real folder is listed once, whatever links reach it
@@ -224,7 +234,9 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
                            f"the same folder as {out.listed_folders[ident]}/ (reached again through a symlink)")
                 continue
             out.listed_folders[ident] = _printable(rel)
-            _walk_class(Path(entry.path), rel, label, out, ancestors | {ident})
+            child = _open_folder(Path(entry.path), rel, out)
+            if child is not None:
+                stack.append((child, rel, parents | {ident}))
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
             if key is None:
@@ -233,6 +245,15 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             out.add(key, st.st_size, label)
         else:
             out.reject(_printable(rel), "not-a-file", "not a regular file (device, socket or FIFO)")
+
+
+def _open_folder(folder: Path, relative: str, out: _ListingBuilder) -> Iterator[os.DirEntry[str]] | None:
+    """The sorted entries of ``folder``, or None (and a rejection) if it cannot be listed."""
+    try:
+        return iter(_sorted_entries(folder))
+    except OSError as exc:
+        out.reject(_printable(relative + "/"), "unreadable", f"cannot list folder: {exc.strerror}")
+        return None
 
 
 def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None,

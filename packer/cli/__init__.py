@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from typing import Any, Callable
 
@@ -19,15 +20,45 @@ from .. import __version__
 from ..errors import PackerError
 from ..format import FORMAT_VERSION
 
-__all__ = ["main", "cli", "emit_json", "run_command", "configure_logging"]
+__all__ = ["main", "cli", "emit_json", "run_command", "configure_logging", "echo", "terminal_safe"]
 
 EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
+#: Exit status after Ctrl-C (128 + SIGINT, what shells report), with one line on stderr.
+EXIT_INTERRUPTED = 130
+
+
+# C0 controls but tab and newline, DEL, C1 controls (0x9B is a CSI on many terminals) and the
+# bidirectional overrides: a file name holding them could rewrite or hide what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with control and bidi-override characters escaped (``\\x1b``, ``\\u202e``).
+
+    Names (file names, class names, keys) come from the source and reach a terminal through
+    ``inspect``, ``verify`` and error messages; escaping them keeps an ``ESC [ ...`` sequence in a
+    file name from acting on the terminal. Newlines and tabs of the report itself are kept.
+    """
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def echo(message: str = "", *, err: bool = False) -> None:
+    """``click.echo`` of human text, with ``terminal_safe`` applied (every CLI line goes here)."""
+    click.echo(terminal_safe(str(message)), err=err)
 
 
 def emit_json(document: dict[str, Any]) -> None:
     """Print the one JSON document of a ``--json`` run to stdout."""
+    from ..format import json_ready
+
     document = {"format_version": FORMAT_VERSION, "packer_version": __version__, **document}
-    click.echo(json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False))
+    # Strict JSON whatever a dataset holds: NaN/Infinity (from an edited manifest or old metadata)
+    # become null, so any strict parser reads stdout.
+    text = json.dumps(json_ready(document), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    # json escapes C0 controls itself; DEL, C1 and bidi overrides are escaped too (still valid JSON).
+    click.echo(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
 def configure_logging(*, quiet: bool = False, verbose: bool = False) -> None:
@@ -73,11 +104,16 @@ def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> Non
     except PackerError as exc:
         if as_json:
             emit_json({"ok": False, "error": type(exc).__name__, "message": str(exc)})
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    except OSError as exc:  # an environment failure outside the library's own checks (EPIPE, EIO)
+        if as_json:
+            emit_json({"ok": False, "error": type(exc).__name__, "message": str(exc)})
+        echo(f"error: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_IO)
     finally:
         _reset_logging()
     sys.exit(code)
@@ -103,5 +139,17 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
-    cli.main(args=argv, prog_name="packer")
+    """Run the CLI: usage errors exit 2, Ctrl-C at any point prints one line and exits 130."""
+    try:
+        _register()
+        # Not standalone: click would turn Ctrl-C into "Aborted!" with exit 1.
+        result = cli.main(args=argv, prog_name="packer", standalone_mode=False)
+    except (KeyboardInterrupt, click.Abort):
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        if "--json" in (sys.argv[1:] if argv is None else argv):  # one JSON document, even now
+            emit_json({"ok": False, "error": type(exc).__name__, "message": exc.format_message()})
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(result if isinstance(result, int) else EXIT_OK)

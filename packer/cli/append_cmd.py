@@ -6,18 +6,19 @@ from pathlib import Path
 
 import click
 
-from . import cli, configure_logging, emit_json, run_command
+from . import cli, configure_logging, echo, emit_json, run_command
+from .options import json_option, quiet_option, root_option, seed_option, verbose_option, workers_option
 
 
 @cli.command("append")
-@click.argument("dataset", type=click.Path(path_type=Path))
-@click.argument("source", type=click.Path(path_type=Path))
-@click.option("--root", type=click.Path(path_type=Path), help="Folder that manifest paths are relative to.")
-@click.option("--workers", type=int, default=None, help="Packing processes (default: available cores).")
-@click.option("--seed", type=int, default=None, help="Order seed (default: the dataset's seed + generation).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only warnings and errors.")
-@click.option("--verbose", "-v", is_flag=True, help="Also log what each step does (packer.* loggers at INFO).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@root_option()
+@workers_option()
+@seed_option(default=None, help="Order seed (default: the dataset's seed + generation).")
+@quiet_option()
+@verbose_option()
+@json_option("Print the summary as JSON on stdout.")
 def append_command(dataset: Path, source: Path, root: Path | None, workers: int | None, seed: int | None,
                    quiet: bool, as_json: bool, verbose: bool) -> None:
     """Append the images of SOURCE (folder or manifest) to DATASET as new shards.
@@ -31,7 +32,7 @@ def append_command(dataset: Path, source: Path, root: Path | None, workers: int 
 
     def body() -> int:
         result = append(dataset, source, root=root, workers=workers, seed=seed, progress=not quiet)
-        click.echo(f"dataset now holds {result.sample_count} samples in {result.shard_count} shards; "
+        echo(f"dataset now holds {result.sample_count} samples in {result.shard_count} shards; "
                    f"{len(result.rejected)} new file(s) rejected", err=True)
         if as_json:
             emit_json({"ok": True, "samples": result.sample_count, "shards": result.shard_count,

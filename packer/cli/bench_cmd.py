@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from . import cli, emit_json, run_command
+from . import cli, echo, emit_json, run_command
+from .options import POSITIVE_FLOAT, json_option, seed_option, workers_option
 from ..bench import DECODE_MODES, HEADROOM, LOADERS, READERS, BenchOptions
 from ..order import ORDERS
 
@@ -14,8 +15,8 @@ from ..order import ORDERS
 @cli.command("bench")
 @click.argument("dataset", type=click.Path(path_type=Path))
 @click.option("--batch-size", "-b", default=256, show_default=True, type=click.IntRange(min=1))
-@click.option("--workers", "-j", type=click.IntRange(min=0), default=None,
-              help="DataLoader worker processes (default: the cores this process may use).")
+@workers_option(minimum=0, short=True,
+                help="DataLoader worker processes (default: the cores this process may use).")
 @click.option("--order", type=click.Choice(ORDERS), default="random", show_default=True,
               help="Read order: sequential, random, or block shuffle.")
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="rrc", show_default=True,
@@ -35,10 +36,10 @@ from ..order import ORDERS
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
               help="Batches read and discarded first.")
 @click.option("--pin-memory", is_flag=True, help="Pin batches in the main process, as for GPU training.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the read order.")
-@click.option("--target-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+@seed_option(help="Seed of the read order.")
+@click.option("--target-rate", type=POSITIVE_FLOAT, default=None,
               help=f"Samples/s the model consumes; the loader should deliver {HEADROOM}x that.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
+@json_option("Print the result as one JSON document.")
 def bench_command(dataset: Path, batch_size: int, workers: int | None, order: str, decode: str,
                   size: int, layout: str, backend: str, reader: str, loader: str, batches: int,
                   warmup: int, pin_memory: bool, seed: int, target_rate: float | None,
@@ -56,8 +57,8 @@ def bench_command(dataset: Path, batch_size: int, workers: int | None, order: st
                            seed=seed, target_rate=target_rate)
 
     def body() -> int:
-        result = run_bench(dataset, options, log=lambda message: click.echo(message, err=True))
-        click.echo(format_report(result), err=True)
+        result = run_bench(dataset, options, log=lambda message: echo(message, err=True))
+        echo(format_report(result), err=True)
         if as_json:
             emit_json({"ok": True, "bench": result.to_dict()})
         return 0

@@ -6,21 +6,11 @@ from pathlib import Path
 
 import click
 
-from . import cli, configure_logging, emit_json, run_command
-from ..build.plan import BuildOptions
-
-
-def parse_size(text: str) -> int:
-    """'512M', '1G', '4096', '64KiB' -> bytes."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
-    number, unit = cleaned, ""
-    if cleaned and cleaned[-1] in units:
-        number, unit = cleaned[:-1], cleaned[-1]
-    try:
-        return int(float(number) * units[unit])
-    except (ValueError, OverflowError):
-        raise click.BadParameter(f"{text!r} is not a size like 512M, 1G or 4096") from None
+from . import cli, configure_logging, echo, emit_json, run_command
+from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, quiet_option, root_option,
+                      seed_option, verbose_option, workers_option)
+from ..build.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
+from ..imageinfo import DEFAULT_MAX_PIXELS
 
 
 def describe_labels(summary: dict, class_count: int) -> str:
@@ -41,20 +31,20 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @cli.command("build")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--root", type=click.Path(path_type=Path), help="Folder that manifest paths are relative to "
-              "(default: the manifest's folder).")
-@click.option("--shard-size", default="512M", show_default=True, help="Target shard size (e.g. 256M, 1G).")
-@click.option("--alignment", default=4096, show_default=True, type=int,
+@root_option()
+@click.option("--shard-size", default="512M", show_default=True, type=SIZE,
+              help="Target shard size (e.g. 256M, 1G).")
+@click.option("--alignment", default=4096, show_default=True, type=click.IntRange(1, 1 << 30),
               help="Payload alignment in bytes: a power of two (1 disables padding).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample-order permutation.")
+@seed_option()
 @click.option("--no-shuffle", is_flag=True, help="Keep the sorted source order in the shards.")
 @click.option("--codec", default="passthrough", show_default=True,
               help="How payloads are stored: passthrough (source bytes), tiled (JPEGs losslessly "
                    "re-tiled for fast random crops), jpeg (re-encoded) or raw (decoded pixels); "
                    "options as NAME:key=value,... or with the flags below.")
-@click.option("--max-size", type=int, default=None,
+@click.option("--max-size", type=click.IntRange(min=1), default=None,
               help="jpeg: shrink so the --resize-side side is at most this many pixels.")
-@click.option("--quality", type=int, default=None, help="jpeg: JPEG quality 1-100 (default 90).")
+@click.option("--quality", type=click.IntRange(1, 100), default=None, help="jpeg: JPEG quality 1-100 (default 90).")
 @click.option("--resize-side", type=click.Choice(["longer", "shorter"]), default=None,
               help="jpeg: which side --max-size bounds (default longer).")
 @click.option("--size", "raw_size", default=None,
@@ -64,9 +54,11 @@ def describe_labels(summary: dict, class_count: int) -> str:
                    "raw:size=HxW,resample=bilinear|bicubic|box|nearest to change).")
 @click.option("--validate", type=click.Choice(["header", "full"]), default="header", show_default=True,
               help="header: parse each image's header; full: also decode every image.")
-@click.option("--max-pixels", default=150_000_000, show_default=True, type=int,
-              help="Reject images with more pixels than this (decompression-bomb guard).")
-@click.option("--workers", type=int, default=None, help="Packing processes (default: available cores).")
+@max_pixels_option(default=DEFAULT_MAX_PIXELS,
+                   help="Reject images with more pixels than this (decompression-bomb guard); recorded "
+                        "in the manifest, and decoding readers refuse larger images by default.")
+@max_file_size_option(default=DEFAULT_MAX_FILE_SIZE)
+@workers_option()
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: reject bad files with a reason and go on; fail: stop at the first.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
@@ -85,17 +77,17 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
               help="Manifest labels: int (plain ASCII integers), str (class names, sorted), auto (integers "
                    "when every label is one, class names when none is; a mix is an error).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only warnings and errors.")
-@click.option("--verbose", "-v", is_flag=True, help="Also log what each step does (packer.* loggers at INFO).")
-@click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
-def build_command(source: Path, out: Path, root: Path | None, shard_size: str, alignment: int, seed: int,
+@quiet_option()
+@verbose_option()
+@json_option("Print the build summary as JSON on stdout.")
+def build_command(source: Path, out: Path, root: Path | None, shard_size: int, alignment: int, seed: int,
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,
                   engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
                   quality: int | None, resize_side: str | None, raw_size: str | None,
                   classes_spec: str | None, classes_from: Path | None, label_type: str,
-                  verbose: bool) -> None:
+                  verbose: bool, max_file_size: int) -> None:
     """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT.
 
     Build every split of one dataset with one class list (`--classes-from TRAIN_OUT` for val),
@@ -125,9 +117,9 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         except OptionError as exc:
             raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
                               f"jpeg options, --size is a raw option)") from None
-        options = BuildOptions(alignment=alignment, shard_size=parse_size(shard_size), shuffle=not no_shuffle,
+        options = BuildOptions(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle,
                                seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,
-                               classes=classes, label_type=label_type)
+                               max_file_size=max_file_size, classes=classes, label_type=label_type)
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:
@@ -136,7 +128,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
                            plan_only=plan_only, engine=engine, address=address, progress=not quiet)
         if result is None:
             done = "plan saved" if plan_only else f"part {part} packed"
-            click.echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "
+            echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "
                        f"--finish`", err=True)
             if as_json:
                 emit_json({"ok": True, "part": part, "plan_only": plan_only})
@@ -152,7 +144,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
         reasons: dict[str, int] = {}
         for r in result.rejected:
             reasons[r.reason] = reasons.get(r.reason, 0) + 1
-        click.echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
+        echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
                    f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
                    f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
         click.echo(describe_labels(result.summary, len(result.classes)), err=True)
@@ -160,10 +152,10 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: str, a
             click.echo(f"WARNING: {warning}", err=True)
         notes = result.summary.get("codec_notes", {})
         if notes:
-            click.echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
+            echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
         if result.rejected:
             summary = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-            click.echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / 'build-report.jsonl'}",
+            echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / 'build-report.jsonl'}",
                        err=True)
         if as_json:
             emit_json({"ok": True, "path": str(out), "samples": result.sample_count, "shards": result.shard_count,

@@ -6,12 +6,14 @@ import errno
 import io
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import click
 
-from . import cli, emit_json, run_command
+from . import cli, echo, emit_json, run_command
+from .options import json_option, seed_option
 from ..errors import OutputExistsError, PackerError
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
@@ -22,14 +24,18 @@ def write_new_file(path: Path, data: bytes | memoryview, *, force: bool) -> None
 
     Without ``force`` an existing file (or symlink, even a dangling one) is refused (``O_EXCL``);
     with ``force`` a regular file is truncated and rewritten, but a symlink is still refused
-    (``O_NOFOLLOW``), so the bytes never land outside the path given.
+    (``O_NOFOLLOW``), so the bytes never land outside the path given. A FIFO, device or socket
+    is refused too, even with ``force``: it is opened with ``O_NONBLOCK`` (a FIFO without a
+    reader would otherwise block forever) and checked with ``fstat`` before a byte is written.
 
     Raises:
         OutputExistsError: ``path`` exists (without ``force``), is a symlink or a folder (exit 2).
         PackerError: the file cannot be written (exit 3).
     """
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-    flags |= os.O_TRUNC if force else os.O_EXCL
+    flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
+    if not force:
+        flags |= os.O_EXCL
     try:
         fd = os.open(path, flags, 0o644)
     except FileExistsError:
@@ -39,7 +45,19 @@ def write_new_file(path: Path, data: bytes | memoryview, *, force: bool) -> None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OutputExistsError("is a symbolic link; refusing to write through it", path=path) from None
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise OutputExistsError("is a FIFO, not a regular file; give a file name", path=path) from None
         raise PackerError(f"cannot write: {exc.strerror}", path=path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputExistsError("is not a regular file (a FIFO, device or socket); give a file name",
+                                    path=path)
+        os.set_blocking(fd, True)
+        if force:
+            os.ftruncate(fd, 0)  # only now that it is known to be a regular file
+    except BaseException:
+        os.close(fd)
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -84,7 +102,7 @@ def _format_sample(info: dict[str, Any]) -> str:
 
 @cli.command("inspect")
 @click.argument("dataset", type=click.Path(exists=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
 @click.option("--extract", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
@@ -95,7 +113,7 @@ def _format_sample(info: dict[str, Any]) -> str:
               help="Samples on the contact sheet (drawn at random with --seed).")
 @click.option("--grid-columns", default=8, show_default=True, type=click.IntRange(min=1),
               help="Thumbnails per row.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the contact sheet's pick.")
+@seed_option(help="Seed of the contact sheet's pick.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --extract or --grid file.")
 def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
                     grid_count: int, grid_columns: int, seed: int, force: bool) -> None:
@@ -115,7 +133,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
             if as_json:
                 document.update(summary)
             else:
-                click.echo(format_summary(summary))
+                echo(format_summary(summary))
         if sample is not None:
             _sample(dataset, sample, extract, force, as_json, document)
         if grid is not None:
@@ -145,10 +163,10 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
                             offset=info["offset"])
         write_new_file(extract, data, force=force)
         document["extracted"] = {"path": str(extract), "bytes": len(data)}
-        click.echo(f"wrote the {len(data)} bytes of sample {number} ({info['key']}) to {extract}", err=True)
+        echo(f"wrote the {len(data)} bytes of sample {number} ({info['key']}) to {extract}", err=True)
     document["sample"] = info
     if not as_json:
-        click.echo(_format_sample(info))
+        echo(_format_sample(info))
 
 
 def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
@@ -158,6 +176,9 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
 
     if not force and (out.exists() or out.is_symlink()):  # fail before decoding anything
         raise OutputExistsError("already exists; pass --force to overwrite it", path=out)
+    if out.is_symlink() or (out.exists() and not out.is_file()):  # write_new_file refuses these too
+        raise OutputExistsError("is not a regular file (a symlink, folder, FIFO or device); give a file name",
+                                path=out)
     png = io.BytesIO()
     with open_dataset(dataset) as ds:
         result = contact_sheet(ds, png, count=count, columns=columns, seed=seed)
@@ -165,5 +186,5 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
     result["path"] = str(out)
     document["grid"] = result
     failed = f"; {len(result['failed'])} could not be shown (marked !): {result['failed']}" if result["failed"] else ""
-    click.echo(f"wrote a {result['height']}x{result['width']} (HxW) contact sheet of {len(result['samples'])} "
+    echo(f"wrote a {result['height']}x{result['width']} (HxW) contact sheet of {len(result['samples'])} "
                f"samples to {out}{failed}", err=True)

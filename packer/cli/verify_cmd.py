@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, emit_json, run_command
+from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command
+from .options import json_option, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
 
@@ -14,11 +15,10 @@ __all__ = ["verify_command"]
 @cli.command("verify")
 @click.argument("dataset", type=click.Path(exists=True, path_type=Path))
 @click.option("--decode", is_flag=True, help="Also decode every image (slow: milliseconds per image).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes checking shards in parallel (default: one per core, at most one per shard).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only warnings and errors.")
-@click.option("--verbose", "-v", is_flag=True, help="Also log what each step does (packer.* loggers at INFO).")
+@workers_option(help="Processes checking shards in parallel (default: one per core, at most one per shard).")
+@json_option("Print the report as one JSON document on stdout.")
+@quiet_option()
+@verbose_option()
 def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bool, quiet: bool,
                    verbose: bool) -> None:
     """Check DATASET completely: manifest and index structure, every shard header, size and
@@ -37,17 +37,17 @@ def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bo
             emit_json(report.to_json())
         else:
             for problem in report.problems:
-                click.echo(str(problem))
+                echo(str(problem))
             speed = (f"{report.bytes_read / 1e6:.1f} MB in {report.seconds:.2f} s, "
                      f"{report.megabytes_per_second:.0f} MB/s")
             checked = (f"{report.samples_checked} of {report.samples} samples in {report.shards_checked} of "
                        f"{report.shards} shard(s) checked{' and decoded' if decode else ''}")
             if report.ok:
-                click.echo(f"OK: {checked} ({speed})")
+                echo(f"OK: {checked} ({speed})")
             elif any(p.kind == "structure" for p in report.problems):
-                click.echo("DAMAGED: the manifest or index cannot be trusted, so no shard was checked")
+                echo("DAMAGED: the manifest or index cannot be trusted, so no shard was checked")
             else:
-                click.echo(f"DAMAGED: {len(report.problems)} problem(s), {report.damaged_sample_count} damaged "
+                echo(f"DAMAGED: {len(report.problems)} problem(s), {report.damaged_sample_count} damaged "
                            f"sample(s); {checked} ({speed})")
         return EXIT_OK if report.ok else EXIT_DAMAGED
 

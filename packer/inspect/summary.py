@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
+from ..files import iter_json_lines
 
 __all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
 
@@ -64,8 +65,10 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
             manifest_bytes = 0
         labels = ix.label
         classes = manifest.classes
-        class_counts = (np.bincount(labels[labels >= 0], minlength=len(classes)) if count
-                        else np.zeros(len(classes), dtype=np.int64))
+        # Only labels that name a class are counted here, so memory is O(classes + samples)
+        # whatever the values (a manifest label may be any i64, e.g. 10^12).
+        in_range = labels[(labels >= 0) & (labels < len(classes))] if count else labels[:0]
+        class_counts = np.bincount(in_range, minlength=len(classes))
         summary: dict[str, Any] = {
             "path": str(root),
             "created_by": manifest.created_by,
@@ -139,26 +142,25 @@ def _rejected(report: Path, shown: int) -> dict[str, Any]:
     by_reason: dict[str, int] = {}
     first: list[dict[str, Any]] = []
     count = 0
-    try:
-        handle = open(report, "rb")
-    except OSError:
+    if not report.is_file():
         return {"available": False, "count": None, "by_reason": {}, "first": []}
-    with handle:
-        for line in handle:
-            if b'"rejected"' not in line:  # cheap filter: most lines of a big report are not rejections
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(entry, dict) or entry.get("type") != "rejected":
-                continue
-            count += 1
-            reason = str(entry.get("reason", "unknown"))
-            by_reason[reason] = by_reason.get(reason, 0) + 1
-            if len(first) < shown:
-                first.append({k: entry.get(k) for k in ("key", "reason", "message")})
+    # Bounded, regular-file-only, inside the dataset folder; bad lines ignored (files.py).
+    for entry in iter_json_lines(report.parent, report.name, must_contain=b'"rejected"'):
+        if entry.get("type") != "rejected":
+            continue
+        count += 1
+        reason = _text(entry.get("reason", "unknown"))
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if len(first) < shown:
+            first.append({k: _text(entry.get(k)) for k in ("key", "reason", "message")})
     return {"available": True, "count": count, "by_reason": dict(sorted(by_reason.items())), "first": first}
+
+
+def _text(value: Any) -> str:
+    """An informational report field as a string (anything else is shown by its JSON text)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(fmt.json_ready(value), sort_keys=True)[:1000]
 
 
 # --- the human view ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -35,6 +36,9 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any, parent_pid: int) -> None:
+    # Ctrl-C reaches the whole process group: the build process handles it (and stops the
+    # workers); a worker printing its own KeyboardInterrupt traceback would only add noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)
     # Each worker maps the saved plan itself: nothing large crosses the process boundary.
     _state["plan"] = load_plan(Path(plan_path), Path(root))
@@ -113,9 +117,14 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                     parts.append(result)
                     if len(parts) == segments[result.shard]:
                         assemble_shard(plan, out, result.shard, parts)
-        except BaseException:
+        except BaseException as exc:
             for future in pending:
                 future.cancel()
+            if isinstance(exc, KeyboardInterrupt):
+                # Workers ignore SIGINT: stop them now rather than wait for their current shard
+                # (their temp files are removed below or by the next --resume).
+                for process in list(getattr(pool, "_processes", {}).values()):  # no public API in 3.11
+                    process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
             # Segments of shards that will not be assembled, whoever wrote them (finished,
             # finished in the same wait, or still running at shutdown): this run owns these shards.
