@@ -519,7 +519,10 @@ def _argv_cases(paths: dict[str, str], tmp: Path) -> list[list[str]]:
 
 
 @pytest.mark.timeout(600)
-def test_every_verb_with_mutated_argv_exits_0_to_3_without_traceback(paths, tmp_path):
+def test_every_verb_with_mutated_argv_exits_0_to_3_without_traceback(paths, tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # an empty path must never mean "here": nothing may appear in cwd
     cases = _argv_cases(paths, tmp_path)
     failures = []
     for argv in cases:
@@ -529,6 +532,8 @@ def test_every_verb_with_mutated_argv_exits_0_to_3_without_traceback(paths, tmp_
             failures.append((argv, code, text[-800:]))
     assert not failures, failures[:5]
     assert len(cases) > 300
+    # Only files named by a value (``--grid -1`` writes ./-1); no dataset built into "" == ".".
+    assert set(os.listdir(cwd)) <= set(NUMBERS), sorted(os.listdir(cwd))
     _count("class8-mutated-argv", len(cases))
 
 

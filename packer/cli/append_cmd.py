@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
-from .options import json_option, quiet_option, root_option, seed_option, verbose_option, workers_option
+from .options import json_option, path_type, quiet_option, verbose_option, root_option, seed_option, workers_option
 
 
 @cli.command("append")
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("dataset", type=path_type(exists=True, file_okay=False))
+@click.argument("source", type=path_type(exists=True))
 @root_option()
 @workers_option()
 @seed_option(default=None, help="Order seed (default: the dataset's seed + generation).")

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
-from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, quiet_option, root_option,
-                      seed_option, verbose_option, workers_option)
+from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, path_type, quiet_option, verbose_option, root_option,
+                      seed_option, workers_option)
 from ..build.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
 from ..imageinfo import DEFAULT_MAX_PIXELS
 
@@ -29,8 +29,8 @@ def describe_labels(summary: dict, class_count: int) -> str:
 
 
 @cli.command("build")
-@click.argument("source", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("source", type=path_type())
+@click.argument("out", type=path_type())
 @root_option()
 @click.option("--shard-size", default="512M", show_default=True, type=SIZE,
               help="Target shard size (e.g. 256M, 1G).")

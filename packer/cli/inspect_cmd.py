@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from . import cli, echo, emit_json, run_command
-from .options import json_option, seed_option
+from .options import json_option, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
@@ -101,13 +101,13 @@ def _format_sample(info: dict[str, Any]) -> str:
 
 
 @cli.command("inspect")
-@click.argument("dataset", type=click.Path(exists=True, path_type=Path))
+@click.argument("dataset", type=path_type(exists=True))
 @json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
-@click.option("--extract", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
+@click.option("--extract", type=path_type(dir_okay=False), default=None, metavar="FILE",
               help="With --sample: write the sample's stored bytes to exactly FILE.")
-@click.option("--grid", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="OUT.png",
+@click.option("--grid", type=path_type(dir_okay=False), default=None, metavar="OUT.png",
               help="Write a contact sheet of sample thumbnails to OUT.png.")
 @click.option("--grid-count", default=64, show_default=True, type=click.IntRange(min=1),
               help="Samples on the contact sheet (drawn at random with --seed).")

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["SIZE", "SizeType", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
+__all__ = ["SIZE", "SizeType", "PathType", "path_type", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
            "seed_option", "root_option", "max_pixels_option", "max_file_size_option"]
 
 #: Seeds are unsigned 64-bit (what numpy's generators accept).
@@ -50,6 +50,22 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class PathType(click.Path):
+    """``click.Path`` that also refuses an empty string (``Path("")`` is ``.``, the working folder)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path is not allowed (it would mean the current folder)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def path_type(**kwargs: Any) -> PathType:
+    """A ``PathType`` yielding ``pathlib.Path`` (the arguments of ``click.Path``)."""
+    from pathlib import Path
+
+    return PathType(path_type=Path, **kwargs)
 
 
 class PositiveFloat(click.ParamType):
@@ -101,9 +117,7 @@ def seed_option(*, default: int | None = 0, help: str = "Seed of the sample-orde
 def root_option(help: str = "Folder that manifest paths are relative to (default: the manifest's "
                             "folder).") -> Decorator:
     """``--root DIR``: must be an existing folder."""
-    from pathlib import Path
-
-    return click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path),
+    return click.option("--root", type=path_type(exists=True, file_okay=False),
                         default=None, help=help)
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command
-from .options import json_option, quiet_option, verbose_option, workers_option
+from .options import json_option, path_type, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
 
 
 @cli.command("verify")
-@click.argument("dataset", type=click.Path(exists=True, path_type=Path))
+@click.argument("dataset", type=path_type(exists=True))
 @click.option("--decode", is_flag=True, help="Also decode every image (slow: milliseconds per image).")
 @workers_option(help="Processes checking shards in parallel (default: one per core, at most one per shard).")
 @json_option("Print the report as one JSON document on stdout.")
