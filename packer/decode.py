@@ -39,10 +39,10 @@ EXIF orientation is not applied: pixels come out as encoded in the file, as with
 ``ImageOps.exif_transpose``. Embedded ICC colour profiles are not applied either.
 
 Failures raise ``packer.errors.DecodeError`` naming the sample, never a Pillow or simplejpeg
-exception. The pixel limit is packer's own, not Pillow's (its global decompression-bomb limit is
-bypassed): ``max_pixels`` (default ``imageinfo.DEFAULT_MAX_PIXELS``, the build's default) is
-checked from the header before any pixel buffer is allocated, the same rule ``probe_image``
-applied when the image was packed.
+exception. ``max_pixels`` (default 150,000,000) is checked from the header before the pixels are
+allocated; Pillow's global decompression-bomb limit never decides (see ``packer.imageinfo``).
+Datasets built with a higher ``--max-pixels`` record it in the manifest (``limits``); readers
+pass ``packer.codecs.dataset_max_pixels(manifest)`` so every image the build accepted decodes.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageinfo import DEFAULT_MAX_PIXELS, byte_view, open_with_plugin, plugin_factory, detect_format
+from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
+                        plugin_factory)
 
 __all__ = ["decode_image", "decode_jpeg_rgb"]
 
@@ -174,12 +175,16 @@ def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str |
         return DecodeError(f"cannot decode the bytes as {format_name}: {detail}", path=path)
 
     try:
-        img = open_with_plugin(view, image_format, factory)
+        img = open_with_plugin(view, image_format, factory, max_pixels)
     except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
         raise failure(exc) from exc
     _check_pixels(img.width, img.height, max_pixels, path)  # before load() allocates the pixels
     try:
-        img.load()  # first frame only: Pillow opens animated and multi-page files at frame 0
+        try:
+            img.load()  # first frame only: Pillow opens animated and multi-page files at frame 0
+        except Image.DecompressionBombError:  # a plugin's own global check (TIFF tiles)
+            with pillow_limit_raised(max_pixels):
+                img.load()
         return _to_rgb(img)
     except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
         raise failure(exc) from exc

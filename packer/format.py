@@ -581,11 +581,12 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
 # else can match, so no stored path can hold '/', '..' or a drive, and no two spellings exist.
 _SHARD_PATH = re.compile(r"shards/shard-(\d{5}|[1-9]\d{5,9})-([0-9a-f]{16})\.pks")
 _INDEX_PATH = re.compile(r"index-([0-9a-f]{16})\.pki")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 
 #: Top-level manifest members this version knows; ``dump_manifest`` keeps any others.
 MANIFEST_FIELDS = frozenset({
     "format", "format_version", "created_by", "checksum_algorithm", "alignment", "sample_count",
-    "codec", "classes", "index", "shards", "build", "history"})
+    "codec", "classes", "index", "shards", "build", "history", "limits"})
 
 
 def check_relative_path(text: object, pattern: re.Pattern[str], *, what: str, path: object = None) -> str:
@@ -664,6 +665,9 @@ class Manifest:
     created_by: str
     format_version: int = FORMAT_VERSION
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: ``limits.max_pixels``: the build's pixel limit when it differs from the readers' default
+    #: (None: the default). Decoding readers use it, so every image the build accepted decodes.
+    max_pixels: int | None = None
 
 
 def _need(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *, where: str, path: object) -> Any:
@@ -746,9 +750,44 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
     shard_list = _need(obj, "shards", list, where="manifest", path=path)
     if len(shard_list) > MAX_SHARDS:  # [R36]
         raise ManifestError(f"manifest lists {len(shard_list)} shards, over the {MAX_SHARDS} limit", path=path)
+    if len(shard_list) > sample_count:  # [R36] every shard holds a sample: refuse before any entry is built
+        raise ManifestError(f"manifest lists {len(shard_list)} shards for {sample_count} samples; every shard "
+                            f"holds at least one sample", path=path)
+    # [R18] from the raw entries, before any entry object is built: a crafted list whose counts
+    # cannot add up is refused in one cheap pass (a 55 MiB manifest costs json.loads only).
+    claimed, all_ints = 0, True
+    for item in shard_list:
+        count = item.get("sample_count") if type(item) is dict else None
+        if type(count) is int and 1 <= count <= MAX_SAMPLES:  # else R35 names the entry below
+            claimed += count
+        else:
+            all_ints = False
+            break
+    if all_ints and claimed != sample_count:  # [R18]
+        raise ManifestError(f"sample_count {sample_count} differs from the sum of the shards' counts "
+                            f"{claimed}", path=path)
     shards = []
     previous_number = -1
+    new_entry = object.__new__  # a frozen dataclass's __init__ costs more than the checks themselves
     for i, item in enumerate(shard_list):
+        # Fast path: the checks of the slow path below, inlined, for the common valid entry.
+        if type(item) is dict:
+            shard_path, size, count, digest = (item.get("path"), item.get("size"), item.get("sample_count"),
+                                               item.get("checksum"))
+            match = _SHARD_PATH.fullmatch(shard_path) if type(shard_path) is str else None
+            if (match is not None and type(size) is int and type(count) is int and type(digest) is str
+                    and 1 <= size <= MAX_FILE_SIZE and 1 <= count <= MAX_SAMPLES and size % alignment == 0
+                    and _HEX16.fullmatch(digest)):
+                number = int(match.group(1))
+                if previous_number < number <= MAX_SHARD_NUMBER:
+                    entry = new_entry(ShardEntry)
+                    object.__setattr__(entry, "path", shard_path)
+                    object.__setattr__(entry, "size", size)
+                    object.__setattr__(entry, "checksum", int(digest, 16))
+                    object.__setattr__(entry, "sample_count", count)
+                    previous_number = number
+                    shards.append(entry)
+                    continue
         where = f"manifest shard {i}"
         if not isinstance(item, dict):  # [R35]
             raise ManifestError(f"{where} must be an object", path=path)
@@ -783,9 +822,14 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
     created_by = obj.get("created_by", "")
     if not isinstance(created_by, str):  # [R35]
         raise ManifestError("manifest 'created_by' must be a string", path=path)
+    max_pixels = None
+    if "limits" in obj:  # [R35]
+        limits = _need(obj, "limits", dict, where="manifest", path=path)
+        if "max_pixels" in limits:
+            max_pixels = _need_count(limits, "max_pixels", where="manifest limits", path=path, low=1)
     return Manifest(sample_count=sample_count, alignment=alignment, codec=codec, classes=tuple(classes),
                     index=index, shards=tuple(shards), build=build, history=tuple(history),
-                    created_by=created_by, format_version=version, raw=obj)
+                    created_by=created_by, format_version=version, raw=obj, max_pixels=max_pixels)
 
 
 def _reject_constant(name: str) -> Any:
@@ -820,6 +864,8 @@ def dump_manifest(manifest: Manifest) -> bytes:
         "build": json_ready(manifest.build),
         "history": json_ready(list(manifest.history)),
     })
+    if manifest.max_pixels is not None:
+        obj["limits"] = {"max_pixels": manifest.max_pixels}
     obj = {key: (value if key in MANIFEST_FIELDS else json_ready(value)) for key, value in obj.items()}
     text = json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     return (text + "\n").encode("utf-8")

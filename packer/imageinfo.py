@@ -32,8 +32,10 @@ check raises for hostile bytes becomes a per-file ``RejectedImageError``: for an
 ``probe_image`` returns an ``ImageInfo`` or raises ``RejectedImageError``, nothing else
 (tests/test_fuzz_headers.py mutates every header field of every format to hold this).
 
-Pillow's global decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) is neither used nor
-changed: plugins are called directly, and ``max_pixels`` is the only pixel limit. Full decoding
+Pillow's global decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) does not decide:
+plugins are called directly, and ``max_pixels`` is the only pixel limit. The few plugins that
+apply the global limit themselves (WEBP, MPO, TIFF tiles) are retried, when they refuse an image
+that ``max_pixels`` allows, with the global limit raised under a lock for that one call. Full decoding
 honours ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` as the process has set it (``False`` unless
 something changed it); the structural checks above run either way.
 """
@@ -43,9 +45,11 @@ from __future__ import annotations
 import io
 import re
 import struct
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Union
 
 from PIL import Image, ImageMode
 
@@ -53,7 +57,7 @@ from .errors import RejectedImageError
 from .format import ImageFormat
 
 __all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image",
-           "detect_format", "byte_view", "open_with_plugin", "plugin_factory"]
+           "detect_format", "byte_view", "open_with_plugin", "plugin_factory", "pillow_limit_raised"]
 
 #: Default pixel limit (width * height): a 150-megapixel photo passes, a decompression bomb not.
 DEFAULT_MAX_PIXELS = 150_000_000
@@ -168,7 +172,7 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
                                  path=path)
 
     image_format = detect_format(view)
-    img = _open_header(view, image_format, path, show_bytes)
+    img = _open_header(view, image_format, path, show_bytes, max_pixels)
     pil_format = img.format or ""
     try:
         return _check_opened(view, img, pil_format, path, validate, max_pixels)
@@ -219,7 +223,7 @@ def _check_opened(view: bytes | memoryview, img: Image.Image, pil_format: str, p
         raise RejectedImageError("truncated", problem, path=path)
 
     if validate == "full":
-        _decode_fully(img, pil_format, path)
+        _decode_fully(img, pil_format, path, max_pixels)
 
     mode = img.mode
     if not isinstance(mode, str):
@@ -252,13 +256,27 @@ def plugin_factory(image_format: int) -> Callable[..., Any] | None:
 
 
 def open_with_plugin(view: bytes | memoryview, image_format: int,
-                      factory: Callable[..., Any]) -> Image.Image:
+                      factory: Callable[..., Any], max_pixels: int | None = None) -> Image.Image:
     """Open ``view`` with the Pillow plugin ``factory``; Pillow's exceptions propagate.
 
     The plugin is called directly rather than through ``Image.open`` because ``Image.open``
     applies Pillow's process-wide decompression-bomb limit: it warns above 89 Mpx and refuses
     above 179 Mpx whatever limit the caller chose. The caller enforces its own limit instead.
+    A few plugins (WEBP at open, MPO, TIFF tiles at load) apply that global limit themselves:
+    when they refuse an image and ``max_pixels`` is given, the open is retried once with the
+    global limit raised to ``max_pixels`` (``pillow_limit_raised``), so the caller's limit is
+    the one that decides, for every format alike.
     """
+    try:
+        return _call_plugin(view, image_format, factory)
+    except Image.DecompressionBombError:
+        if max_pixels is None:
+            raise
+        with pillow_limit_raised(max_pixels):
+            return _call_plugin(view, image_format, factory)
+
+
+def _call_plugin(view: bytes | memoryview, image_format: int, factory: Callable[..., Any]) -> Image.Image:
     stream = io.BytesIO(view)
     if image_format != ImageFormat.GIF:
         return factory(stream, "")
@@ -268,14 +286,37 @@ def open_with_plugin(view: bytes | memoryview, image_format: int,
         return factory(stream, "")
 
 
+_PILLOW_LIMIT_LOCK = threading.Lock()
+
+
+@contextmanager
+def pillow_limit_raised(max_pixels: int) -> Iterator[None]:
+    """Pillow's global ``MAX_IMAGE_PIXELS`` raised to ``max_pixels`` (never lowered) meanwhile.
+
+    Only used to retry an image that Pillow's own plugin refused although the caller's limit
+    allows it (rare: over 179 Mpx by default). Held under a lock and restored afterwards; the
+    caller has already checked the image's size against ``max_pixels`` or checks it next.
+    """
+    with _PILLOW_LIMIT_LOCK:
+        saved = Image.MAX_IMAGE_PIXELS
+        if saved is not None and saved < max_pixels:
+            Image.MAX_IMAGE_PIXELS = max_pixels
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
 def _open_header(view: bytes | memoryview, image_format: int, path: str | None,
-                 show_bytes: bool = True) -> Image.Image:
+                 show_bytes: bool = True, max_pixels: int | None = None) -> Image.Image:
     """Parse the header, mapping every failure to a ``RejectedImageError``."""
     factory = plugin_factory(image_format)
     if factory is not None:
         format_name = ImageFormat.NAMES[image_format].upper()
         try:
-            return open_with_plugin(view, image_format, factory)
+            return open_with_plugin(view, image_format, factory, max_pixels)
         except Image.DecompressionBombError as exc:
             raise RejectedImageError("too-many-pixels", f"Pillow refused the image: {exc}",
                                      path=path) from exc
@@ -315,10 +356,14 @@ def _open_header(view: bytes | memoryview, image_format: int, path: str | None,
             f"expected {_EXPECTED_TEXT}, found {_sniff(view, show_bytes)}", path=path) from exc
 
 
-def _decode_fully(img: Image.Image, pil_format: str, path: str | None) -> None:
+def _decode_fully(img: Image.Image, pil_format: str, path: str | None, max_pixels: int) -> None:
     """Decode the first frame, mapping failures to ``truncated`` or ``decode-failed``."""
     try:
-        img.load()
+        try:
+            img.load()
+        except Image.DecompressionBombError:  # a plugin's own global check (TIFF tiles)
+            with pillow_limit_raised(max_pixels):
+                img.load()
     except Image.DecompressionBombError as exc:
         raise RejectedImageError("too-many-pixels", f"Pillow refused the image: {exc}",
                                  path=path) from exc

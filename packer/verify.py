@@ -184,6 +184,7 @@ class _ShardTask:
     heights: np.ndarray
     channels: np.ndarray
     decode: bool
+    max_pixels: int = 0  # the decode limit (dataset_max_pixels); 0 when not decoding
 
 
 @dataclass
@@ -196,7 +197,7 @@ class _ShardResult:
 
 
 def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int | None = None,
-           progress: bool = False) -> VerifyReport:
+           progress: bool = False, max_pixels: int | None = None) -> VerifyReport:
     """Check a dataset completely: structure, every shard and sample checksum, padding, headers.
 
     Args:
@@ -207,6 +208,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
             scans in this process.
         progress: show a tqdm bar on stderr (samples/s and MB/s); off by default in the library
             (the CLI turns it on), so library calls print nothing unless asked.
+        max_pixels: with ``decode``, the pixel limit (default: the one the manifest records,
+            ``codecs.dataset_max_pixels``, so every image the build accepted decodes).
 
     Returns:
         A ``VerifyReport``; ``report.ok`` is False when anything is wrong, and
@@ -225,8 +228,18 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
         problem = Problem(kind="structure", message=str(exc), sample=exc.sample, path=exc.path)
         return VerifyReport(path=str(root), ok=False, seconds=time.monotonic() - started, decoded=decode,
                             problems=[problem])
+    limit = 0
     if decode:
         from . import decode as _decode  # noqa: F401  (fail early if the decoders are missing)
+        from .codecs import check_decodable, dataset_max_pixels
+
+        try:
+            check_decodable(index.manifest.codec, path=root)  # SPEC 6: refuse an unknown codec
+            limit = dataset_max_pixels(index.manifest, max_pixels)
+        except PackerError as exc:
+            index.close()
+            return VerifyReport(path=str(root), ok=False, seconds=time.monotonic() - started, decoded=decode,
+                                problems=[Problem(kind="structure", message=exc.message, path=exc.path)])
     try:
         manifest = index.manifest
         ix = index.index
@@ -240,7 +253,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
                 # Views of the mapped index: copied only when pickled for a worker process.
                 offsets=ix.offset[first:end], sizes=ix.size[first:end], checksums=ix.checksum[first:end],
                 image_formats=ix.image_format[first:end], widths=ix.width[first:end],
-                heights=ix.height[first:end], channels=ix.channels[first:end], decode=decode))
+                heights=ix.height[first:end], channels=ix.channels[first:end], decode=decode,
+                max_pixels=limit))
         total_bytes = sum(entry.size for entry in manifest.shards)
         results = _run_tasks(tasks, workers=workers, progress=progress, total_samples=len(index),
                              total_bytes=total_bytes)
@@ -573,7 +587,7 @@ class _Decoder:
                 add(f"raw payload is {self.sizes[local]} bytes, not {height}x{width}x{channels}")
             return
         try:
-            pixels = self._decode_image(data, self.formats[local])
+            pixels = self._decode_image(data, self.formats[local], max_pixels=self.task.max_pixels)
         except DecodeError as exc:
             add(exc.message)
             return

@@ -662,3 +662,124 @@ def test_library_errors_never_leak_from_cli_for_bad_paths(paths):
     assert code == 2 and "Traceback" not in err
     with pytest.raises(PackerError):
         open_index(paths["fifo"])
+
+
+# --- class 7: readers enforce the SPEC ------------------------------------------------------------------
+
+def _edit_manifest(ds: Path, edit: Any) -> None:
+    manifest = json.loads((ds / fmt.MANIFEST_NAME).read_text())
+    edit(manifest)
+    (ds / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def test_unknown_codec_is_refused_by_every_decoding_reader(small_dataset, tmp_path):
+    from packer.codecs import check_decodable
+    from packer.errors import DecodeError
+
+    ds = copy_dataset(small_dataset, tmp_path / "ds")
+    _edit_manifest(ds, lambda m: m.update(codec={"name": "zstd-future", "level": 3}))
+    code, out, err = run_main(["verify", str(ds), "-q"])
+    assert code == 0, out + err  # checksums only: the codec does not matter (SPEC 6 MAY)
+    code, out, err = run_main(["verify", str(ds), "-q", "--decode"])
+    assert code == 1 and "zstd-future" in out and "not one this packer can decode" in out, out + err
+    code, out, err = run_main(["inspect", str(ds), "--grid", str(tmp_path / "g.png"), "--grid-count", "2"])
+    assert code == 1 and "zstd-future" in err and not (tmp_path / "g.png").exists(), err
+    code, out, err = run_main(["inspect", str(ds), "--sample", "0", "--extract", str(tmp_path / "x.bin")])
+    assert code == 0, err  # stored bytes only: allowed
+    for entry in ({"name": "zstd-future"}, {"name": 5}, {}, "raw",
+                  {"name": "raw", "layout": "CHW", "dtype": "uint8"}, {"name": "raw", "layout": "HWC", "dtype": "f4"}):
+        with pytest.raises(DecodeError):
+            check_decodable(entry)
+    check_decodable({"name": "raw", "layout": "HWC", "dtype": "uint8", "height": 2, "width": 2})
+    _count("class7-unknown-codec", 10)
+
+
+def test_max_pixels_is_recorded_and_honoured_by_readers(tmp_path, monkeypatch):
+    from packer import decode as decode_module
+    from packer.codecs import dataset_max_pixels
+    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer.verify import verify
+
+    src = make_source(tmp_path / "src")
+    build(src, tmp_path / "default", workers=1, progress=False)
+    with open_index(tmp_path / "default") as index:
+        assert index.manifest.max_pixels is None and "limits" not in index.manifest.raw
+        assert dataset_max_pixels(index.manifest) == DEFAULT_MAX_PIXELS
+    build(src, tmp_path / "big", BuildOptions(max_pixels=300_000_000), workers=1, progress=False)
+    with open_index(tmp_path / "big") as index:
+        assert index.manifest.raw["limits"] == {"max_pixels": 300_000_000}
+        assert dataset_max_pixels(index.manifest) == 300_000_000
+        assert dataset_max_pixels(index.manifest, 5) == 5
+    seen: list[int] = []
+    real = decode_module.decode_image
+
+    def spy(data: Any, image_format: int, **kwargs: Any) -> Any:
+        seen.append(kwargs["max_pixels"])
+        return real(data, image_format, **kwargs)
+
+    monkeypatch.setattr(decode_module, "decode_image", spy)
+    assert verify(tmp_path / "big", decode=True, workers=1, progress=False).ok
+    assert seen and set(seen) == {300_000_000}
+    monkeypatch.setattr(decode_module, "decode_image", real)
+    code, out, err = run_main(["verify", str(tmp_path / "big"), "--decode", "-q", "--workers", "1",
+                               "--max-pixels", "10"])
+    assert code == 1 and "max_pixels" in out, out  # the override is applied
+    # append keeps the recorded limit
+    new = make_source(tmp_path / "new", classes=1, per_class=1)
+    (new / "class0").rename(new / "class7")
+    code, out, err = run_main(["append", str(tmp_path / "big"), str(new), "-q", "--workers", "1"])
+    assert code == 0, err
+    with open_index(tmp_path / "big") as index:
+        assert index.manifest.max_pixels == 300_000_000
+    _count("class7-max-pixels", 4)
+
+
+def test_pillow_global_limit_never_decides(monkeypatch):
+    """WEBP (checked by Pillow's own plugin at open) follows max_pixels like every format."""
+    from PIL import Image as PILImage
+
+    from packer.decode import decode_image
+    from packer.imageinfo import probe_image
+
+    buffer = io.BytesIO()
+    PILImage.fromarray(np.zeros((40, 50, 3), dtype=np.uint8)).save(buffer, "WEBP", lossless=True)
+    data = buffer.getvalue()
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 100)  # Pillow refuses over 200 px now
+    info = probe_image(data, max_pixels=10_000)
+    assert (info.width, info.height) == (50, 40)
+    assert decode_image(data, info.image_format, max_pixels=10_000).shape == (40, 50, 3)
+    assert PILImage.MAX_IMAGE_PIXELS == 100  # restored
+    with pytest.raises(PackerError):
+        probe_image(data, max_pixels=1_000)
+    _count("class7-pillow-limit", 3)
+
+
+# --- class 10: refusals that cost too much -----------------------------------------------------------
+
+def _many_shards_manifest(shards: int, sample_count: int, bad_entry: int | None = None) -> bytes:
+    entries = [{"path": f"shards/shard-{i:05d}-{i:016x}.pks", "size": 4096, "sample_count": 1,
+                "checksum": f"{i:016x}"} for i in range(shards)]
+    if bad_entry is not None:
+        entries[bad_entry]["path"] = "../../etc/passwd"
+    manifest = {"format": "packer-dataset", "format_version": 1, "checksum_algorithm": "xxh3_64",
+                "alignment": 4096, "sample_count": sample_count, "codec": {"name": "passthrough"},
+                "classes": [], "index": {"path": "index-0000000000000000.pki", "size": 10, "checksum": "0" * 16},
+                "shards": entries}
+    return json.dumps(manifest).encode()
+
+
+def test_huge_shard_lists_are_refused_before_any_entry_is_checked():
+    from packer.errors import ManifestError
+
+    # The count check runs before the entries: a bad path at entry 7 is never reached.
+    with pytest.raises(ManifestError, match="differs from the sum"):
+        fmt.parse_manifest(_many_shards_manifest(50_000, 10**9, bad_entry=7))
+    with pytest.raises(ManifestError, match="every shard holds at least one sample"):
+        fmt.parse_manifest(_many_shards_manifest(50_000, 10, bad_entry=7))
+    with pytest.raises(PackerError, match="not a valid dataset path"):  # the counts agree: R19 names it
+        fmt.parse_manifest(_many_shards_manifest(50_000, 50_000, bad_entry=7))
+    manifest = fmt.parse_manifest(_many_shards_manifest(50_000, 50_000))
+    assert len(manifest.shards) == 50_000 and manifest.shards[-1].number == 49_999
+    assert manifest.shards[3] == fmt.ShardEntry(path="shards/shard-00003-0000000000000003.pks", size=4096,
+                                                checksum=3, sample_count=1)
+    _count("class10-cheap-refusals", 4)

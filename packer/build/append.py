@@ -22,7 +22,7 @@ from .. import format as fmt
 from ..dataset import open_index
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
-from .commit import BuildResult, assemble_index, commit_dataset
+from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
 from .run import check_output_outside_source, check_workers, run_shards
@@ -161,7 +161,8 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
     old.close()
     result = commit_dataset(out, columns, list(manifest.shards) + new_shards, classes=classes, codec=manifest.codec,
                             alignment=manifest.alignment, build_info=build_info,
-                            rejected=old_rejected + new_rejected, history=history, cleanup=False)
+                            rejected=old_rejected + new_rejected, history=history, cleanup=False,
+                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.options.max_pixels))
     return result, new_rejected
 
 

@@ -25,7 +25,8 @@ from .records import read_record, record_path
 from .sources import Rejection, SourceListing, empty_source_error, gather_blob
 from .staging import STAGING_DIR, io_error
 
-__all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "record_empty_build"]
+__all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "recorded_max_pixels",
+           "record_empty_build"]
 
 @dataclass
 class BuildResult:
@@ -105,7 +106,20 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["codec_notes"] = dict(sorted(notes.items()))
     return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
                           alignment=options.alignment, build_info=build_info, rejected=rejected,
-                          history=list(history), cleanup=cleanup)
+                          history=list(history), cleanup=cleanup, max_pixels=recorded_max_pixels(options.max_pixels))
+
+
+def recorded_max_pixels(*limits: int | None) -> int | None:
+    """The ``limits.max_pixels`` to record: the largest limit used, None unless above the default.
+
+    Readers default to ``DEFAULT_MAX_PIXELS``; a build (or append) that accepted larger images
+    records its limit so that every accepted image also decodes when read back. A lower limit
+    is not recorded: every image it accepted is within the readers' default anyway.
+    """
+    from ..imageinfo import DEFAULT_MAX_PIXELS
+
+    largest = max([DEFAULT_MAX_PIXELS, *(value for value in limits if value is not None)])
+    return None if largest == DEFAULT_MAX_PIXELS else largest
 
 
 def _report_lines(build_info: dict[str, Any], rejected: Sequence[Rejection]) -> bytes:
@@ -118,10 +132,11 @@ def _report_lines(build_info: dict[str, Any], rejected: Sequence[Rejection]) -> 
 def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,
                    classes: Sequence[str], codec: dict[str, Any], alignment: int,
                    build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
-                   cleanup: bool = True) -> BuildResult:
+                   cleanup: bool = True, max_pixels: int | None = None) -> BuildResult:
     """Write index, report and (last) manifest; then remove files no manifest references.
 
     Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
+    ``max_pixels`` is recorded as the manifest's ``limits.max_pixels`` (None: the default).
     """
     rows = len(columns["offset"])
     if classes:  # informational: lets two datasets' class lists be compared at a glance
@@ -149,7 +164,7 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
             sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
             shards=tuple(shards), build=build_info, history=tuple(history),
-            created_by=f"packer {__version__}")
+            created_by=f"packer {__version__}", max_pixels=max_pixels)
         write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
         os.replace(staged_report, out / fmt.REPORT_NAME)
         fsync_dir(out)

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from . import cli, echo, emit_json, run_command
-from .options import json_option, path_type, seed_option
+from .options import json_option, max_pixels_option, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
@@ -114,9 +114,11 @@ def _format_sample(info: dict[str, Any]) -> str:
 @click.option("--grid-columns", default=8, show_default=True, type=click.IntRange(min=1),
               help="Thumbnails per row.")
 @seed_option(help="Seed of the contact sheet's pick.")
+@max_pixels_option(default=None, help="With --grid: refuse images with more pixels than this (default: the "
+                   "limit the dataset was built with).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --extract or --grid file.")
 def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
-                    grid_count: int, grid_columns: int, seed: int, force: bool) -> None:
+                    grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None) -> None:
     """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
     image sizes and rejected files. Never reads the shards unless asked for sample bytes."""
     if extract is not None and sample is None:
@@ -137,7 +139,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
         if sample is not None:
             _sample(dataset, sample, extract, force, as_json, document)
         if grid is not None:
-            _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document)
+            _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document, max_pixels)
         if as_json:
             emit_json(document)
         return 0
@@ -170,7 +172,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
 
 
 def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
-          document: dict[str, Any]) -> None:
+          document: dict[str, Any], max_pixels: int | None = None) -> None:
     from ..dataset import open_dataset
     from ..inspect.grid import contact_sheet
 
@@ -181,7 +183,7 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                                 path=out)
     png = io.BytesIO()
     with open_dataset(dataset) as ds:
-        result = contact_sheet(ds, png, count=count, columns=columns, seed=seed)
+        result = contact_sheet(ds, png, count=count, columns=columns, seed=seed, max_pixels=max_pixels)
     write_new_file(out, png.getbuffer(), force=force)
     result["path"] = str(out)
     document["grid"] = result

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command
-from .options import json_option, path_type, quiet_option, verbose_option, workers_option
+from .options import json_option, max_pixels_option, path_type, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
 
@@ -15,12 +15,14 @@ __all__ = ["verify_command"]
 @cli.command("verify")
 @click.argument("dataset", type=path_type(exists=True))
 @click.option("--decode", is_flag=True, help="Also decode every image (slow: milliseconds per image).")
+@max_pixels_option(default=None, help="With --decode: refuse images with more pixels than this (default: "
+                   "the limit the dataset was built with).")
 @workers_option(help="Processes checking shards in parallel (default: one per core, at most one per shard).")
 @json_option("Print the report as one JSON document on stdout.")
 @quiet_option()
 @verbose_option()
 def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bool, quiet: bool,
-                   verbose: bool) -> None:
+                   verbose: bool, max_pixels: int | None) -> None:
     """Check DATASET completely: manifest and index structure, every shard header, size and
     checksum, every sample checksum, zero padding, and with --decode every image. Names each
     damaged sample (number, shard, key, what is wrong). Exit status 0: intact; 1: damaged."""
@@ -32,7 +34,7 @@ def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bo
         dataset = dataset.parent
 
     def body() -> int:
-        report = verify(dataset, decode=decode, workers=workers, progress=not quiet)
+        report = verify(dataset, decode=decode, workers=workers, progress=not quiet, max_pixels=max_pixels)
         if as_json:
             emit_json(report.to_json())
         else:

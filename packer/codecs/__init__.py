@@ -81,7 +81,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import OptionError
+from ..errors import DecodeError, OptionError
 from .base import Codec
 from .jpeg import JpegCodec
 from .passthrough import PassthroughCodec
@@ -90,7 +90,8 @@ from .tiled import TiledCodec
 
 __all__ = [
     "Codec", "PassthroughCodec", "TiledCodec", "JpegCodec", "RawCodec", "CODECS", "get_codec",
-    "parse_codec_spec", "format_codec_spec", "merge_codec_options", "raw_sample_shape",
+    "parse_codec_spec", "format_codec_spec", "merge_codec_options", "check_decodable",
+    "dataset_max_pixels", "raw_sample_shape",
     "raw_sample_stride", "raw_batch_view", "raw_samples_view",
 ]
 
@@ -167,3 +168,56 @@ def get_codec(spec: str) -> Codec:
         raise OptionError(f"unknown codec {name!r}; available: {', '.join(sorted(CODECS))}")
     return factory.from_options(params)
 
+
+
+# --- what decoding readers check (formats/SPEC.md section 6) ---------------------------------------
+
+def check_decodable(codec_entry: Any, *, path: object = None) -> None:
+    """Refuse to decode payloads whose manifest ``codec`` this packer does not implement.
+
+    SPEC section 6: a reader that decodes payloads MUST refuse a codec name it does not
+    implement (``{"name": "zstd-future"}`` is not a JPEG to guess at), and a ``raw`` codec whose
+    ``layout`` is not ``"HWC"`` or whose ``dtype`` is not ``"uint8"``. Readers that only return
+    payload bytes need not call it. Called by ``verify --decode`` and ``inspect --grid``; the
+    PyTorch and DALI readers call it when they decode.
+
+    Args:
+        codec_entry: the manifest's ``codec`` object (``Manifest.codec``).
+        path: the dataset, for the error message.
+
+    Raises:
+        DecodeError: the codec is unknown or its parameters are not decodable (exit 1).
+    """
+    name = codec_entry.get("name") if isinstance(codec_entry, dict) else None
+    if not isinstance(name, str) or name not in CODECS:
+        raise DecodeError(f"the dataset's codec {name!r} is not one this packer can decode (it knows "
+                          f"{', '.join(sorted(CODECS))}); upgrade packer, or read the payload bytes "
+                          f"without decoding", path=path)
+    if name == "raw":
+        layout, dtype = codec_entry.get("layout"), codec_entry.get("dtype")
+        if layout != "HWC" or dtype != "uint8":
+            raise DecodeError(f"raw codec with layout {layout!r} and dtype {dtype!r}: this packer "
+                              f"decodes only layout 'HWC', dtype 'uint8'", path=path)
+
+
+def dataset_max_pixels(manifest: Any, override: int | None = None) -> int:
+    """The pixel limit a decoding reader applies to a dataset.
+
+    The build records its ``--max-pixels`` in the manifest (``limits.max_pixels``) when it is
+    not the default, so an image the build accepted is never refused when it is read back.
+
+    Args:
+        manifest: the dataset's ``Manifest``.
+        override: the caller's own limit (e.g. ``verify --max-pixels``), which wins.
+
+    Raises:
+        OptionError: ``override`` is not a positive integer.
+    """
+    from ..imageinfo import DEFAULT_MAX_PIXELS
+
+    if override is not None:
+        if not isinstance(override, int) or isinstance(override, bool) or override < 1:
+            raise OptionError(f"max_pixels must be a positive number of pixels, got {override!r}")
+        return override
+    recorded = getattr(manifest, "max_pixels", None)
+    return recorded if isinstance(recorded, int) and recorded >= 1 else DEFAULT_MAX_PIXELS

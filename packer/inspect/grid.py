@@ -36,7 +36,8 @@ def pick_samples(sample_count: int, count: int, seed: int = 0) -> list[int]:
 
 
 def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, count: int = 64, columns: int = 8,
-                  thumb: int = 96, seed: int = 0, indices: Sequence[int] | None = None) -> dict[str, Any]:
+                  thumb: int = 96, seed: int = 0, indices: Sequence[int] | None = None,
+                  max_pixels: int | None = None) -> dict[str, Any]:
     """Draw thumbnails of some samples into one PNG grid.
 
     Args:
@@ -48,6 +49,7 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
         thumb: the side of each square thumbnail cell, in pixels.
         seed: seed of the random pick.
         indices: exactly which samples to draw, in this order (overrides ``count`` and ``seed``).
+        max_pixels: the decode limit (default: what the manifest records, else the default).
 
     Returns:
         ``{"path", "width", "height", "columns", "rows", "samples", "failed"}``: the image size
@@ -55,15 +57,19 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
 
     Raises:
         ValueError: ``columns`` or ``thumb`` is below 1.
+        DecodeError: the manifest's codec is not one this packer decodes (SPEC section 6).
         PackerError: the PNG cannot be written (exit code 3).
     """
     from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+    from ..codecs import check_decodable, dataset_max_pixels
     from ..decode import decode_image
     from ..format import checksum
 
     if columns < 1 or thumb < 1:
         raise ValueError(f"columns and thumb must be at least 1, got {columns} and {thumb}")
+    check_decodable(dataset.manifest.codec, path=getattr(dataset, "path", None))  # SPEC 6
+    limit = dataset_max_pixels(dataset.manifest, max_pixels)
     chosen = list(indices) if indices is not None else pick_samples(len(dataset), count, seed)
     cols = max(1, min(columns, len(chosen)))
     rows = max(1, -(-len(chosen) // cols))
@@ -81,7 +87,8 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
         try:
             data = dataset.get(i)
             if checksum(data) == int(dataset.index.checksum[i]):
-                pixels = decode_image(data, int(dataset.index.image_format[i]), name=dataset.key(i))
+                pixels = decode_image(data, int(dataset.index.image_format[i]), name=dataset.key(i),
+                                      max_pixels=limit)
                 # contain(): shrink big images and enlarge small ones to fill the cell, aspect kept.
                 tile = ImageOps.contain(Image.fromarray(pixels), (thumb - 2, thumb - 2),
                                         Image.Resampling.BILINEAR)
