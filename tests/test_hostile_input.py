@@ -783,3 +783,77 @@ def test_huge_shard_lists_are_refused_before_any_entry_is_checked():
     assert manifest.shards[3] == fmt.ShardEntry(path="shards/shard-00003-0000000000000003.pks", size=4096,
                                                 checksum=3, sample_count=1)
     _count("class10-cheap-refusals", 4)
+
+
+# --- class 11: the C extension ---------------------------------------------------------------------------
+
+def _jpeg(seed: int = 0, size: tuple[int, int] = (48, 64)) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=85)
+    return buffer.getvalue()
+
+
+def test_jpegs_with_data_after_the_image_are_kept_whole_with_a_note():
+    from packer.codecs import get_codec
+    from packer.imageinfo import probe_image
+
+    codec = get_codec("tiled")
+    mpo = io.BytesIO()
+    first = Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8))
+    first.save(mpo, "MPO", save_all=True, append_images=[Image.fromarray(np.full((32, 32, 3), 200, np.uint8))])
+    cases = {"mpo": mpo.getvalue(), "appended": _jpeg() + b"appended video bytes" * 10, "padding": _jpeg() + b"\0" * 3}
+    for label, data in cases.items():
+        info = probe_image(data)
+        payload, _ = codec.encode(data, info)
+        assert payload is data, label  # nothing dropped
+        assert codec.note(data, payload, info) == "kept: data after the image", label
+    plain = _jpeg()
+    payload, info = codec.encode(plain, probe_image(plain))
+    assert payload is not plain and codec.note(plain, payload, info) == "tiled"
+    _count("class11-data-after-the-image", 4)
+
+
+def test_window_refuses_nan_infinite_and_huge_boxes():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    tiled = transcode(_jpeg(1, (64, 96)), max_pixels=10**8)
+    assert _jpegtiles.window(tiled, 0.0, 0.0, 16.0, 16.0, 8) is not None
+    for box in ((math.nan, 0.0, 8.0, 8.0), (0.0, 0.0, math.inf, 8.0), (-math.inf, 0.0, 8.0, 8.0),
+                (0.0, 0.0, 8.0, 1e300), (-1e300, 0.0, 8.0, 8.0)):
+        with pytest.raises(ValueError, match="finite"):
+            _jpegtiles.window(tiled, *box, 8)
+    with pytest.raises(ValueError):
+        _jpegtiles.window(tiled, 0.0, 0.0, 8.0, 8.0, -1)
+    _count("class11-window-box", 6)
+
+
+def test_writable_buffers_give_the_same_bytes_as_read_only_ones():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    source = _jpeg(2, (64, 96))
+    tiled = transcode(source, max_pixels=10**8)
+    assert transcode(bytearray(source), max_pixels=10**8) == tiled
+    assert transcode(np.frombuffer(source, dtype=np.uint8).copy(), max_pixels=10**8) == tiled
+    expected = _jpegtiles.window(tiled, 16.0, 8.0, 40.0, 30.0, 8)
+    assert _jpegtiles.window(bytearray(tiled), 16.0, 8.0, 40.0, 30.0, 8) == expected
+    _count("class11-writable-buffers", 3)
+
+
+def test_huffman_table_with_an_all_ones_code_is_refused_like_libjpeg():
+    from packer.codecs.tiles import transcode
+
+    source = _jpeg(3)
+    position = source.index(b"\xff\xc4")
+    length = struct.unpack(">H", source[position + 2:position + 4])[0]
+    # One DC table (class 0, id 0) with two 1-bit codes: "0" and "1", the second all ones.
+    table = bytes([0x00]) + bytes([2] + [0] * 15) + bytes([0, 1])
+    bad = source[:position] + b"\xff\xc4" + struct.pack(">H", 2 + len(table)) + table + source[position + 2 + length:]
+    with pytest.raises(ValueError, match="Huffman table has too many codes"):
+        transcode(bad, max_pixels=10**8)
+    # Pillow (libjpeg-turbo) refuses the table too.
+    with pytest.raises(Exception):
+        Image.open(io.BytesIO(bad)).load()
+    _count("class11-all-ones-huffman", 1)

@@ -121,7 +121,9 @@ static void build_decode_table(Failure *failure, DecodeTable *table, int table_c
         code += table->counts[length];
         k += table->counts[length];
         table->maxcode[length] = table->counts[length] ? code - 1 : -1;
-        if (code > (1 << length)) fail(failure, "corrupt: Huffman table has too many codes");
+        /* As libjpeg (jpeg_make_d_derived_tbl): the next free code must still fit in `length`
+         * bits, so no code is all ones (ITU T.81 Annex C reserves it); '>' would accept it. */
+        if (code >= (1 << length)) fail(failure, "corrupt: Huffman table has too many codes");
         code <<= 1;
     }
     table->maxcode[17] = 0x7fffffff;
@@ -350,6 +352,7 @@ typedef struct {
     DecodeTable dc[4], ac[4];
     Buffer kept;                 /* marker segments copied to the output, in order */
     size_t entropy_start;
+    size_t scan_end;         /* where the entropy reader stopped after the last MCU */
     /* geometry */
     int mcu_columns, mcu_rows, blocks_in_mcu;
     int interval;                /* MCUs per restart interval (one tile) */
@@ -629,6 +632,20 @@ static void scan_pass(Transcoder *t, BitWriter *writer) {
             }
         }
     }
+    t->scan_end = reader.position;
+}
+
+/* After the scan: the image must end with EOI and nothing after it. Bytes after EOI (an MPO's
+ * second image, a phone's appended video, padding) would be dropped by the rewrite while the
+ * build said "tiled": such a file is kept as it is instead ("data after the image"). */
+static void check_scan_end(Transcoder *t) {
+    Failure *failure = &t->failure;
+    size_t p = t->scan_end;
+    while (p < t->size && t->data[p] == 0xFF && p + 1 < t->size && t->data[p + 1] == 0xFF) p++;
+    if (p + 1 >= t->size || t->data[p] != 0xFF || t->data[p + 1] != 0xD9)
+        fail(failure, "unsupported: data after the image (no EOI right after the scan)");
+    if (p + 2 < t->size)
+        fail(failure, "unsupported: data after the image (%zu bytes after EOI)", t->size - (p + 2));
 }
 
 static void transcode(Transcoder *t) {
@@ -642,6 +659,7 @@ static void transcode(Transcoder *t) {
     int *totals = t->totals;
 
     scan_pass(t, NULL);
+    check_scan_end(t);
     int used_dc[4] = {0}, used_ac[4] = {0};
     for (int i = 0; i < t->components; i++) {
         used_dc[t->component[i].dc_table] = 1;
@@ -730,14 +748,31 @@ static PyObject *py_transcode(PyObject *module, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-    t->data = view.buf;
+    /* The data is parsed, validated and read twice with the GIL released: a writable buffer
+     * (bytearray, numpy) could change meanwhile, so work on one private copy of it. */
+    uint8_t *copy = NULL;
+    if (!view.readonly) {
+        copy = malloc(view.len ? (size_t)view.len : 1);
+        if (!copy) {
+            free(t);
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        memcpy(copy, view.buf, (size_t)view.len);
+    }
+    t->data = copy ? copy : view.buf;
     t->size = (size_t)view.len;
     t->max_pixels = max_pixels;
     t->min_tile_width = min_tile_width;
-    int failed;
+    volatile int failed = 0;  /* set after a longjmp: volatile, as C11 7.13.2.1 asks */
     Py_BEGIN_ALLOW_THREADS
-    failed = setjmp(t->failure.jump) != 0;
-    if (!failed) transcode(t);
+    /* setjmp only as a whole controlling expression (C11 7.13.1.1): `x = setjmp() != 0` is not
+     * one of the contexts the standard allows. */
+    if (setjmp(t->failure.jump) == 0) {
+        transcode(t);
+    } else {
+        failed = 1;
+    }
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (failed) {
@@ -750,6 +785,7 @@ static PyObject *py_transcode(PyObject *module, PyObject *args) {
     free(t->result.data);
     free(t->tile_lengths);
     free(t);
+    free(copy);
     PyBuffer_Release(&view);
     return result;
 }
@@ -934,13 +970,37 @@ static PyObject *py_window(PyObject *module, PyObject *args) {
     long margin;
     if (!PyArg_ParseTuple(args, "y*ddddl:window", &view, &left, &top, &right, &bottom, &margin))
         return NULL;
+    /* (long)floor(x) is undefined for NaN, infinities and values out of long's range: refuse
+     * them as the Python twin does (TileLayout.window raises ValueError), before any cast. */
+    const double limit = 1e15;
+    if (!isfinite(left) || !isfinite(top) || !isfinite(right) || !isfinite(bottom) ||
+        fabs(left) > limit || fabs(top) > limit || fabs(right) > limit || fabs(bottom) > limit ||
+        margin < 0 || margin > (1L << 30)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "window box must be finite numbers within +-1e15 and the margin "
+                                          "in 0..2^30");
+        return NULL;
+    }
+    /* The tile tables are validated, then used, with the GIL released: a writable buffer is
+     * copied first so the bytes checked are the bytes used. */
+    uint8_t *copy = NULL;
+    if (!view.readonly) {
+        copy = malloc(view.len ? (size_t)view.len : 1);
+        if (!copy) {
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        memcpy(copy, view.buf, (size_t)view.len);
+    }
+    const uint8_t *input = copy ? copy : view.buf;
     uint8_t *jpeg = NULL;
     size_t size = 0;
     long origin[4];
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = cut_window(view.buf, (size_t)view.len, left, top, right, bottom, margin, &jpeg, &size, origin);
+    ok = cut_window(input, (size_t)view.len, left, top, right, bottom, margin, &jpeg, &size, origin);
     Py_END_ALLOW_THREADS
+    free(copy);
     PyBuffer_Release(&view);
     if (!ok) Py_RETURN_NONE;
     PyObject *data = PyByteArray_FromStringAndSize((const char *)jpeg, (Py_ssize_t)size);

@@ -289,10 +289,15 @@ def cut_window(data: Any, box: tuple[float, float, float, float], margin: int
             min(row1 * layout.tile_height, layout.height) - y)
 
 
+#: The transcoder's own pixel bound when untiled_reason asks it why (the build's limit was checked before).
+_DEFAULT_TRANSCODE_PIXELS = 65535 * 65535
+
+
 def untiled_reason(data: Any) -> str:
     """Why a JPEG cannot be tiled, from its frame marker: ``progressive``, ``lossless``,
-    ``arithmetic``, ``12-bit``, or ``damaged or multi-scan`` (the transcoder's finer message is
-    not kept). For the build summary; reads only the header."""
+    ``arithmetic``, ``12-bit``; else ``data after the image`` (bytes after EOI, such as an
+    MPO's second image, which a rewrite would drop) or ``damaged or multi-scan``. For the build
+    summary."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     position, size = 2, len(view)
     while position + 4 <= size and view[position] == 0xFF:
@@ -308,6 +313,15 @@ def untiled_reason(data: Any) -> str:
         if marker == 0xDA:
             break
         position += 2 + ((view[position + 2] << 8) | view[position + 3])
+    # Not visible in the header: ask the transcoder (only files it kept get here, so rarely).
+    try:
+        from . import _jpegtiles
+        _jpegtiles.transcode(view, _DEFAULT_TRANSCODE_PIXELS)
+    except ValueError as exc:
+        if "data after the image" in str(exc):
+            return "data after the image"
+    except ImportError:
+        pass
     return "damaged or multi-scan"
 
 
