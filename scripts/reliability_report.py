@@ -3,7 +3,8 @@
     python scripts/reliability_report.py [--json]
 
 Runs ``tests/test_reliability_build.py``, ``test_reliability_corruption.py``, ``test_hostile.py``,
-``test_messy_folder.py`` and ``test_concurrent_readers.py`` with pytest (``-s``, so each suite's
+``test_hostile_input.py``, ``test_fuzz_headers.py``, ``test_messy_folder.py`` and
+``test_concurrent_readers.py`` with pytest (``-s``, so each suite's
 summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
 Exit status: pytest's.
 """
@@ -20,9 +21,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = ["tests/test_reliability_build.py", "tests/test_reliability_corruption.py", "tests/test_hostile.py",
-          "tests/test_messy_folder.py", "tests/test_concurrent_readers.py"]
+          "tests/test_hostile_input.py", "tests/test_fuzz_headers.py", "tests/test_messy_folder.py",
+          "tests/test_concurrent_readers.py"]
 #: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
 _SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
+                      r"hostile input trials|header fuzzing trials|"
                       r"readers during \d+ overwrite rebuilds): (.*)$")
 _RESULT = re.compile(r"^=*\s*(.*\d+ (?:passed|failed).*?)\s*=*$")
 
