@@ -874,7 +874,9 @@ def dump_manifest(manifest: Manifest) -> bytes:
 #: Deepest nesting of stored JSON (sample metadata, informational manifest fields) that readers
 #: decode or print; packer itself writes at most a few levels.
 MAX_JSON_DEPTH = 64
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# The closing quote is optional so that an unterminated string matches to the end in one pass
+# (a required quote would rescan the rest from every later quote: quadratic on hostile input).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.DOTALL)
 
 
 def json_nesting_depth(data: bytes) -> int:

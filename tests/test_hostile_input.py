@@ -857,3 +857,15 @@ def test_huffman_table_with_an_all_ones_code_is_refused_like_libjpeg():
     with pytest.raises(Exception):
         Image.open(io.BytesIO(bad)).load()
     _count("class11-all-ones-huffman", 1)
+
+
+@pytest.mark.timeout(30)
+def test_json_depth_scan_is_linear_on_unterminated_strings():
+    """The nesting pre-check runs on hostile bytes: it must not be quadratic (a regex rescanning)."""
+    assert fmt.json_nesting_depth(b'{"a": "[[[", "b": [[1]]}') == 3
+    assert fmt.json_nesting_depth(b'"\\"[[[" [') == 1
+    hostile = b'"' + b'\\"' * 500_000 + b"[" * 10
+    assert fmt.json_nesting_depth(hostile) == 0  # one unterminated string to the end
+    hostile = b'"x' * 1_000_000
+    assert fmt.json_nesting_depth(hostile) == 0
+    _count("class3-depth-scan-linear", 2)

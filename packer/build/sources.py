@@ -54,7 +54,8 @@ REJECTION_REASONS = {
     "not-an-image": "the bytes are not an image Pillow can identify",
     "unsupported-format": "an image format packer does not pack (JPEG, PNG, WEBP, GIF, BMP, TIFF are)",
     "truncated": "the image ends early",
-    "decode-failed": "the image could not be decoded (--validate full)",
+    "decode-failed": ("the image could not be decoded (--validate full), or a header field has an invalid "
+                      "type, count or value"),
     "too-many-pixels": "width x height over the pixel limit (decompression-bomb guard)",
     "unreadable": "the file could not be read (permissions, I/O error)",
     "dangling-symlink": "a symlink whose target does not exist",
