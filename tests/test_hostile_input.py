@@ -869,3 +869,16 @@ def test_json_depth_scan_is_linear_on_unterminated_strings():
     hostile = b'"x' * 1_000_000
     assert fmt.json_nesting_depth(hostile) == 0
     _count("class3-depth-scan-linear", 2)
+
+
+def test_names_with_line_breaks_cannot_forge_output_lines(tmp_path):
+    src = tmp_path / "src"
+    png(src / "cls" / "a\nsample    99\nkey       fake.png")
+    (src / "cls" / "bad\nrejected   0 file(s)").write_bytes(b"junk")
+    build(src, tmp_path / "out", workers=1, progress=False)
+    code, out, err = run_main(["inspect", str(tmp_path / "out"), "--sample", "0"])
+    assert code == 0, err
+    assert len(out.strip().splitlines()) == 9 and "sample    99" not in out.splitlines()
+    code, out, err = run_main(["inspect", str(tmp_path / "out")])
+    assert code == 0 and not any(line.startswith("rejected   0") for line in out.splitlines()), out
+    _count("class9-line-breaks-in-names", 2)

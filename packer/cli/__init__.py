@@ -30,17 +30,20 @@ EXIT_INTERRUPTED = 130
 # C0 controls but tab and newline, DEL, C1 controls (0x9B is a CSI on many terminals) and the
 # bidirectional overrides: a file name holding them could rewrite or hide what a terminal shows.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-def terminal_safe(text: str) -> str:
+def terminal_safe(text: str, *, keep_newlines: bool = True) -> str:
     """``text`` with control and bidi-override characters escaped (``\\x1b``, ``\\u202e``).
 
     Names (file names, class names, keys) come from the source and reach a terminal through
     ``inspect``, ``verify`` and error messages; escaping them keeps an ``ESC [ ...`` sequence in a
-    file name from acting on the terminal. Newlines and tabs of the report itself are kept.
+    file name from acting on the terminal. Newlines and tabs of a multi-line report are kept;
+    pass ``keep_newlines=False`` for one value (a name holding a newline must not forge a line).
     """
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+    pattern = _UNSAFE if keep_newlines else _UNSAFE_ONE_LINE
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                        else f"\\u{ord(m.group()):04x}", text)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from . import cli, echo, emit_json, run_command
+from . import cli, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
 
@@ -97,7 +97,8 @@ def _format_sample(info: dict[str, Any]) -> str:
         ("image", f"{info['image_format']} {info['height']}x{info['width']} (HxW), {info['channels']} channel(s)"),
         ("metadata", json.dumps(info["metadata"], sort_keys=True, ensure_ascii=False) if info["metadata"] else "none"),
     ]
-    return "\n".join(f"{name:<9}  {value}" for name, value in rows)
+    # One value per line: a key or class name holding a newline must not forge a line.
+    return "\n".join(f"{name:<9}  {terminal_safe(value, keep_newlines=False)}" for name, value in rows)
 
 
 @cli.command("inspect")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command
+from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, path_type, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
@@ -38,8 +38,8 @@ def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bo
         if as_json:
             emit_json(report.to_json())
         else:
-            for problem in report.problems:
-                echo(str(problem))
+            for problem in report.problems:  # one line each, whatever the key holds
+                echo(terminal_safe(str(problem), keep_newlines=False))
             speed = (f"{report.bytes_read / 1e6:.1f} MB in {report.seconds:.2f} s, "
                      f"{report.megabytes_per_second:.0f} MB/s")
             checked = (f"{report.samples_checked} of {report.samples} samples in {report.shards_checked} of "

@@ -156,6 +156,12 @@ def _rejected(report: Path, shown: int) -> dict[str, Any]:
     return {"available": True, "count": count, "by_reason": dict(sorted(by_reason.items())), "first": first}
 
 
+def _one_line(text: str) -> str:
+    """A name or message on one line: its line breaks shown as ``\\n`` (the CLI escapes the rest)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\u2028", "\\u2028").replace(
+        "\u2029", "\\u2029")
+
+
 def _text(value: Any) -> str:
     """An informational report field as a string (anything else is shown by its JSON text)."""
     if isinstance(value, str):
@@ -215,7 +221,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"classes    {len(classes):,}{unlabeled} (class-list checksum {s.get('classes_checksum')})")
         width = max(len(c["name"]) for c in classes[:_CLASSES_SHOWN])
         for c in classes[:_CLASSES_SHOWN]:
-            lines.append(f"  {c['name']:<{width}}  {c['count']:>10,}")
+            lines.append(f"  {_one_line(c['name']):<{width}}  {c['count']:>10,}")
         if len(classes) > _CLASSES_SHOWN:
             rest = sum(c["count"] for c in classes[_CLASSES_SHOWN:])
             lines.append(f"  ... {len(classes) - _CLASSES_SHOWN:,} more classes ({rest:,} samples); --json lists all")
@@ -236,7 +242,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         reasons = ", ".join(f"{n:,} {r}" for r, n in rejected["by_reason"].items())
         lines.append(f"rejected   {rejected['count']:,} file(s) at build time" + (f": {reasons}" if reasons else ""))
         for entry in rejected["first"]:
-            lines.append(f"  {entry['key']}: {entry['reason']} ({entry['message']})")
+            lines.append(f"  {_one_line(entry['key'])}: {_one_line(entry['reason'])} ({_one_line(entry['message'])})")
         if rejected["count"] > len(rejected["first"]):
             lines.append(f"  ... {rejected['count'] - len(rejected['first']):,} more in build-report.jsonl")
     return "\n".join(lines)
