@@ -882,3 +882,32 @@ def test_names_with_line_breaks_cannot_forge_output_lines(tmp_path):
     code, out, err = run_main(["inspect", str(tmp_path / "out")])
     assert code == 0 and not any(line.startswith("rejected   0") for line in out.splitlines()), out
     _count("class9-line-breaks-in-names", 2)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
+    """Ctrl-C in a terminal reaches the build and its workers: one line, exit 130, no traceback
+    from any process. Delays start after the interpreter's own startup (measured here: Python's
+    ``site`` import is not packer's and cannot be covered), then cover import, listing, packing."""
+    import time
+
+    src = make_source(tmp_path / "src", classes=4, per_class=30)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+    startup = time.monotonic() - started
+    outcomes = []
+    for i, extra in enumerate((0.0, 0.05, 0.15, 0.3, 0.6)):
+        process = subprocess.Popen([sys.executable, "-m", "packer", "build", str(src), str(tmp_path / f"o{i}"),
+                                    "--workers", "2", "--shard-size", "16K"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+        time.sleep(2 * startup + extra)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+        outcomes.append(process.returncode)
+        assert "Traceback" not in err, (extra, err)
+        assert process.returncode in (0, 130), (extra, process.returncode, err)
+        if process.returncode == 130:
+            assert err.strip().splitlines()[-1] == "interrupted", err
+    assert outcomes.count(130) >= 2, outcomes
+    _count("class8-ctrl-c-process-group", len(outcomes))

@@ -18,7 +18,6 @@ import click
 
 from .. import __version__
 from ..errors import PackerError
-from ..format import FORMAT_VERSION
 
 __all__ = ["main", "cli", "emit_json", "run_command", "configure_logging", "echo", "terminal_safe"]
 
@@ -54,7 +53,7 @@ def echo(message: str = "", *, err: bool = False) -> None:
 
 def emit_json(document: dict[str, Any]) -> None:
     """Print the one JSON document of a ``--json`` run to stdout."""
-    from ..format import json_ready
+    from ..format import FORMAT_VERSION, json_ready  # lazy: numpy is not needed to parse argv
 
     document = {"format_version": FORMAT_VERSION, "packer_version": __version__, **document}
     # Strict JSON whatever a dataset holds: NaN/Infinity (from an edited manifest or old metadata)

@@ -39,6 +39,8 @@ def _init_worker(plan_path: str, root: str, out: str, progress_queue: Any, paren
     # Ctrl-C reaches the whole process group: the build process handles it (and stops the
     # workers); a worker printing its own KeyboardInterrupt traceback would only add noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # forked with SIGINT blocked (see run_local): now ignored
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _exit_with_parent(parent_pid)
     # Each worker maps the saved plan itself: nothing large crosses the process boundary.
     _state["plan"] = load_plan(Path(plan_path), Path(root))
@@ -98,14 +100,27 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                              initializer=_init_worker,
                              initargs=(plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid())) as pool:
         pending: set[Future[Any]] = set()
-        for shard in todo:
-            if segments[shard] == 1:
-                pending.add(pool.submit(_pack_in_worker, shard, fail_on_reject))
-            else:
-                pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
-                               for k in range(segments[shard]))
+        # The first submit forks the workers: with SIGINT blocked meanwhile, a Ctrl-C cannot reach
+        # a worker before its initializer ignores it (it would print its own traceback); the
+        # build process gets the signal once it is unblocked, inside the try below.
+        blocked = hasattr(signal, "pthread_sigmask")
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for shard in todo:
+                if segments[shard] == 1:
+                    pending.add(pool.submit(_pack_in_worker, shard, fail_on_reject))
+                else:
+                    pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
+                                   for k in range(segments[shard]))
+        except BaseException:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            raise
         finished: dict[int, list[Any]] = {}  # shard -> its packed segments, until all are in
         try:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
                 _drain(progress_queue, progress)
