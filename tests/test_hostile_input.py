@@ -911,3 +911,16 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
             assert err.strip().splitlines()[-1] == "interrupted", err
     assert outcomes.count(130) >= 2, outcomes
     _count("class8-ctrl-c-process-group", len(outcomes))
+
+
+def test_same_size_rewrite_after_listing_is_detected(tmp_path):
+    def rewrite(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[-20] ^= 0xFF  # same size, other content
+        path.write_bytes(bytes(data))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    result = _plan_then_swap(tmp_path, rewrite)
+    assert {r.key: r.reason for r in result.rejected} == {VICTIM: "changed-during-build"}
+    assert "modification time" in {r.key: r.message for r in result.rejected}[VICTIM]
+    _count("class2-same-size-rewrite")

@@ -24,7 +24,7 @@ from ..imageinfo import probe_image
 from .atomic import fsync_dir
 from .plan import BuildOptions, BuildPlan
 from .records import RECORD_COLUMNS, read_record, record_path, write_record
-from .sources import Rejection
+from .sources import Rejection, file_stamp
 from .staging import STAGING_DIR, TEMP_DIR, io_error
 
 __all__ = ["ProgressSink", "SegmentResult", "segment_count", "pack_segment", "assemble_shard",
@@ -101,7 +101,8 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
             for source_index in members.tolist():
                 key = listing.key(source_index)
                 payload, info, rejection, note = _load_and_check(
-                    listing.root, key, int(listing.sizes[source_index]), options, codec)
+                    listing.root, key, int(listing.sizes[source_index]), options, codec,
+                    listing.stamp(source_index))
                 pending_files += 1
                 if note is not None:
                     notes[note] = notes.get(note, 0) + 1
@@ -239,8 +240,8 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
     return assemble_shard(plan, out, shard, [part])
 
 
-def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any
-                    ) -> tuple[bytes, Any, Rejection | None, str | None]:
+def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any,
+                    listed_stamp: int = 0) -> tuple[bytes, Any, Rejection | None, str | None]:
     """Read one source file and check it; a bad file becomes a Rejection, never an exception.
 
     Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
@@ -251,7 +252,7 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
         return b"", None, Rejection(key, "file-too-large",
                                     f"is {listed_size} bytes; the limit (--max-file-size) is "
                                     f"{options.max_file_size}"), None
-    data = _read_listed(path, key, listed_size)
+    data = _read_listed(path, key, listed_size, listed_stamp)
     if isinstance(data, Rejection):
         return b"", None, data, None
     try:
@@ -276,7 +277,7 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
     return payload, info, None, note
 
 
-def _read_listed(path: Path, key: str, listed_size: int) -> bytes | Rejection:
+def _read_listed(path: Path, key: str, listed_size: int, listed_stamp: int = 0) -> bytes | Rejection:
     """The file's bytes if it is still the regular file of ``listed_size`` bytes that was listed.
 
     The read is bounded whatever the file has become since it was listed (normal with
@@ -284,8 +285,10 @@ def _read_listed(path: Path, key: str, listed_size: int) -> bytes | Rejection:
     so a FIFO swapped in cannot hang the worker, checked with ``fstat`` on the open descriptor
     (a link to ``/dev/zero`` is a device, not a regular file), and read for at most
     ``listed_size + 1`` bytes so a file that grows, or lies about its size, is never read without
-    bound. Symlinks are followed on purpose: the listing follows them, and the checks apply to
-    what the descriptor refers to, wherever the link points.
+    bound. When the listing recorded the file's stamp (its mtime: image-folder listings do), a
+    file rewritten or replaced since, even at the same size, is refused too. Symlinks are
+    followed on purpose: the listing follows them, and the checks apply to what the descriptor
+    refers to, wherever the link points.
     """
     try:
         fd, info = open_nonblocking(path)
@@ -303,6 +306,10 @@ def _read_listed(path: Path, key: str, listed_size: int) -> bytes | Rejection:
         if info.st_size != listed_size:
             return Rejection(key, "changed-during-build",
                              f"listed as {listed_size} bytes, is now {info.st_size} bytes")
+        if listed_stamp and file_stamp(info) != listed_stamp:
+            return Rejection(key, "changed-during-build",
+                             "rewritten or replaced since it was listed (another modification time, "
+                             "same size)")
         data = read_fd_capped(fd, listed_size, listed_size)
     except PermissionError as exc:
         return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")

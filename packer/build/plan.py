@@ -195,6 +195,8 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
         "order": plan.order.astype(np.uint64), "shard_starts": plan.shard_starts.astype(np.uint64),
         "header": np.frombuffer(_plan_header(plan), dtype=np.uint8),
     }
+    if len(listing.stamps) == len(listing.sizes):
+        columns["stamps"] = listing.stamps
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
     plan.fingerprint = write_atomic(path, pieces)  # a full disk leaves no partial plan behind
     return plan.fingerprint
@@ -216,7 +218,8 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
             key_blob=columns["keys"], key_offsets=columns["key_offsets"], sizes=columns["sizes"],
             labels=columns["labels"], meta_blob=columns["meta"], meta_offsets=columns["meta_offsets"],
             rejected=[Rejection(**r) for r in header["rejected"]],
-            label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])))
+            label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])),
+            stamps=columns.get("stamps", np.zeros(0, dtype=np.uint64)))
         order = columns["order"].astype(np.int64)
         starts = columns["shard_starts"].astype(np.int64)
     except PackerError as exc:
@@ -227,6 +230,7 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
                          path=path) from None
     n = len(listing.sizes)
     if (rows != n or len(order) != n or len(listing.key_offsets) != n + 1 or len(listing.labels) != n
+            or len(listing.stamps) not in (0, n)
             or len(starts) < 1 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 0)
             or (n and (order.min() < 0 or order.max() >= n))):
         raise BuildError(f"the saved build plan is inconsistent; delete {path.parent} to start over", path=path)

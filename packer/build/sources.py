@@ -42,7 +42,7 @@ import xxhash
 from ..classes import split_folder_warning
 from ..errors import EmptySourceError, OptionError, SourceError
 
-__all__ = ["Rejection", "SourceListing", "list_image_folder", "list_manifest", "list_source",
+__all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
            "REJECTION_REASONS", "LABEL_TYPES", "check_label_type", "rejection_summary", "empty_source_error",
            "header_hints", "parse_strict_json"]
 
@@ -102,6 +102,9 @@ class SourceListing:
         rejected: entries refused while listing.
         label_type: ``"str"`` (labels are class names) or ``"int"`` (integer manifest labels).
         warnings: things the user should know before a long build (e.g. split folders as classes).
+        stamps: per entry, ``file_stamp`` (its modification time) at listing (uint64; 0 = not
+            recorded), so packing can tell a file rewritten or replaced since it was listed, even
+            at the same size. Empty when the listing records none.
     """
 
     root: Path
@@ -116,6 +119,11 @@ class SourceListing:
     rejected: list[Rejection] = field(default_factory=list)
     label_type: str = "str"
     warnings: list[str] = field(default_factory=list)
+    stamps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+
+    def stamp(self, i: int) -> int:
+        """Entry ``i``'s ``file_stamp`` at listing time, 0 when not recorded."""
+        return int(self.stamps[i]) if len(self.stamps) == len(self.sizes) else 0
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -138,6 +146,7 @@ class _ListingBuilder:
         self.key_blob = bytearray()
         self.key_offsets = array("Q", [0])
         self.sizes = array("Q")
+        self.stamps = array("Q")
         self.labels = array("q")
         self.meta_blob = bytearray()
         self.meta_offsets = array("Q", [0])
@@ -149,11 +158,12 @@ class _ListingBuilder:
         if self.progress is not None and self.seen % 10_000 == 0:
             self.progress(self.seen)
 
-    def add(self, key: bytes, size: int, label: int, meta: bytes = b"") -> None:
+    def add(self, key: bytes, size: int, label: int, meta: bytes = b"", stamp: int = 0) -> None:
         self._tick()
         self.key_blob += key
         self.key_offsets.append(len(self.key_blob))
         self.sizes.append(size)
+        self.stamps.append(stamp)
         self.labels.append(label)
         self.meta_blob += meta
         self.meta_offsets.append(len(self.meta_blob))
@@ -168,10 +178,23 @@ class _ListingBuilder:
             key_blob=np.frombuffer(bytes(self.key_blob), dtype=np.uint8),
             key_offsets=np.frombuffer(self.key_offsets, dtype=np.uint64).copy(),
             sizes=np.frombuffer(self.sizes, dtype=np.uint64).copy(),
+            stamps=np.frombuffer(self.stamps, dtype=np.uint64).copy(),
             labels=np.frombuffer(self.labels, dtype=np.int64).copy(),
             meta_blob=np.frombuffer(bytes(self.meta_blob), dtype=np.uint8),
             meta_offsets=np.frombuffer(self.meta_offsets, dtype=np.uint64).copy(),
             rejected=self.rejected)
+
+
+def file_stamp(st: os.stat_result) -> int:
+    """A 64-bit stamp of a file's version: its modification time in nanoseconds (never 0).
+
+    Packing compares the stamp of the descriptor it opened with the one listed, so a file
+    rewritten or replaced since the listing is ``changed-during-build`` even when its size is
+    the same. The inode and device are deliberately left out: they differ between machines that
+    see one shared source (device numbers are per machine) and between copies of a source made
+    with ``rsync -a``/``cp -p``, which keep the mtime.
+    """
+    return (st.st_mtime_ns & 0xFFFF_FFFF_FFFF_FFFF) or 1
 
 
 def _sorted_entries(folder: Path) -> list[os.DirEntry[str]]:
@@ -243,7 +266,7 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             if key is None:
                 out.reject(_printable(rel), "undecodable-name", "file name is not valid UTF-8")
                 continue
-            out.add(key, st.st_size, label)
+            out.add(key, st.st_size, label, stamp=file_stamp(st))
         else:
             out.reject(_printable(rel), "not-a-file", "not a regular file (device, socket or FIFO)")
 
@@ -767,7 +790,9 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
     return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
                          key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
                          meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected,
-                         label_type=listing.label_type, warnings=listing.warnings)
+                         label_type=listing.label_type, warnings=listing.warnings,
+                         stamps=listing.stamps[rows] if len(listing.stamps) == len(listing.sizes)
+                         else np.zeros(0, dtype=np.uint64))
 
 
 def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
