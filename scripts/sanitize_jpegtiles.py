@@ -112,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=30_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="packer-asan-"))
-    library = work / "_jpegtiles_asan.so"
+    with tempfile.TemporaryDirectory(prefix="packer-asan-") as work:
+        return _run(Path(work) / "_jpegtiles_asan.so", args.trials, args.seed)
+
+
+def _run(library: Path, trials: int, seed: int) -> int:
     include = sysconfig.get_paths()["include"]
     # float-cast-overflow is not part of -fsanitize=undefined in GCC: (long)floor(NaN) needs it.
     flags = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                           check=True).stdout.strip()
     env = {**os.environ, "LD_PRELOAD": asan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(library), str(args.trials), str(args.seed)],
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(library), str(trials), str(seed)],
                           env=env, capture_output=True, text=True)
     print(done.stdout.strip())
     findings = [line for line in done.stderr.splitlines() if "Sanitizer" in line or "runtime error" in line]
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(done.stderr[-6000:], file=sys.stderr)
         print(f"FAILED: exit {done.returncode}, {len(findings)} sanitizer line(s)")
         return 1
-    print(f"OK: {args.trials} trials under AddressSanitizer + UBSan, no finding")
+    print(f"OK: {trials} trials under AddressSanitizer + UBSan, no finding")
     return 0
 
 
