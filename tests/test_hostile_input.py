@@ -924,3 +924,38 @@ def test_same_size_rewrite_after_listing_is_detected(tmp_path):
     assert {r.key: r.reason for r in result.rejected} == {VICTIM: "changed-during-build"}
     assert "modification time" in {r.key: r.message for r in result.rejected}[VICTIM]
     _count("class2-same-size-rewrite")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("planted", ["plan-fifo", "record-fifo", "record-garbage", "record-bad-path"])
+def test_staging_files_planted_or_damaged_never_hang_resume(tmp_path, planted):
+    src = make_source(tmp_path / "src")
+    out = tmp_path / "out"
+    assert build(src, out, workers=1, progress=False, plan_only=True) is None
+    staging = out / ".packer-build"
+    if planted == "plan-fifo":
+        (staging / "plan.pkp").unlink()
+        os.mkfifo(staging / "plan.pkp")
+        with pytest.raises(PackerError, match="plan"):
+            build(src, out, workers=1, progress=False, resume=True)
+        return _count("staging-planted")
+    records = staging / "done"
+    records.mkdir(exist_ok=True)
+    record = records / "shard-00000.pkr"
+    if planted == "record-fifo":
+        os.mkfifo(record)
+    elif planted == "record-garbage":
+        record.write_bytes(b"PKPLAN\0\0" + b"\xff" * 200)
+    else:
+        from packer.build.plan import load_plan
+        from packer.build.records import read_record, write_record
+        plan = load_plan(staging / "plan.pkp", src)
+        write_record(record, {"plan": fmt.checksum_hex(plan.fingerprint), "sample_count": 1, "rejected": [],
+                              "path": "../../../etc/passwd", "size": 1}, {name: [0] for name in
+                              ("source", "offset", "size", "checksum", "width", "height", "channels",
+                               "image_format")})
+        assert plan.fingerprint != 0  # the record carries the right plan: only its path is wrong
+        assert read_record(record, plan.fingerprint, out) is None
+    result = build(src, out, workers=1, progress=False, resume=True)
+    assert result.sample_count == 6
+    _count("staging-planted")

@@ -204,11 +204,13 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
 
 def load_plan(path: Path, root: Path) -> BuildPlan:
     """Read a saved plan (validated like any packer file: it may be stale or damaged)."""
+    from ..files import read_capped
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise BuildError(f"cannot read the build plan: {exc.strerror}", path=path) from None
+        # Inside OUT, a regular file (a FIFO planted here must not hang --resume), bounded.
+        data = read_capped(path.parent, path.name, fmt.MAX_FILE_SIZE)
+    except PackerError as exc:
+        raise BuildError(f"cannot read the build plan: {exc.message}", path=path) from None
     try:
         rows, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC, path=path, kind="plan")
         header = json.loads(columns["header"].tobytes())

@@ -15,11 +15,14 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import PackerError
+from ..files import read_capped
 from .atomic import write_atomic
 from .staging import RECORD_DIR, STAGING_DIR
 
 __all__ = ["RECORD_COLUMNS", "record_path", "write_record", "read_record"]
 
+#: A record holds one shard's rows (48 bytes a sample): far below this for any shard.
+MAX_RECORD_BYTES = 4 << 30
 RECORD_COLUMNS = ("source", "offset", "size", "checksum", "width", "height", "channels", "image_format")
 
 
@@ -38,18 +41,27 @@ def write_record(path: Path, header: dict[str, Any], rows: dict[str, list[int]])
 
 def read_record(path: Path, fingerprint: int, out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """A shard record, if present, from this plan, and its shard file is still there intact in size."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
     try:
+        # Inside OUT, a regular file, bounded: a FIFO or a link out planted here is not waited on.
+        data = read_capped(path.parent, path.name, MAX_RECORD_BYTES)
+        if data is None:
+            return None
         _, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC, path=path, kind="shard record")
         header = json.loads(columns.pop("header").tobytes())
-    except (PackerError, KeyError, ValueError):
+    except (PackerError, KeyError, ValueError, RecursionError):
         return None  # a damaged record is redone, not trusted
-    if header.get("plan") != fmt.checksum_hex(fingerprint):
+    if (not isinstance(header, dict) or header.get("plan") != fmt.checksum_hex(fingerprint)
+            or type(header.get("sample_count")) is not int or not isinstance(header.get("rejected"), list)):
         return None
     if header["sample_count"]:
+        if not isinstance(header.get("path"), str) or type(header.get("size")) is not int:
+            return None
+        try:
+            fmt.shard_number_of(header["path"])  # a shard path of this format, nothing else
+        except PackerError:
+            return None
         shard_path = out / header["path"]
         try:
             if shard_path.stat().st_size != header["size"]:
