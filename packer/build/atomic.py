@@ -24,8 +24,10 @@ def write_atomic(path: Path, pieces: Iterable[Any]) -> int:
     """Write ``pieces`` to ``path`` atomically and return their xxh3-64.
 
     Readers see the old file or the whole new one, never a part: the bytes go to a temp name
-    unique to this process beside ``path``, are fsynced, then renamed over it. On any error
-    (a full disk) the temp file is removed and nothing else changes.
+    unique to this process beside ``path``, are fsynced, then renamed over it, and the folder is
+    fsynced so that the rename itself survives a power cut (the order is checked by
+    tests/test_durability_order.py). On any error (a full disk) the temp file is removed and
+    nothing else changes.
     """
     hasher = fmt.Hasher()
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -37,6 +39,7 @@ def write_atomic(path: Path, pieces: Iterable[Any]) -> int:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
+        fsync_dir(path.parent)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

@@ -155,6 +155,9 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
         index_digest = write_atomic(staging_index, index_pieces)
         index_name = fmt.index_file_name(index_digest)
         os.replace(staging_index, out / index_name)
+        # Durable before the manifest that names it: otherwise a power cut can keep the new
+        # manifest and lose the index rename, and the dataset no longer opens.
+        fsync_dir(out)
         # Staged until after the commit point: the dataset in place keeps its own report until
         # the manifest that replaces it has landed.
         staged_report = out / STAGING_DIR / fmt.REPORT_NAME
@@ -165,7 +168,9 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
             shards=tuple(shards), build=build_info, history=tuple(history),
             created_by=f"packer {__version__}", max_pixels=max_pixels)
-        write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])  # the commit point
+        # The commit point; write_atomic fsyncs the folder, so the report below never lands
+        # beside the old manifest.
+        write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])
         os.replace(staged_report, out / fmt.REPORT_NAME)
         fsync_dir(out)
     except OSError as exc:
