@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Mutation testing of the modules that hold the data, with mutmut, scoped and cached per module.
+
+Usage (from the repository root; ``make mutate`` runs the default groups)::
+
+    python scripts/mutate.py                      # every group below, then the table
+    python scripts/mutate.py order atomic         # some groups
+    python scripts/mutate.py --retest order       # re-run the survivors (after adding tests)
+    python scripts/mutate.py --report             # the table from the cached results only
+    python scripts/mutate.py --list               # the groups, their modules and test files
+
+Each group mutates only its module(s) and runs only its test files: mutmut collects, per test,
+which functions it calls, and runs each mutant against just those tests, in forked children
+(no interpreter start per mutant). Results are cached in ``.mutate/<group>/mutants/`` (git
+ignores it): a second run only tests mutants of functions whose source changed. Survivors are
+written to ``.mutate/<group>/survivors.txt`` with their diffs (``mutmut show``).
+
+The kill rate counts a mutant as killed when a test failed (or timed out) with it, and leaves
+out the mutants listed in ``scripts/mutate_equivalent.txt``: changes that cannot alter behaviour,
+each with its reason. Mutants that no selected test reaches ("no tests") count as survivors.
+
+Why mutmut (3.x) and not cosmic-ray: cosmic-ray starts the test command once per mutant (about
+two seconds of interpreter, numpy and pytest start-up each here, times thousands of mutants on a
+2-core machine), mutmut forks an already-initialised pytest and picks the tests per mutated
+function, which makes a module of 700 mutants take about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".mutate"
+EQUIVALENT_FILE = REPO / "scripts" / "mutate_equivalent.txt"
+
+#: Tests every group runs: the ones written to kill mutants, and the commit-order checks.
+COMMON_TESTS = ("tests/test_mutation_survivors.py", "tests/test_mutation_kills.py", "tests/test_durability_order.py")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Modules mutated together and the test files that guard them."""
+
+    name: str
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+#: In priority order (the ones that decide what bytes land on disk first).
+GROUPS = (
+    Group("format", ("packer/format.py",), ("tests/test_format.py", "tests/test_vectors.py", "tests/test_hostile.py")),
+    Group("order", ("packer/order.py",), ("tests/test_order.py",)),
+    Group("atomic", ("packer/build/atomic.py",), ("tests/test_reliability_build.py",)),
+    Group("records", ("packer/build/records.py", "packer/build/commit.py"),
+          ("tests/test_build.py", "tests/test_reliability_build.py")),
+    Group("plan", ("packer/build/plan.py",), ("tests/test_build.py", "tests/test_reliability_build.py")),
+    Group("imageinfo", ("packer/imageinfo.py",), ("tests/test_imageinfo.py",)),
+    Group("verify", ("packer/verify.py",), ("tests/test_verify.py", "tests/test_reliability_corruption.py")),
+    Group("dataset", ("packer/dataset.py",), ("tests/test_backends.py", "tests/test_hostile.py", "tests/test_format.py")),
+    Group("tiles", ("packer/codecs/tiles.py",), ("tests/test_tiles.py",)),
+    Group("torch", ("packer/torch.py",), ("tests/test_torch.py",)),
+)
+GROUPS_BY_NAME = {g.name: g for g in GROUPS}
+
+KILLED = {1, 3, 24, 36, -24, 152, 255, -9, -11}  # failed, pytest error, timeouts, crashes
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def load_equivalent() -> dict[str, str]:
+    """``mutant name -> reason`` from scripts/mutate_equivalent.txt (``name  # reason`` lines)."""
+    equivalent: dict[str, str] = {}
+    if EQUIVALENT_FILE.exists():
+        for line in EQUIVALENT_FILE.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, reason = line.partition("#")
+            equivalent[name.strip()] = reason.strip()
+    return equivalent
+
+
+def group_dir(group: Group) -> Path:
+    return WORK / group.name
+
+
+def prepare(group: Group) -> Path:
+    """Lay out ``.mutate/<group>/``: links to the sources and tests, and mutmut's setup.cfg."""
+    folder = group_dir(group)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("packer", "tests", "pyproject.toml"):
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(REPO / name)
+    # The tests find the spec's vectors and scripts/ next to tests/ (mutmut runs them in mutants/);
+    # formats/ holds a deliberately dangling symlink that mutmut's copy would trip on, so link it.
+    (folder / "mutants").mkdir(exist_ok=True)
+    for name in ("formats", "scripts"):
+        link = folder / "mutants" / name
+        if not link.is_symlink():
+            link.symlink_to(REPO / name)
+    tests = [t for t in group.tests + COMMON_TESTS if (REPO / t).exists()]
+    lines = ["[mutmut]", "source_paths =", "    packer/", "only_mutate ="]
+    lines += [f"    {m}" for m in group.modules]
+    lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -q"]
+    config = "\n".join(lines) + "\n"
+    cfg = folder / "setup.cfg"
+    if not cfg.exists() or cfg.read_text() != config:
+        cfg.write_text(config)
+    return folder
+
+
+def results(group: Group) -> dict[str, dict[str, int | None]]:
+    """``module -> {mutant name: exit code}`` from mutmut's cache of this group."""
+    found: dict[str, dict[str, int | None]] = {}
+    for module in group.modules:
+        meta = group_dir(group) / "mutants" / (module + ".meta")
+        if meta.exists():
+            found[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return found
+
+
+def mutmut_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the mutated copy in mutants/ must be the packer that imports
+    env["PACKER_REQUIRE_EXTENSION"] = "1"
+    return env
+
+
+def mutmut_command() -> list[str]:
+    local = Path(sys.executable).with_name("mutmut")
+    return [str(local)] if local.exists() else ["mutmut"]
+
+
+def run_group(group: Group, *, children: int, retest: bool, log: Path) -> float:
+    """Run (or continue) mutmut on one group; returns the seconds it took."""
+    folder = prepare(group)
+    command = mutmut_command() + ["run", "--max-children", str(children)]
+    if retest:
+        survivors = [name for codes in results(group).values() for name, code in codes.items()
+                     if code in SURVIVED or code in NO_TESTS]
+        if not survivors:
+            print(f"[{group.name}] no survivors to retest")
+            return 0.0
+        command += survivors
+    started = time.monotonic()
+    print(f"[{group.name}] mutating {', '.join(group.modules)} (log: {log.relative_to(REPO)})", flush=True)
+    with open(log, "w") as handle:
+        status = subprocess.run(command, cwd=folder, env=mutmut_env(), stdout=handle, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    if status.returncode != 0:
+        tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-15:]
+        print(f"[{group.name}] mutmut exited {status.returncode}:\n  " + "\n  ".join(tail))
+    write_survivors(group)
+    return seconds
+
+
+def write_survivors(group: Group) -> None:
+    equivalent = load_equivalent()
+    names = [name for codes in results(group).values() for name, code in sorted(codes.items())
+             if (code in SURVIVED or code in NO_TESTS) and name not in equivalent]
+    # One interpreter for all the diffs (``mutmut show`` per name costs a second each).
+    shown = subprocess.run([sys.executable, "-c", _SHOW_DIFFS], cwd=group_dir(group), env=mutmut_env(),
+                           input="\n".join(names), capture_output=True, text=True)
+    (group_dir(group) / "survivors.txt").write_text(shown.stdout if shown.returncode == 0 else shown.stderr)
+
+
+_SHOW_DIFFS = """
+import sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+for name in sys.stdin.read().split():
+    print("# " + name)
+    print(get_diff_for_mutant(name, path=find_mutant(name).path))
+"""
+
+
+def table(groups: list[Group]) -> int:
+    """Print the per-module kill rates and the survivors; returns how many survivors are left."""
+    equivalent = load_equivalent()
+    rows, left = [], 0
+    used_equivalent: set[str] = set()
+    for group in groups:
+        for module, codes in results(group).items():
+            counted = {n: c for n, c in codes.items() if n not in equivalent}
+            used_equivalent |= set(codes) & set(equivalent)
+            killed = sum(c in KILLED for c in counted.values())
+            survived = [n for n, c in counted.items() if c in SURVIVED]
+            untested = [n for n, c in counted.items() if c in NO_TESTS]
+            unchecked = sum(c is None for c in counted.values())
+            judged = len(counted) - unchecked
+            rate = 100.0 * killed / judged if judged else 0.0
+            rows.append((module, len(codes), len(codes) - len(counted), killed, len(survived), len(untested),
+                         unchecked, rate))
+            left += len(survived) + len(untested)
+            for name in survived + untested:
+                print(f"  survived{' (no test reaches it)' if name in untested else ''}: {name}")
+    print()
+    print("| module | mutants | equivalent | killed | survived | no tests | not run | kill rate |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for module, total, eq, killed, survived, untested, unchecked, rate in rows:
+        print(f"| {module} | {total} | {eq} | {killed} | {survived} | {untested} | {unchecked} | {rate:.1f} % |")
+    stale = sorted(set(n for n in equivalent if any(n.startswith(m.replace("/", ".")[:-3] + ".")
+                                                    for g in groups for m in g.modules)) - used_equivalent)
+    for name in stale:
+        print(f"warning: {name} is listed as equivalent but is no longer a mutant (source changed?)")
+    print(f"\nkill rate = killed / (mutants - equivalent - not run); survivors' diffs: .mutate/<group>/survivors.txt")
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", help=f"groups to run (default: all): {', '.join(GROUPS_BY_NAME)}")
+    parser.add_argument("--children", type=int, default=2, help="parallel mutant runs (default 2: this machine's cores)")
+    parser.add_argument("--retest", action="store_true", help="re-run the cached survivors only")
+    parser.add_argument("--report", action="store_true", help="print the table from the cache; run nothing")
+    parser.add_argument("--list", action="store_true", help="print the groups and exit")
+    parser.add_argument("--clean", action="store_true", help="delete the cache of the chosen groups first")
+    args = parser.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS_BY_NAME]
+    if unknown:
+        parser.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS_BY_NAME)}")
+    groups = [GROUPS_BY_NAME[g] for g in args.groups] if args.groups else list(GROUPS)
+    if args.list:
+        for group in groups:
+            print(f"{group.name}: {', '.join(group.modules)}  <-  {', '.join(group.tests + COMMON_TESTS)}")
+        return 0
+    if not args.report:
+        if shutil.which(mutmut_command()[0]) is None:
+            print("mutmut is not installed: pip install -e '.[mutate]'", file=sys.stderr)
+            return 3
+        WORK.mkdir(exist_ok=True)
+        for group in groups:
+            if args.clean:
+                shutil.rmtree(group_dir(group), ignore_errors=True)
+            seconds = run_group(group, children=args.children, retest=args.retest,
+                                log=WORK / f"{group.name}.log")
+            print(f"[{group.name}] {seconds:.0f} s", flush=True)
+    table(groups)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
