@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 DALI_SPEC ?= nvidia-dali-cuda130
 PY := $(VENV)/bin/python
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench mutate clean
 
 $(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_rawresample.c Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,17 @@ demo: venv
 test: venv
 	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
 
+# Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about an
+# hour on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
+MUTATE ?=
+mutate: venv
+	$(PY) -m pip install --quiet -e ".[mutate]"
+	$(PY) scripts/mutate.py $(MUTATE)
+
 bench: venv
 	$(PY) scripts/bench_build.py
 	$(PY) scripts/bench_verify.py
 	$(PY) scripts/bench_backends.py
 
 clean:
-	rm -rf $(VENV) demo-out bench-out
+	rm -rf $(VENV) demo-out bench-out .mutate

@@ -7,14 +7,19 @@ that wraps around, empty blocks), and check that bad arguments get the error tha
 
 from __future__ import annotations
 
-import itertools
+import json
+import re
+import struct
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 import xxhash
 
+from packer import format as fmt
 from packer import order as order_module
+from packer.errors import (ChecksumMismatchError, CorruptHeaderError, ManifestError, NotAPackerFileError,
+                           PackerError, TruncatedFileError, UnsafePathError, UnsupportedVersionError)
 from packer.order import (DEFAULT_BLOCK_SAMPLES, STATE_VERSION, RankPlan, ReadOrder, block_order, deal,
                           epoch_order, epoch_rng, index_blocks, random_order, rank_share, sequential_order,
                           uniform_blocks)
@@ -317,3 +322,160 @@ def test_small_orders_have_exact_types() -> None:
     assert random_order(5, seed=1, epoch=1).dtype == np.int64
     assert order_module.epoch_rng(np.int64(2), np.int64(3)).integers(1000) == \
         np.random.Generator(np.random.PCG64([2, 3])).integers(1000)
+
+
+# === format ====================================================================================
+
+
+WHERE = "/data/ds/shards/shard-00000-0000000000000000.pks"
+
+
+def header_bytes(**fields: int) -> bytes:
+    values = {"version": 1, "alignment": 4096, "data_offset": 4096, "count": 3, "file_size": 3 * 4096,
+              "number": 0, **fields}
+    return struct.pack("<8sIIQQQI20x", fields.get("magic", fmt.SHARD_MAGIC), values["version"], values["alignment"],
+                       values["data_offset"], values["count"], values["file_size"], values["number"])
+
+
+SHARD_HEADER_CASES = [
+    (b"", NotAPackerFileError, "not a packer shard (starts with b'')"),
+    (b"junkjunkjunkjunkjunk", NotAPackerFileError, "not a packer shard (starts with b'junkjunk')"),
+    (fmt.SHARD_MAGIC + b"\x01\x00", TruncatedFileError, "shard is 10 bytes, shorter than its 64-byte header"),
+    (header_bytes(magic=b"PKINDEX\x00"), NotAPackerFileError, "not a packer shard (starts with b'PKINDEX\\x00')"),
+    (header_bytes(version=2), UnsupportedVersionError,
+     "shard format version 2 is not supported (this reader accepts [1]); upgrade packer"),
+    (header_bytes(alignment=3), CorruptHeaderError, "alignment must be a power of two between 1 and 16777216, got 3"),
+    (header_bytes(data_offset=64), CorruptHeaderError, "data_offset 64 must be 4096 for alignment 4096"),
+    (header_bytes(count=0), CorruptHeaderError, f"sample_count 0 outside 1..{fmt.MAX_SAMPLES}"),
+    (header_bytes(count=fmt.MAX_SAMPLES + 1), CorruptHeaderError,
+     f"sample_count {fmt.MAX_SAMPLES + 1} outside 1..{fmt.MAX_SAMPLES}"),
+    (header_bytes(file_size=4096), CorruptHeaderError,
+     "file_size 4096 must be a multiple of 4096, hold at least one sample and be below 2^62"),
+    (header_bytes(file_size=3 * 4096 + 1), CorruptHeaderError,
+     "file_size 12289 must be a multiple of 4096, hold at least one sample and be below 2^62"),
+    (header_bytes(alignment=1, data_offset=64, file_size=64), CorruptHeaderError,
+     "file_size 64 must be a multiple of 1, hold at least one sample and be below 2^62"),
+    (header_bytes(alignment=1, data_offset=64, file_size=fmt.MAX_FILE_SIZE + 1), CorruptHeaderError,
+     f"file_size {fmt.MAX_FILE_SIZE + 1} must be a multiple of 1, hold at least one sample and be below 2^62"),
+]
+
+
+@pytest.mark.parametrize("head, error, message", SHARD_HEADER_CASES,
+                         ids=[f"case{i}" for i in range(len(SHARD_HEADER_CASES))])
+def test_shard_header_errors_are_exact_and_name_the_file(head: bytes, error: type, message: str) -> None:
+    with pytest.raises(error) as caught:
+        fmt.ShardHeader.parse(head, path=WHERE)
+    assert type(caught.value) is error
+    assert caught.value.message == message and caught.value.path == WHERE
+
+
+def test_shard_header_size_on_disk_and_limits() -> None:
+    for actual, word in ((2 * 4096, "truncated"), (4 * 4096, "extended")):
+        with pytest.raises(TruncatedFileError) as caught:
+            fmt.ShardHeader.parse(header_bytes(), path=WHERE, actual_size=actual)
+        assert caught.value.message == f"shard is {actual} bytes on disk but its header says 12288 ({word})"
+        assert caught.value.path == WHERE
+    # the largest values each rule allows are accepted
+    top = fmt.ShardHeader.parse(header_bytes(alignment=1, data_offset=64, count=fmt.MAX_SAMPLES,
+                                             file_size=fmt.MAX_FILE_SIZE, number=7))
+    assert (top.alignment, top.sample_count, top.file_size, top.shard_number) == (1, fmt.MAX_SAMPLES,
+                                                                                   fmt.MAX_FILE_SIZE, 7)
+    smallest = fmt.ShardHeader.parse(header_bytes(alignment=1, data_offset=64, count=1, file_size=65))
+    assert smallest.file_size == 65 and smallest.version == 1
+    assert fmt.ShardHeader.parse(header_bytes(), actual_size=12288).encode()[:64] == header_bytes()
+
+
+def manifest_dict(**changes: Any) -> dict[str, Any]:
+    shard = {"path": "shards/shard-00000-00000000000000aa.pks", "size": 8192, "checksum": "00000000000000bb",
+             "sample_count": 2}
+    base: dict[str, Any] = {
+        "format": "packer-dataset", "format_version": 1, "checksum_algorithm": "xxh3_64", "alignment": 4096,
+        "sample_count": 2, "codec": {"name": "passthrough"}, "classes": ["a"],
+        "index": {"path": "index-00000000000000cc.pki", "size": 100, "checksum": "00000000000000dd"},
+        "shards": [shard], "created_by": "test"}
+    base.update(changes)
+    return base
+
+
+MANIFEST_PATH = "/data/ds/manifest.json"
+
+
+def manifest_error(obj: Any) -> Any:
+    data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    with pytest.raises(PackerError) as caught:
+        fmt.parse_manifest(data, path=MANIFEST_PATH)
+    assert caught.value.path == MANIFEST_PATH, "every manifest error names the manifest"
+    return caught.value
+
+
+def test_manifest_errors_are_exact() -> None:
+    junk = manifest_error(b"PK\x03\x04 this is a zip file")
+    assert isinstance(junk, NotAPackerFileError)
+    assert junk.message == "not a packer manifest (starts with b'PK\\x03\\x04 this is a z')"
+    null = manifest_error(manifest_dict(format_version=None))
+    assert null.message == "manifest field 'format_version' must be an integer, got null"
+    assert manifest_error(manifest_dict(alignment=True)).message == \
+        "manifest field 'alignment' must be an integer, got a boolean"
+    missing = manifest_dict()
+    del missing["checksum_algorithm"]
+    assert manifest_error(missing).message == "manifest lacks required field 'checksum_algorithm'"
+    assert manifest_error(manifest_dict(sample_count=-1)).message == \
+        f"manifest field 'sample_count' = -1 outside 0..{fmt.MAX_SAMPLES}"
+    bad_index = manifest_dict(index={"path": "index-00000000000000cc.pki", "size": 100, "checksum": "DD"})
+    assert manifest_error(bad_index).message == "index checksum must be 16 lowercase hex digits, got 'DD'"
+    bad_path = manifest_dict(index={"path": "index.pki", "size": 100, "checksum": "00000000000000dd"})
+    error = manifest_error(bad_path)
+    assert isinstance(error, UnsafePathError)
+    assert error.message == ("index path 'index.pki' is not a valid dataset path (expected "
+                             "index-<16 hex digits>.pki, relative, inside the dataset)")
+    shard = dict(manifest_dict()["shards"][0], path="shards/x.pks")
+    assert manifest_error(manifest_dict(shards=[shard])).message == (
+        "shard 0 path 'shards/x.pks' is not a valid dataset path (expected "
+        "shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)")
+
+
+def test_manifest_limits_are_inclusive() -> None:
+    shard = dict(manifest_dict()["shards"][0], sample_count=fmt.MAX_SAMPLES)
+    parsed = fmt.parse_manifest(json.dumps(manifest_dict(sample_count=fmt.MAX_SAMPLES, shards=[shard])).encode())
+    assert parsed.sample_count == fmt.MAX_SAMPLES
+    # exactly the size limit is not "over the limit" (it fails later, for its content)
+    at_limit = b"{" + b" " * (fmt.MAX_MANIFEST_BYTES - 2) + b"}"
+    error = manifest_error(at_limit)
+    assert "limit" not in error.message and "format is None" in error.message
+    over = manifest_error(at_limit + b" ")
+    assert over.message == f"manifest is {fmt.MAX_MANIFEST_BYTES + 1} bytes, over the {fmt.MAX_MANIFEST_BYTES} limit"
+
+
+def test_relative_paths() -> None:
+    anything = re.compile(r".*")
+    for text in ("a/../b", ".."):
+        with pytest.raises(UnsafePathError):
+            fmt.check_relative_path(text, anything, what="x")
+    with pytest.raises(UnsafePathError) as caught:
+        fmt.check_relative_path(12, anything, what="thing", path=MANIFEST_PATH)
+    assert caught.value.message == ("thing 12 is not a valid dataset path (expected .*, relative, inside the "
+                                    "dataset)") and caught.value.path == MANIFEST_PATH
+    assert fmt.check_relative_path("a/b", anything, what="x") == "a/b"
+    with pytest.raises(UnsafePathError, match="^shard path 5 is not a valid dataset path"):
+        fmt.shard_number_of(5)  # type: ignore[arg-type]
+    assert fmt.shard_number_of("shards/shard-00012-00000000000000aa.pks") == 12
+
+
+def test_checksum_helpers() -> None:
+    with pytest.raises(ManifestError) as caught:
+        fmt.parse_checksum_hex("abc", path=MANIFEST_PATH)
+    assert caught.value.message == "checksum must be 16 lowercase hex digits, got 'abc'"
+    assert caught.value.path == MANIFEST_PATH
+    with pytest.raises(ChecksumMismatchError) as mismatch:
+        fmt.verify_checksum(b"abc", 0, path=WHERE, sample=4, offset=8192)
+    assert (mismatch.value.path, mismatch.value.sample, mismatch.value.offset) == (WHERE, 4, 8192)
+    fmt.verify_checksum(b"abc", fmt.checksum(b"abc"))
+
+
+@pytest.mark.parametrize("alignment", [1, 2, 64, 4096])
+def test_align_up_array_matches_align_up(alignment: int) -> None:
+    values = [0, 1, 2, 63, 64, 65, 4095, 4096, 4097, 123457]
+    for dtype in (np.uint64, np.int64):
+        got = fmt.align_up_array(np.array(values, dtype=dtype), alignment)
+        assert got.dtype == dtype
+        assert got.tolist() == [fmt.align_up(v, alignment) for v in values]
