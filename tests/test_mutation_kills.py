@@ -479,3 +479,268 @@ def test_align_up_array_matches_align_up(alignment: int) -> None:
         got = fmt.align_up_array(np.array(values, dtype=dtype), alignment)
         assert got.dtype == dtype
         assert got.tolist() == [fmt.align_up(v, alignment) for v in values]
+
+
+# === build: atomic, records, commit, plan ======================================================
+
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from PIL import Image  # noqa: E402
+
+from packer.build import build, finish  # noqa: E402
+from packer.build.atomic import fsync_dir, write_atomic  # noqa: E402
+from packer.build.plan import (DEFAULT_SHARD_SIZE, BuildOptions, load_plan, make_plan, plan_shards,  # noqa: E402
+                               save_plan)
+from packer.build.records import RECORD_COLUMNS, read_record, record_path, write_record  # noqa: E402
+from packer.build.sources import list_source  # noqa: E402
+from packer.build.staging import PLAN_NAME, STAGING_DIR  # noqa: E402
+from packer.dataset import open_index  # noqa: E402
+from packer.errors import BuildError, OptionError  # noqa: E402
+
+
+def png_folder(root: Path, count: int, *, seed: int = 0, bad: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (12 + i, 16, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    for i in range(bad):
+        (root / "dog" / f"bad{i}.png").write_bytes(b"not an image at all")
+    return root
+
+
+def test_write_atomic_returns_the_digest_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "f.bin"
+    digest = write_atomic(target, [b"hello ", memoryview(b"world")])
+    assert digest == fmt.checksum(b"hello world") and target.read_bytes() == b"hello world"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+    def failing() -> Any:
+        yield b"new bytes"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_atomic(target, failing())
+    assert target.read_bytes() == b"hello world", "a failed write leaves the old file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"], "and removes its temp file"
+
+
+def test_write_atomic_temp_name_is_the_one_cleanup_looks_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        seen.append(os.path.basename(src))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    write_atomic(tmp_path / "manifest.json", [b"{}"])
+    assert seen == [f".manifest.json.{os.getpid()}.tmp"]
+
+
+def test_fsync_dir_needs_a_folder(tmp_path: Path) -> None:
+    fsync_dir(tmp_path)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(NotADirectoryError):
+        fsync_dir(tmp_path / "file")
+
+
+def test_records_round_trip_and_distrust(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    (out / STAGING_DIR / "done").mkdir(parents=True)
+    assert record_path(out, 7) == out / STAGING_DIR / "done" / "shard-00007.pkr"
+    rows = {"source": [3, 1], "offset": [4096, 8192], "size": [100, 200], "checksum": [2**64 - 1, 5],
+            "width": [640, 2**32 - 1], "height": [480, 1], "channels": [3, 1], "image_format": [1, 2]}
+    shard = out / "shards" / "s.pks"
+    shard.parent.mkdir()
+    shard.write_bytes(bytes(12288))
+    header = {"plan": fmt.checksum_hex(42), "sample_count": 2, "path": "shards/s.pks", "size": 12288}
+    path = record_path(out, 7)
+    write_record(path, header, rows)
+    found = read_record(path, 42, out)
+    assert found is not None
+    got_header, columns = found
+    assert got_header == header
+    assert set(columns) == set(RECORD_COLUMNS)
+    for name in RECORD_COLUMNS:
+        assert columns[name].tolist() == rows[name], name
+    assert {name: columns[name].dtype.str for name in RECORD_COLUMNS} == {
+        "source": "<u8", "offset": "<u8", "size": "<u8", "checksum": "<u8", "width": "<u4", "height": "<u4",
+        "channels": "|u1", "image_format": "|u1"}
+    assert read_record(path, 43, out) is None, "a record of another plan is not trusted"
+    assert read_record(record_path(out, 8), 42, out) is None, "no record"
+    shard.unlink()
+    assert read_record(path, 42, out) is None, "its shard file is gone"
+    empty = {"plan": fmt.checksum_hex(42), "sample_count": 0}
+    write_record(path, empty, {name: [] for name in RECORD_COLUMNS})
+    assert read_record(path, 42, out)[0] == empty, "an all-rejected shard needs no file"
+    path.write_bytes(path.read_bytes()[:-3])
+    assert read_record(path, 42, out) is None, "a damaged record is redone"
+    path.write_bytes(b"PKPLAN\0\0" + bytes(100))
+    assert read_record(path, 42, out) is None
+
+
+def test_finish_names_the_missing_shards(tmp_path: Path) -> None:
+    src, out = png_folder(tmp_path / "src", 24), tmp_path / "ds"
+    options = BuildOptions(shard_size=8192, alignment=4096)  # one sample per shard: 24 planned shards
+    build(src, out, options, workers=1, progress=False, part=(0, 2))
+    plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
+    assert plan.shard_count == 24
+    with pytest.raises(BuildError) as caught:
+        finish(out, src)
+    odd = ", ".join(str(i) for i in range(1, 21, 2))
+    assert caught.value.message == (f"12 of 24 planned shards are not packed yet (shards {odd} ...); "
+                                    f"run the missing parts, or the build with --resume")
+    build(src, out, options, workers=1, progress=False, part=(1, 2))
+    for i in range(3, 24, 2):
+        record_path(out, i).unlink()  # shard 1 alone is there: 11 missing, at most 10 shown
+    with pytest.raises(BuildError) as caught:
+        finish(out, src)
+    assert caught.value.message.startswith("11 of 24 planned shards are not packed yet (shards 3, 5, 7,")
+    build(src, out, options, workers=1, progress=False, part=(1, 2))
+    for i in range(5, 24, 2):
+        record_path(out, i).unlink()
+    with pytest.raises(BuildError) as caught:
+        finish(out, src)
+    assert "(shards 5, 7, 9, 11, 13, 15, 17, 19, 21, 23);" in caught.value.message, "ten shown, no ..."
+
+
+def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i in range(3):
+        (src / "a" / f"{i}.png").write_bytes(b"text, not a png")
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    with pytest.raises(BuildError) as caught:
+        build(src, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    assert caught.value.message == ("every one of the 4 source files was rejected (1 empty-file, 3 not-an-image); "
+                                    "nothing to pack")
+    assert not (tmp_path / "ds" / fmt.MANIFEST_NAME).exists()
+
+
+def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
+    src, out = png_folder(tmp_path / "src", 6, bad=2), tmp_path / "ds"
+    options = BuildOptions(shard_size=12288, seed=3)
+    result = build(src, out, options, workers=1, progress=False)
+    with open_index(out) as ds:
+        manifest = ds.manifest
+        sizes = ds.index.size
+        assert result.sample_count == len(ds) == 6
+        assert result.shard_count == len(manifest.shards)
+        assert result.payload_bytes == int(sizes.sum())
+        assert result.total_bytes == sum(s.size for s in manifest.shards) + manifest.index.size
+        keys = [ds.key(i) for i in range(len(ds))]
+    plan = load_plan(out / STAGING_DIR / PLAN_NAME, src) if (out / STAGING_DIR).exists() else None
+    assert plan is None, "the staging folder is removed after the commit"
+    from packer import __version__
+
+    summary = {"options": options.to_json(), "source_kind": "folder", "source_files": 8, "packed": 6, "rejected": 2,
+               "planned_shards": result.summary["planned_shards"], "tool": f"packer {__version__}"}
+    assert result.summary == summary and manifest.build == summary
+    assert summary["planned_shards"] >= result.shard_count >= 2
+    lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
+    assert lines[0] == {"type": "summary", **summary}
+    assert [(r["type"], r["key"], r["reason"]) for r in lines[1:]] == [
+        ("rejected", "dog/bad0.png", "not-an-image"), ("rejected", "dog/bad1.png", "not-an-image")]
+    assert [r.key for r in result.rejected] == ["dog/bad0.png", "dog/bad1.png"]
+    assert sorted(keys) == sorted(f"{'cat' if i % 2 else 'dog'}/{i:03d}.png" for i in range(6))
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [fmt.MANIFEST_NAME, fmt.REPORT_NAME, "shards", manifest.index.path, ".packer.lock"])
+
+
+def test_overwrite_removes_what_no_manifest_names(tmp_path: Path) -> None:
+    src, out = png_folder(tmp_path / "src", 6), tmp_path / "ds"
+    build(src, out, BuildOptions(shard_size=12288), workers=1, progress=False)
+    stale = [out / ".manifest.json.999.tmp", out / ".build-report.jsonl.999.tmp",
+             out / "shards" / "shard-00099-00000000000000ff.pks", out / "index-00000000000000ff.pki"]
+    for path in stale:
+        path.write_bytes(b"x")
+    keep = out / "shards" / "notes.txt"
+    keep.write_bytes(b"mine")
+    build(src, out, BuildOptions(shard_size=12288, seed=5), workers=1, progress=False, overwrite=True)
+    assert not any(p.exists() for p in stale)
+    assert keep.exists(), "only packer's own file names are removed"
+    with open_index(out) as ds:
+        listed = {s.path for s in ds.manifest.shards}
+        assert {p.relative_to(out).as_posix() for p in (out / "shards").glob("*.pks")} == listed
+        assert [p.name for p in out.glob("index-*.pki")] == [ds.manifest.index.path]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"alignment": 3}, "--alignment must be a power of two between 1 and 16777216, got 3"),
+    ({"alignment": 0}, "--alignment must be a power of two between 1 and 16777216, got 0"),
+    ({"alignment": 1 << 25}, "--alignment must be a power of two between 1 and 16777216, got 33554432"),
+    ({"alignment": 4096, "shard_size": 4095},
+     "--shard-size must be at least the alignment (4096 bytes) and below 2^62, got 4095"),
+    ({"shard_size": fmt.MAX_FILE_SIZE},
+     f"--shard-size must be at least the alignment (4096 bytes) and below 2^62, got {fmt.MAX_FILE_SIZE}"),
+    ({"max_pixels": 0}, "--max-pixels must be a positive number of pixels, got 0"),
+    ({"validate": "some"}, "--validate must be 'header' or 'full', got 'some'"),
+])
+def test_build_options_are_checked_by_name(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(**changes).check()
+    assert caught.value.message == message
+
+
+def test_build_options_edges_are_accepted() -> None:
+    BuildOptions(alignment=1, shard_size=1, max_pixels=1, validate="full").check()
+    BuildOptions(alignment=fmt.MAX_ALIGNMENT, shard_size=fmt.MAX_ALIGNMENT).check()
+    BuildOptions(shard_size=fmt.MAX_FILE_SIZE - 1).check()
+    assert BuildOptions().to_json() == {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
+                                        "seed": 0, "codec": "passthrough", "validate": "header",
+                                        "max_pixels": BuildOptions().max_pixels}
+    assert DEFAULT_SHARD_SIZE == 512 << 20
+    with pytest.raises(OptionError, match="codec"):
+        BuildOptions(codec="nope").check()
+
+
+def test_plan_order_and_cuts(tmp_path: Path) -> None:
+    listing = list_source(png_folder(tmp_path / "src", 9), None)
+    shuffled = make_plan(listing, BuildOptions(seed=4, shard_size=3 * 4096 + 4096))
+    assert shuffled.order.tolist() == np.random.Generator(np.random.PCG64(4)).permutation(9).tolist()
+    assert shuffled.order.dtype == np.int64
+    kept = make_plan(listing, BuildOptions(shuffle=False, shard_size=3 * 4096 + 4096))
+    assert kept.order.tolist() == list(range(9)) and kept.order.dtype == np.int64
+    assert kept.shard_starts.tolist() == [0, 3, 6, 9] and kept.shard_count == 3
+    assert kept.shard_members(1).tolist() == [3, 4, 5]
+    assert plan_shards(np.zeros(0, dtype=np.uint64), 4096, 1 << 20).tolist() == [0]
+    # an oversize sample gets a shard of its own; the greedy cut closes before the sample that overflows
+    sizes = np.array([100, 9000, 100, 100, 5000], dtype=np.uint64)
+    assert plan_shards(sizes, 4096, 16384).tolist() == [0, 1, 2, 4, 5]
+    assert plan_shards(sizes, 1, 9000 + 64).tolist() == [0, 1, 2, 5]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 20).tolist() == [0, 2]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 19).tolist() == [0, 1, 2]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 10).tolist() == [0, 1, 2]
+    with pytest.raises(BuildError, match="^shard size 100 is smaller than the alignment 4096$"):
+        make_plan(listing, BuildOptions(shard_size=100))
+
+
+def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:
+    src = png_folder(tmp_path / "src", 7)
+    (src / "stray.png").write_bytes(b"outside every class folder")
+    listing = list_source(src, None)
+    plan = make_plan(listing, BuildOptions(seed=2, shard_size=8192), source="src", first_shard_number=5)
+    path = tmp_path / "plan.pkp"
+    digest = save_plan(plan, path)
+    assert digest == plan.fingerprint == fmt.checksum(path.read_bytes()) != 0
+    loaded = load_plan(path, src)
+    assert loaded.fingerprint == digest and loaded.source == "src" and loaded.first_shard_number == 5
+    assert loaded.options == plan.options and loaded.listing.kind == "folder"
+    assert loaded.order.tolist() == plan.order.tolist() and loaded.order.dtype == np.int64
+    assert loaded.shard_starts.tolist() == plan.shard_starts.tolist() and loaded.shard_starts.dtype == np.int64
+    assert loaded.listing.classes == listing.classes and loaded.listing.root == src
+    assert [loaded.listing.key(i) for i in range(7)] == [listing.key(i) for i in range(7)]
+    assert loaded.listing.sizes.tolist() == listing.sizes.tolist()
+    assert loaded.listing.labels.tolist() == listing.labels.tolist()
+    assert [r.to_json() for r in loaded.listing.rejected] == [r.to_json() for r in listing.rejected] != []
+    data = path.read_bytes()
+    path.write_bytes(data[:40])  # cut short (a column file has no checksum of its own: see SPEC)
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert "the saved build plan is damaged" in caught.value.message and f"delete {tmp_path}" in caught.value.message
+    assert caught.value.path == str(path)
+    with pytest.raises(BuildError) as caught:
+        load_plan(tmp_path / "missing.pkp", src)
+    assert caught.value.message == "cannot read the build plan: No such file or directory"
