@@ -744,3 +744,129 @@ def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:
     with pytest.raises(BuildError) as caught:
         load_plan(tmp_path / "missing.pkp", src)
     assert caught.value.message == "cannot read the build plan: No such file or directory"
+
+
+# --- format: the index table and the column-file writer --------------------------------------------
+
+from packer.errors import IndexMismatchError, MisalignedRecordError, OffsetOutOfBoundsError, OverlappingRecordsError  # noqa: E402,E501
+
+INDEX_PATH = "/data/ds/index-00000000000000cc.pki"
+TWO_SHARDS = [fmt.ShardEntry("shards/shard-00000-00000000000000aa.pks", 16384, 1, 2),
+              fmt.ShardEntry("shards/shard-00001-00000000000000bb.pks", 8192, 2, 1)]
+
+
+def index_columns(**changes: Any) -> dict[str, np.ndarray]:
+    """A valid 3-sample index over TWO_SHARDS (alignment 4096), with ``changes`` applied."""
+    dtypes = {name: typestr for name, (typestr, _) in fmt.INDEX_COLUMNS.items()}
+    values: dict[str, Any] = {
+        "shard": [0, 0, 1], "offset": [4096, 8192, 4096], "size": [100, 5000, 10], "checksum": [1, 2, 3],
+        "label": [0, 1, 0], "width": [1, 2, 3], "height": [1, 2, 3], "channels": [3, 3, 1],
+        "image_format": [1, 2, 1], "key_offsets": [0, 1, 2, 3], "keys": list(b"abc"),
+        "meta_offsets": [0, 0, 0, 0], "meta": []}
+    values.update(changes)
+    return {name: np.array(value, dtype=dtypes[name]) if not isinstance(value, np.ndarray) else value
+            for name, value in values.items()}
+
+
+INDEX_CASES = [
+    ({"shard": [0, 0, 2]}, OffsetOutOfBoundsError, "names shard 2 but the manifest lists 2", 2),
+    ({"shard": [0, 2, 2]}, OffsetOutOfBoundsError, "names shard 2 but the manifest lists 2", 1),
+    ({"shard": [0, 1, 1]}, OverlappingRecordsError,
+     "is in shard 1 but the manifest's per-shard counts place it in shard 0", 1),
+    ({"size": [100, 0, 10]}, CorruptHeaderError, "has size 0; every sample holds at least one byte", 1),
+    ({"offset": [4096, 8193, 4096]}, MisalignedRecordError, "starts at 8193, not a multiple of 4096", 1),
+    ({"size": [100, 2**62, 10]}, OffsetOutOfBoundsError, "has an offset or size beyond 2^62", 1),
+    ({"offset": [4096, 2**62, 4096]}, OffsetOutOfBoundsError, "has an offset or size beyond 2^62", 1),
+    ({"offset": [4096, 12288, 4096]}, OverlappingRecordsError,
+     "starts at 12288 but the layout requires 8192 (samples must be packed in order at aligned offsets "
+     "without overlap or gaps)", 1),
+    ({"size": [100, 9000, 10]}, OffsetOutOfBoundsError,
+     "shard 0 (shards/shard-00000-00000000000000aa.pks) is 16384 bytes but its samples end at 20480", 1),
+    ({"size": [100, 5000, 5000]}, OffsetOutOfBoundsError,
+     "shard 1 (shards/shard-00001-00000000000000bb.pks) is 8192 bytes but its samples end at 12288", 2),
+    ({"key_offsets": [0, 1, 2, 4]}, OverlappingRecordsError,
+     "index column 'key_offsets' must start at 0, never decrease and end at the 'keys' length 3", None),
+    ({"key_offsets": [0, 2, 1, 3]}, OverlappingRecordsError,
+     "index column 'key_offsets' must start at 0, never decrease and end at the 'keys' length 3", None),
+    ({"meta_offsets": [1, 1, 1, 1], "meta": [7]}, OverlappingRecordsError,
+     "index column 'meta_offsets' must start at 0, never decrease and end at the 'meta' length 1", None),
+    ({"label": np.array([0, 1, 0], dtype="<u8")}, CorruptHeaderError,
+     "index column 'label' has dtype <u8, expected <i8", None),
+    ({"width": np.array([1, 2], dtype="<u4")}, IndexMismatchError,
+     "index column 'width' has 2 entries, expected 3", None),
+    ({"meta_offsets": [0, 0, 0]}, IndexMismatchError, "index column 'meta_offsets' has 3 entries, expected 4", None),
+]
+
+
+@pytest.mark.parametrize("changes, error, message, sample", INDEX_CASES, ids=[f"case{i}" for i in range(len(INDEX_CASES))])
+def test_index_errors_name_the_file_and_sample(changes: dict[str, Any], error: type, message: str,
+                                               sample: int | None) -> None:
+    with pytest.raises(error) as caught:
+        fmt.validate_index(3, index_columns(**changes), TWO_SHARDS, 4096, path=INDEX_PATH)
+    assert type(caught.value) is error
+    assert (caught.value.message, caught.value.path, caught.value.sample) == (message, INDEX_PATH, sample)
+
+
+def test_index_structure_errors() -> None:
+    columns = index_columns()
+    del columns["meta"]
+    with pytest.raises(CorruptHeaderError) as caught:
+        fmt.validate_index(3, columns, TWO_SHARDS, 4096, path=INDEX_PATH)
+    assert (caught.value.message, caught.value.path) == ("index lacks required column 'meta'", INDEX_PATH)
+    with pytest.raises(IndexMismatchError) as mismatch:
+        fmt.validate_index(3, index_columns(), TWO_SHARDS[:1], 4096, path=INDEX_PATH)
+    assert (mismatch.value.message, mismatch.value.path) == (
+        "index holds 3 samples but the manifest's shards hold 2", INDEX_PATH)
+    ix = fmt.validate_index(3, index_columns(), TWO_SHARDS, 4096, path=INDEX_PATH)
+    assert len(ix) == 3 and ix.size.tolist() == [100, 5000, 10]
+    # alignment 1: any offset is aligned, payloads packed back to back after the 64-byte header
+    tight = index_columns(offset=[64, 164, 64], size=[100, 50, 10])
+    shards = [fmt.ShardEntry(TWO_SHARDS[0].path, 214, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 74, 2, 1)]
+    assert fmt.validate_index(3, tight, shards, 1).offset.tolist() == [64, 164, 64]
+    # alignment 2: an odd offset is misaligned
+    with pytest.raises(MisalignedRecordError):
+        fmt.validate_index(3, index_columns(offset=[64, 165, 64], size=[101, 50, 10]),
+                           [fmt.ShardEntry(TWO_SHARDS[0].path, 216, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 74, 2, 1)], 2)
+    # the largest offset and size below 2^62 are not "beyond" it
+    huge = fmt.MAX_FILE_SIZE - 4095  # a multiple of 4096 below 2^62
+    with pytest.raises(OverlappingRecordsError):  # refused for layout, not for the 2^62 bound
+        fmt.validate_index(3, index_columns(offset=[4096, huge, 4096]), TWO_SHARDS, 4096)
+    empty = {name: np.zeros(1 if rule == "N+1" else 0, dtype=typestr) for name, (typestr, rule) in fmt.INDEX_COLUMNS.items()}
+    assert len(fmt.validate_index(0, empty, [], 4096)) == 0
+
+
+def test_column_file_writer_limits_and_layout() -> None:
+    one = {"a": np.arange(3, dtype="<u8")}
+    with pytest.raises(ValueError, match=f"^a column file holds 1..{fmt.MAX_COLUMNS} columns, got 0$"):
+        fmt.encode_column_file(fmt.INDEX_MAGIC, 0, {})
+    many = {f"c{i}": np.zeros(1, dtype="|u1") for i in range(fmt.MAX_COLUMNS)}
+    assert fmt.parse_column_file(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.INDEX_MAGIC, 1, many)),
+                                 fmt.INDEX_MAGIC)[1].keys() == many.keys()
+    with pytest.raises(ValueError, match="^magic must be 8 bytes, got b'PK'$"):
+        fmt.encode_column_file(b"PK", 0, one)
+    with pytest.raises(ValueError, match=f"^row_count -1 outside 0..{fmt.MAX_SAMPLES}$"):
+        fmt.encode_column_file(fmt.INDEX_MAGIC, -1, one)
+    fmt.encode_column_file(fmt.INDEX_MAGIC, fmt.MAX_SAMPLES, one)
+    with pytest.raises(ValueError, match=r"^column 'a': need a 1-D array of \['<i8', '<u4', '<u8', '\|u1'\], got <f8$"):
+        fmt.encode_column_file(fmt.INDEX_MAGIC, 0, {"a": np.zeros(2)})
+    pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, 3, {"a": np.arange(3, dtype="<u8"), "b": np.arange(3, dtype="|u1")})
+    data = b"".join(bytes(p) for p in pieces)
+    # header 64 + 2 entries of 64 = 192: already 64-aligned, so no padding piece before the first column;
+    # 24 bytes of "a" then padding to 256, 3 bytes of "b" then padding to 320
+    assert [len(bytes(p)) for p in pieces] == [192, 24, 40, 3, 61]
+    assert len(data) == 320
+    rows, columns = fmt.parse_column_file(data, fmt.PLAN_MAGIC)
+    assert rows == 3 and columns["a"].tolist() == [0, 1, 2] and columns["b"].tolist() == [0, 1, 2]
+    exact = fmt.encode_column_file(fmt.PLAN_MAGIC, 8, {"a": np.arange(8, dtype="<u8")})
+    assert [len(bytes(p)) for p in exact] == [128, 64], "no zero-length padding pieces"
+
+
+def test_manifest_dump_is_utf8_and_refuses_nan() -> None:
+    manifest = fmt.parse_manifest(json.dumps(manifest_dict(classes=["café"])).encode())
+    text = fmt.dump_manifest(manifest)
+    assert "café".encode("utf-8") in text and b"\\u00e9" not in text
+    bad = fmt.Manifest(**{**manifest.__dict__, "build": {"x": float("nan")}})
+    with pytest.raises(ValueError):
+        fmt.dump_manifest(bad)
+    with pytest.raises(ValueError, match=f"^shard number -1 outside 0..{fmt.MAX_SHARD_NUMBER}$"):
+        fmt.shard_file_name(-1, 0)
