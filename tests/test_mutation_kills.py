@@ -820,9 +820,18 @@ def test_index_structure_errors() -> None:
     ix = fmt.validate_index(3, index_columns(), TWO_SHARDS, 4096, path=INDEX_PATH)
     assert len(ix) == 3 and ix.size.tolist() == [100, 5000, 10]
     # alignment 1: any offset is aligned, payloads packed back to back after the 64-byte header
-    tight = index_columns(offset=[64, 164, 64], size=[100, 50, 10])
-    shards = [fmt.ShardEntry(TWO_SHARDS[0].path, 214, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 74, 2, 1)]
+    tight = index_columns(offset=[64, 164, 64], size=[100, 50, 1])  # a 1-byte sample is a sample
+    shards = [fmt.ShardEntry(TWO_SHARDS[0].path, 214, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 65, 2, 1)]
     assert fmt.validate_index(3, tight, shards, 1).offset.tolist() == [64, 164, 64]
+    # offsets past 2^53 are checked exactly (no float rounding): one sample of 2^60 + 1 bytes
+    big = (1 << 60) + 1
+    huge_shards = [fmt.ShardEntry(TWO_SHARDS[0].path, 64 + big + 1, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 65, 2, 1)]
+    huge_index = index_columns(offset=[64, 64 + big, 64], size=[big, 1, 1])
+    assert fmt.validate_index(3, huge_index, huge_shards, 1).offset.tolist() == [64, 64 + big, 64]
+    # a size just below 2^62 is not "beyond 2^62": the layout check refuses it instead
+    with pytest.raises(OffsetOutOfBoundsError) as caught:
+        fmt.validate_index(3, index_columns(size=[100, fmt.MAX_FILE_SIZE - 1, 10]), TWO_SHARDS, 4096)
+    assert caught.value.message.startswith("shard 0 (")
     # alignment 2: an odd offset is misaligned
     with pytest.raises(MisalignedRecordError):
         fmt.validate_index(3, index_columns(offset=[64, 165, 64], size=[101, 50, 10]),
