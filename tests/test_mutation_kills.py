@@ -879,3 +879,127 @@ def test_manifest_dump_is_utf8_and_refuses_nan() -> None:
         fmt.dump_manifest(bad)
     with pytest.raises(ValueError, match=f"^shard number -1 outside 0..{fmt.MAX_SHARD_NUMBER}$"):
         fmt.shard_file_name(-1, 0)
+
+
+def shard_item(number: int = 0, **changes: Any) -> dict[str, Any]:
+    return {"path": f"shards/shard-{number:05d}-00000000000000aa.pks", "size": 8192, "checksum": "00000000000000bb",
+            "sample_count": 2, **changes}
+
+
+MANIFEST_CASES: list[tuple[Any, str]] = [
+    (b"{\"a\": NaN}", "manifest is not valid UTF-8 JSON: NaN is not valid JSON"),
+    (manifest_dict(format_version=2), "dataset format version 2 is not supported (this reader accepts [1]); upgrade packer"),
+    (manifest_dict(checksum_algorithm="crc32"), "checksum_algorithm 'crc32' is not 'xxh3_64'"),
+    (manifest_dict(alignment=3), "alignment must be a power of two between 1 and 16777216, got 3"),
+    (manifest_dict(classes=["a", 1]), "manifest classes must all be strings"),
+    (manifest_dict(index={"path": "index-00000000000000cc.pki", "size": 0, "checksum": "00000000000000dd"}),
+     f"manifest index field 'size' = 0 outside 1..{fmt.MAX_FILE_SIZE}"),
+    (manifest_dict(shards=[5]), "manifest shard 0 must be an object"),
+    (manifest_dict(shards=[shard_item(size=0)]), f"manifest shard 0 field 'size' = 0 outside 1..{fmt.MAX_FILE_SIZE}"),
+    (manifest_dict(shards=[shard_item(checksum="x")]), "shard 0 checksum must be 16 lowercase hex digits, got 'x'"),
+    (manifest_dict(shards=[shard_item(sample_count=0)]),
+     f"manifest shard 0 field 'sample_count' = 0 outside 1..{fmt.MAX_SAMPLES}"),
+    (manifest_dict(shards=[shard_item(size=100)]), "manifest shard 0 size 100 is not a multiple of the alignment 4096"),
+    (manifest_dict(shards=[shard_item(4294967296)]),
+     "manifest shard 0 (shards/shard-4294967296-00000000000000aa.pks) has number 4294967296, over the u32 limit "
+     "4294967295"),
+    (manifest_dict(sample_count=4, shards=[shard_item(1), shard_item(1)]),
+     "manifest shard 1 (shards/shard-00001-00000000000000aa.pks) is not numbered after the shard before it (1); "
+     "shards must be listed in increasing number order"),
+    (manifest_dict(sample_count=3), "sample_count 3 differs from the sum of the shards' counts 2"),
+    (manifest_dict(build=[]), "manifest 'build' must be an object and 'history' a list of objects"),
+    (manifest_dict(history=[1]), "manifest 'build' must be an object and 'history' a list of objects"),
+    (manifest_dict(history={}), "manifest 'build' must be an object and 'history' a list of objects"),
+    (manifest_dict(created_by=5), "manifest 'created_by' must be a string"),
+]
+
+
+@pytest.mark.parametrize("obj, message", MANIFEST_CASES, ids=[f"case{i}" for i in range(len(MANIFEST_CASES))])
+def test_manifest_errors_table(obj: Any, message: str) -> None:
+    assert manifest_error(obj).message == message
+
+
+def test_manifest_fields_that_default_and_limits() -> None:
+    obj = manifest_dict()
+    del obj["created_by"]
+    parsed = fmt.parse_manifest(json.dumps(obj).encode())
+    assert parsed.created_by == "" and parsed.build == {} and parsed.history == () and parsed.format_version == 1
+    shard = shard_item(4294967295, size=4096, sample_count=2)  # the largest number and the smallest size
+    assert fmt.parse_manifest(json.dumps(manifest_dict(shards=[shard])).encode()).shards[0].number == 4294967295
+    assert fmt.parse_manifest(json.dumps(manifest_dict(shards=[shard_item(0)])).encode()).shards[0].number == 0
+
+
+def column_file(**header: int) -> bytearray:
+    data = bytearray(b"".join(bytes(p) for p in fmt.encode_column_file(
+        fmt.PLAN_MAGIC, 3, {"a": np.arange(3, dtype="<u8"), "b": np.arange(3, dtype="|u1")})))
+    fields = dict(zip(("version", "header_size", "file_size", "rows", "count"),
+                      struct.unpack_from("<IIQQI", data, 8)))
+    fields.update(header)
+    struct.pack_into("<IIQQI", data, 8, fields["version"], fields["header_size"], fields["file_size"], fields["rows"],
+                     fields["count"])
+    return data
+
+
+def entry(data: bytearray, i: int, **changes: Any) -> bytearray:
+    at = 64 + 64 * i
+    name, dtype, offset, length = struct.unpack_from("<24s8sQQ", data, at)
+    values = {"name": name, "dtype": dtype, "offset": offset, "length": length, **changes}
+    struct.pack_into("<24s8sQQ", data, at, values["name"], values["dtype"], values["offset"], values["length"])
+    return data
+
+
+PLAN_PATH = "/data/ds/.packer-build/plan.pkp"
+COLUMN_CASES = [
+    (b"", NotAPackerFileError, "not a packer plan file (starts with b'')"),
+    (b"PKPLAN\x00\x00" + bytes(10), TruncatedFileError, "plan file is 18 bytes, shorter than its 64-byte header"),
+    (b"PKPLAN\x00", TruncatedFileError, "plan file is 7 bytes, shorter than its 64-byte header"),
+    (b"PKINDEX\x00" + bytes(10), NotAPackerFileError, "not a packer plan file (starts with b'PKINDEX\\x00')"),
+    (b"PKINDEX\x00" + bytes(100), NotAPackerFileError, "not a packer plan file (starts with b'PKINDEX\\x00')"),
+    (column_file(version=9), UnsupportedVersionError,
+     "plan format version 9 is not supported (this reader accepts [1]); upgrade packer"),
+    (column_file(file_size=1000), TruncatedFileError, "plan file is 320 bytes on disk but its header says 1000 (truncated)"),
+    (column_file(file_size=100), TruncatedFileError, "plan file is 320 bytes on disk but its header says 100 (extended)"),
+    (column_file(count=0), CorruptHeaderError, f"column_count 0 outside 1..{fmt.MAX_COLUMNS}"),
+    (column_file(count=65), CorruptHeaderError, f"column_count 65 outside 1..{fmt.MAX_COLUMNS}"),
+    (column_file(header_size=128), CorruptHeaderError, "header_size 128 does not match 2 columns"),
+    (column_file(rows=fmt.MAX_SAMPLES + 1), CorruptHeaderError,
+     f"row_count {fmt.MAX_SAMPLES + 1} exceeds the limit {fmt.MAX_SAMPLES}"),
+    (entry(column_file(), 1, name=b"\xffb"), CorruptHeaderError, "column 1 has a non-ASCII name b'\\xffb" + "\\x00" * 22 + "'"),
+    (entry(column_file(), 1, name=b"a"), CorruptHeaderError, "column 1 has an invalid or repeated name 'a'"),
+    (entry(column_file(), 1, name=b"B"), CorruptHeaderError, "column 1 has an invalid or repeated name 'B'"),
+    (entry(column_file(), 1, dtype=b"<f8"), CorruptHeaderError, "column 'b' has unsupported dtype '<f8'"),
+    (entry(column_file(), 1, offset=200), OverlappingRecordsError,
+     "column 'b' starts at 200: must be a multiple of 64 at or after 216"),
+    (entry(column_file(), 1, offset=192), OverlappingRecordsError,
+     "column 'b' starts at 192: must be a multiple of 64 at or after 216"),
+    (entry(column_file(), 0, length=17), OffsetOutOfBoundsError,
+     "column 'a' (17 x 8 bytes at 192) runs past the end (320)"),
+]
+
+
+@pytest.mark.parametrize("data, error, message", COLUMN_CASES, ids=[f"case{i}" for i in range(len(COLUMN_CASES))])
+def test_column_file_errors_are_exact(data: bytes, error: type, message: str) -> None:
+    with pytest.raises(error) as caught:
+        fmt.parse_column_file(bytes(data), fmt.PLAN_MAGIC, path=PLAN_PATH, kind="plan")
+    assert type(caught.value) is error
+    assert (caught.value.message, caught.value.path) == (message, PLAN_PATH)
+
+
+def test_column_file_edges_are_accepted() -> None:
+    data = bytes(entry(column_file(), 1, length=64))  # the largest length that fits: 64 bytes at 256 end at 320
+    assert len(fmt.parse_column_file(data, fmt.PLAN_MAGIC)[1]["b"]) == 64
+    with pytest.raises(OffsetOutOfBoundsError):
+        fmt.parse_column_file(bytes(entry(column_file(), 1, length=65)), fmt.PLAN_MAGIC)
+    assert fmt.parse_column_file(bytes(column_file(rows=fmt.MAX_SAMPLES)), fmt.PLAN_MAGIC)[0] == fmt.MAX_SAMPLES
+    many = {f"c{i}": np.zeros(1, dtype="|u1") for i in range(fmt.MAX_COLUMNS)}
+    assert len(fmt.parse_column_file(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.INDEX_MAGIC, 1, many)),
+                                     fmt.INDEX_MAGIC)[1]) == fmt.MAX_COLUMNS
+    # a header-only file (64 bytes, no room for the column table) is refused, not read past its end
+    header_only = b"PKPLAN\x00\x00" + struct.pack("<IIQQI", 1, 192, 64, 0, 2) + bytes(28)
+    with pytest.raises(CorruptHeaderError, match="^header_size 192 does not match 2 columns$"):
+        fmt.parse_column_file(header_only, fmt.PLAN_MAGIC)
+    exact = b"PKPLAN\x00\x00" + struct.pack("<IIQQI", 1, 64, 64, 0, 0) + bytes(28)
+    with pytest.raises(CorruptHeaderError, match="column_count 0"):
+        fmt.parse_column_file(exact, fmt.PLAN_MAGIC)  # exactly 64 bytes is a header, not "shorter than" one
+    # numpy arrays and memoryviews are accepted like bytes
+    assert fmt.parse_column_file(np.frombuffer(bytes(column_file()), dtype=np.uint8), fmt.PLAN_MAGIC)[0] == 3
