@@ -927,6 +927,8 @@ def test_manifest_fields_that_default_and_limits() -> None:
     shard = shard_item(4294967295, size=4096, sample_count=2)  # the largest number and the smallest size
     assert fmt.parse_manifest(json.dumps(manifest_dict(shards=[shard])).encode()).shards[0].number == 4294967295
     assert fmt.parse_manifest(json.dumps(manifest_dict(shards=[shard_item(0)])).encode()).shards[0].number == 0
+    tiny = manifest_dict(alignment=1, sample_count=1, shards=[shard_item(0, size=1, sample_count=1)])
+    assert fmt.parse_manifest(json.dumps(tiny).encode()).shards[0].size == 1  # one byte is a valid shard size
 
 
 def column_file(**header: int) -> bytearray:
@@ -967,7 +969,9 @@ COLUMN_CASES = [
     (entry(column_file(), 1, name=b"\xffb"), CorruptHeaderError, "column 1 has a non-ASCII name b'\\xffb" + "\\x00" * 22 + "'"),
     (entry(column_file(), 1, name=b"a"), CorruptHeaderError, "column 1 has an invalid or repeated name 'a'"),
     (entry(column_file(), 1, name=b"B"), CorruptHeaderError, "column 1 has an invalid or repeated name 'B'"),
+    (entry(column_file(), 1, name=b"bX"), CorruptHeaderError, "column 1 has an invalid or repeated name 'bX'"),
     (entry(column_file(), 1, dtype=b"<f8"), CorruptHeaderError, "column 'b' has unsupported dtype '<f8'"),
+    (entry(column_file(), 1, dtype=b"|u1X"), CorruptHeaderError, "column 'b' has unsupported dtype '|u1X'"),
     (entry(column_file(), 1, offset=200), OverlappingRecordsError,
      "column 'b' starts at 200: must be a multiple of 64 at or after 216"),
     (entry(column_file(), 1, offset=192), OverlappingRecordsError,
