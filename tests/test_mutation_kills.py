@@ -74,6 +74,9 @@ def test_block_order_with_no_samples() -> None:
     for blocks in ([0], [0, 0], [0, 0, 0]):
         got = block_order(np.array(blocks), seed=1, epoch=1, window=2)
         assert got.dtype == np.int64 and got.shape == (0,)
+    for window in (1, 2):
+        assert block_order(np.array([0, 1]), seed=1, epoch=1, window=window).tolist() == [0]
+        assert block_order(np.array([0, 0, 1]), seed=1, epoch=1, window=window).tolist() == [0]
 
 
 @pytest.mark.parametrize("blocks", [[], [1, 3], [0, 5, 3], [[0, 2], [2, 4]]])
