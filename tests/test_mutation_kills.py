@@ -778,6 +778,7 @@ INDEX_CASES = [
      "is in shard 1 but the manifest's per-shard counts place it in shard 0", 1),
     ({"size": [100, 0, 10]}, CorruptHeaderError, "has size 0; every sample holds at least one byte", 1),
     ({"offset": [4096, 8193, 4096]}, MisalignedRecordError, "starts at 8193, not a multiple of 4096", 1),
+    ({"offset": [4096, 8192, 4097]}, MisalignedRecordError, "starts at 4097, not a multiple of 4096", 2),
     ({"size": [100, 2**62, 10]}, OffsetOutOfBoundsError, "has an offset or size beyond 2^62", 1),
     ({"offset": [4096, 2**62, 4096]}, OffsetOutOfBoundsError, "has an offset or size beyond 2^62", 1),
     ({"offset": [4096, 12288, 4096]}, OverlappingRecordsError,
@@ -831,6 +832,8 @@ def test_index_structure_errors() -> None:
     huge_shards = [fmt.ShardEntry(TWO_SHARDS[0].path, 64 + big + 1, 1, 2), fmt.ShardEntry(TWO_SHARDS[1].path, 65, 2, 1)]
     huge_index = index_columns(offset=[64, 64 + big, 64], size=[big, 1, 1])
     assert fmt.validate_index(3, huge_index, huge_shards, 1).offset.tolist() == [64, 64 + big, 64]
+    with pytest.raises(OverlappingRecordsError):  # one byte off at 2^60 is still off
+        fmt.validate_index(3, index_columns(offset=[64, 65 + big, 64], size=[big, 1, 1]), huge_shards, 1)
     # a size just below 2^62 is not "beyond 2^62": the layout check refuses it instead
     with pytest.raises(OffsetOutOfBoundsError) as caught:
         fmt.validate_index(3, index_columns(size=[100, fmt.MAX_FILE_SIZE - 1, 10]), TWO_SHARDS, 4096)
@@ -895,6 +898,14 @@ MANIFEST_CASES: list[tuple[Any, str]] = [
     (manifest_dict(checksum_algorithm="crc32"), "checksum_algorithm 'crc32' is not 'xxh3_64'"),
     (manifest_dict(alignment=3), "alignment must be a power of two between 1 and 16777216, got 3"),
     (manifest_dict(classes=["a", 1]), "manifest classes must all be strings"),
+    (manifest_dict(sample_count="2"), "manifest field 'sample_count' must be an integer, got a string"),
+    (manifest_dict(codec=[]), "manifest field 'codec' must be an object, got an array"),
+    (manifest_dict(codec={}), "manifest codec lacks required field 'name'"),
+    (manifest_dict(classes="ab"), "manifest field 'classes' must be an array, got a string"),
+    (manifest_dict(index=1.5), "manifest field 'index' must be an object, got a number with a fraction or exponent"),
+    (manifest_dict(index={"size": 100, "checksum": "00000000000000dd"}), "manifest index lacks required field 'path'"),
+    (manifest_dict(shards={}), "manifest field 'shards' must be an array, got an object"),
+    (manifest_dict(shards=[{"size": 8192}]), "manifest shard 0 lacks required field 'path'"),
     (manifest_dict(index={"path": "index-00000000000000cc.pki", "size": 0, "checksum": "00000000000000dd"}),
      f"manifest index field 'size' = 0 outside 1..{fmt.MAX_FILE_SIZE}"),
     (manifest_dict(shards=[5]), "manifest shard 0 must be an object"),
@@ -1008,5 +1019,7 @@ def test_column_file_edges_are_accepted() -> None:
     exact = b"PKPLAN\x00\x00" + struct.pack("<IIQQI", 1, 64, 64, 0, 0) + bytes(28)
     with pytest.raises(CorruptHeaderError, match="column_count 0"):
         fmt.parse_column_file(exact, fmt.PLAN_MAGIC)  # exactly 64 bytes is a header, not "shorter than" one
+    empty_column = b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, 0, {"a": np.zeros(0, dtype="<u8")}))
+    assert len(empty_column) == 128 and len(fmt.parse_column_file(empty_column, fmt.PLAN_MAGIC)[1]["a"]) == 0
     # numpy arrays and memoryviews are accepted like bytes
     assert fmt.parse_column_file(np.frombuffer(bytes(column_file()), dtype=np.uint8), fmt.PLAN_MAGIC)[0] == 3
