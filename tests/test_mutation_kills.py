@@ -1023,3 +1023,19 @@ def test_column_file_edges_are_accepted() -> None:
     assert len(empty_column) == 128 and len(fmt.parse_column_file(empty_column, fmt.PLAN_MAGIC)[1]["a"]) == 0
     # numpy arrays and memoryviews are accepted like bytes
     assert fmt.parse_column_file(np.frombuffer(bytes(column_file()), dtype=np.uint8), fmt.PLAN_MAGIC)[0] == 3
+
+
+def test_write_atomic_reports_the_real_error_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing folder fsync (after the temp file is renamed away) raises that error, not a
+    FileNotFoundError from cleaning up a temp file that no longer exists."""
+    import errno
+
+    import packer.build.atomic as atomic_module
+
+    def broken_fsync_dir(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(atomic_module, "fsync_dir", broken_fsync_dir)
+    with pytest.raises(OSError) as caught:
+        write_atomic(tmp_path / "f.bin", [b"x"])
+    assert caught.value.errno == errno.EIO
