@@ -1039,3 +1039,48 @@ def test_write_atomic_reports_the_real_error_after_the_rename(tmp_path: Path, mo
     with pytest.raises(OSError) as caught:
         write_atomic(tmp_path / "f.bin", [b"x"])
     assert caught.value.errno == errno.EIO
+
+
+def test_report_lines_are_canonical_json(tmp_path: Path) -> None:
+    src, out = png_folder(tmp_path / "src", 4), tmp_path / "ds"
+    (src / "cat" / "café.png").write_bytes(b"not a png")
+    result = build(src, out, BuildOptions(), workers=1, progress=False)
+    assert result.path == out
+    lines = (out / fmt.REPORT_NAME).read_text(encoding="utf-8").splitlines()
+    for line in lines:  # sorted keys, UTF-8 as is (no \\u escapes)
+        assert line == json.dumps(json.loads(line), sort_keys=True, ensure_ascii=False)
+    assert '"key": "cat/café.png"' in lines[1]
+
+
+def test_commit_refuses_a_bad_index_and_writes_nothing(tmp_path: Path) -> None:
+    from packer.build.commit import commit_dataset
+
+    out = tmp_path / "ds"
+    out.mkdir()
+    with pytest.raises(IndexMismatchError) as caught:
+        commit_dataset(out, index_columns(), TWO_SHARDS[:1], classes=(), codec={"name": "passthrough"},
+                       alignment=4096, build_info={}, rejected=[], history=[])
+    assert caught.value.path == "(new index)"
+    assert list(out.iterdir()) == []
+
+
+def test_commit_io_errors_are_build_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import packer.build.commit as commit_module
+
+    src, out = png_folder(tmp_path / "src", 4), tmp_path / "ds"
+    real = commit_module.write_atomic
+
+    def full_disk(path: Path, pieces: Any) -> int:
+        if path.name == fmt.MANIFEST_NAME:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, pieces)
+
+    monkeypatch.setattr(commit_module, "write_atomic", full_disk)
+    with pytest.raises(BuildError) as caught:
+        build(src, out, BuildOptions(), workers=1, progress=False)
+    assert caught.value.message == ("the disk is full while writing the index and manifest; free space and run "
+                                    "again with --resume")
+    assert caught.value.path == str(out)
+    assert not (out / fmt.MANIFEST_NAME).exists()
