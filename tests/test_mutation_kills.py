@@ -600,7 +600,9 @@ def test_finish_names_the_missing_shards(tmp_path: Path) -> None:
         record_path(out, i).unlink()  # shard 1 alone is there: 11 missing, at most 10 shown
     with pytest.raises(BuildError) as caught:
         finish(out, src)
-    assert caught.value.message.startswith("11 of 24 planned shards are not packed yet (shards 3, 5, 7,")
+    assert caught.value.message == ("11 of 24 planned shards are not packed yet (shards 3, 5, 7, 9, 11, 13, 15, 17, "
+                                    "19, 21 ...); run the missing parts, or the build with --resume")
+    assert caught.value.path == str(out)
     build(src, out, options, workers=1, progress=False, part=(1, 2))
     for i in range(5, 24, 2):
         record_path(out, i).unlink()
@@ -619,11 +621,13 @@ def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
         build(src, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
     assert caught.value.message == ("every one of the 4 source files was rejected (1 empty-file, 3 not-an-image); "
                                     "nothing to pack")
+    assert caught.value.path == str(tmp_path / "ds")
     assert not (tmp_path / "ds" / fmt.MANIFEST_NAME).exists()
 
 
 def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 6, bad=2), tmp_path / "ds"
+    (src / "stray.png").write_bytes(b"a file outside every class folder: rejected when listed")
     options = BuildOptions(shard_size=12288, seed=3)
     result = build(src, out, options, workers=1, progress=False)
     with open_index(out) as ds:
@@ -638,15 +642,16 @@ def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
     assert plan is None, "the staging folder is removed after the commit"
     from packer import __version__
 
-    summary = {"options": options.to_json(), "source_kind": "folder", "source_files": 8, "packed": 6, "rejected": 2,
+    summary = {"options": options.to_json(), "source_kind": "folder", "source_files": 9, "packed": 6, "rejected": 3,
                "planned_shards": result.summary["planned_shards"], "tool": f"packer {__version__}"}
     assert result.summary == summary and manifest.build == summary
     assert summary["planned_shards"] >= result.shard_count >= 2
     lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
     assert lines[0] == {"type": "summary", **summary}
     assert [(r["type"], r["key"], r["reason"]) for r in lines[1:]] == [
-        ("rejected", "dog/bad0.png", "not-an-image"), ("rejected", "dog/bad1.png", "not-an-image")]
-    assert [r.key for r in result.rejected] == ["dog/bad0.png", "dog/bad1.png"]
+        ("rejected", "dog/bad0.png", "not-an-image"), ("rejected", "dog/bad1.png", "not-an-image"),
+        ("rejected", "stray.png", "not-in-class-folder")]
+    assert sorted(r.key for r in result.rejected) == ["dog/bad0.png", "dog/bad1.png", "stray.png"]
     assert sorted(keys) == sorted(f"{'cat' if i % 2 else 'dog'}/{i:03d}.png" for i in range(6))
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [fmt.MANIFEST_NAME, fmt.REPORT_NAME, "shards", manifest.index.path, ".packer.lock"])
@@ -1084,3 +1089,25 @@ def test_commit_io_errors_are_build_errors(tmp_path: Path, monkeypatch: pytest.M
                                     "again with --resume")
     assert caught.value.path == str(out)
     assert not (out / fmt.MANIFEST_NAME).exists()
+
+
+def test_codec_notes_are_summed_over_shards(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    rng = np.random.default_rng(1)
+    for i in range(5):
+        (src / "a").mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(src / "a" / f"{i}.jpg", quality=90, progressive=(i == 4))
+    (src / "a" / "p.png").write_bytes((src / "a" / "0.jpg").read_bytes() and _png_bytes())
+    result = build(src, tmp_path / "ds", BuildOptions(codec="tiled", shard_size=8192), workers=1, progress=False)
+    assert result.shard_count >= 3
+    assert result.summary["codec_notes"] == {"kept: progressive": 1, "tiled": 4}
+    assert list(result.summary["codec_notes"]) == sorted(result.summary["codec_notes"])
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
