@@ -1111,3 +1111,93 @@ def _png_bytes() -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def _saved_plan(tmp_path: Path, **overrides: Any) -> tuple[Path, Path]:
+    """A saved plan of a small JSONL source with metadata; ``overrides`` replace plan fields first."""
+    from dataclasses import replace
+
+    src = png_folder(tmp_path / "src", 6)
+    lines = [json.dumps({"path": f"{'cat' if i % 2 else 'dog'}/{i:03d}.png", "label": i % 2, "metadata": {"i": i}})
+             for i in range(6)]
+    manifest = src / "list.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    plan = make_plan(list_source(manifest, None), BuildOptions(shard_size=8192))
+    plan = replace(plan, **overrides)
+    path = tmp_path / "plan.pkp"
+    save_plan(plan, path)
+    return path, src
+
+
+def test_loaded_plan_keeps_the_metadata(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    loaded = load_plan(path, src)
+    assert [json.loads(loaded.listing.metadata(i)) for i in range(6)] == [{"i": i} for i in range(6)]
+    assert loaded.source == "" and loaded.first_shard_number == 0
+
+
+@pytest.mark.parametrize("what", ["order-short", "order-high", "order-negative", "starts-not-at-0", "starts-short",
+                                  "starts-decrease", "starts-empty"])
+def test_an_inconsistent_plan_is_refused(tmp_path: Path, what: str) -> None:
+    overrides: dict[str, Any] = {
+        "order-short": {"order": np.arange(5)},
+        "order-high": {"order": np.array([0, 1, 2, 3, 4, 6])},
+        "order-negative": {"order": np.array([0, 1, 2, 3, 4, -1])},
+        "starts-not-at-0": {"shard_starts": np.array([1, 3, 6])},
+        "starts-short": {"shard_starts": np.array([0, 3, 5])},
+        "starts-decrease": {"shard_starts": np.array([0, 4, 3, 6])},
+        "starts-empty": {"shard_starts": np.zeros(0, dtype=np.int64)},
+    }[what]
+    path, src = _saved_plan(tmp_path, **overrides)
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message == f"the saved build plan is inconsistent; delete {tmp_path} to start over"
+    assert caught.value.path == str(path)
+
+
+def test_plan_edges_that_are_accepted(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path, order=np.array([5, 4, 3, 2, 1, 0]), shard_starts=np.array([0, 6]))
+    assert load_plan(path, src).order.tolist() == [5, 4, 3, 2, 1, 0]
+
+
+def _rewrite_header(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    rows, columns = fmt.parse_column_file(path.read_bytes(), fmt.PLAN_MAGIC)
+    header = json.loads(columns["header"].tobytes())
+    change(header)
+    columns = {name: np.array(column) for name, column in columns.items()}
+    columns["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    path.write_bytes(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, columns)))
+
+
+def test_plan_header_defaults_and_unusable_headers(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    _rewrite_header(path, lambda h: (h.pop("source"), h.pop("first_shard_number")))
+    loaded = load_plan(path, src)  # a plan written before these fields existed
+    assert loaded.source == "" and loaded.first_shard_number == 0
+    _rewrite_header(path, lambda h: h["options"].update(bogus=1))
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message.startswith("the saved build plan is unusable (TypeError(")
+    assert caught.value.message.endswith(f"); delete {tmp_path} to start over") and caught.value.path == str(path)
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(BuildError) as damaged:
+        load_plan(path, src)
+    assert damaged.value.message == (f"the saved build plan is damaged ({path}: plan file is 40 bytes, shorter than its "
+                                     f"64-byte header); delete {tmp_path} to start over")
+    with pytest.raises(BuildError) as unreadable:
+        load_plan(tmp_path / "nope.pkp", src)
+    assert unreadable.value.path == str(tmp_path / "nope.pkp")
+
+
+def test_make_plan_edges(tmp_path: Path) -> None:
+    listing = list_source(png_folder(tmp_path / "src", 3), None)
+    plan = make_plan(listing, BuildOptions(shard_size=4096, alignment=4096))  # shard size == alignment is allowed
+    assert plan.source == "" and plan.shard_count == 3 and plan.first_shard_number == 0
+    empty = plan_shards(np.zeros(0, dtype=np.uint64), 1, 64)
+    assert empty.dtype == np.int64
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 64).tolist() == [0, 1, 2, 3]  # no room after the header
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 65).tolist() == [0, 1, 2, 3]
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 66).tolist() == [0, 2, 3]
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(codec="nope").check()
+    assert caught.value.message == "unknown codec 'nope'; available: jpeg, passthrough, raw, tiled"
