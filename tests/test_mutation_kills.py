@@ -1201,3 +1201,22 @@ def test_make_plan_edges(tmp_path: Path) -> None:
     with pytest.raises(OptionError) as caught:
         BuildOptions(codec="nope").check()
     assert caught.value.message == "unknown codec 'nope'; available: jpeg, passthrough, raw, tiled"
+
+
+def test_plan_consistency_edges(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from packer.build.sources import select_rows
+
+    path, src = _saved_plan(tmp_path, shard_starts=np.array([0, 3, 3, 6]))
+    assert load_plan(path, src).shard_starts.tolist() == [0, 3, 3, 6]  # an empty planned shard is tolerated
+    listing = list_source(png_folder(tmp_path / "src2", 2), None)
+    empty = make_plan(select_rows(listing, np.zeros(2, dtype=bool)), BuildOptions())
+    assert empty.shard_starts.tolist() == [0]
+    save_plan(empty, tmp_path / "empty.pkp")
+    assert load_plan(tmp_path / "empty.pkp", src).shard_count == 0
+    plan = make_plan(listing, BuildOptions())
+    short_labels = replace(plan, listing=replace(plan.listing, labels=plan.listing.labels[:-1]))
+    save_plan(short_labels, tmp_path / "labels.pkp")
+    with pytest.raises(BuildError, match="inconsistent"):
+        load_plan(tmp_path / "labels.pkp", src)
