@@ -1220,3 +1220,105 @@ def test_plan_consistency_edges(tmp_path: Path) -> None:
     save_plan(short_labels, tmp_path / "labels.pkp")
     with pytest.raises(BuildError, match="inconsistent"):
         load_plan(tmp_path / "labels.pkp", src)
+
+
+# === imageinfo =================================================================================
+
+import io as _io  # noqa: E402
+
+from packer.errors import RejectedImageError  # noqa: E402
+from packer.imageinfo import probe_image  # noqa: E402
+
+
+def _encoded(fmt_name: str, **options: Any) -> bytes:
+    rng = np.random.default_rng(7)
+    buffer = _io.BytesIO()
+    if fmt_name == "GIF":
+        frames = [Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).convert("P") for _ in range(3)]
+        frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=40)
+    else:
+        Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(buffer, fmt_name, **options)
+    return buffer.getvalue()
+
+
+def _exif_jpeg() -> bytes:
+    """A JPEG whose EXIF segment holds a whole JPEG thumbnail (so an FF D9 sits before the scan)."""
+    thumb = _encoded("JPEG", quality=50)
+    app1 = b"Exif\x00\x00" + thumb
+    segment = b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1
+    main = _encoded("JPEG", quality=90)
+    return main[:2] + segment + main[2:]
+
+
+IMAGES = {"jpeg": lambda: _encoded("JPEG", quality=90), "jpeg-exif": _exif_jpeg,
+          "jpeg-restart": lambda: _encoded("JPEG", quality=90, restart_marker_blocks=1),
+          "png": lambda: _encoded("PNG"), "gif": lambda: _encoded("GIF"), "bmp": lambda: _encoded("BMP"),
+          "webp": lambda: _encoded("WEBP", quality=80)}
+
+
+@pytest.mark.parametrize("kind", sorted(IMAGES))
+def test_every_cut_is_refused_and_appended_bytes_are_not(kind: str) -> None:
+    data = IMAGES[kind]()
+    probe_image(data, name=f"ok.{kind}")
+    # a PNG cut inside its IEND chunk's CRC still holds every pixel: only cuts before "IEND" count
+    end = len(data) - 8 if kind == "png" else len(data)
+    cuts = sorted(set(range(1, end, max(1, len(data) // 97))) | {end - 1, end - 2, 8, 13})
+    for cut in cuts:
+        with pytest.raises(RejectedImageError) as caught:
+            probe_image(data[:cut], name=f"cut.{kind}")
+        assert caught.value.reason in ("truncated", "not-an-image", "decode-failed"), (kind, cut)
+        assert caught.value.path == f"cut.{kind}"
+    if kind.startswith(("jpeg", "png", "gif")):  # bytes after the end (a phone's motion photo) are fine
+        probe_image(data + bytes(range(200)) * 2, name=f"long.{kind}")
+
+
+def test_truncation_messages() -> None:
+    png = IMAGES["png"]()
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(png[:-12], name="x.png")
+    assert caught.value.reason == "truncated"
+    idat = png.rindex(b"IDAT") - 4
+    assert caught.value.message == (f"PNG has no IEND chunk: expected chunks up to IEND, but the file ({len(png) - 12} "
+                                    f"bytes) ends after 'IDAT' at offset {idat}: the file is truncated")
+    probe_image(png + bytes(100), name="x.png")  # bytes after IEND: the chunk walk finds IEND
+    jpeg = IMAGES["jpeg-exif"]()
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(jpeg[:-2] + bytes(100), name="x.jpg")
+    assert caught.value.message == ("JPEG has no end-of-image marker (FF D9) in its last 64 bytes, nor after the start "
+                                    f"of its scan data: the file ({len(jpeg) + 98} bytes) is truncated")
+    probe_image(jpeg + bytes(100), name="x.jpg")  # its end is found after the scan, not in the thumbnail
+    gif = IMAGES["gif"]()
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(gif[:-1], name="x.gif")
+    assert caught.value.message == ("GIF ends without its trailer byte (0x3B) after 3 complete frame(s): expected the "
+                                    f"block structure to end with 0x3B within the file ({len(gif) - 1} bytes): "
+                                    "the file is truncated")
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(gif[:12], name="x.gif")
+    assert caught.value.reason == "truncated"
+
+
+@pytest.mark.parametrize("data, text", [
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:0\n",
+     "a git-LFS pointer file (the image was never fetched: run `git lfs pull`)"),
+    (b"  \n<!DOCTYPE html><html></html>", "an HTML page (a failed download?)"),
+    (b"\t<HTML><body>403</body></HTML>", "an HTML page (a failed download?)"),
+    (b"hello, this is plain text and more", "bytes starting b'hello, this is p'"),
+])
+def test_not_an_image_says_what_it_looks_like(data: bytes, text: str) -> None:
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(data, name="a.jpg")
+    assert caught.value.reason == "not-an-image" and caught.value.path == "a.jpg"
+    assert caught.value.message == f"expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image, found {text}"
+
+
+def test_full_validation_names_damaged_pixels() -> None:
+    png = bytearray(IMAGES["png"]())
+    start = png.index(b"IDAT") + 4
+    png[start + 2:start + 40] = bytes(38)  # zlib data damaged, the header intact
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(bytes(png), name="d.png", validate="full")
+    assert caught.value.path == "d.png"
+    assert caught.value.reason in ("decode-failed", "truncated")
+    assert caught.value.message.startswith("PNG ")
+    assert probe_image(IMAGES["png"](), validate="full").channels == 3
