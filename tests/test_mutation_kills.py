@@ -1322,3 +1322,13 @@ def test_full_validation_names_damaged_pixels() -> None:
     assert caught.value.reason in ("decode-failed", "truncated")
     assert caught.value.message.startswith("PNG ")
     assert probe_image(IMAGES["png"](), validate="full").channels == 3
+
+
+@pytest.mark.parametrize("options", [{}, {"compression": "tiff_lzw"}, {"compression": "tiff_deflate"}])
+def test_every_cut_of_a_tiff_is_refused(options: dict[str, Any]) -> None:
+    data = _encoded("TIFF", **options)
+    probe_image(data, name="ok.tif")
+    for cut in sorted(set(range(1, len(data), max(1, len(data) // 97))) | {len(data) - 1, 8, 9}):
+        with pytest.raises(RejectedImageError) as caught:
+            probe_image(data[:cut], name="cut.tif")
+        assert caught.value.reason in ("truncated", "not-an-image", "decode-failed"), cut
