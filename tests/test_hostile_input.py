@@ -924,7 +924,11 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
         # "Exception ignored in ..." (an unraisable error, printed by the interpreter; nothing can
         # catch it). Only that report is tolerated; any other traceback fails.
         assert "Traceback" not in _without_unraisable_reports(err), (extra, err)
-        assert process.returncode in (0, 130), (extra, process.returncode, err)
+        finished = (tmp_path / f"o{i}" / "manifest.json").exists() and "packed " in err
+        # A Ctrl-C after the build committed, while the interpreter shuts down, ends it by the
+        # signal's default action (-SIGINT): the dataset is complete, nothing is lost.
+        assert process.returncode in (0, 130) or (finished and process.returncode == -signal.SIGINT), (
+            extra, process.returncode, err)
         if process.returncode == 130:
             assert err.strip().splitlines()[-1] == "interrupted", err
     assert outcomes.count(130) >= 2, outcomes

@@ -499,7 +499,7 @@ from packer.build.records import RECORD_COLUMNS, read_record, record_path, write
 from packer.build.sources import list_source  # noqa: E402
 from packer.build.staging import PLAN_NAME, STAGING_DIR  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
-from packer.errors import BuildError, OptionError  # noqa: E402
+from packer.errors import BuildError, EmptySourceError, OptionError  # noqa: E402
 
 
 def png_folder(root: Path, count: int, *, seed: int = 0, bad: int = 0) -> Path:
@@ -555,10 +555,11 @@ def test_records_round_trip_and_distrust(tmp_path: Path) -> None:
     assert record_path(out, 7) == out / STAGING_DIR / "done" / "shard-00007.pkr"
     rows = {"source": [3, 1], "offset": [4096, 8192], "size": [100, 200], "checksum": [2**64 - 1, 5],
             "width": [640, 2**32 - 1], "height": [480, 1], "channels": [3, 1], "image_format": [1, 2]}
-    shard = out / "shards" / "s.pks"
+    name = fmt.shard_file_name(7, 0x1234)  # records trust only paths that are shard names
+    shard = out / name
     shard.parent.mkdir()
     shard.write_bytes(bytes(12288))
-    header = {"plan": fmt.checksum_hex(42), "sample_count": 2, "path": "shards/s.pks", "size": 12288}
+    header = {"plan": fmt.checksum_hex(42), "sample_count": 2, "path": name, "size": 12288, "rejected": []}
     path = record_path(out, 7)
     write_record(path, header, rows)
     found = read_record(path, 42, out)
@@ -575,7 +576,7 @@ def test_records_round_trip_and_distrust(tmp_path: Path) -> None:
     assert read_record(record_path(out, 8), 42, out) is None, "no record"
     shard.unlink()
     assert read_record(path, 42, out) is None, "its shard file is gone"
-    empty = {"plan": fmt.checksum_hex(42), "sample_count": 0}
+    empty = {"plan": fmt.checksum_hex(42), "sample_count": 0, "rejected": []}
     write_record(path, empty, {name: [] for name in RECORD_COLUMNS})
     assert read_record(path, 42, out)[0] == empty, "an all-rejected shard needs no file"
     path.write_bytes(path.read_bytes()[:-3])
@@ -617,10 +618,12 @@ def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
     for i in range(3):
         (src / "a" / f"{i}.png").write_bytes(b"text, not a png")
     (src / "a" / "empty.jpg").write_bytes(b"")
-    with pytest.raises(BuildError) as caught:
+    with pytest.raises(EmptySourceError) as caught:
         build(src, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
-    assert caught.value.message == ("every one of the 4 source files was rejected (1 empty-file, 3 not-an-image); "
-                                    "nothing to pack")
+    assert caught.value.message.startswith(
+        "every one of the 4 listed source files was rejected; nothing to pack (4 rejected: 3 not-an-image (e.g. ")
+    assert "1 empty-file (e.g. a/empty.jpg" in caught.value.message
+    assert caught.value.message.endswith(f"every rejection is in {tmp_path / 'ds' / fmt.REPORT_NAME}")
     assert caught.value.path == str(tmp_path / "ds")
     assert not (tmp_path / "ds" / fmt.MANIFEST_NAME).exists()
 
@@ -642,8 +645,12 @@ def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
     assert plan is None, "the staging folder is removed after the commit"
     from packer import __version__
 
+    probes = {path.relative_to(src).as_posix(): path.stat().st_size  # every listed file (<= 16 of them)
+              for path in sorted((src / "cat").iterdir()) + sorted((src / "dog").iterdir())}
     summary = {"options": options.to_json(), "source_kind": "folder", "source_files": 9, "packed": 6, "rejected": 3,
-               "planned_shards": result.summary["planned_shards"], "tool": f"packer {__version__}"}
+               "planned_shards": result.summary["planned_shards"], "tool": f"packer {__version__}",
+               "label_type": "str", "source": "src", "source_probes": probes,
+               "classes_checksum": fmt.class_list_checksum(("cat", "dog"))}
     assert result.summary == summary and manifest.build == summary
     assert summary["planned_shards"] >= result.shard_count >= 2
     lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
@@ -692,13 +699,17 @@ def test_build_options_are_checked_by_name(changes: dict[str, Any], message: str
     assert caught.value.message == message
 
 
+from packer.build.plan import DEFAULT_MAX_FILE_SIZE  # noqa: E402
+
+
 def test_build_options_edges_are_accepted() -> None:
     BuildOptions(alignment=1, shard_size=1, max_pixels=1, validate="full").check()
     BuildOptions(alignment=fmt.MAX_ALIGNMENT, shard_size=fmt.MAX_ALIGNMENT).check()
     BuildOptions(shard_size=fmt.MAX_FILE_SIZE - 1).check()
     assert BuildOptions().to_json() == {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
                                         "seed": 0, "codec": "passthrough", "validate": "header",
-                                        "max_pixels": BuildOptions().max_pixels}
+                                        "max_pixels": BuildOptions().max_pixels,
+                                        "max_file_size": DEFAULT_MAX_FILE_SIZE}
     assert DEFAULT_SHARD_SIZE == 512 << 20
     with pytest.raises(OptionError, match="codec"):
         BuildOptions(codec="nope").check()
@@ -885,7 +896,9 @@ def test_manifest_dump_is_utf8_and_refuses_nan() -> None:
     manifest = fmt.parse_manifest(json.dumps(manifest_dict(classes=["café"])).encode())
     text = fmt.dump_manifest(manifest)
     assert "café".encode("utf-8") in text and b"\\u00e9" not in text
-    bad = fmt.Manifest(**{**manifest.__dict__, "build": {"x": float("nan")}})
+    informational = fmt.Manifest(**{**manifest.__dict__, "build": {"x": float("nan")}})
+    assert b'"x": null' in fmt.dump_manifest(informational)  # informational fields: strict JSON, never NaN
+    bad = fmt.Manifest(**{**manifest.__dict__, "codec": {"name": "passthrough", "x": float("nan")}})
     with pytest.raises(ValueError):
         fmt.dump_manifest(bad)
     with pytest.raises(ValueError, match=f"^shard number -1 outside 0..{fmt.MAX_SHARD_NUMBER}$"):

@@ -123,7 +123,7 @@ def recorded_max_pixels(*limits: int | None) -> int | None:
 
 
 def _report_lines(build_info: dict[str, Any], rejected: Sequence[Rejection]) -> bytes:
-    lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True, allow_nan=False)]
+    lines = [json.dumps({"type": "summary", **build_info}, sort_keys=True, allow_nan=False, ensure_ascii=False)]
     lines += [json.dumps({"type": "rejected", **r.to_json()}, sort_keys=True, ensure_ascii=False)
               for r in sorted(rejected, key=lambda r: r.key.encode("utf-8", "surrogateescape"))]
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")

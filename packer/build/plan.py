@@ -26,7 +26,7 @@ from .. import format as fmt
 from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
 from ..classes import load_class_list
-from ..errors import BuildError, FormatError, OptionError, PackerError
+from ..errors import BuildError, DatasetChangedError, FormatError, OptionError, PackerError
 from .sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -87,7 +87,7 @@ class BuildOptions:
         try:
             fmt.check_alignment(self.alignment)  # the format's rule, one place
         except FormatError as exc:
-            raise OptionError(f"--alignment: {exc.message}") from None
+            raise OptionError(f"--{exc.message}") from None  # "--alignment must be a power of two ..."
         if not isinstance(self.shard_size, int) or not self.alignment <= self.shard_size < fmt.MAX_FILE_SIZE:
             raise OptionError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
                               f"2^62, got {self.shard_size}")
@@ -209,6 +209,8 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
     try:
         # Inside OUT, a regular file (a FIFO planted here must not hang --resume), bounded.
         data = read_capped(path.parent, path.name, fmt.MAX_FILE_SIZE)
+    except DatasetChangedError:  # files.open_inside's word for a missing file: here, no saved plan
+        raise BuildError("cannot read the build plan: No such file or directory", path=path) from None
     except PackerError as exc:
         raise BuildError(f"cannot read the build plan: {exc.message}", path=path) from None
     try:
