@@ -15,8 +15,11 @@ JPEG (and MPO, whose first image is decoded):
     Pillow fails too is it an error. Both decoders run libjpeg-turbo with the same settings;
     on the files tested their RGB outputs are identical.
 
-PNG, WEBP, GIF, BMP, TIFF (through Pillow), first frame only for animated GIF and WEBP and
-multi-page TIFF. By Pillow mode:
+PNG, WEBP, GIF, BMP, TIFF, and every other format the build accepted through Pillow (PPM,
+JPEG 2000, AVIF, TGA, ICO, PSD, QOI, ...: ``packer.pillowformats``), first frame only for animated
+GIF and WEBP, multi-page TIFF and multi-image files (an ICO decodes its largest image, as Pillow
+opens it). Bytes whose format is not given (``None``/``UNKNOWN``) and has no core signature are
+identified by Pillow. By Pillow mode:
     * ``RGB``: as stored. Pillow reads 16-bit-per-channel colour PNG and TIFF files as 8-bit
       ``RGB``/``RGBA`` already, keeping the high byte of each sample.
     * ``RGBA``, ``RGBX``, ``LA``, ``PA`` (and the rare premultiplied ``RGBa``, ``La``): the
@@ -55,6 +58,8 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
+from .pillowformats import PILLOW_ONLY_FORMATS, load_pillow_format
+
 from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
                         plugin_factory)
 
@@ -105,6 +110,10 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         return _decode_jpeg(view, path, max_pixels)
     if image_format in _PILLOW_FORMATS:
         return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels)
+    if image_format in PILLOW_ONLY_FORMATS or image_format == ImageFormat.UNKNOWN and len(view) > 2:
+        # every other format Pillow decodes (packer/pillowformats.py); UNKNOWN: Pillow identifies it
+        fallback = ImageFormat.OTHER if image_format == ImageFormat.UNKNOWN else int(image_format)
+        return _to_rgb(load_pillow_format(view, fallback, path=path, max_pixels=max_pixels))
     if image_format == ImageFormat.RAW:
         raise DecodeError(
             "image_format 7 (raw) holds undecoded pixels without a shape; reshape the payload "
@@ -114,8 +123,9 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
             f"expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image, found bytes starting "
             f"{bytes(view[:16])!r}", path=path)
     raise DecodeError(
-        f"unknown image_format {image_format}; decodable values are 1 to 6 (jpeg, png, webp, "
-        f"gif, bmp, tiff), or None to detect the format", path=path)
+        f"unknown image_format {image_format}; decodable values are 1 to 6 and 8 to 38 (jpeg, png, "
+        f"webp, gif, bmp, tiff, and the formats of packer.pillowformats), 255 (other), or None to detect "
+        f"the format", path=path)
 
 
 def decode_jpeg_rgb(data: ImageBytes, *, name: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:

@@ -133,8 +133,10 @@ _COLUMN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 class ImageFormat:
     """Values of the ``image_format`` index column: what the payload bytes are.
 
-    Values 8-255 are reserved: a reader treats a value missing from ``NAMES`` as ``UNKNOWN``
-    and never refuses a dataset for it (new formats are a compatible addition).
+    Values 8-38 name the other formats Pillow decodes (one per Pillow plugin) and 255 is
+    ``OTHER`` (decoded by a Pillow plugin with no value here); 39-254 are reserved: a reader
+    treats a value missing from ``NAMES`` as ``UNKNOWN`` and never refuses a dataset for it
+    (new formats are a compatible addition).
     """
 
     UNKNOWN = 0
@@ -145,9 +147,22 @@ class ImageFormat:
     BMP = 5
     TIFF = 6
     RAW = 7  # decoded uint8 pixels, HWC (codec "raw")
+    # 8-63: other formats Pillow decodes, one value per Pillow plugin (SPEC.md §5, the table);
+    # OTHER: a format some Pillow plugin decoded that has no value of its own (a decoder sniffs).
+    OTHER = 255
 
-    NAMES = {0: "unknown", 1: "jpeg", 2: "png", 3: "webp", 4: "gif", 5: "bmp", 6: "tiff", 7: "raw"}
-    BY_PIL_NAME = {"JPEG": 1, "MPO": 1, "PNG": 2, "WEBP": 3, "GIF": 4, "BMP": 5, "TIFF": 6}
+    NAMES = {0: "unknown", 1: "jpeg", 2: "png", 3: "webp", 4: "gif", 5: "bmp", 6: "tiff", 7: "raw",
+             8: "ppm", 9: "jpeg2000", 10: "avif", 11: "heif", 12: "tga", 13: "ico", 14: "cur", 15: "psd",
+             16: "qoi", 17: "dds", 18: "sgi", 19: "pcx", 20: "sun", 21: "xbm", 22: "xpm", 23: "icns",
+             24: "fits", 25: "blp", 26: "dcx", 27: "fli", 28: "ftex", 29: "gbr", 30: "im", 31: "imt",
+             32: "mcidas", 33: "msp", 34: "pcd", 35: "pixar", 36: "spider", 37: "xvthumb", 38: "dib",
+             255: "other"}
+    BY_PIL_NAME = {"JPEG": 1, "MPO": 1, "PNG": 2, "WEBP": 3, "GIF": 4, "BMP": 5, "TIFF": 6,
+                   "PPM": 8, "JPEG2000": 9, "AVIF": 10, "HEIF": 11, "TGA": 12, "ICO": 13, "CUR": 14,
+                   "PSD": 15, "QOI": 16, "DDS": 17, "SGI": 18, "PCX": 19, "SUN": 20, "XBM": 21, "XPM": 22,
+                   "ICNS": 23, "FITS": 24, "BLP": 25, "DCX": 26, "FLI": 27, "FTEX": 28, "GBR": 29, "IM": 30,
+                   "IMT": 31, "MCIDAS": 32, "MSP": 33, "PCD": 34, "PIXAR": 35, "SPIDER": 36, "XVTHUMB": 37,
+                   "DIB": 38}
 
 
 # Index v1 columns: name -> (dtype, length rule). "N" = one per sample, "N+1" = blob offsets,

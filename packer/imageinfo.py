@@ -16,8 +16,9 @@ download:
 
 A file that starts with a supported signature but whose header Pillow cannot parse is
 ``truncated`` when one of these checks (or Pillow) says it ends early, else ``decode-failed``.
-A file with no supported signature is ``unsupported-format`` if Pillow identifies it as some
-other format (PPM, ICO, PSD, ...) and ``not-an-image`` otherwise.
+A file with no core signature goes to Pillow's own identification: any other format Pillow
+opens and decodes is accepted and checked by ``packer.pillowformats`` (which decodes it), one
+it identifies but cannot decode is ``unsupported-format``, and anything else ``not-an-image``.
 
 ``validate="full"`` also decodes the first frame with Pillow: a full decode per file, so it is
 opt-in. A header giving a zero width or height is ``not-an-image``.
@@ -55,6 +56,7 @@ from PIL import Image, ImageMode
 
 from .errors import RejectedImageError
 from .format import ImageFormat
+from .pillowformats import CORE_FORMATS, accept_pillow_format
 
 __all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image",
            "detect_format", "byte_view", "open_with_plugin", "plugin_factory", "pillow_limit_raised"]
@@ -198,11 +200,8 @@ def _check_opened(view: bytes | memoryview, img: Image.Image, pil_format: str, p
     """The checks after Pillow parsed the header (split out so every failure maps to a reason)."""
     # Trust what Pillow parsed over the magic-byte guess (an unusual BMP header, say).
     image_format = ImageFormat.BY_PIL_NAME.get(pil_format, ImageFormat.UNKNOWN)
-    if image_format == ImageFormat.UNKNOWN:
-        raise RejectedImageError(
-            "unsupported-format",
-            f"expected {_EXPECTED_TEXT}, found {pil_format or 'an unnamed format'} (as Pillow "
-            f"identifies it), which packer does not accept", path=path)
+    if image_format not in CORE_FORMATS:  # any other format Pillow decodes: packer/pillowformats.py
+        image_format = accept_pillow_format(img, view, path=path, max_pixels=max_pixels)
 
     width, height = img.size
     if type(width) is not int or type(height) is not int:  # noqa: E721 - bool/float are wrong

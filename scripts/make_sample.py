@@ -147,7 +147,7 @@ BAD_FILES = {
     "bad_truncated.jpg": "truncated",
     "bad_text.jpg": "not-an-image",
     "bad_lfs_pointer.png": "not-an-image",
-    "bad_image.ppm": "unsupported-format",
+    "bad_hdf5_stub.h5": "unsupported-format",  # Pillow identifies HDF5 but cannot decode it
     "bad_dangling.jpg": "dangling-symlink",
     ".DS_Store": "hidden-file",
 }
@@ -185,7 +185,7 @@ def add_bad_files(root: Path) -> dict[str, str]:
     rng = np.random.default_rng(12345)
     noise = rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
     valid_jpeg = _save(Image.fromarray(noise), "JPEG", quality=95)
-    ppm = _save(Image.fromarray(noise[:16, :16]), "PPM")
+    hdf5 = b"\x89HDF\r\n\x1a\n" + bytes(504)  # the HDF5 signature: Pillow's stub plugin, no decoder
 
     contents = {
         (folder(0), "bad_empty.jpg"): b"",
@@ -193,7 +193,7 @@ def add_bad_files(root: Path) -> dict[str, str]:
         (folder(0), "bad_truncated.jpg"): valid_jpeg[: len(valid_jpeg) // 2],
         (folder(1), "bad_text.jpg"): b"This is not a JPEG, just some text with a .jpg name.\n",
         (folder(1), "bad_lfs_pointer.png"): _LFS_POINTER,
-        (folder(2), "bad_image.ppm"): ppm,
+        (folder(2), "bad_hdf5_stub.h5"): hdf5,
         (folder(0), ".DS_Store"): _DS_STORE,
     }
     written: dict[str, str] = {}

@@ -74,7 +74,7 @@ def make_messy_folder(root: Path, outside: Path) -> tuple[dict[str, str], set[st
     put("cats/rgba.png", _image_bytes("PNG", "RGBA", seed=9))
     put("cats/no_extension", png)
     put("cats/png_named.jpg", png)  # wrong extension: the bytes decide
-    put("cats/image.ppm", _image_bytes("PPM", seed=10), "unsupported-format")
+    put("cats/image.ppm", _image_bytes("PPM", seed=10))  # any format Pillow decodes is packed
     put("cats/café ☕ 猫.jpg", jpeg)
     put("cats/with  spaces .png", png)
     put("cats/" + "x" * 251 + ".png", png)  # a 255-byte name, the usual limit

@@ -52,7 +52,7 @@ logger = logging.getLogger("packer.build")
 REJECTION_REASONS = {
     "empty-file": "the file has zero bytes",
     "not-an-image": "the bytes are not an image Pillow can identify",
-    "unsupported-format": "an image format packer does not pack (JPEG, PNG, WEBP, GIF, BMP, TIFF are)",
+    "unsupported-format": "an image format Pillow identifies but cannot decode here (EPS without Ghostscript, stubs)",
     "truncated": "the image ends early",
     "decode-failed": ("the image could not be decoded (--validate full), or a header field has an invalid "
                       "type, count or value"),

@@ -1,0 +1,98 @@
+"""Formats beyond the core six: packed when Pillow decodes them, decoded, and refused by readers that cannot."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer.build import build
+from packer.build.plan import BuildOptions
+from packer.dataset import open_dataset
+from packer.decode import decode_image
+from packer.errors import DecodeError, RejectedImageError
+from packer.format import ImageFormat
+from packer.imageinfo import probe_image
+from packer.pillowformats import check_decodable, decodable_by
+
+PIXELS = np.random.default_rng(3).integers(0, 255, (12, 17, 3), dtype=np.uint8)
+# Formats Pillow writes losslessly (so decoded pixels can be compared with the source).
+LOSSLESS = ["PPM", "TGA", "QOI", "SGI", "PCX"]
+
+
+def encode(fmt: str, pixels: np.ndarray = PIXELS) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", LOSSLESS)
+def test_probe_and_decode_lossless_formats(fmt: str) -> None:
+    data = encode(fmt)
+    info = probe_image(data, name=f"x.{fmt}")
+    assert info.image_format == ImageFormat.BY_PIL_NAME[fmt] and (info.width, info.height) == (17, 12)
+    assert np.array_equal(decode_image(data, info.image_format), PIXELS)
+    assert np.array_equal(decode_image(data), PIXELS)  # no hint: Pillow identifies the bytes
+
+
+@pytest.mark.parametrize("fmt", ["PPM", "TGA", "SGI", "PCX"])
+def test_truncated_other_formats_are_rejected(fmt: str) -> None:
+    data = encode(fmt, np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    with pytest.raises(RejectedImageError) as info:
+        probe_image(data[: len(data) // 2])
+    assert info.value.reason == "truncated"
+
+
+def test_pixel_limit_applies_before_decoding() -> None:
+    with pytest.raises(RejectedImageError) as info:
+        probe_image(encode("PPM"), max_pixels=100)
+    assert info.value.reason == "too-many-pixels"
+    with pytest.raises(DecodeError, match="over the limit"):
+        decode_image(encode("PPM"), ImageFormat.BY_PIL_NAME["PPM"], max_pixels=100)
+
+
+def test_stub_format_is_unsupported() -> None:
+    with pytest.raises(RejectedImageError) as info:
+        probe_image(b"\x89HDF\r\n\x1a\n" + bytes(504))
+    assert info.value.reason == "unsupported-format" and "HDF5" in info.value.message
+
+
+def test_wrong_hint_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="TGA|cannot"):
+        decode_image(encode("PPM"), ImageFormat.BY_PIL_NAME["TGA"], name="s")
+
+
+def test_build_packs_and_readers_decode_or_refuse(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    files = {f"a/img.{fmt.lower()}": encode(fmt) for fmt in LOSSLESS}
+    files["a/photo.jpg"] = encode("JPEG")
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    result = build(src, tmp_path / "ds", BuildOptions(shard_size=1 << 16), workers=1, progress=False)
+    assert result.sample_count == len(files) and not result.rejected
+    with open_dataset(tmp_path / "ds") as ds:
+        formats = ds.index.image_format
+        for i in range(len(ds)):
+            key = ds.key(i)
+            assert ds.read(i) == files[key]
+            assert ImageFormat.NAMES[int(formats[i])] == key.rsplit(".", 1)[1].replace("jpg", "jpeg")
+            if not key.endswith(".jpg"):
+                assert np.array_equal(decode_image(ds.read(i), int(formats[i])), PIXELS)
+        check_decodable(formats, "cpu")
+        with pytest.raises(DecodeError, match=r"DALI.*1 tga.*1 qoi|DALI.*1 qoi"):
+            check_decodable(formats, "dali")
+        with pytest.raises(DecodeError, match="nvJPEG"):
+            check_decodable(formats, "nvjpeg")
+
+
+def test_reader_table() -> None:
+    assert ImageFormat.JPEG in decodable_by("nvjpeg") and ImageFormat.PNG not in decodable_by("nvjpeg")
+    assert ImageFormat.BY_PIL_NAME["PPM"] in decodable_by("dali")
+    assert ImageFormat.BY_PIL_NAME["TGA"] not in decodable_by("dali")
+    assert ImageFormat.RAW not in decodable_by("cpu")
+    with pytest.raises(ValueError):
+        decodable_by("opencv")
