@@ -22,6 +22,7 @@ from ..errors import BuildError, PackerError, RejectedImageError
 from ..files import open_nonblocking, read_fd_capped
 from ..imageinfo import probe_image
 from .atomic import fsync_dir
+from .members import MemberReader
 from .plan import BuildOptions, BuildPlan
 from .records import RECORD_COLUMNS, read_record, record_path, write_record
 from .sources import Rejection, file_stamp
@@ -96,13 +97,16 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     pending_files = pending_bytes = 0
     last_report = time.monotonic()
     try:
-        with open(temp, "wb", buffering=8 << 20) as handle:
+        with open(temp, "wb", buffering=8 << 20) as handle, MemberReader(listing.members) as archive:
             handle.write(bytes(position))
             for source_index in members.tolist():
                 key = listing.key(source_index)
+                # an archive source's member is read by offset (build/members.py); a file by path
+                member = (archive.read(source_index, int(listing.sizes[source_index]))
+                          if listing.members is not None else None)
                 payload, info, rejection, note = _load_and_check(
                     listing.root, key, int(listing.sizes[source_index]), options, codec,
-                    listing.stamp(source_index))
+                    listing.stamp(source_index), member=member)
                 pending_files += 1
                 if note is not None:
                     notes[note] = notes.get(note, 0) + 1
@@ -241,12 +245,18 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
 
 
 def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any,
-                    listed_stamp: int = 0) -> tuple[bytes, Any, Rejection | None, str | None]:
+                    listed_stamp: int = 0, member: tuple[bytes, str, str] | None = None
+                    ) -> tuple[bytes, Any, Rejection | None, str | None]:
     """Read one source file and check it; a bad file becomes a Rejection, never an exception.
 
+    ``member``: an archive member already read (``MemberReader.read``: data, reason, message).
     Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
     (``Codec.note``), counted in the build summary, or None.
     """
+    if member is not None:
+        if member[1]:
+            return b"", None, Rejection(key, member[1], member[2]), None
+        return _check(member[0], key, options, codec)
     path = root / key
     if listed_size > options.max_file_size:
         return b"", None, Rejection(key, "file-too-large",
@@ -255,12 +265,22 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
     data = _read_listed(path, key, listed_size, listed_stamp)
     if isinstance(data, Rejection):
         return b"", None, data, None
+    return _check(data, key, options, codec, quote_bytes=_inside(root, path))
+
+
+def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_bytes: bool = True
+           ) -> tuple[bytes, Any, Rejection | None, str | None]:
+    """Probe and encode one source's bytes (a file's or an archive member's).
+
+    ``quote_bytes=False`` for a file outside the source (a link to ``/etc/passwd``): a rejection
+    never quotes its bytes.
+    """
     try:
         info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
         message = exc.message
-        if exc.reason == "not-an-image" and not _inside(root, path):
+        if exc.reason == "not-an-image" and not quote_bytes:
             # Never quote the bytes of a file outside the source (a link to /etc/passwd).
             try:
                 probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels,

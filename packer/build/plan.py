@@ -27,6 +27,7 @@ from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
 from ..classes import load_class_list
 from ..errors import BuildError, DatasetChangedError, FormatError, OptionError, PackerError
+from .members import members_columns, members_from_columns, members_header
 from .sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -182,6 +183,8 @@ def _plan_header(plan: BuildPlan) -> bytes:
         "label_type": plan.listing.label_type,
         "warnings": plan.listing.warnings,
     }
+    if plan.listing.members is not None:  # an archive source: where its members live
+        header["members"] = members_header(plan.listing.members)
     return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -197,6 +200,8 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
     }
     if len(listing.stamps) == len(listing.sizes):
         columns["stamps"] = listing.stamps
+    if listing.members is not None:
+        columns.update(members_columns(listing.members))
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
     plan.fingerprint = write_atomic(path, pieces)  # a full disk leaves no partial plan behind
     return plan.fingerprint
@@ -223,7 +228,8 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
             labels=columns["labels"], meta_blob=columns["meta"], meta_offsets=columns["meta_offsets"],
             rejected=[Rejection(**r) for r in header["rejected"]],
             label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])),
-            stamps=columns.get("stamps", np.zeros(0, dtype=np.uint64)))
+            stamps=columns.get("stamps", np.zeros(0, dtype=np.uint64)),
+            members=members_from_columns(columns, header.get("members")))
         order = columns["order"].astype(np.int64)
         starts = columns["shard_starts"].astype(np.int64)
     except PackerError as exc:

@@ -18,8 +18,9 @@ from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsErro
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
-from .sources import list_source
-from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
+from .archives import list_any_source
+from .members import check_unchanged
+from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
 __all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
 
@@ -46,7 +47,8 @@ def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
 
 
 def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
-                 reuse: bool = True, progress: bool = False, strict_classes: bool = False) -> BuildPlan:
+                 reuse: bool = True, progress: bool = False, strict_classes: bool = False,
+                 source_kind: str = "auto", label_field: str = "label") -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
 
     Args:
@@ -71,8 +73,9 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
                 f"or build without --resume to start over", path=out)
         return plan
     with ListingProgress(enabled=progress) as counter:
-        listing = list_source(source, root, progress=counter.update, classes=options.classes,
-                              label_type=options.label_type)
+        listing = list_any_source(source, root, progress=counter.update, spool_dir=staging / SPOOL_DIR,
+                                  source_kind=source_kind, label_field=label_field, classes=options.classes,
+                                  label_type=options.label_type)
     unknown = [r for r in listing.rejected if r.reason == "unknown-class"]
     if strict_classes and unknown:
         raise SourceError(f"{len(unknown)} file(s) are not in the class list (--on-error fail), e.g. "
@@ -103,6 +106,9 @@ def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> 
     a spread of probes catches a part pointed at the wrong folder or a re-generated source.
     """
     listing = plan.listing
+    if listing.members is not None:  # an archive source: the archives themselves must be unchanged
+        check_unchanged(listing.members)
+        return
     count = len(listing)
     for i in sorted({int(x) for x in np.linspace(0, count - 1, num=min(probes, count))}):
         key = listing.key(i)
@@ -166,12 +172,13 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
           *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
           part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
-          address: str | None = None,
+          address: str | None = None, source_kind: str = "auto", label_field: str = "label",
           progress: bool = False) -> BuildResult | None:
     """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
 
     Args:
-        source: an ImageFolder-layout folder, or a ``.csv``/``.jsonl`` manifest.
+        source: an ImageFolder-layout folder, a ``.csv``/``.jsonl`` manifest, or an archive
+            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``build/archives.py``).
         out: the output folder.
         options: everything that changes the output bytes.
         workers: processes packing shards (default: available cores). Output is identical for any value.
@@ -183,6 +190,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         plan_only: list the source and save the plan (for the parts to share), then return None.
         engine: ``"local"`` (process pool) or ``"ray"``.
         address: the Ray cluster address for ``engine="ray"``.
+        source_kind: ``"auto"`` (recognised by content) or a kind of ``archives.SOURCE_KINDS``.
+        label_field: the WebDataset ``.json`` field that holds the label.
         progress: show a tqdm bar on stderr; off by default in the library (the CLI turns it
             on): library calls only log, to the ``packer`` loggers (warnings reach stderr).
 
@@ -198,7 +207,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         raise OptionError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
     options.check()  # before the output folder or its lock file exist
     check_workers(workers)
-    if not source_path.exists():
+    if not source_path.exists() and "{" not in str(source):  # a brace pattern names WebDataset shards
         raise SourceError("source does not exist", path=source_path)
     check_output_outside_source(source_path, out_path)
     # --resume continues a build that was replacing a dataset, or that committed and was killed
@@ -218,7 +227,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         return _build_locked(source_path, out_path, options, root_path, started, workers=workers,
                              overwrite=overwrite, resume=resume, continuing=continuing, on_error=on_error,
                              part=part, plan_only=plan_only, split=split, engine=engine, address=address,
-                             progress=progress)
+                             progress=progress, source_kind=source_kind, label_field=label_field)
     except SourceError:  # the input is unusable: leave no half-made output behind
         _drop_lock_file(out_path, remove_empty=created)
         raise
@@ -227,7 +236,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
 def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root_path: Path | None,
                   started: float, *, workers: int | None, overwrite: bool, resume: bool, continuing: bool,
                   on_error: str, part: tuple[int, int] | None, plan_only: bool, split: bool, engine: str,
-                  address: str | None, progress: bool) -> BuildResult | None:
+                  address: str | None, progress: bool, source_kind: str = "auto",
+                  label_field: str = "label") -> BuildResult | None:
     with build_lock(out_path, shared=split):
         if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
             # Checked again under the lock: another build may have committed since the check above.
@@ -238,7 +248,8 @@ def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
         try:
             plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
-                                progress=progress, strict_classes=on_error == "fail")
+                                progress=progress, strict_classes=on_error == "fail",
+                                source_kind=source_kind, label_field=label_field)
         except EmptySourceError as exc:
             if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
                 record_empty_build(out_path, exc, options.to_json(), source_kind="manifest" if

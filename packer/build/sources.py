@@ -41,6 +41,7 @@ import xxhash
 
 from ..classes import split_folder_warning
 from ..errors import EmptySourceError, OptionError, SourceError
+from .members import MemberTable
 
 __all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
            "REJECTION_REASONS", "LABEL_TYPES", "check_label_type", "rejection_summary", "empty_source_error",
@@ -72,6 +73,10 @@ REJECTION_REASONS = {
     "bad-manifest-row": "a manifest row without a usable path or label",
     "bad-metadata": "a manifest row whose metadata is not a JSON object of finite values",
     "unknown-class": "a class folder or label that is not in the class list given (--classes)",
+    # archive sources (build/archives.py)
+    "oversize-member": "an archive member larger than the member size limit",
+    "decompression-bomb": "a zip member that declares far more bytes than it stores",
+    "unused-member": "a WebDataset member that is neither the sample's image nor a .cls/.json/.txt member",
 }
 
 
@@ -105,6 +110,8 @@ class SourceListing:
         stamps: per entry, ``file_stamp`` (its modification time) at listing (uint64; 0 = not
             recorded), so packing can tell a file rewritten or replaced since it was listed, even
             at the same size. Empty when the listing records none.
+        members: where each entry lives inside an archive source (build/members.py); None for
+            a folder or manifest, whose keys are paths.
     """
 
     root: Path
@@ -124,6 +131,7 @@ class SourceListing:
     def stamp(self, i: int) -> int:
         """Entry ``i``'s ``file_stamp`` at listing time, 0 when not recorded."""
         return int(self.stamps[i]) if len(self.stamps) == len(self.sizes) else 0
+    members: MemberTable | None = None
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -195,6 +203,8 @@ def file_stamp(st: os.stat_result) -> int:
     with ``rsync -a``/``cp -p``, which keep the mtime.
     """
     return (st.st_mtime_ns & 0xFFFF_FFFF_FFFF_FFFF) or 1
+#: The listing builder, public for the archive listers (build/archives.py).
+ListingBuilder = _ListingBuilder
 
 
 def _sorted_entries(folder: Path) -> list[os.DirEntry[str]]:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from ..errors import BuildError, BuildLockedError
 
-__all__ = ["STAGING_DIR", "LOCK_NAME", "PLAN_NAME", "RECORD_DIR", "TEMP_DIR", "build_lock", "io_error"]
+__all__ = ["STAGING_DIR", "LOCK_NAME", "PLAN_NAME", "RECORD_DIR", "TEMP_DIR", "SPOOL_DIR", "build_lock", "io_error"]
 
 STAGING_DIR = ".packer-build"
 LOCK_NAME = ".packer.lock"
 PLAN_NAME = "plan.pkp"
 RECORD_DIR = "done"
 TEMP_DIR = "tmp"
+SPOOL_DIR = "spool"  # compressed tar sources, decompressed once while listing (build/archives.py)
 
 
 class build_lock:

@@ -67,6 +67,11 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--plan-only", is_flag=True, help="List SOURCE and save the shard plan for --part runs, then stop.")
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--source-kind", default="auto", show_default=True,
+              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset"]),
+              help="What SOURCE is; auto recognises archives by their bytes.")
+@click.option("--label-field", default="label", show_default=True,
+              help="WebDataset: the .json member's field holding the label (a .cls member wins).")
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
 @click.option("--classes", "classes_spec", default=None,
               help="Fix the class list (label i = i-th name): a file (one name per line, or a .json list) "
@@ -84,14 +89,17 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,
-                  engine: str, address: str | None, quiet: bool, as_json: bool, max_size: int | None,
-                  quality: int | None, resize_side: str | None, raw_size: str | None,
-                  classes_spec: str | None, classes_from: Path | None, label_type: str,
+                  engine: str, address: str | None, source_kind: str, label_field: str, quiet: bool,
+                  as_json: bool, max_size: int | None, quality: int | None, resize_side: str | None,
+                  raw_size: str | None, classes_spec: str | None, classes_from: Path | None, label_type: str,
                   verbose: bool, max_file_size: int) -> None:
-    """Pack SOURCE (an ImageFolder-layout folder, or a .csv/.jsonl manifest) into the dataset folder OUT.
+    """Pack SOURCE into the dataset folder OUT.
 
-    Build every split of one dataset with one class list (`--classes-from TRAIN_OUT` for val),
-    or a class missing from one split shifts every label after it.
+    SOURCE is an ImageFolder-layout folder, a .csv/.jsonl manifest, a tar (plain, .gz, .bz2, .xz,
+    .zst) of class/file members or of class tars, a zip, or WebDataset shards (a tar, a folder of
+    tars, or a brace pattern like 'train-{000000..000099}.tar'). Build every split of one dataset
+    with one class list (`--classes-from TRAIN_OUT` for val), or a class missing from one split
+    shifts every label after it.
     """
     from ..build.run import build, finish, parse_part
     from ..classes import classes_of, load_class_list
@@ -125,7 +133,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
         else:
             result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
                            on_error=on_error, root=root, part=parse_part(part) if part else None,
-                           plan_only=plan_only, engine=engine, address=address, progress=not quiet)
+                           plan_only=plan_only, engine=engine, address=address, source_kind=source_kind,
+                           label_field=label_field, progress=not quiet)
         if result is None:
             done = "plan saved" if plan_only else f"part {part} packed"
             echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "

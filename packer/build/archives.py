@@ -1,0 +1,718 @@
+"""Archive sources: tar (plain, gz, bz2, xz, zstd), tar of tars, zip and WebDataset shards, listed in one pass.
+
+``list_any_source`` recognises the source by its bytes, not its name, and otherwise hands it to
+``sources.list_source`` (folder, manifest):
+
+* **tar** (any compression): members are ``class/file`` paths, as in an image folder; a member
+  that is itself a tar (its header says so) is one class named after it without the extension,
+  its members the class's files (ImageNet's ``ILSVRC2012_img_train.tar``: 1,000 tars of JPEGs).
+  Keys are ``class/file`` in both cases. A file at the top level is ``not-in-class-folder``.
+* **zip**: ``class/file`` paths like a tar (stored, deflate, bzip2 and lzma members).
+* **WebDataset**: a tar whose members are samples (``key.ext`` at the top level, or ``.cls`` /
+  ``.json`` / ``.txt`` members beside images), a brace pattern ``train-{000000..000099}.tar``,
+  or a folder holding only tar files. Consecutive members with the same key (the name up to the
+  first ``.`` of its last part) are one sample; its image is the first member with an image
+  extension, its key the image member's name; the label is the ``.cls`` member (an integer) or
+  the ``label_field`` of the ``.json`` member (an integer or a class name); ``.json``, ``.txt``
+  and ``.cls`` contents go into the sample's metadata (``{"cls": .., "json": {..}, "txt": ".."}``).
+  A sample without a label has label -1.
+
+Listing order is archive order (shard order for WebDataset); class names are sorted by their
+UTF-8 bytes and labelled 0..C-1, as for a folder. Every member is accounted for: directories
+are structure, and anything else not packed is a rejection in the build report
+(``not-a-file`` for links, devices and sparse members, ``outside-root`` for ``../x`` or
+absolute names, ``hidden-file``, ``duplicate-entry``, ``oversize-member`` over
+``max_member_size``, ``decompression-bomb`` for a zip member expanding more than
+``MAX_EXPANSION`` times, ``unused-member`` for a WebDataset member that is neither the image nor
+a label/metadata member). A name that is not UTF-8 gets the escaped key of ``packer.names``.
+
+**Parallelism.** An uncompressed tar or a zip is listed by reading only headers (tarfile seeks
+past member data; zip reads its central directory), and workers then read members by offset in
+parallel (``members.MemberReader``). A compressed tar is decompressed once, while listing, in one
+sequential pass that writes the uncompressed stream to a spool file in the output's staging
+folder (``spool_dir``); packing then reads the spool by offset in parallel. The cost is the
+decompressor's speed plus the spool's disk space (the uncompressed tar; removed with the staging
+folder when the build commits). A compressed stream expanding more than ``MAX_EXPANSION`` times
+past 1 GiB is refused as a decompression bomb (``SourceError``).
+
+Memory is flat arrays in the number of members: tarfile's member list is emptied after every
+member. Exception: a zip's central directory is read whole by ``zipfile`` (~0.5 KB a member, for
+the listing step only).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import re
+import stat
+import tarfile
+import zipfile
+import zlib
+from array import array
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator
+
+import numpy as np
+import xxhash
+
+from ..errors import EmptySourceError, MissingDependencyError, OptionError, SourceError
+from ..names import ESCAPED_FIELD, escape_name, is_utf8
+from .members import RAW, ZIP_METHODS, MemberTable, container_stat
+from .sources import ListingBuilder, Rejection, SourceListing, gather_blob, list_source
+
+__all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list_zip", "list_webdataset",
+           "expand_braces", "sniff_container", "DEFAULT_MAX_MEMBER_SIZE", "MAX_EXPANSION", "IMAGE_EXTENSIONS"]
+
+#: Listing kinds whose members live in archives (``SourceListing.kind``).
+ARCHIVE_KINDS = frozenset({"tar", "zip", "webdataset"})
+#: Accepted values of ``source_kind``.
+SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset")
+#: Members larger than this are rejected (``oversize-member``) before anything is read.
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+#: Largest accepted ratio of uncompressed to compressed bytes (decompression-bomb guard).
+MAX_EXPANSION = 1000
+#: WebDataset: extensions that make a member the sample's image (lower case, last part).
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm",
+                              "pnm", "jp2", "j2k", "avif", "heic", "heif", "tga", "ico", "qoi", "psd"})
+_META_EXTENSIONS = frozenset({"cls", "json", "txt"})
+_META_LIMIT = 1 << 20  # a label or metadata member larger than this is not read
+_COMPRESSIONS = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
+_BOMB_FLOOR = 1 << 30
+
+
+# --- recognising a source ----------------------------------------------------------------------
+
+def _is_tar_header(block: bytes) -> bool:
+    if len(block) < 512:
+        return False
+    if block[257:262] == b"ustar":
+        return True
+    try:  # a v7 tar has no magic: its header checksum must match
+        stored = int(block[148:156].replace(b"\x00", b" ").strip() or b"-1", 8)
+    except ValueError:
+        return False
+    return stored == sum(block[:148]) + 256 + sum(block[156:512])
+
+
+def sniff_container(path: Path) -> str | None:
+    """``"tar"``, ``"tar.gz"``/``"tar.bz2"``/``"tar.xz"``/``"tar.zst"``, ``"zip"`` or None, from the bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512)
+    except OSError:
+        return None
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if _is_tar_header(head):
+        return "tar"
+    for magic, name in _COMPRESSIONS.items():
+        if head.startswith(magic):
+            try:
+                with _decompressor(path, name) as stream:
+                    return f"tar.{name}" if _is_tar_header(stream.read(512)) else None
+            except (OSError, EOFError, lzma.LZMAError, MissingDependencyError):
+                return None
+    return None
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{000..099}`` (zero-padded ranges) and ``{a,b}`` alternatives, left to right.
+
+    Raises:
+        SourceError: a range with a start after its end, or more than 10 million names.
+    """
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
+    ranged = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if ranged:
+        first, last = ranged.group(1), ranged.group(2)
+        if int(first) > int(last) or int(last) - int(first) > 10_000_000:
+            raise SourceError(f"brace range {{{body}}} must go up, and name at most 10 million files", path=pattern)
+        width = len(first)
+        choices = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
+    else:
+        choices = body.split(",")
+    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+
+
+def _webdataset_shards(source: str) -> list[Path] | None:
+    """The shard files if ``source`` is a brace pattern or a folder holding only tar files."""
+    if "{" in source and not os.path.exists(source):
+        shards = [Path(p) for p in expand_braces(source)]
+        missing = [str(p) for p in shards if not p.is_file()]
+        if missing:
+            raise SourceError(f"{len(missing)} of {len(shards)} WebDataset shards do not exist (first: {missing[0]})",
+                              path=source)
+        return shards
+    path = Path(source)
+    if path.is_dir():
+        try:
+            with os.scandir(path) as it:
+                entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: os.fsencode(e.name))
+        except OSError:
+            return None
+        if entries and all(e.is_file() for e in entries) and all(
+                (sniff_container(Path(e.path)) or "").startswith("tar") for e in entries):
+            return [Path(e.path) for e in entries]
+    return None
+
+
+def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
+                    progress: Callable[[int], None] | None = None, spool_dir: Path | None = None,
+                    source_kind: str = "auto", label_field: str = "label",
+                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE, classes: Any = None,
+                    label_type: str = "auto") -> SourceListing:
+    """List any source: an archive (tar, zip, WebDataset), else a folder or a manifest.
+
+    Args:
+        source: a folder, a manifest, an archive, a folder of WebDataset shards, or a brace pattern.
+        root: the folder manifest paths are relative to.
+        progress: called with the running member count every 10,000 members.
+        spool_dir: where a compressed tar is decompressed to (required for one).
+        source_kind: ``"auto"`` (by content) or one of ``SOURCE_KINDS`` to insist.
+        label_field: the WebDataset ``.json`` field holding the label.
+        max_member_size: larger archive members are rejected.
+        classes, label_type: as for ``sources.list_source`` (folders and manifests; archives
+            number the classes they find).
+
+    Raises:
+        SourceError: the source is unusable (missing, damaged archive, decompression bomb).
+        OptionError: an unknown ``source_kind``.
+    """
+    if source_kind not in SOURCE_KINDS:
+        raise OptionError(f"--source-kind must be one of {', '.join(SOURCE_KINDS)}, got {source_kind!r}")
+    text = os.fspath(source)
+    if source_kind in ("folder", "manifest"):
+        return list_source(text, root, progress=progress, classes=classes, label_type=label_type)
+    shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
+    if shards is not None:
+        return list_webdataset(shards, progress=progress, spool_dir=spool_dir, label_field=label_field,
+                               max_member_size=max_member_size)
+    path = Path(text)
+    kind = sniff_container(path) if path.is_file() else None
+    if kind is None:
+        if source_kind != "auto":
+            raise SourceError(f"--source-kind {source_kind}: the source is not a readable {source_kind} archive",
+                              path=path)
+        return list_source(text, root, progress=progress, classes=classes, label_type=label_type)
+    if kind == "zip":
+        if source_kind not in ("auto", "zip"):
+            raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
+        return list_zip(path, progress=progress, max_member_size=max_member_size)
+    if source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind, spool_dir)):
+        return list_webdataset([path], progress=progress, spool_dir=spool_dir, label_field=label_field,
+                               max_member_size=max_member_size)
+    if source_kind == "zip":
+        raise SourceError("--source-kind zip: the source is a tar archive", path=path)
+    return list_tar(path, progress=progress, spool_dir=spool_dir, max_member_size=max_member_size)
+
+
+def _looks_like_webdataset(path: Path, kind: str, spool_dir: Path | None) -> bool:
+    """The first members are files at the top level, or label/metadata members sit beside images."""
+    if kind != "tar":  # peeking into a compressed tar means decompressing its start: cheap enough
+        opener = lambda: tarfile.open(fileobj=_decompressor(path, kind.split(".")[1]), mode="r|")  # noqa: E731
+    else:
+        opener = lambda: tarfile.open(path, mode="r:")  # noqa: E731
+    files = 0
+    with opener() as archive:
+        for member in archive:
+            archive.members = []
+            if not member.isfile():
+                continue
+            files += 1
+            name = member.name.lstrip("./")
+            suffix = name.rsplit("/", 1)[-1].split(".", 1)[1].rsplit(".", 1)[-1].lower() \
+                if "." in name.rsplit("/", 1)[-1] else ""
+            if suffix in _META_EXTENSIONS:
+                return True
+            if "/" in name:
+                return False
+            if suffix == "tar" or _is_tar_header(_peek(archive, member)):
+                return False
+            if files >= 64:
+                break
+    return files > 0
+
+
+def _peek(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    handle = archive.extractfile(member)
+    return handle.read(512) if handle is not None else b""
+
+
+# --- the listing being built ---------------------------------------------------------------------
+
+class _Listing:
+    """Flat arrays for keys, labels, sizes and member locations, plus class names as first seen."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.out = ListingBuilder(progress)
+        self.container = array("I")
+        self.offset = array("Q")
+        self.stored = array("Q")
+        self.method = array("B")
+        self.crc = array("I")
+        self.hashes = array("Q")
+        self.class_ids: dict[str, int] = {}
+        self.label_kinds: set[str] = set()
+        self.containers: list[str] = []
+        self.stats: list[tuple[int, int]] = []
+
+    def add_container(self, path: str) -> int:
+        self.containers.append(path)
+        self.stats.append(container_stat(path))
+        return len(self.containers) - 1
+
+    def class_id(self, name: str) -> int:
+        self.label_kinds.add("name")
+        return self.class_ids.setdefault(name, len(self.class_ids))
+
+    def add(self, key: str, size: int, label: int, container: int, offset: int, stored: int,
+            method: int = RAW, crc: int = 0, meta: bytes = b"") -> None:
+        encoded = key.encode("utf-8")
+        self.out.add(encoded, size, label, meta)
+        self.hashes.append(xxhash.xxh3_64_intdigest(encoded))
+        self.container.append(container)
+        self.offset.append(offset)
+        self.stored.append(stored)
+        self.method.append(method)
+        self.crc.append(crc)
+
+    def reject(self, key: str, reason: str, message: str) -> None:
+        self.out.reject(key, reason, message)
+
+    def finish(self, root: Path, kind: str) -> SourceListing:
+        if len(self.label_kinds) > 1:
+            raise SourceError("labels mix integers (.cls) and class names; use one kind", path=root)
+        classes: tuple[str, ...] = ()
+        labels = np.frombuffer(self.out.labels, dtype=np.int64).copy()
+        if "name" in self.label_kinds:
+            classes = tuple(sorted(self.class_ids, key=str.encode))
+            remap = np.empty(len(classes), dtype=np.int64)
+            for sorted_id, name in enumerate(classes):
+                remap[self.class_ids[name]] = sorted_id
+            named = labels >= 0
+            labels[named] = remap[labels[named]]
+        self.out.labels = array("q", labels.tobytes())
+        listing = self.out.finish(root, kind, classes)
+        listing.members = MemberTable(
+            tuple(self.containers), tuple(self.stats),
+            np.frombuffer(self.container, dtype=np.uint32).copy(), np.frombuffer(self.offset, dtype=np.uint64).copy(),
+            np.frombuffer(self.stored, dtype=np.uint64).copy(), np.frombuffer(self.method, dtype=np.uint8).copy(),
+            np.frombuffer(self.crc, dtype=np.uint32).copy())
+        listing = _drop_duplicates(listing, np.frombuffer(self.hashes, dtype=np.uint64))
+        if len(listing) == 0:
+            raise EmptySourceError(f"the archive holds no packable members ({len(listing.rejected)} rejected)",
+                                   path=root)
+        return listing
+
+
+def _drop_duplicates(listing: SourceListing, hashes: np.ndarray) -> SourceListing:
+    """Reject every repeat of a key (the first in archive order is packed)."""
+    if len(hashes) < 2:
+        return listing
+    order = np.argsort(hashes, kind="stable")
+    sorted_hashes = hashes[order]
+    repeated = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) + 1
+    if not len(repeated):
+        return listing
+    keep = np.ones(len(listing), dtype=bool)
+    seen: dict[int, set[str]] = {}
+    for position in repeated.tolist():
+        group = seen.setdefault(int(sorted_hashes[position]), {listing.key(int(order[position - 1]))}) \
+            if sorted_hashes[position] != sorted_hashes[position - 1] or int(sorted_hashes[position]) not in seen \
+            else seen[int(sorted_hashes[position])]
+        row = int(order[position])
+        key = listing.key(row)
+        if key in group:
+            keep[row] = False
+            listing.rejected.append(Rejection(key, "duplicate-entry", "the archive holds this name more than once; "
+                                                                      "the first is packed"))
+        group.add(key)
+    rows = np.flatnonzero(keep)
+    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, rows)
+    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, rows)
+    return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
+                         key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
+                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected,
+                         members=listing.members.select(rows))
+
+
+# --- member names ----------------------------------------------------------------------------------
+
+def _member_name(raw: str, out: _Listing) -> str | None:
+    """The member's key (``/``-separated, escaped if not UTF-8), or None after rejecting it."""
+    key = escape_name(os.fsencode(raw))
+    if raw.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", raw):
+        out.reject(key, "outside-root", "an absolute member name (it would be written outside any folder)")
+        return None
+    parts = [p for p in key.replace("\\", "/").split("/") if p not in ("", ".")]
+    if ".." in parts:
+        out.reject(key, "outside-root", "a member name with '..' (it leads outside the archive's folder)")
+        return None
+    if not parts:
+        out.reject(key or "(empty name)", "bad-manifest-row", "a member with an empty name")
+        return None
+    clean = "/".join(parts)
+    if any(p.startswith(".") for p in parts):
+        out.reject(clean, "hidden-file", "hidden entries are not packed")
+        return None
+    return clean
+
+
+def _not_a_file(member: tarfile.TarInfo) -> str | None:
+    if member.isfile() and not member.issparse():
+        return None
+    if member.issym() or member.islnk():
+        return f"a {'symbolic' if member.issym() else 'hard'} link to {member.linkname!r} (links inside archives " \
+               f"are not followed)"
+    if member.issparse():
+        return "a sparse member (not supported)"
+    return "not a regular file (device, FIFO or unknown member type)"
+
+
+# --- tar -----------------------------------------------------------------------------------------------
+
+class _Tee(io.RawIOBase):
+    """A read-only stream that copies what it reads into ``sink`` (the spool), counting bytes."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes], raw: IO[bytes], path: Path) -> None:
+        self.source, self.sink, self.raw, self.path = source, sink, raw, path
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.source.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.sink.write(data)
+        self.count += n
+        if self.count > _BOMB_FLOOR and self.count > MAX_EXPANSION * max(self.raw.tell(), 1):
+            raise SourceError(f"the compressed archive expands more than {MAX_EXPANSION} times (over "
+                              f"{self.count >> 20} MiB from {self.raw.tell() >> 20} MiB): a decompression bomb",
+                              path=self.path)
+        return n
+
+
+def _decompressor(path: Path, name: str, raw: IO[bytes] | None = None) -> IO[bytes]:
+    """A decompressing reader of ``path`` (over ``raw``, whose position then counts compressed bytes)."""
+    raw = raw if raw is not None else open(path, "rb")
+    if name == "gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if name == "bz2":
+        return bz2.BZ2File(raw, "rb")
+    if name == "xz":
+        return lzma.LZMAFile(raw, "rb")
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingDependencyError("reading a .tar.zst needs the zstandard package: pip install 'packer[zstd]'") \
+            from None
+    return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+
+
+class _Spooled:
+    """Open a tar for listing: the file itself, or a decompressing tee into a spool file."""
+
+    def __init__(self, path: Path, spool_dir: Path | None, out: _Listing, index: int) -> None:
+        self.path = path
+        kind = sniff_container(path)
+        if kind is None or not kind.startswith("tar"):
+            raise SourceError("not a tar archive (nor a compressed one)", path=path)
+        self.compression = kind[4:] or None
+        self.files: list[Any] = []
+        if self.compression is None:
+            self.container = out.add_container(str(path.resolve()))
+            self.archive = tarfile.open(path, mode="r:")
+            return
+        if spool_dir is None:
+            raise SourceError("a compressed tar needs a spool folder to decompress into (build it through "
+                              "packer build, which uses the output's staging folder)", path=path)
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        spool = spool_dir / f"spool-{index:05d}.tar"
+        raw = open(path, "rb")
+        stream = _decompressor(path, self.compression, raw)
+        sink = open(spool, "wb", buffering=8 << 20)
+        self.files = [stream, sink, raw]
+        self.spool, self.sink = spool, sink
+        self.tee = _Tee(stream, sink, raw, path)
+        self.archive = tarfile.open(fileobj=io.BufferedReader(self.tee, 1 << 20), mode="r|")
+        self.container = out.add_container(str(spool.resolve()))  # its size is recorded once complete
+
+    def finish(self, out: _Listing) -> int:
+        self.archive.close()
+        if self.compression is not None:
+            while self.tee.read(1 << 20):  # the tar's end padding: the spool is the whole stream
+                pass
+            self.sink.flush()
+            os.fsync(self.sink.fileno())
+            for handle in self.files:
+                handle.close()
+            out.stats[self.container] = container_stat(str(self.spool.resolve()))
+        return self.container
+
+
+def _tar_members(archive: tarfile.TarFile, path: Path) -> Iterator[tarfile.TarInfo]:
+    """Members one at a time, keeping tarfile's member list empty (bounded memory)."""
+    try:
+        for member in archive:
+            archive.members = []
+            yield member
+    except tarfile.ReadError as exc:
+        raise SourceError(f"the tar archive is damaged or truncated after offset {archive.offset}: {exc}",
+                          path=path) from None
+    except (EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+        raise SourceError(f"the archive's compressed stream is damaged or truncated: {exc}", path=path) from None
+
+
+def list_tar(path: Path, *, progress: Callable[[int], None] | None = None, spool_dir: Path | None = None,
+             max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> SourceListing:
+    """List a tar of ``class/file`` members, of class tars, or both (see the module docstring).
+
+    Raises:
+        SourceError: not a tar, a damaged archive, a decompression bomb.
+    """
+    out = _Listing(progress)
+    opened = _Spooled(path, spool_dir, out, 0)
+    with opened.archive:
+        for member in _tar_members(opened.archive, path):
+            if member.isdir():
+                continue
+            name = _member_name(member.name, out)
+            if name is None:
+                continue
+            problem = _not_a_file(member)
+            if problem is not None:
+                out.reject(name, "not-a-file", problem)
+                continue
+            if member.size > max_member_size:
+                out.reject(name, "oversize-member", f"{member.size} bytes, over the limit of {max_member_size}")
+                continue
+            handle = opened.archive.extractfile(member)
+            head = handle.read(512) if handle is not None and member.size >= 1024 else b""
+            if _is_tar_header(head):
+                _list_inner_tar(_Chain(head, handle), member, name, out, opened.container, max_member_size)
+                continue
+            if "/" not in name:
+                out.reject(name, "not-in-class-folder", "members must sit inside a class folder (class/file), "
+                                                         "or in a class tar")
+                continue
+            out.add(name, member.size, out.class_id(name.split("/", 1)[0]), opened.container, member.offset_data,
+                    member.size, meta=_name_meta(member.name))
+    opened.finish(out)
+    return out.finish(path, "tar")
+
+
+class _Chain(io.RawIOBase):
+    """``head`` then the rest of ``handle``: a member whose first block was already read."""
+
+    def __init__(self, head: bytes, handle: IO[bytes]) -> None:
+        self.head, self.handle = head, handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        data = self.handle.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _name_meta(raw: str) -> bytes:
+    """The metadata of a member whose name is not UTF-8: the ``packer.names`` marker."""
+    return b"" if is_utf8(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()
+
+
+def _list_inner_tar(handle: IO[bytes], member: tarfile.TarInfo, name: str, out: _Listing, container: int,
+                    max_member_size: int) -> None:
+    """One member tar is one class: its name without the extension."""
+    class_name = name.rsplit("/", 1)[-1]
+    class_name = class_name.split(".", 1)[0] or class_name
+    label = out.class_id(class_name)
+    base = member.offset_data
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(handle, 1 << 16), mode="r|") as inner:
+            for item in inner:
+                inner.members = []
+                if item.isdir():
+                    continue
+                inner_name = _member_name(item.name, out)
+                if inner_name is None:
+                    continue
+                key = f"{class_name}/{inner_name}"
+                problem = _not_a_file(item)
+                if problem is not None:
+                    out.reject(key, "not-a-file", problem)
+                elif item.size > max_member_size:
+                    out.reject(key, "oversize-member", f"{item.size} bytes, over the limit of {max_member_size}")
+                else:
+                    out.add(key, item.size, label, container, base + item.offset_data, item.size,
+                            meta=_name_meta(item.name))
+    except tarfile.ReadError as exc:
+        out.reject(name, "unreadable", f"the class tar is damaged or truncated: {exc}")
+
+
+# --- WebDataset ----------------------------------------------------------------------------------------
+
+def _split_key(name: str) -> tuple[str, str]:
+    folder, _, base = name.rpartition("/")
+    stem, dot, suffix = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), suffix
+
+
+def list_webdataset(shards: list[Path], *, progress: Callable[[int], None] | None = None,
+                    spool_dir: Path | None = None, label_field: str = "label",
+                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> SourceListing:
+    """List WebDataset shards, in shard order (see the module docstring for the sample rules).
+
+    Raises:
+        SourceError: a shard is not a tar, is damaged, or labels mix integers and names.
+    """
+    out = _Listing(progress)
+    for index, shard in enumerate(shards):
+        opened = _Spooled(shard, spool_dir, out, index)
+        with opened.archive:
+            sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+            current = None
+            for member in _tar_members(opened.archive, shard):
+                if member.isdir():
+                    continue
+                name = _member_name(member.name, out)
+                if name is None:
+                    continue
+                problem = _not_a_file(member)
+                if problem is not None:
+                    out.reject(name, "not-a-file", problem)
+                    continue
+                key, suffix = _split_key(name)
+                if key != current and sample:
+                    _sample(sample, out, opened.container, label_field, max_member_size)
+                    sample = []
+                current = key
+                small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
+                sample.append((name, member, _read_member(opened.archive, member) if small else None))
+            if sample:
+                _sample(sample, out, opened.container, label_field, max_member_size)
+        opened.finish(out)
+    return out.finish(shards[0] if len(shards) == 1 else shards[0].parent, "webdataset")
+
+
+def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    handle = archive.extractfile(member)
+    return handle.read() if handle is not None else b""
+
+
+def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
+            container: int, label_field: str, max_member_size: int) -> None:
+    image = None
+    meta: dict[str, Any] = {}
+    label = -1
+    for name, member, data in sample:
+        suffix = _split_key(name)[1]
+        ext = suffix.rsplit(".", 1)[-1].lower()
+        if image is None and ext in IMAGE_EXTENSIONS:
+            if member.size > max_member_size:
+                out.reject(name, "oversize-member", f"{member.size} bytes, over the limit of {max_member_size}")
+                return
+            image = (name, member)
+            continue
+        if data is None:
+            out.reject(name, "unused-member", "a WebDataset member that is neither the sample's image nor a "
+                                              ".cls/.json/.txt member (not packed)")
+            continue
+        text = data.decode("utf-8", "replace")
+        if ext == "cls":
+            try:
+                label = int(text.strip())
+                out.label_kinds.add("int")
+            except ValueError:
+                label = out.class_id(text.strip())
+            meta["cls"] = text.strip()
+        elif ext == "json":
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                out.reject(name, "bad-manifest-row", "the .json member is not JSON (ignored)")
+                continue
+            meta["json"] = obj
+            value = obj.get(label_field) if isinstance(obj, dict) else None
+            if isinstance(value, bool) or value is None:
+                pass
+            elif isinstance(value, int) and label < 0:
+                label = value
+                out.label_kinds.add("int")
+            elif isinstance(value, str) and label < 0:
+                label = out.class_id(value)
+        else:
+            meta["txt"] = text
+    if image is None:
+        first = sample[0][0]
+        out.reject(_split_key(first)[0], "not-an-image", "a WebDataset sample without an image member "
+                                                         f"(extensions {', '.join(_split_key(n)[1] for n, _, _ in sample)})")
+        return
+    name, member = image
+    if not is_utf8(os.fsencode(member.name)):
+        meta[ESCAPED_FIELD] = True
+    encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
+    out.add(name, member.size, label, container, member.offset_data, member.size, meta=encoded)
+
+
+# --- zip --------------------------------------------------------------------------------------------------
+
+def list_zip(path: Path, *, progress: Callable[[int], None] | None = None,
+             max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> SourceListing:
+    """List a zip of ``class/file`` members (see the module docstring).
+
+    Raises:
+        SourceError: not a zip, or a damaged central directory.
+    """
+    out = _Listing(progress)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise SourceError(f"not a readable zip archive: {exc}", path=path) from None
+    container = out.add_container(str(path.resolve()))
+    with archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            name = _member_name(info.filename, out)
+            if name is None:
+                continue
+            mode = info.external_attr >> 16
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # writers that store no type leave 0
+                out.reject(name, "not-a-file", "a symbolic link or special file stored in the zip")
+                continue
+            if info.flag_bits & 1:
+                out.reject(name, "unreadable", "an encrypted zip member")
+                continue
+            method = ZIP_METHODS.get(info.compress_type)
+            if method is None:
+                out.reject(name, "unreadable", f"zip compression method {info.compress_type} is not supported")
+                continue
+            if info.file_size > max_member_size:
+                out.reject(name, "oversize-member", f"{info.file_size} bytes, over the limit of {max_member_size}")
+                continue
+            if info.file_size > (1 << 20) and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+                out.reject(name, "decompression-bomb", f"{info.compress_size} compressed bytes declare "
+                                                      f"{info.file_size} bytes (over {MAX_EXPANSION}x)")
+                continue
+            if "/" not in name:
+                out.reject(name, "not-in-class-folder", "members must sit inside a class folder (class/file)")
+                continue
+            out.add(name, info.file_size, out.class_id(name.split("/", 1)[0]), container, info.header_offset,
+                    info.compress_size, method, info.CRC, meta=_name_meta(info.filename))
+    return out.finish(path, "zip")
