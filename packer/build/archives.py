@@ -43,6 +43,7 @@ the listing step only).
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import io
 import json
@@ -448,6 +449,12 @@ class _Spooled:
         self.container = out.add_container(str(spool.resolve()))  # its size is recorded once complete
 
     def finish(self, out: _Listing) -> int:
+        """Complete the spool, and check the archive really ended where tarfile stopped.
+
+        tarfile ends its member loop quietly at a header it cannot parse; a real end is zero
+        blocks (or the end of the file), so anything else there is a damaged archive.
+        """
+        end = self.archive.offset
         self.archive.close()
         if self.compression is not None:
             while self.tee.read(1 << 20):  # the tar's end padding: the spool is the whole stream
@@ -457,19 +464,30 @@ class _Spooled:
             for handle in self.files:
                 handle.close()
             out.stats[self.container] = container_stat(str(self.spool.resolve()))
+        with open(out.containers[self.container], "rb") as handle:
+            handle.seek(end)
+            tail = handle.read(1024)
+        if tail.strip(b"\x00"):
+            raise SourceError(f"the tar archive is damaged at offset {end}: a member header there cannot be "
+                              f"read (the members before it were listed; nothing after it can be)", path=self.path)
         return self.container
 
 
 def _tar_members(archive: tarfile.TarFile, path: Path) -> Iterator[tarfile.TarInfo]:
     """Members one at a time, keeping tarfile's member list empty (bounded memory)."""
+    for member in archive:
+        archive.members = []
+        yield member
+
+
+@contextlib.contextmanager
+def _archive_errors(path: Path) -> Iterator[None]:
+    """A damaged or truncated archive (or compressed stream) is an unusable source."""
     try:
-        for member in archive:
-            archive.members = []
-            yield member
-    except tarfile.ReadError as exc:
-        raise SourceError(f"the tar archive is damaged or truncated after offset {archive.offset}: {exc}",
-                          path=path) from None
-    except (EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+        yield
+    except tarfile.TarError as exc:
+        raise SourceError(f"the tar archive is damaged or truncated: {exc}", path=path) from None
+    except (EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
         raise SourceError(f"the archive's compressed stream is damaged or truncated: {exc}", path=path) from None
 
 
@@ -480,6 +498,12 @@ def list_tar(path: Path, *, progress: Callable[[int], None] | None = None, spool
     Raises:
         SourceError: not a tar, a damaged archive, a decompression bomb.
     """
+    with _archive_errors(path):
+        return _list_tar(path, progress, spool_dir, max_member_size)
+
+
+def _list_tar(path: Path, progress: Callable[[int], None] | None, spool_dir: Path | None,
+              max_member_size: int) -> SourceListing:
     out = _Listing(progress)
     opened = _Spooled(path, spool_dir, out, 0)
     with opened.archive:
@@ -583,31 +607,38 @@ def list_webdataset(shards: list[Path], *, progress: Callable[[int], None] | Non
     """
     out = _Listing(progress)
     for index, shard in enumerate(shards):
-        opened = _Spooled(shard, spool_dir, out, index)
-        with opened.archive:
-            sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
-            current = None
-            for member in _tar_members(opened.archive, shard):
-                if member.isdir():
-                    continue
-                name = _member_name(member.name, out)
-                if name is None:
-                    continue
-                problem = _not_a_file(member)
-                if problem is not None:
-                    out.reject(name, "not-a-file", problem)
-                    continue
-                key, suffix = _split_key(name)
-                if key != current and sample:
-                    _sample(sample, out, opened.container, label_field, max_member_size)
-                    sample = []
-                current = key
-                small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
-                sample.append((name, member, _read_member(opened.archive, member) if small else None))
-            if sample:
-                _sample(sample, out, opened.container, label_field, max_member_size)
-        opened.finish(out)
+        with _archive_errors(shard):
+            _list_shard(shard, index, out, spool_dir, label_field, max_member_size)
     return out.finish(shards[0] if len(shards) == 1 else shards[0].parent, "webdataset")
+
+
+def _list_shard(shard: Path, index: int, out: _Listing, spool_dir: Path | None, label_field: str,
+                max_member_size: int) -> None:
+    """One WebDataset shard, in archive order."""
+    opened = _Spooled(shard, spool_dir, out, index)
+    with opened.archive:
+        sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+        current = None
+        for member in _tar_members(opened.archive, shard):
+            if member.isdir():
+                continue
+            name = _member_name(member.name, out)
+            if name is None:
+                continue
+            problem = _not_a_file(member)
+            if problem is not None:
+                out.reject(name, "not-a-file", problem)
+                continue
+            key, suffix = _split_key(name)
+            if key != current and sample:
+                _sample(sample, out, opened.container, label_field, max_member_size)
+                sample = []
+            current = key
+            small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
+            sample.append((name, member, _read_member(opened.archive, member) if small else None))
+        if sample:
+            _sample(sample, out, opened.container, label_field, max_member_size)
+    opened.finish(out)
 
 
 def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

@@ -137,7 +137,8 @@ class MemberReader:
             as listed (an I/O error, a changed archive, a CRC mismatch, a damaged stream).
         """
         table = self.table
-        assert table is not None
+        if table is None:
+            raise TypeError("MemberReader(None) reads nothing: the source is a folder")
         container = int(table.container[row])
         offset, stored, method = int(table.offset[row]), int(table.stored[row]), int(table.method[row])
         try:
@@ -152,7 +153,7 @@ class MemberReader:
         except OSError as exc:
             return b"", "unreadable", f"reading the archive failed: {exc.strerror or exc}"
         if len(data) != stored:
-            return b"", "changed-during-build", f"the archive ends {stored - len(data)} bytes into this member"
+            return b"", "truncated", f"the archive ends {stored - len(data)} bytes before this member does"
         if method in (RAW, ZIP_STORED):
             out = data
         else:

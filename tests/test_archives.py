@@ -1,0 +1,256 @@
+"""Archive sources: tar (plain, compressed), tar of tars, zip, WebDataset; hostile members; determinism, parts, resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer.build import build
+from packer.build import archives
+from packer.build.archives import expand_braces, list_any_source, sniff_container
+from packer.build.plan import BuildOptions
+from packer.build.run import finish
+from packer.dataset import open_dataset
+from packer.errors import SourceError
+from packer.names import ESCAPED_FIELD, unescape_key
+
+OPTIONS = BuildOptions(shard_size=12 << 10, seed=3)
+
+
+def jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (10 + seed % 4, 12, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=80)
+    return out.getvalue()
+
+
+FILES = {f"{c}/{i:03d}.jpg": jpeg(n * 10 + i) for n, c in enumerate(("cat", "dog", "emu")) for i in range(6)}
+
+
+def add(archive: tarfile.TarFile, name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,
+        link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, len(data) if kind == tarfile.REGTYPE else 0
+    archive.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def write_tar(path: Path, files: dict[str, bytes], mode: str = "w") -> Path:
+    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as archive:
+        for name, data in files.items():
+            add(archive, name, data)
+    return path
+
+
+def packed(out: Path) -> dict[str, tuple[bytes, str]]:
+    with open_dataset(out, verify_checksums=True) as ds:
+        return {ds.key(i): (ds.read(i), ds.classes[int(ds.labels[i])] if ds.classes else str(int(ds.labels[i])))
+                for i in range(len(ds))}
+
+
+def dataset_files(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != ".packer.lock"}
+
+
+EXPECTED = {key: (data, key.split("/")[0]) for key, data in FILES.items()}
+
+
+@pytest.mark.parametrize("mode, suffix", [("w", "tar"), ("w:gz", "tar.gz"), ("w:bz2", "tar.bz2"), ("w:xz", "tar.xz")])
+def test_tar_of_class_folders(tmp_path: Path, mode: str, suffix: str) -> None:
+    source = write_tar(tmp_path / f"data.{suffix}.bin", FILES, mode)  # the name says nothing: the bytes do
+    assert sniff_container(source) == ("tar" if mode == "w" else f"tar.{suffix[4:]}")
+    result = build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    assert result.sample_count == len(FILES) and not result.rejected
+    assert packed(tmp_path / "ds") == EXPECTED
+    assert not (tmp_path / "ds" / ".packer-build").exists()  # the spool went with the staging folder
+
+
+def test_tar_of_tars_is_one_class_per_inner_tar(tmp_path: Path) -> None:
+    inner = {}
+    for cls in ("cat", "dog", "emu"):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for key, data in FILES.items():
+                if key.startswith(cls + "/"):
+                    add(archive, key.split("/")[1], data)
+        inner[f"{cls}.tar"] = buffer.getvalue()
+    for mode in ("w", "w:gz"):
+        source = write_tar(tmp_path / f"train-{mode[-2:]}.tar", inner, mode)
+        build(source, tmp_path / f"ds{mode}", OPTIONS, workers=2, progress=False)
+        assert packed(tmp_path / f"ds{mode}") == EXPECTED
+
+
+def test_zip(tmp_path: Path) -> None:
+    source = tmp_path / "data.zip"
+    with zipfile.ZipFile(source, "w") as archive:
+        for n, (key, data) in enumerate(FILES.items()):
+            archive.writestr(key, data, compress_type=(zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED,
+                                                       zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)[n % 4])
+    build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    assert packed(tmp_path / "ds") == EXPECTED
+
+
+def test_zip_damage_and_bombs_are_member_rejections(tmp_path: Path) -> None:
+    source = tmp_path / "data.zip"
+    with zipfile.ZipFile(source, "w") as archive:
+        archive.writestr("cat/good.jpg", FILES["cat/000.jpg"])
+        archive.writestr("cat/damaged.jpg", FILES["cat/001.jpg"])
+        archive.writestr("cat/bomb.bin", bytes(4 << 20), compress_type=zipfile.ZIP_DEFLATED)
+        archive.writestr("../escape.jpg", FILES["cat/002.jpg"])
+        link = zipfile.ZipInfo("cat/link.jpg")
+        link.external_attr = 0o120777 << 16
+        archive.writestr(link, "good.jpg")
+    data = bytearray(source.read_bytes())
+    where = data.find(FILES["cat/001.jpg"][-60:-40])
+    data[where] ^= 0xFF  # same size, wrong CRC
+    source.write_bytes(bytes(data))
+    result = build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    reasons = {r.key: r.reason for r in result.rejected}
+    assert reasons == {"cat/damaged.jpg": "unreadable", "cat/bomb.bin": "decompression-bomb",
+                       "../escape.jpg": "outside-root", "cat/link.jpg": "not-a-file"}
+    assert list(packed(tmp_path / "ds")) == ["cat/good.jpg"]
+
+
+def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
+    source = tmp_path / "hostile.tar"
+    with tarfile.open(source, "w", format=tarfile.GNU_FORMAT) as archive:
+        add(archive, "cat/ok.jpg", FILES["cat/000.jpg"])
+        add(archive, "cat", kind=tarfile.DIRTYPE)
+        add(archive, "../up.jpg", FILES["cat/001.jpg"])
+        add(archive, "/etc/abs.jpg", FILES["cat/001.jpg"])
+        add(archive, "cat/sym.jpg", kind=tarfile.SYMTYPE, link="/etc/passwd")
+        add(archive, "cat/hard.jpg", kind=tarfile.LNKTYPE, link="cat/ok.jpg")
+        add(archive, "cat/fifo", kind=tarfile.FIFOTYPE)
+        add(archive, "cat/.DS_Store", b"\0\0\0\1Bud1")
+        add(archive, "cat/ok.jpg", b"a second copy")
+        add(archive, "cat/big.jpg", bytes(5000))
+        add(archive, "top.jpg", FILES["cat/002.jpg"])
+        add(archive, "cat/text.jpg", b"not an image at all")
+        info = tarfile.TarInfo("cat/caf\udce9.jpg")  # a Latin-1 name: not UTF-8
+        data = FILES["cat/003.jpg"]
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    listing = list_any_source(source, max_member_size=4096)
+    assert {r.key: r.reason for r in listing.rejected} == {
+        "../up.jpg": "outside-root", "/etc/abs.jpg": "outside-root", "cat/sym.jpg": "not-a-file",
+        "cat/hard.jpg": "not-a-file", "cat/fifo": "not-a-file", "cat/.DS_Store": "hidden-file",
+        "cat/ok.jpg": "duplicate-entry", "cat/big.jpg": "oversize-member", "top.jpg": "not-in-class-folder"}
+    result = build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert {r.key: r.reason for r in result.rejected}["cat/text.jpg"] == "not-an-image"
+    with open_dataset(tmp_path / "ds") as ds:
+        keys = {ds.key(i): i for i in range(len(ds))}
+        assert ds.read(keys["cat/ok.jpg"]) == FILES["cat/000.jpg"]  # the first copy is packed
+        row = keys["cat/caf%E9.jpg"]
+        assert ds.metadata(row)[ESCAPED_FIELD] is True
+        assert unescape_key("cat/caf%E9.jpg") == b"cat/caf\xe9.jpg"
+        assert ds.read(row) == FILES["cat/003.jpg"]
+
+
+def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:
+    source = write_tar(tmp_path / "x.tar", FILES)
+    data = bytearray(source.read_bytes())
+    data[512 * 3 + 100: 512 * 3 + 160] = b"\x07" * 60  # a header in the middle becomes garbage
+    source.write_bytes(bytes(data[: len(data) // 2]))
+    gz = tmp_path / "x.tar.gz"
+    write_tar(gz, FILES, "w:gz")
+    gz.write_bytes(gz.read_bytes()[:-200])
+    for damaged in (source, gz):
+        with pytest.raises(SourceError, match="damaged"):
+            build(damaged, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+
+
+def test_compressed_bomb_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
+    monkeypatch.setattr(archives, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
+    with pytest.raises(SourceError, match="decompression bomb"):
+        build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+
+
+def webdataset_shards(folder: Path, *, json_labels: bool = False) -> list[Path]:
+    folder.mkdir()
+    shards = []
+    items = list(FILES.items())
+    for shard in range(3):
+        path = folder / f"train-{shard:06d}.tar"
+        with tarfile.open(path, "w") as archive:
+            for n, (key, data) in enumerate(items[shard * 6:(shard + 1) * 6]):
+                sample = f"{key.split('/')[0]}_{n + shard * 6:04d}"
+                if json_labels:
+                    add(archive, f"{sample}.json", json.dumps({"label": key.split("/")[0], "w": 1}).encode())
+                else:
+                    add(archive, f"{sample}.cls", str(("cat", "dog", "emu").index(key.split("/")[0])).encode())
+                add(archive, f"{sample}.jpg", data)
+                add(archive, f"{sample}.txt", b"a caption")
+        shards.append(path)
+    return shards
+
+
+def test_webdataset_folder_pattern_and_labels(tmp_path: Path) -> None:
+    shards = webdataset_shards(tmp_path / "wds")
+    pattern = str(tmp_path / "wds" / "train-{000000..000002}.tar")
+    assert expand_braces(pattern) == [str(p) for p in shards]
+    build(pattern, tmp_path / "a", OPTIONS, workers=2, progress=False)
+    build(tmp_path / "wds", tmp_path / "b", OPTIONS, workers=1, progress=False)
+    assert dataset_files(tmp_path / "a") == dataset_files(tmp_path / "b")
+    with open_dataset(tmp_path / "a") as ds:
+        assert len(ds) == 18 and ds.classes == ()
+        for i in range(len(ds)):
+            key = ds.key(i)
+            assert ds.read(i) == FILES[f"{key.split('_')[0]}/{int(key[4:8]) % 6:03d}.jpg"]
+            assert int(ds.labels[i]) == ("cat", "dog", "emu").index(key.split("_")[0])
+            assert ds.metadata(i)["txt"] == "a caption"
+    named = webdataset_shards(tmp_path / "wds2", json_labels=True)
+    build(named[0], tmp_path / "c", OPTIONS, workers=1, progress=False, source_kind="webdataset")
+    with open_dataset(tmp_path / "c") as ds:
+        assert ds.classes == ("cat",) and ds.metadata(0)["json"]["w"] == 1
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "webdataset"])
+def test_deterministic_parts_and_resume(tmp_path: Path, kind: str) -> None:
+    if kind == "webdataset":
+        source: Path | str = str(tmp_path / "wds" / "train-{000000..000002}.tar")
+        webdataset_shards(tmp_path / "wds")
+    else:
+        source = write_tar(tmp_path / f"src.{kind}", FILES, "w" if kind == "tar" else "w:gz")
+    build(source, tmp_path / "one", OPTIONS, workers=1, progress=False)
+    build(source, tmp_path / "two", OPTIONS, workers=2, progress=False)
+    assert dataset_files(tmp_path / "one") == dataset_files(tmp_path / "two")
+    split = tmp_path / "split"
+    for k in (1, 0):
+        build(source, split, OPTIONS, part=(k, 2), workers=1, progress=False)
+    finish(split, source)
+    assert dataset_files(split) == dataset_files(tmp_path / "one")
+    resumed = tmp_path / "resumed"
+    build(source, resumed, OPTIONS, part=(0, 2), workers=1, progress=False)
+    build(source, resumed, OPTIONS, resume=True, workers=2, progress=False)
+    assert dataset_files(resumed) == dataset_files(tmp_path / "one")
+
+
+def test_resume_refuses_a_changed_archive(tmp_path: Path) -> None:
+    from packer.errors import BuildError
+
+    source = write_tar(tmp_path / "src.tar", FILES)
+    out = tmp_path / "ds"
+    build(source, out, OPTIONS, part=(0, 2), workers=1, progress=False)
+    write_tar(source, dict(list(FILES.items())[:5]))
+    os.utime(source, ns=(1, 1))
+    with pytest.raises(BuildError, match="planned from"):
+        build(source, out, OPTIONS, resume=True, workers=1, progress=False)
+
+
+def test_tar_zst(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    plain = write_tar(tmp_path / "plain.tar", FILES)
+    source = tmp_path / "data.tar.zst"
+    source.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
+    assert sniff_container(source) == "tar.zst"
+    build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    assert packed(tmp_path / "ds") == EXPECTED
