@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ESCAPED_FIELD", "escape_name", "is_utf8", "unescape_key"]
+__all__ = ["ESCAPED_FIELD", "ESCAPED_META", "escape_name", "is_utf8", "unescape_key", "source_name"]
 
 #: The metadata field that marks a sample whose key is an escaped name.
 ESCAPED_FIELD = "escaped_name"
+#: The whole metadata of a folder entry whose name was escaped (canonical JSON).
+ESCAPED_META = b'{"escaped_name":true}'
 
 
 def is_utf8(name: bytes) -> bool:
@@ -50,6 +52,13 @@ def escape_name(name: bytes) -> str:
             out.append("".join(f"%{b:02X}" for b in bad))
             position += exc.end
     return "".join(out)
+
+
+def source_name(key: str, meta: bytes) -> bytes | None:
+    """The original name bytes of a listed entry whose key was escaped (its ``meta`` says so), else None."""
+    if "%" not in key or b'"escaped_name":true' not in meta:
+        return None
+    return unescape_key(key)
 
 
 def unescape_key(key: str, escaped: bool = True) -> bytes:

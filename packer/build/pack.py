@@ -22,6 +22,7 @@ from ..errors import BuildError, PackerError, RejectedImageError
 from ..files import open_nonblocking, read_fd_capped
 from ..imageinfo import probe_image
 from .atomic import fsync_dir
+from ..names import source_name
 from .members import MemberReader
 from .plan import BuildOptions, BuildPlan
 from .records import RECORD_COLUMNS, read_record, record_path, write_record
@@ -106,7 +107,8 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                           if listing.members is not None else None)
                 payload, info, rejection, note = _load_and_check(
                     listing.root, key, int(listing.sizes[source_index]), options, codec,
-                    listing.stamp(source_index), member=member)
+                    listing.stamp(source_index), member=member,
+                    name=source_name(key, listing.metadata(source_index)))
                 pending_files += 1
                 if note is not None:
                     notes[note] = notes.get(note, 0) + 1
@@ -245,11 +247,13 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
 
 
 def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any,
-                    listed_stamp: int = 0, member: tuple[bytes, str, str] | None = None
+                    listed_stamp: int = 0, member: tuple[bytes, str, str] | None = None,
+                    name: bytes | None = None
                     ) -> tuple[bytes, Any, Rejection | None, str | None]:
     """Read one source file and check it; a bad file becomes a Rejection, never an exception.
 
     ``member``: an archive member already read (``MemberReader.read``: data, reason, message).
+    ``name``: the file's real relative name when ``key`` is its escaped form (``packer.names``).
     Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
     (``Codec.note``), counted in the build summary, or None.
     """
@@ -257,7 +261,7 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
         if member[1]:
             return b"", None, Rejection(key, member[1], member[2]), None
         return _check(member[0], key, options, codec)
-    path = root / key
+    path = root / (key if name is None else os.fsdecode(name))  # an escaped key names other bytes
     if listed_size > options.max_file_size:
         return b"", None, Rejection(key, "file-too-large",
                                     f"is {listed_size} bytes; the limit (--max-file-size) is "

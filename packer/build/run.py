@@ -19,6 +19,7 @@ from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
 from .archives import list_any_source
+from ..names import source_name
 from .members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
@@ -113,7 +114,8 @@ def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> 
     for i in sorted({int(x) for x in np.linspace(0, count - 1, num=min(probes, count))}):
         key = listing.key(i)
         try:
-            size = os.stat(source_root / key).st_size
+            real = source_name(key, listing.metadata(i))  # an escaped key names other bytes
+            size = os.stat(source_root / (key if real is None else os.fsdecode(real))).st_size
         except OSError:
             size = -1
         if size != int(listing.sizes[i]):

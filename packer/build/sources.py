@@ -41,6 +41,7 @@ import xxhash
 
 from ..classes import split_folder_warning
 from ..errors import EmptySourceError, OptionError, SourceError
+from ..names import ESCAPED_META, escape_name
 from .members import MemberTable
 
 __all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
@@ -273,8 +274,8 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
                 stack.append((child, rel, parents | {ident}))
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
-            if key is None:
-                out.reject(_printable(rel), "undecodable-name", "file name is not valid UTF-8")
+            if key is None:  # not UTF-8: packed under its reversible escaped key (packer/names.py)
+                out.add(escape_name(os.fsencode(rel)).encode(), st.st_size, label, ESCAPED_META)
                 continue
             out.add(key, st.st_size, label, stamp=file_stamp(st))
         else:

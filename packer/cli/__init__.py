@@ -127,7 +127,7 @@ def cli() -> None:
     """Pack image datasets into large aligned shards, inspect and verify them."""
 
 
-COMMAND_MODULES = ("build_cmd", "inspect_cmd", "verify_cmd", "append_cmd", "bench_cmd")
+COMMAND_MODULES = ("build_cmd", "inspect_cmd", "verify_cmd", "append_cmd", "bench_cmd", "export_cmd")
 
 
 def _register() -> None:

@@ -1,0 +1,124 @@
+"""packer export: folder -> packer -> folder (also through tar and WebDataset) reproduces every file byte for byte."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from packer.build import build
+from packer.build.plan import BuildOptions
+from packer.cli import _register, cli
+from packer.errors import OptionError, OutputExistsError
+from packer.export import export
+
+OPTIONS = BuildOptions(shard_size=16 << 10, seed=1)
+
+
+def tree(root: Path) -> dict[bytes, bytes]:
+    base = os.fsencode(root)
+    out = {}
+    for folder, _, files in os.walk(base):
+        for name in files:
+            full = os.path.join(folder, name)
+            out[os.path.relpath(full, base)] = open(full, "rb").read()
+    return out
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    for cls, count in (("cat", 5), ("dog", 4)):
+        (root / cls / "sub").mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (9, 11, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+        Image.fromarray(rng.integers(0, 255, (9, 11, 3), dtype=np.uint8)).save(root / cls / "sub" / "x y.jpg")
+    Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(root / "dog" / "a.ppm")
+    return root
+
+
+def test_folder_round_trip(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    result = export(tmp_path / "ds", tmp_path / "back")
+    assert result.samples == 12 and tree(tmp_path / "back") == tree(source)
+
+
+def test_round_trip_through_tar_and_webdataset(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    export(tmp_path / "ds", tmp_path / "all.tar", to="tar")
+    export(tmp_path / "ds", tmp_path / "again.tar", to="tar")
+    assert (tmp_path / "all.tar").read_bytes() == (tmp_path / "again.tar").read_bytes()  # deterministic
+    build(tmp_path / "all.tar", tmp_path / "ds-tar", OPTIONS, workers=2, progress=False)
+    export(tmp_path / "ds-tar", tmp_path / "back-tar")
+    assert tree(tmp_path / "back-tar") == tree(source)
+
+    export(tmp_path / "ds", tmp_path / "wds", to="webdataset", samples_per_shard=5)
+    assert sorted(p.name for p in (tmp_path / "wds").iterdir()) == ["shard-000000.tar", "shard-000001.tar",
+                                                                    "shard-000002.tar"]
+    with tarfile.open(tmp_path / "wds" / "shard-000000.tar") as archive:
+        assert any(n.endswith(".cls") for n in archive.getnames())
+    build(tmp_path / "wds", tmp_path / "ds-wds", OPTIONS, workers=2, progress=False)
+    export(tmp_path / "ds-wds", tmp_path / "back-wds")
+    assert tree(tmp_path / "back-wds") == tree(source)
+
+
+def test_non_utf8_name_goes_back_to_its_bytes(tmp_path: Path) -> None:
+    src = tmp_path / "latin1.tar"
+    png = tmp_path / "p.png"
+    Image.new("RGB", (3, 3)).save(png)
+    with tarfile.open(src, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as archive:
+        archive.add(png, arcname=os.fsdecode(b"old/caf\xe9.png"))
+    build(src, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    export(tmp_path / "ds", tmp_path / "back")
+    assert tree(tmp_path / "back") == {b"old/caf\xe9.png": png.read_bytes()}
+
+
+def test_filters_and_cli(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert export(tmp_path / "ds", tmp_path / "cats", classes=["cat"]).samples == 6
+    assert export(tmp_path / "ds", tmp_path / "first", samples="0:3").samples == 3
+    (tmp_path / "keys.txt").write_text("dog/0.png\ncat/sub/x y.jpg\n")
+    assert export(tmp_path / "ds", tmp_path / "some", keys=tmp_path / "keys.txt").samples == 2
+    assert set(tree(tmp_path / "some")) == {b"dog/0.png", b"cat/sub/x y.jpg"}
+    with pytest.raises(OptionError, match="not a class"):
+        export(tmp_path / "ds", tmp_path / "x", classes=["emu"])
+    with pytest.raises(OutputExistsError):
+        export(tmp_path / "ds", tmp_path / "cats")
+    _register()
+    runner = CliRunner()
+    run = runner.invoke(cli, ["export", str(tmp_path / "ds"), str(tmp_path / "cli.tar"), "--to", "tar",
+                              "--classes", "dog", "--json"])
+    assert run.exit_code == 0, run.output
+    assert '"samples": 6' in run.stdout
+    bad = runner.invoke(cli, ["export", str(tmp_path / "ds"), str(tmp_path / "y"), "--samples", "a:b"])
+    assert bad.exit_code == 2
+
+
+def test_reencoded_dataset_is_refused(source: Path, tmp_path: Path) -> None:
+    build(source, tmp_path / "ds", BuildOptions(shard_size=16 << 10, codec="jpeg"), workers=1, progress=False)
+    with pytest.raises(OptionError, match="codec 'jpeg'"):
+        export(tmp_path / "ds", tmp_path / "back")
+
+
+def test_latin1_file_name_in_a_folder_is_packed_and_exported_back(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "old").mkdir(parents=True)
+    png = tmp_path / "p.png"
+    Image.new("RGB", (3, 3)).save(png)
+    with open(os.fsencode(src / "old") + b"/caf\xe9 100%.png", "wb") as handle:
+        handle.write(png.read_bytes())
+    result = build(src, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert result.sample_count == 1 and not result.rejected
+    from packer.dataset import open_dataset
+
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.key(0) == "old/caf%E9 100%25.png" and ds.metadata(0) == {"escaped_name": True}
+    build(src, tmp_path / "ds", OPTIONS, workers=1, progress=False, resume=True, overwrite=True)
+    export(tmp_path / "ds", tmp_path / "back")
+    assert tree(tmp_path / "back") == tree(src)
