@@ -122,3 +122,16 @@ def test_latin1_file_name_in_a_folder_is_packed_and_exported_back(tmp_path: Path
     build(src, tmp_path / "ds", OPTIONS, workers=1, progress=False, resume=True, overwrite=True)
     export(tmp_path / "ds", tmp_path / "back")
     assert tree(tmp_path / "back") == tree(src)
+
+
+def test_inspect_shows_the_original_name(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "old").mkdir(parents=True)
+    Image.new("RGB", (3, 3)).save(tmp_path / "p.png")
+    with open(os.fsencode(src / "old") + b"/caf\xe9.png", "wb") as handle:
+        handle.write((tmp_path / "p.png").read_bytes())
+    build(src, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    _register()
+    run = CliRunner().invoke(cli, ["inspect", str(tmp_path / "ds"), "--sample", "0"])
+    assert run.exit_code == 0, run.output
+    assert "old/caf%E9.png" in run.stdout and "old/caf\\xe9.png" in run.stdout

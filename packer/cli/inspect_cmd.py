@@ -97,6 +97,8 @@ def _format_sample(info: dict[str, Any]) -> str:
         ("image", f"{info['image_format']} {info['height']}x{info['width']} (HxW), {info['channels']} channel(s)"),
         ("metadata", json.dumps(info["metadata"], sort_keys=True, ensure_ascii=False) if info["metadata"] else "none"),
     ]
+    if "source_name" in info:
+        rows.insert(2, ("name", f"{info['source_name']} (the original bytes; the key escapes them)"))
     # One value per line: a key or class name holding a newline must not forge a line.
     return "\n".join(f"{name:<9}  {terminal_safe(value, keep_newlines=False)}" for name, value in rows)
 
@@ -167,6 +169,10 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
         write_new_file(extract, data, force=force)
         document["extracted"] = {"path": str(extract), "bytes": len(data)}
         echo(f"wrote the {len(data)} bytes of sample {number} ({info['key']}) to {extract}", err=True)
+    if info["metadata"].get("escaped_name"):  # the key escapes a name that is not UTF-8 (packer.names)
+        from ..names import unescape_key
+
+        info["source_name"] = unescape_key(info["key"]).decode("utf-8", "backslashreplace")
     document["sample"] = info
     if not as_json:
         echo(_format_sample(info))
