@@ -254,3 +254,33 @@ def test_tar_zst(tmp_path: Path) -> None:
     assert sniff_container(source) == "tar.zst"
     build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
     assert packed(tmp_path / "ds") == EXPECTED
+
+
+def test_parquet_huggingface_layout(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    names = ["cat", "dog", "emu"]
+    keys = list(FILES)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({
+        "image": pa.array([{"bytes": FILES[k], "path": k} for k in keys] + [{"bytes": None, "path": "x.jpg"}],
+                          type=image_type),
+        "label": pa.array([names.index(k.split("/")[0]) for k in keys] + [0], type=pa.int64()),
+    })
+    hf = {"info": {"features": {"image": {"_type": "Image"},
+                                "label": {"_type": "ClassLabel", "names": names}}}}
+    table = table.replace_schema_metadata({b"huggingface": json.dumps(hf).encode()})
+    (tmp_path / "hf" / "data").mkdir(parents=True)
+    pq.write_table(table.slice(0, 10), tmp_path / "hf" / "data" / "train-00000-of-00002.parquet", row_group_size=4)
+    pq.write_table(table.slice(10), tmp_path / "hf" / "data" / "train-00001-of-00002.parquet", row_group_size=4)
+    (tmp_path / "hf" / "README.md").write_text("a dataset card")
+    result = build(tmp_path / "hf", tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    assert {r.key: r.reason for r in result.rejected} == {"x.jpg": "not-an-image"}
+    assert packed(tmp_path / "ds") == EXPECTED
+    build(tmp_path / "hf", tmp_path / "ds1", OPTIONS, workers=1, progress=False)
+    assert dataset_files(tmp_path / "ds1") == dataset_files(tmp_path / "ds")
+    plain = pa.table({"img": pa.array([FILES[k] for k in keys]), "cls": pa.array([k.split("/")[0] for k in keys])})
+    pq.write_table(plain, tmp_path / "plain.bin")
+    build(tmp_path / "plain.bin", tmp_path / "ds2", OPTIONS, workers=1, progress=False, label_field="cls")
+    with open_dataset(tmp_path / "ds2") as ds:
+        assert ds.classes == ("cat", "dog", "emu") and ds.key(0).startswith("plain/")

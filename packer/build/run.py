@@ -49,7 +49,8 @@ def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
 
 def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
                  reuse: bool = True, progress: bool = False, strict_classes: bool = False,
-                 source_kind: str = "auto", label_field: str = "label") -> BuildPlan:
+                 source_kind: str = "auto", label_field: str = "label", image_column: str | None = None
+                 ) -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
 
     Args:
@@ -76,7 +77,8 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     with ListingProgress(enabled=progress) as counter:
         listing = list_any_source(source, root, progress=counter.update, spool_dir=staging / SPOOL_DIR,
                                   source_kind=source_kind, label_field=label_field, classes=options.classes,
-                                  label_type=options.label_type)
+                                  label_type=options.label_type,
+                                  image_column=image_column)
     unknown = [r for r in listing.rejected if r.reason == "unknown-class"]
     if strict_classes and unknown:
         raise SourceError(f"{len(unknown)} file(s) are not in the class list (--on-error fail), e.g. "
@@ -175,7 +177,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
           part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
           address: str | None = None, source_kind: str = "auto", label_field: str = "label",
-          progress: bool = False) -> BuildResult | None:
+          image_column: str | None = None, progress: bool = False) -> BuildResult | None:
     """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
 
     Args:
@@ -193,7 +195,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         engine: ``"local"`` (process pool) or ``"ray"``.
         address: the Ray cluster address for ``engine="ray"``.
         source_kind: ``"auto"`` (recognised by content) or a kind of ``archives.SOURCE_KINDS``.
-        label_field: the WebDataset ``.json`` field that holds the label.
+        label_field: the WebDataset ``.json`` field, or the Parquet column, that holds the label.
+        image_column: the Parquet column holding the images (default: found by its type).
         progress: show a tqdm bar on stderr; off by default in the library (the CLI turns it
             on): library calls only log, to the ``packer`` loggers (warnings reach stderr).
 
@@ -229,7 +232,8 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         return _build_locked(source_path, out_path, options, root_path, started, workers=workers,
                              overwrite=overwrite, resume=resume, continuing=continuing, on_error=on_error,
                              part=part, plan_only=plan_only, split=split, engine=engine, address=address,
-                             progress=progress, source_kind=source_kind, label_field=label_field)
+                             progress=progress, source_kind=source_kind, label_field=label_field,
+                             image_column=image_column)
     except SourceError:  # the input is unusable: leave no half-made output behind
         _drop_lock_file(out_path, remove_empty=created)
         raise
@@ -239,7 +243,7 @@ def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root
                   started: float, *, workers: int | None, overwrite: bool, resume: bool, continuing: bool,
                   on_error: str, part: tuple[int, int] | None, plan_only: bool, split: bool, engine: str,
                   address: str | None, progress: bool, source_kind: str = "auto",
-                  label_field: str = "label") -> BuildResult | None:
+                  label_field: str = "label", image_column: str | None = None) -> BuildResult | None:
     with build_lock(out_path, shared=split):
         if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
             # Checked again under the lock: another build may have committed since the check above.
@@ -251,7 +255,8 @@ def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root
         try:
             plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
                                 progress=progress, strict_classes=on_error == "fail",
-                                source_kind=source_kind, label_field=label_field)
+                                source_kind=source_kind, label_field=label_field,
+                                image_column=image_column)
         except EmptySourceError as exc:
             if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
                 record_empty_build(out_path, exc, options.to_json(), source_kind="manifest" if

@@ -68,10 +68,12 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--source-kind", default="auto", show_default=True,
-              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset"]),
+              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet"]),
               help="What SOURCE is; auto recognises archives by their bytes.")
 @click.option("--label-field", default="label", show_default=True,
-              help="WebDataset: the .json member's field holding the label (a .cls member wins).")
+              help="WebDataset: the .json member's field holding the label (a .cls member wins); "
+                   "Parquet: the label column.")
+@click.option("--image-column", default=None, help="Parquet: the image column (default: found by its type).")
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
 @click.option("--classes", "classes_spec", default=None,
               help="Fix the class list (label i = i-th name): a file (one name per line, or a .json list) "
@@ -89,7 +91,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,
-                  engine: str, address: str | None, source_kind: str, label_field: str, quiet: bool,
+                  engine: str, address: str | None, source_kind: str, label_field: str,
+                  image_column: str | None, quiet: bool,
                   as_json: bool, max_size: int | None, quality: int | None, resize_side: str | None,
                   raw_size: str | None, classes_spec: str | None, classes_from: Path | None, label_type: str,
                   verbose: bool, max_file_size: int) -> None:
@@ -97,9 +100,10 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
 
     SOURCE is an ImageFolder-layout folder, a .csv/.jsonl manifest, a tar (plain, .gz, .bz2, .xz,
     .zst) of class/file members or of class tars, a zip, or WebDataset shards (a tar, a folder of
-    tars, or a brace pattern like 'train-{000000..000099}.tar'). Build every split of one dataset
-    with one class list (`--classes-from TRAIN_OUT` for val), or a class missing from one split
-    shifts every label after it.
+    tars, or a brace pattern like 'train-{000000..000099}.tar'), or Parquet files (a HuggingFace
+    dataset: a file or a folder of them). Build every split of one dataset with one class list
+    (`--classes-from TRAIN_OUT` for val), or a class missing from one split shifts every label
+    after it.
     """
     from ..build.run import build, finish, parse_part
     from ..classes import classes_of, load_class_list
@@ -134,7 +138,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
             result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
                            on_error=on_error, root=root, part=parse_part(part) if part else None,
                            plan_only=plan_only, engine=engine, address=address, source_kind=source_kind,
-                           label_field=label_field, progress=not quiet)
+                           label_field=label_field, image_column=image_column, progress=not quiet)
         if result is None:
             done = "plan saved" if plan_only else f"part {part} packed"
             echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "
