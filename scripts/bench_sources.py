@@ -5,7 +5,8 @@
 
 In one run, with the page cache warm (each step runs once to warm up, then is timed):
   1. the same JPEGs as a folder, an uncompressed tar, a tar of class tars (ImageNet's layout),
-     a stored zip, WebDataset shards (1,000 samples each, .jpg + .cls) and a gzipped tar;
+     a stored zip, WebDataset shards (1,000 samples each, .jpg + .cls), a Parquet file in the
+     HuggingFace layout (when pyarrow is installed) and a gzipped tar;
   2. the baseline for each: reading it once (``cat`` the container, or every file of the folder,
      to /dev/null), and for the gzipped tar ``gzip -dc`` (the decompressor's speed);
   3. ``packer build`` from each (pass-through, header validation; through the library, so no
@@ -105,6 +106,20 @@ def make_sources(work: Path, folder: Path) -> dict[str, tuple[Path | str, str]]:
     shards = sorted(wds.iterdir())
     pattern = str(wds / f"train-{{000000..{len(shards) - 1:06d}}}.tar")
     sources["webdataset (pattern)"] = (pattern, f"cat '{wds}'/*.tar > /dev/null")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:  # the parquet extra is optional
+        pq = None
+    if pq is not None:
+        parquet = work / "data.parquet"
+        if not parquet.exists():
+            image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+            table = pa.table({"image": pa.array([{"bytes": p.read_bytes(), "path": n} for p, n in zip(files, rel)],
+                                                type=image_type),
+                              "label": pa.array([int(n.split("/")[0].split("_")[-1]) for n in rel])})
+            pq.write_table(table, parquet, row_group_size=500, compression="none")
+        sources["parquet (HF layout)"] = (parquet, f"cat '{parquet}' > /dev/null")
     gz = work / "data.tar.gz"
     if not gz.exists():
         subprocess.run(f"gzip -1 -c '{tar}' > '{gz}'", shell=True, check=True)
