@@ -284,3 +284,19 @@ def test_parquet_huggingface_layout(tmp_path: Path) -> None:
     build(tmp_path / "plain.bin", tmp_path / "ds2", OPTIONS, workers=1, progress=False, label_field="cls")
     with open_dataset(tmp_path / "ds2") as ds:
         assert ds.classes == ("cat", "dog", "emu") and ds.key(0).startswith("plain/")
+
+
+def test_cli_build_from_archives(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import _register, cli
+
+    _register()
+    runner = CliRunner()
+    source = write_tar(tmp_path / "src.tar", FILES)
+    run = runner.invoke(cli, ["build", str(source), str(tmp_path / "ds"), "-q", "--json"])
+    assert run.exit_code == 0, run.output
+    broken = tmp_path / "broken.tar.gz"
+    broken.write_bytes((tmp_path / "src.tar").read_bytes()[:0] + b"\x1f\x8b" + bytes(100))
+    bad = runner.invoke(cli, ["build", str(broken), str(tmp_path / "ds2"), "-q", "--source-kind", "tar"])
+    assert bad.exit_code == 2 and "tar" in bad.output

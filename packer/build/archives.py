@@ -214,7 +214,9 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
         if source_kind not in ("auto", "zip"):
             raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
         return list_zip(path, progress=progress, max_member_size=max_member_size)
-    if source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind, spool_dir)):
+    with _archive_errors(path):
+        samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
+    if samples:
         return list_webdataset([path], progress=progress, spool_dir=spool_dir, label_field=label_field,
                                max_member_size=max_member_size)
     if source_kind == "zip":
@@ -222,14 +224,15 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
     return list_tar(path, progress=progress, spool_dir=spool_dir, max_member_size=max_member_size)
 
 
-def _looks_like_webdataset(path: Path, kind: str, spool_dir: Path | None) -> bool:
+def _looks_like_webdataset(path: Path, kind: str) -> bool:
     """The first members are files at the top level, or label/metadata members sit beside images."""
-    if kind != "tar":  # peeking into a compressed tar means decompressing its start: cheap enough
-        opener = lambda: tarfile.open(fileobj=_decompressor(path, kind.split(".")[1]), mode="r|")  # noqa: E731
-    else:
-        opener = lambda: tarfile.open(path, mode="r:")  # noqa: E731
     files = 0
-    with opener() as archive:
+    with contextlib.ExitStack() as stack:
+        if kind != "tar":  # peeking into a compressed tar means decompressing its start: cheap enough
+            stream = stack.enter_context(_decompressor(path, kind.split(".")[1]))
+            archive = stack.enter_context(tarfile.open(fileobj=stream, mode="r|"))
+        else:
+            archive = stack.enter_context(tarfile.open(path, mode="r:"))
         for member in archive:
             archive.members = []
             if not member.isfile():
