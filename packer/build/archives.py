@@ -335,11 +335,12 @@ def _drop_duplicates(listing: SourceListing, hashes: np.ndarray) -> SourceListin
     if not len(repeated):
         return listing
     keep = np.ones(len(listing), dtype=bool)
-    seen: dict[int, set[str]] = {}
+    seen: dict[int, set[str]] = {}  # only hashes that repeat: their keys, compared for real
     for position in repeated.tolist():
-        group = seen.setdefault(int(sorted_hashes[position]), {listing.key(int(order[position - 1]))}) \
-            if sorted_hashes[position] != sorted_hashes[position - 1] or int(sorted_hashes[position]) not in seen \
-            else seen[int(sorted_hashes[position])]
+        value = int(sorted_hashes[position])
+        group = seen.get(value)
+        if group is None:  # position - 1 holds this hash's first row in archive order (stable sort)
+            group = seen[value] = {listing.key(int(order[position - 1]))}
         row = int(order[position])
         key = listing.key(row)
         if key in group:
