@@ -300,3 +300,25 @@ def test_cli_build_from_archives(tmp_path: Path) -> None:
     broken.write_bytes((tmp_path / "src.tar").read_bytes()[:0] + b"\x1f\x8b" + bytes(100))
     bad = runner.invoke(cli, ["build", str(broken), str(tmp_path / "ds2"), "-q", "--source-kind", "tar"])
     assert bad.exit_code == 2 and "tar" in bad.output
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip"])
+def test_cut_archives_fail_cleanly(tmp_path: Path, kind: str) -> None:
+    """An archive cut anywhere is a SourceError or a build whose lost members are rejections: never a crash."""
+    whole = tmp_path / f"whole.{kind}"
+    if kind == "zip":
+        with zipfile.ZipFile(whole, "w", zipfile.ZIP_DEFLATED) as archive:
+            for key, data in FILES.items():
+                archive.writestr(key, data)
+    else:
+        write_tar(whole, FILES, "w" if kind == "tar" else "w:gz")
+    data = whole.read_bytes()
+    for n, cut in enumerate(sorted({1, 300, 513, len(data) // 3, len(data) // 2, len(data) - 700, len(data) - 1})):
+        source = tmp_path / f"cut{n}.{kind}"
+        source.write_bytes(data[:cut])
+        try:
+            result = build(source, tmp_path / f"ds{n}", OPTIONS, workers=1, progress=False)
+        except SourceError:
+            continue
+        assert result.sample_count + len(result.rejected) >= 1
+        assert {r.reason for r in result.rejected} <= {"truncated", "not-an-image", "unreadable"}

@@ -535,7 +535,13 @@ def _list_tar(path: Path, progress: Callable[[int], None] | None, spool_dir: Pat
             handle = opened.archive.extractfile(member)
             head = handle.read(512) if handle is not None and member.size >= 1024 else b""
             if _is_tar_header(head):
-                _list_inner_tar(_Chain(head, handle), member, name, out, opened.container, max_member_size)
+                if opened.compression is None:  # seekable: the inner tar's headers alone are read
+                    handle.seek(0)
+                    inner: IO[bytes] = handle
+                else:  # one pass through the spooling stream, the head already read
+                    inner = io.BufferedReader(_Chain(head, handle), 1 << 16)
+                _list_inner_tar(inner, member, name, out, opened.container, max_member_size,
+                                seekable=opened.compression is None)
                 continue
             if "/" not in name:
                 out.reject(name, "not-in-class-folder", "members must sit inside a class folder (class/file), "
@@ -573,14 +579,14 @@ def _name_meta(raw: str) -> bytes:
 
 
 def _list_inner_tar(handle: IO[bytes], member: tarfile.TarInfo, name: str, out: _Listing, container: int,
-                    max_member_size: int) -> None:
+                    max_member_size: int, *, seekable: bool) -> None:
     """One member tar is one class: its name without the extension."""
     class_name = name.rsplit("/", 1)[-1]
     class_name = class_name.split(".", 1)[0] or class_name
     label = out.class_id(class_name)
     base = member.offset_data
     try:
-        with tarfile.open(fileobj=io.BufferedReader(handle, 1 << 16), mode="r|") as inner:
+        with tarfile.open(fileobj=handle, mode="r:" if seekable else "r|") as inner:
             for item in inner:
                 inner.members = []
                 if item.isdir():
