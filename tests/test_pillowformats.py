@@ -96,3 +96,27 @@ def test_reader_table() -> None:
     assert ImageFormat.RAW not in decodable_by("cpu")
     with pytest.raises(ValueError):
         decodable_by("opencv")
+
+
+def test_dali_table_matches_dalis_own_decoder() -> None:
+    """decodable_by("dali") is what DALI's image decoder (CPU backend here) really decodes."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, pipeline_def, types
+
+    for fmt in ["JPEG", "PNG", "WEBP", "PPM", "JPEG2000", "GIF", "TGA", "QOI"]:
+        out = io.BytesIO()
+        Image.fromarray(PIXELS).save(out, fmt)
+        data = np.frombuffer(out.getvalue(), dtype=np.uint8)
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+        def pipeline():  # type: ignore[no-untyped-def]
+            encoded = fn.external_source(source=lambda: [data], batch=True)
+            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+        try:
+            pipe = pipeline()
+            pipe.build()
+            decoded = pipe.run()[0].as_array().shape == (1, 12, 17, 3)
+        except RuntimeError:
+            decoded = False
+        assert decoded == (ImageFormat.BY_PIL_NAME[fmt] in decodable_by("dali")), fmt
