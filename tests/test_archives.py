@@ -322,3 +322,15 @@ def test_cut_archives_fail_cleanly(tmp_path: Path, kind: str) -> None:
             continue
         assert result.sample_count + len(result.rejected) >= 1
         assert {r.reason for r in result.rejected} <= {"truncated", "not-an-image", "unreadable"}
+
+
+def test_append_from_a_compressed_archive(tmp_path: Path) -> None:
+    from packer.build.append import append
+
+    first = dict(list(FILES.items())[:9])
+    rest = dict(list(FILES.items())[9:])
+    build(write_tar(tmp_path / "a.tar", first), tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    result = append(tmp_path / "ds", write_tar(tmp_path / "b.tar.gz", rest, "w:gz"), workers=1, progress=False)
+    assert result.sample_count >= len(rest)
+    assert packed(tmp_path / "ds") == EXPECTED
+    assert not (tmp_path / "ds" / ".packer-append-spool").exists()

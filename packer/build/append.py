@@ -25,9 +25,10 @@ from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
+from .archives import list_any_source
 from .run import check_output_outside_source, check_workers, run_shards
-from .sources import Rejection, SourceListing, list_source, select_rows
-from .staging import PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
+from .sources import Rejection, SourceListing, select_rows
+from .staging import APPEND_SPOOL_DIR, PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
 __all__ = ["append", "options_from_manifest"]
 
@@ -91,28 +92,33 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
         options = _generation_options(manifest, generation, seed)
-        # A dataset built with a fixed class list (--classes) keeps it: new class names are
-        # rejected as unknown-class, never given new ids that other splits do not have.
-        listing = list_source(Path(source), root, label_type=options.label_type, classes=options.classes)
-        listing, classes = _relabel(listing, manifest.classes)
-        listing = _drop_existing_keys(listing, _existing_keys(old.index))
-        if len(listing) == 0:
-            raise EmptySourceError("every file of the new source is already in the dataset or rejected",
-                                   path=Path(source))
-        last_number = manifest.shards[-1].number if manifest.shards else -1
-        plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
-        staging = out / STAGING_DIR
-        shutil.rmtree(staging, ignore_errors=True)
+        spool = out / APPEND_SPOOL_DIR  # a compressed archive or Parquet source, decompressed once
         try:
-            (staging / RECORD_DIR).mkdir(parents=True)
-            save_plan(plan, staging / PLAN_NAME)
-            run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local", address=None,
-                       progress=progress, fail_on_reject=False)
-            result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name)
-        except BaseException:
-            _discard_failed_append(out)
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
+            # A fixed class list (--classes) is kept: new class names are rejected as
+            # unknown-class, never given new ids that other splits do not have.
+            listing = list_any_source(Path(source), root, spool_dir=spool, label_type=options.label_type,
+                                      classes=options.classes)  # an archive's spool: outside staging
+            listing, classes = _relabel(listing, manifest.classes)
+            listing = _drop_existing_keys(listing, _existing_keys(old.index))
+            if len(listing) == 0:
+                raise EmptySourceError("every file of the new source is already in the dataset or rejected",
+                                       path=Path(source))
+            last_number = manifest.shards[-1].number if manifest.shards else -1
+            plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
+            staging = out / STAGING_DIR
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                (staging / RECORD_DIR).mkdir(parents=True)
+                save_plan(plan, staging / PLAN_NAME)
+                run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local",
+                           address=None, progress=progress, fail_on_reject=False)
+                result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name)
+            except BaseException:
+                _discard_failed_append(out)
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result

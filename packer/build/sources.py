@@ -803,7 +803,8 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected,
                          label_type=listing.label_type, warnings=listing.warnings,
                          stamps=listing.stamps[rows] if len(listing.stamps) == len(listing.sizes)
-                         else np.zeros(0, dtype=np.uint64))
+                         else np.zeros(0, dtype=np.uint64),
+                         members=listing.members.select(rows) if listing.members is not None else None)
 
 
 def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import BuildError, BuildLockedError
 
-__all__ = ["STAGING_DIR", "LOCK_NAME", "PLAN_NAME", "RECORD_DIR", "TEMP_DIR", "SPOOL_DIR", "build_lock", "io_error"]
+__all__ = ["STAGING_DIR", "LOCK_NAME", "PLAN_NAME", "RECORD_DIR", "TEMP_DIR", "SPOOL_DIR", "APPEND_SPOOL_DIR", "build_lock", "io_error"]
 
 STAGING_DIR = ".packer-build"
 LOCK_NAME = ".packer.lock"
@@ -17,6 +17,7 @@ PLAN_NAME = "plan.pkp"
 RECORD_DIR = "done"
 TEMP_DIR = "tmp"
 SPOOL_DIR = "spool"  # compressed tar sources, decompressed once while listing (build/archives.py)
+APPEND_SPOOL_DIR = ".packer-append-spool"  # the same for packer append (its staging is made after listing)
 
 
 class build_lock:
