@@ -159,6 +159,10 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
         if codec != "passthrough":
             raise OptionError(f"this dataset was built with codec {codec!r}: its payloads are not the source "
                               f"files, so there is nothing to export verbatim (export needs a passthrough build)")
+        build_options = ds.manifest.build.get("options", {}) if isinstance(ds.manifest.build, dict) else {}
+        if build_options.get("normalize_formats"):
+            raise OptionError("this dataset was built with --normalize-formats: some payloads are PNGs converted "
+                              "from the source files, so there is nothing to export verbatim")
         rows = select_samples(ds, classes=classes, samples=samples, keys=keys)
         result = ExportResult(0, 0, 0, 0)
         if to == "folder":

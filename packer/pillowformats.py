@@ -47,8 +47,8 @@ from PIL import Image, ImageFile
 from .errors import DecodeError, RejectedImageError
 from .format import ImageFormat
 
-__all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "accept_pillow_format",
-           "load_pillow_format", "decodable_by", "check_decodable"]
+__all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE", "accept_pillow_format",
+           "load_pillow_format", "decodable_by", "check_decodable", "normalize_to_png"]
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
@@ -144,6 +144,57 @@ def accept_pillow_format(img: Image.Image, view: BytesLike, *, path: str | None,
         raise RejectedImageError("decode-failed", f"{pil_format} header parsed but decoding the pixels failed: "
                                  f"{text}", path=path) from exc
     return int(value)
+
+
+#: Formats ``normalize_to_png`` leaves as they are (every common loader decodes them).
+KEPT_BY_NORMALIZE = frozenset({ImageFormat.JPEG, ImageFormat.PNG, ImageFormat.WEBP})
+# Pillow modes a PNG stores as they are (16-bit gray and alpha kept); PA has no PNG form.
+_PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I"})
+
+
+def normalize_to_png(data: BytesLike, image_format: int, *, path: str | None,
+                     max_pixels: int) -> bytes | None:
+    """The first frame of a non-JPEG/PNG/WEBP image as a lossless PNG, or None to keep ``data``.
+
+    Modes PNG stores are kept (``1``, ``L``, ``LA``, ``P`` with its transparency, ``RGB``,
+    ``RGBA``, 16-bit gray ``I;16``/``I``); ``PA`` becomes ``RGBA``, ``F`` (float gray) becomes
+    ``L`` by packer's decoding rule (rounded, clipped), anything else (CMYK, YCbCr, LAB, ...) is
+    Pillow's ``convert("RGB")`` (``RGBA`` when the image has alpha). ``decode_image`` of the PNG
+    gives the same pixels as of the original. Only the first frame of an animated or multi-page
+    file is kept.
+
+    Raises:
+        RejectedImageError: ``decode-failed`` when the image cannot be decoded.
+    """
+    if image_format in KEPT_BY_NORMALIZE or image_format == ImageFormat.RAW:
+        return None
+    try:
+        if image_format in PILLOW_ONLY_FORMATS:
+            img = load_pillow_format(data, image_format, path=path, max_pixels=max_pixels)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(io.BytesIO(data))
+                img.load()
+    except Exception as exc:  # noqa: BLE001 - DecodeError, or a plugin's own error
+        raise RejectedImageError("decode-failed", f"cannot decode the image to convert it to PNG: {exc}",
+                                 path=path) from exc
+    mode = img.mode
+    if mode in ("I;16B", "I;16L", "I;16N"):
+        img = img.convert("I;16")
+    elif mode == "PA":
+        img = img.convert("RGBA")
+    elif mode == "F":
+        values = np.nan_to_num(np.asarray(img), nan=0.0, posinf=255.0, neginf=0.0)
+        img = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L")
+    elif mode not in _PNG_MODES:
+        img = img.convert("RGBA" if "A" in mode or "transparency" in img.info else "RGB")
+    out = io.BytesIO()
+    options: dict[str, Any] = {"optimize": False}
+    if img.mode == "P" and "transparency" in img.info:
+        options["transparency"] = img.info["transparency"]
+    img.save(out, "PNG", **options)
+    return out.getvalue()
 
 
 def load_pillow_format(view: BytesLike, image_format: int, *, path: str | None, max_pixels: int) -> Image.Image:

@@ -120,3 +120,38 @@ def test_dali_table_matches_dalis_own_decoder() -> None:
         except RuntimeError:
             decoded = False
         assert decoded == (ImageFormat.BY_PIL_NAME[fmt] in decodable_by("dali")), fmt
+
+
+def test_normalize_formats_converts_rare_formats_to_png(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    gray16 = (np.arange(12 * 17, dtype=np.uint16).reshape(12, 17) * 300).astype(np.uint16)
+    images = {"x.tga": encode("TGA"), "x.ppm": encode("PPM"), "x.bmp": encode("BMP"), "x.jpg": encode("JPEG"),
+              "x.png": encode("PNG")}
+    out = io.BytesIO()
+    Image.fromarray(gray16).save(out, "TIFF")
+    images["g.tiff"] = out.getvalue()
+    out = io.BytesIO()
+    Image.fromarray(PIXELS).convert("RGBA").save(out, "TGA")
+    images["alpha.tga"] = out.getvalue()
+    for name, data in images.items():
+        (src / name).write_bytes(data)
+    result = build(tmp_path / "src", tmp_path / "ds", BuildOptions(shard_size=1 << 16, normalize_formats=True),
+                   workers=1, progress=False)
+    assert result.summary["codec_notes"] == {"png from bmp": 1, "png from ppm": 1, "png from tga": 2,
+                                             "png from tiff": 1}
+    with open_dataset(tmp_path / "ds") as ds:
+        for i in range(len(ds)):
+            key, data = ds.key(i), ds.read(i)
+            original = images[key.split("/", 1)[1]]
+            if key.endswith((".jpg", ".png")):
+                assert data == original
+                continue
+            assert int(ds.index.image_format[i]) == ImageFormat.PNG and data.startswith(b"\x89PNG")
+            assert np.array_equal(decode_image(data), decode_image(original)), key
+            with Image.open(io.BytesIO(data)) as png:
+                if key.endswith("g.tiff"):
+                    assert png.mode in ("I;16", "I") and np.array_equal(np.asarray(png), gray16)  # 16 bits kept
+                if key.endswith("alpha.tga"):
+                    assert png.mode == "RGBA"
+    assert "normalize_formats" not in BuildOptions().to_json()  # default: earlier manifests unchanged

@@ -23,6 +23,7 @@ from ..files import open_nonblocking, read_fd_capped
 from ..imageinfo import probe_image
 from .atomic import fsync_dir
 from ..names import source_name
+from ..pillowformats import normalize_to_png
 from .members import MemberReader
 from .plan import BuildOptions, BuildPlan
 from .records import RECORD_COLUMNS, read_record, record_path, write_record
@@ -279,8 +280,15 @@ def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_by
     ``quote_bytes=False`` for a file outside the source (a link to ``/etc/passwd``): a rejection
     never quotes its bytes.
     """
+    converted = None
     try:
         info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
+        if options.normalize_formats:  # --normalize-formats: rare formats become PNG (pillowformats)
+            png = normalize_to_png(data, info.image_format, path=key, max_pixels=options.max_pixels)
+            if png is not None:
+                converted = f"png from {fmt.ImageFormat.NAMES.get(info.image_format, 'other')}"
+                data = png
+                info = probe_image(data, name=key, validate="header", max_pixels=options.max_pixels)
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
         message = exc.message
@@ -298,7 +306,7 @@ def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_by
         return b"", None, Rejection(key, "decode-failed",
                                     f"the {options.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
     note = codec.note(data, payload, info) if hasattr(codec, "note") else None
-    return payload, info, None, note
+    return payload, info, None, converted if converted is not None and note is None else note
 
 
 def _read_listed(path: Path, key: str, listed_size: int, listed_stamp: int = 0) -> bytes | Rejection:

@@ -57,13 +57,14 @@ class BuildOptions:
     classes: tuple[str, ...] | None = None
     #: How manifest labels are read: "auto", "int" or "str" (see ``sources.LABEL_TYPES``).
     label_type: str = "auto"
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    normalize_formats: bool = False  # convert images not in JPEG/PNG/WEBP to PNG (pillowformats)
 
     def __post_init__(self) -> None:
         if isinstance(self.classes, list):  # from JSON (a saved plan, a manifest's build options)
             object.__setattr__(self, "classes", tuple(self.classes))
         elif isinstance(self.classes, (str, os.PathLike)):
             object.__setattr__(self, "classes", load_class_list(self.classes))
-    max_file_size: int = DEFAULT_MAX_FILE_SIZE
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -75,6 +76,8 @@ class BuildOptions:
             document["classes"] = list(document["classes"])
         if document["label_type"] == "auto":
             del document["label_type"]
+        if not document["normalize_formats"]:
+            del document["normalize_formats"]
         return document
 
     def check(self) -> "BuildOptions":
@@ -97,6 +100,8 @@ class BuildOptions:
         if (not isinstance(self.max_file_size, int) or isinstance(self.max_file_size, bool)
                 or not 1 <= self.max_file_size < fmt.MAX_FILE_SIZE):
             raise OptionError(f"--max-file-size must be between 1 byte and 2^62, got {self.max_file_size}")
+        if not isinstance(self.normalize_formats, bool):
+            raise OptionError(f"normalize_formats must be True or False, got {self.normalize_formats!r}")
         if self.validate not in ("header", "full"):
             raise OptionError(f"--validate must be 'header' or 'full', got {self.validate!r}")
         try:

@@ -73,6 +73,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--label-field", default="label", show_default=True,
               help="WebDataset: the .json member's field holding the label (a .cls member wins); "
                    "Parquet: the label column.")
+@click.option("--normalize-formats", is_flag=True,
+              help="Convert images in formats other than JPEG, PNG and WEBP (TGA, PPM, TIFF, BMP, GIF, ...) to "
+                   "lossless PNG at build, so every loader can decode them; counted in the summary.")
 @click.option("--image-column", default=None, help="Parquet: the image column (default: found by its type).")
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
 @click.option("--classes", "classes_spec", default=None,
@@ -92,7 +95,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,
                   engine: str, address: str | None, source_kind: str, label_field: str,
-                  image_column: str | None, quiet: bool,
+                  image_column: str | None, normalize_formats: bool, quiet: bool,
                   as_json: bool, max_size: int | None, quality: int | None, resize_side: str | None,
                   raw_size: str | None, classes_spec: str | None, classes_from: Path | None, label_type: str,
                   verbose: bool, max_file_size: int) -> None:
@@ -131,7 +134,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                               f"jpeg options, --size is a raw option)") from None
         options = BuildOptions(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle,
                                seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,
-                               max_file_size=max_file_size, classes=classes, label_type=label_type)
+                               max_file_size=max_file_size, classes=classes, label_type=label_type,
+                               normalize_formats=normalize_formats)
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:
