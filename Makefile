@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_r
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,ray]" $(DALI_SPEC)
+	$(PY) -m pip install --quiet -e ".[dev,ray,zstd,parquet]" $(DALI_SPEC)
 	touch $@
 
 venv: $(VENV)/.installed
