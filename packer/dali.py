@@ -107,14 +107,28 @@ from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, EpochCursor, RankPlan, R
 __all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator"]
 
 
-def _dataset_path_and_version(source: Any) -> tuple[str, int, int]:
-    """(folder, index checksum, sample count) of a path or an open dataset, touching no shard."""
+def _dataset_path_and_version(source: Any, *, check_formats: bool = True) -> tuple[str, int, int]:
+    """(folder, index checksum, sample count) of a path or an open dataset, touching no shard.
+
+    With ``check_formats`` a codec this reader does not know (SPEC §6), or stored formats DALI's
+    image decoders cannot decode (``pillowformats.decodable_by("dali")``: e.g. QOI, TGA, PSD),
+    are refused here, with their names, rather than deep inside a running pipeline.
+    """
+    from .codecs import check_decodable
     from .dataset import DatasetIndex, open_index
+    from .pillowformats import check_reader_formats
+
+    def checked(index: Any) -> tuple[str, int, int]:
+        if check_formats:
+            check_decodable(index.manifest.codec, path=index.path)
+            if index.manifest.codec.get("name") != "raw":  # raw payloads are pixels, not for a decoder
+                check_reader_formats(index.index.image_format, "dali", path=index.path)
+        return str(index.path), index.manifest.index.checksum, len(index)
 
     if isinstance(source, DatasetIndex):
-        return str(source.path), source.manifest.index.checksum, len(source)
+        return checked(source)
     with open_index(source) as index:
-        return str(index.path), index.manifest.index.checksum, len(index)
+        return checked(index)
 
 
 class _PackedSource:
@@ -123,7 +137,8 @@ class _PackedSource:
     def __init__(self, dataset: Any, batch_size: int, *, shard_id: int = 0, num_shards: int = 1,
                  order: str = "random", seed: int = 0, drop_last: bool = False, first_epoch: int = 0,
                  consumed: int = 0, block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False) -> None:
+                 backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False,
+                 check_formats: bool = True) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise OptionError(f"num_shards must be a positive integer, got {num_shards!r}")
         if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
@@ -133,7 +148,7 @@ class _PackedSource:
                 raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
         read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
                                batch_size=batch_size, drop_last=drop_last)
-        self.path, self._index_checksum, num_samples = _dataset_path_and_version(dataset)
+        self.path, self._index_checksum, num_samples = _dataset_path_and_version(dataset, check_formats=check_formats)
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
@@ -279,6 +294,8 @@ class PackedSampleSource(_PackedSource):
         backend: the reader backend used inside workers (``"mmap"``, ``"pread"``, ``"direct"``).
         verify_checksums: check each sample's xxh3 as it is read.
         return_index: add a third output, the sample index.
+        check_formats: refuse, at construction, stored formats DALI cannot decode (False when
+            your pipeline decodes them some other way).
     """
 
     def epoch_length(self, epoch: int | None = None) -> int:

@@ -30,7 +30,7 @@ reader             formats
 ``"nvjpeg"``       jpeg (``GpuJpegBatches`` decodes these on the GPU and the rest on the CPU)
 =================  ===========================================================================
 
-``check_decodable(formats, reader)`` turns that table into one clear error naming the formats
+``check_reader_formats(formats, reader)`` turns that table into one clear error naming the formats
 and how many samples of each a reader cannot decode, for a pipeline to raise at construction
 rather than deep inside a batch.
 """
@@ -48,7 +48,7 @@ from .errors import DecodeError, RejectedImageError
 from .format import ImageFormat
 
 __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE", "accept_pillow_format",
-           "load_pillow_format", "decodable_by", "check_decodable", "normalize_to_png"]
+           "load_pillow_format", "decodable_by", "check_reader_formats", "normalize_to_png"]
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
@@ -84,7 +84,7 @@ def decodable_by(reader: str) -> frozenset[int]:
     raise ValueError(f"reader must be one of {sorted(READERS)}, got {reader!r}")
 
 
-def check_decodable(formats: np.ndarray | Iterable[int], reader: str, *, path: Any = None) -> None:
+def check_reader_formats(formats: np.ndarray | Iterable[int], reader: str, *, path: Any = None) -> None:
     """Raise one clear error if ``reader`` cannot decode every sample's ``image_format``.
 
     Args:

@@ -88,6 +88,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
 
 from . import format as fmt
 from .classes import check_classes
+from .codecs import check_decodable, dataset_max_pixels
+from .imageinfo import DEFAULT_MAX_PIXELS
 from .dataset import Dataset, DatasetIndex, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
 from .rawcrop import raw_shape_of, read_raw_batch
@@ -245,11 +247,13 @@ class _Pipeline:
     def __init__(self, decode: bool | DecodeFn, layout: str, transform: Callable[[Any], Any] | None,
                  target_transform: Callable[[Any], Any] | None) -> None:
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+            raise OptionError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
         if not (decode is True or decode is False or callable(decode)):
-            raise ValueError(f"decode must be True, False or a callable, got {decode!r}")
+            raise OptionError(f"decode must be True, False or a callable, got {decode!r}")
         self.decode = decode
         self.layout = layout
+        #: The pixel limit of ``decode_image`` (the dataset's recorded one, set by the dataset).
+        self.max_pixels = DEFAULT_MAX_PIXELS
         self.transform = transform
         self.target_transform = target_transform
 
@@ -274,7 +278,7 @@ class _Pipeline:
             if fused:
                 return self.decode(data, image_format, index=i)
             try:
-                return decode_image(data, image_format)
+                return decode_image(data, image_format, max_pixels=self.max_pixels)
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path, sample=i) from None
         return self.decode(data, image_format)
@@ -363,6 +367,11 @@ class PackedDataset(torch_data.Dataset):
         self._fields = _check_fields(fields)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
+        if decode is not False:
+            # SPEC §6: a decoding reader refuses a codec it does not know, and decodes with the
+            # pixel limit the build recorded (so every image the build accepted decodes).
+            check_decodable(self.dataset.manifest.codec, path=self.dataset.path)
+            self._pipeline.max_pixels = dataset_max_pixels(self.dataset.manifest)
         if classes is not None:
             check_classes(tuple(classes), self.dataset)
 
@@ -865,6 +874,9 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
                  window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True) -> None:
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
+        if decode is not False:  # SPEC §6, as for PackedDataset
+            check_decodable(self.dataset.manifest.codec, path=self.dataset.path)
+            self._pipeline.max_pixels = dataset_max_pixels(self.dataset.manifest)
         self.batched = bool(batched)
         self.read_ahead = bool(read_ahead)
         self.batch_size = batch_size

@@ -16,7 +16,7 @@ from packer.decode import decode_image
 from packer.errors import DecodeError, RejectedImageError
 from packer.format import ImageFormat
 from packer.imageinfo import probe_image
-from packer.pillowformats import check_decodable, decodable_by
+from packer.pillowformats import check_reader_formats, decodable_by
 
 PIXELS = np.random.default_rng(3).integers(0, 255, (12, 17, 3), dtype=np.uint8)
 # Formats Pillow writes losslessly (so decoded pixels can be compared with the source).
@@ -82,11 +82,11 @@ def test_build_packs_and_readers_decode_or_refuse(tmp_path: Path) -> None:
             assert ImageFormat.NAMES[int(formats[i])] == key.rsplit(".", 1)[1].replace("jpg", "jpeg")
             if not key.endswith(".jpg"):
                 assert np.array_equal(decode_image(ds.read(i), int(formats[i])), PIXELS)
-        check_decodable(formats, "cpu")
+        check_reader_formats(formats, "cpu")
         with pytest.raises(DecodeError, match=r"DALI.*1 tga.*1 qoi|DALI.*1 qoi"):
-            check_decodable(formats, "dali")
+            check_reader_formats(formats, "dali")
         with pytest.raises(DecodeError, match="nvJPEG"):
-            check_decodable(formats, "nvjpeg")
+            check_reader_formats(formats, "nvjpeg")
 
 
 def test_reader_table() -> None:
