@@ -173,6 +173,9 @@ def tv_train_transform() -> Callable[[Any], Any]:
 class _EmulatedTrainTransform:
     """torchvision's PIL path, transcribed: get_params on torch's RNG, crop, resize, flip."""
 
+    def __init__(self, size: int = 224) -> None:
+        self.size = size
+
     def __call__(self, img: Any) -> Any:
         import torch
         from PIL import Image
@@ -193,7 +196,7 @@ class _EmulatedTrainTransform:
                 break
         if box is None:
             box = (0, 0, width, height)
-        img = img.crop(box).resize((224, 224), Image.Resampling.BILINEAR)
+        img = img.crop(box).resize((self.size, self.size), Image.Resampling.BILINEAR)
         if torch.rand(1) < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1).contiguous()

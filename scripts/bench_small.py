@@ -95,36 +95,8 @@ def warm(folder: Path) -> None:
 
 # --- loaders --------------------------------------------------------------------------------------
 
-class _EmulatedSmallTransform(bench_peers._EmulatedTrainTransform):
-    """``bench_peers``' transcription of torchvision's PIL RandomResizedCrop + flip, at any size."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __call__(self, img: Any) -> Any:
-        import math
-
-        import torch
-        from PIL import Image
-
-        width, height = img.size
-        area = width * height
-        log_ratio = (math.log(3 / 4), math.log(4 / 3))
-        box = (0, 0, width, height)
-        for _ in range(10):
-            target_area = area * torch.empty(1).uniform_(0.08, 1.0).item()
-            aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                i = torch.randint(0, height - h + 1, size=(1,)).item()
-                j = torch.randint(0, width - w + 1, size=(1,)).item()
-                box = (j, i, j + w, i + h)
-                break
-        img = img.crop(box).resize((self.size, self.size), Image.Resampling.BILINEAR)
-        if torch.rand(1) < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1).contiguous()
+# bench_peers' transcription of torchvision's PIL RandomResizedCrop + flip, at any size.
+_EmulatedSmallTransform = bench_peers._EmulatedTrainTransform
 
 
 def tv_transform(size: int) -> Callable[[Any], Any]:

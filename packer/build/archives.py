@@ -64,7 +64,7 @@ import xxhash
 from ..errors import EmptySourceError, MissingDependencyError, OptionError, SourceError
 from ..names import ESCAPED_FIELD, escape_name, is_utf8
 from .members import RAW, ZIP_METHODS, MemberTable, container_stat
-from .sources import ListingBuilder, Rejection, SourceListing, gather_blob, list_source
+from .sources import ListingBuilder, Rejection, SourceListing, list_source, select_rows
 
 __all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list_zip", "list_webdataset",
            "expand_braces", "sniff_container", "DEFAULT_MAX_MEMBER_SIZE", "MAX_EXPANSION", "IMAGE_EXTENSIONS"]
@@ -348,13 +348,7 @@ def _drop_duplicates(listing: SourceListing, hashes: np.ndarray) -> SourceListin
             listing.rejected.append(Rejection(key, "duplicate-entry", "the archive holds this name more than once; "
                                                                       "the first is packed"))
         group.add(key)
-    rows = np.flatnonzero(keep)
-    keys, key_offsets = gather_blob(listing.key_blob, listing.key_offsets, rows)
-    meta, meta_offsets = gather_blob(listing.meta_blob, listing.meta_offsets, rows)
-    return SourceListing(root=listing.root, kind=listing.kind, classes=listing.classes, key_blob=keys,
-                         key_offsets=key_offsets, sizes=listing.sizes[rows], labels=listing.labels[rows],
-                         meta_blob=meta, meta_offsets=meta_offsets, rejected=listing.rejected,
-                         members=listing.members.select(rows))
+    return listing if keep.all() else select_rows(listing, keep)  # keeps the member table too
 
 
 # --- member names ----------------------------------------------------------------------------------
@@ -514,21 +508,28 @@ def list_tar(path: Path, *, progress: Callable[[int], None] | None = None, spool
         return _list_tar(path, progress, spool_dir, max_member_size)
 
 
+def _file_members(archive: Any, path: Path, out: Any) -> Iterator[tuple[str, tarfile.TarInfo]]:
+    """``(checked name, member)`` of a tar's regular-file members, in archive order; folders are
+    skipped, bad names and members that are not files (links, devices) rejected with a reason."""
+    for member in _tar_members(archive, path):
+        if member.isdir():
+            continue
+        name = _member_name(member.name, out)
+        if name is None:
+            continue
+        problem = _not_a_file(member)
+        if problem is not None:
+            out.reject(name, "not-a-file", problem)
+            continue
+        yield name, member
+
+
 def _list_tar(path: Path, progress: Callable[[int], None] | None, spool_dir: Path | None,
               max_member_size: int) -> SourceListing:
     out = _Listing(progress)
     opened = _Spooled(path, spool_dir, out, 0)
     with opened.archive:
-        for member in _tar_members(opened.archive, path):
-            if member.isdir():
-                continue
-            name = _member_name(member.name, out)
-            if name is None:
-                continue
-            problem = _not_a_file(member)
-            if problem is not None:
-                out.reject(name, "not-a-file", problem)
-                continue
+        for name, member in _file_members(opened.archive, path, out):
             if member.size > max_member_size:
                 out.reject(name, "oversize-member", f"{member.size} bytes, over the limit of {max_member_size}")
                 continue
@@ -637,16 +638,7 @@ def _list_shard(shard: Path, index: int, out: _Listing, spool_dir: Path | None, 
     with opened.archive:
         sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
         current = None
-        for member in _tar_members(opened.archive, shard):
-            if member.isdir():
-                continue
-            name = _member_name(member.name, out)
-            if name is None:
-                continue
-            problem = _not_a_file(member)
-            if problem is not None:
-                out.reject(name, "not-a-file", problem)
-                continue
+        for name, member in _file_members(opened.archive, shard, out):
             key, suffix = _split_key(name)
             if key != current and sample:
                 _sample(sample, out, opened.container, label_field, max_member_size)
