@@ -51,7 +51,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -61,7 +60,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_peers  # noqa: E402  (scripts/ is not a package)
 import make_sample  # noqa: E402
 
-from packer.bench import child_pids, process_cpu_seconds  # noqa: E402
 
 TARGETS = {"raw_vs_imagefolder": 25.0, "raw_batch_reads_per_s": 2_000_000}
 
@@ -143,25 +141,13 @@ def forever(loader: Any) -> Iterator[Any]:
 
 
 def measure(loader: Any, *, warmup: int, images: int) -> dict[str, float]:
-    """One timed stretch: images/s and CPU-seconds (main process and its worker children)."""
-    iterator = forever(loader)
-    for _ in range(warmup):
-        next(iterator)
-    pids = child_pids()
-    cpu0 = {pid: process_cpu_seconds(pid) or 0.0 for pid in pids}
-    main0 = time.process_time()
-    start = time.perf_counter()
-    seen = 0
-    while seen < images:
-        _, labels = next(iterator)
-        seen += len(labels)
-    seconds = time.perf_counter() - start
-    cpu = time.process_time() - main0 + sum((process_cpu_seconds(pid) or 0.0) - cpu0[pid] for pid in pids)
-    iterator.close()
-    inner = getattr(loader, "_iterator", None)
-    if inner is not None and hasattr(inner, "_shutdown_workers"):
-        inner._shutdown_workers()
-    return {"images": seen, "seconds": seconds, "cpu_s": cpu}
+    """One timed stretch: images/s and CPU-seconds (main process and its worker children).
+
+    ``bench_peers.measure_loader`` does the timing; this keeps the totals the tables here print.
+    """
+    stretch = bench_peers.measure_loader(loader, warmup=warmup, images=images, exclude="")
+    return {"images": stretch["images"], "seconds": stretch["seconds"],
+            "cpu_s": stretch["main_cpu_s"] + sum(stretch["worker_cpu_s"])}
 
 
 def training_table(runs: list[tuple[str, Callable[[], Any]]], *, rounds: int, images: int,

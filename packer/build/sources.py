@@ -720,7 +720,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))
     if len(listing) == 0:
         hints = header_hints(first_keys) if first_keys else []
-        raise empty_source_error(f"manifest lists no usable files", listing.rejected, path=manifest_path,
+        raise empty_source_error("manifest lists no usable files", listing.rejected, path=manifest_path,
                                  hints=hints)
     return listing
 
