@@ -28,8 +28,9 @@ from . import format as fmt
 from .backends import ShardBackend, check_backend_name, open_backend
 from .backends.buffers import PAGE, aligned_empty
 from .backends.runs import RunPlan, plan_runs
-from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, PackerError,
-                     TruncatedFileError)
+from . import fields as fieldspec
+from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, OptionError,
+                     PackerError, TruncatedFileError)
 from .files import open_dataset_file, read_capped
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset"]
@@ -89,7 +90,7 @@ class DatasetIndex:
                 f"{fmt.checksum_hex(digest)} (the index is damaged or belongs to another build)", path=real)
         rows, columns = fmt.parse_column_file(self._map, fmt.INDEX_MAGIC, path=real, kind="index")
         self.index = fmt.validate_index(rows, columns, list(self.manifest.shards), self.manifest.alignment,
-                                        path=real)
+                                        path=real, fields=self.manifest.fields)
         labels = self.index.label
         if self.manifest.classes and len(labels) and (labels.min() < 0 or labels.max() >= len(self.manifest.classes)):  # [R40]
             bad = int(np.argmax((labels < 0) | (labels >= len(self.manifest.classes))))
@@ -157,6 +158,58 @@ class DatasetIndex:
             raise IndexMismatchError("holds metadata that is not JSON", path=self.path, sample=i) from None
         return value if isinstance(value, dict) else {"value": value}
 
+    # --- declared fields (formats/SPEC.md §14) ---
+    @property
+    def fields(self) -> tuple[fmt.FieldSpec, ...]:
+        """The dataset's declared fields (``()`` for a dataset of images and labels only)."""
+        return self.manifest.fields
+
+    def field_spec(self, name: str) -> fmt.FieldSpec:
+        """The declaration of field ``name``.
+
+        Raises:
+            OptionError: the dataset declares no such field (the message lists those it has).
+        """
+        try:
+            return self.manifest.field(name)
+        except KeyError:
+            have = [spec.name for spec in self.manifest.fields]
+            raise OptionError(f"dataset has no field {name!r}; its fields are {have or 'none'} (besides "
+                              f"image, label, key, index and metadata)") from None
+
+    def field_value(self, name: str, i: int) -> Any:
+        """Sample ``i``'s value of an ``array``, ``classes`` or ``text`` field: an ndarray (the
+        declared shape; variable arrays ``(n, *rest)``; class sets their sorted int64 ids) or a str.
+
+        Raises:
+            OptionError: no such field, or an ``image`` field (read it with ``Dataset.field_image``).
+            IndexMismatchError: stored text that is not UTF-8.
+        """
+        spec = self.field_spec(name)
+        i = self._check(i)
+        if spec.kind == "image":
+            raise OptionError(f"field {name!r} is an image: read it with Dataset.field_image(name, i)")
+        column = self.index.field_columns[spec.column]
+        if spec.variable:
+            offsets = self.index.field_columns[spec.offsets_column]
+            raw = column[int(offsets[i]):int(offsets[i + 1])]
+        else:
+            size = spec.record_bytes
+            raw = column[i * size:(i + 1) * size]
+        try:
+            return fieldspec.decode_value(spec, raw)
+        except fieldspec.FieldValueError as exc:
+            raise IndexMismatchError(str(exc), path=self.path, sample=i) from None
+
+    def field_array(self, name: str) -> np.ndarray:
+        """A fixed-shape ``array`` field for every sample: a zero-copy ``(N, *shape)`` view of the index."""
+        spec = self.field_spec(name)
+        if spec.kind != "array" or spec.variable:
+            raise OptionError(f"field {name!r} ({spec.describe()}) has no fixed shape; read it per sample "
+                              f"with field_value")
+        column = self.index.field_columns[spec.column]
+        return column.view(spec.numpy_dtype).reshape((len(self), *spec.shape))
+
     def find(self, key: str) -> int:
         """The index of the sample whose key is ``key``.
 
@@ -200,7 +253,18 @@ class DatasetIndex:
             "width": int(ix.width[i]), "height": int(ix.height[i]), "channels": int(ix.channels[i]),
             "image_format": fmt.ImageFormat.NAMES.get(int(ix.image_format[i]), "unknown"),
             "metadata": self.metadata(i),
+            **({"fields": {spec.name: self._field_info(spec, i) for spec in self.fields}} if self.fields else {}),
         }
+
+    def _field_info(self, spec: fmt.FieldSpec, i: int) -> Any:
+        """A field's value for ``sample_info`` (JSON-ready); an image field's table entry."""
+        if spec.kind == "image":
+            columns = self.index.field_columns
+            return {"shard_path": spec.shards[int(self.index.shard[i])].path,
+                    **{part: int(columns[spec.image_column(part)][i]) for part in fieldspec.IMAGE_COLUMNS},
+                    "format": fmt.ImageFormat.NAMES.get(int(columns[spec.image_column("format")][i]), "unknown")}
+        value = self.field_value(spec.name, i)
+        return value if isinstance(value, str) else fmt.json_ready(value.tolist())
 
     def shard_range(self, shard: int) -> tuple[int, int]:
         """[first, end) sample indices of shard ``shard``."""
@@ -271,16 +335,18 @@ class Dataset(DatasetIndex):
                                       path=state["path"]) from None
 
     # --- shards ---
-    def shard(self, number: int) -> ShardBackend:
-        """The open backend of shard ``number`` (opened and validated on first use)."""
+    def shard(self, number: int, field: str | None = None) -> ShardBackend:
+        """The open backend of shard ``number`` (opened and validated on first use); with
+        ``field``, of that image field's shard parallel to it."""
         if self._pid != os.getpid():  # forked: never share file offsets or maps across processes
             self._open.clear()
             self._pid = os.getpid()
-        backend = self._open.get(number)
+        key: Any = number if field is None else (field, number)
+        backend = self._open.get(key)
         if backend is not None:
-            self._open.move_to_end(number)
+            self._open.move_to_end(key)
             return backend
-        entry = self.manifest.shards[number]
+        entry = self.manifest.shards[number] if field is None else self.field_spec(field).shards[number]
         fd, real = open_dataset_file(self.path, entry.path, entry.size)
         try:
             head = os.pread(fd, fmt.SHARD_HEADER_SIZE, 0)
@@ -295,7 +361,7 @@ class Dataset(DatasetIndex):
             backend = open_backend(self.backend_name, fd, real, entry.size)
         finally:
             os.close(fd)
-        self._open[number] = backend
+        self._open[key] = backend
         while len(self._open) > self.max_open_shards:
             _, old = self._open.popitem(last=False)
             old.close()
@@ -322,6 +388,48 @@ class Dataset(DatasetIndex):
     def read(self, i: int) -> bytes:
         """Sample ``i``'s bytes as an independent ``bytes`` object."""
         return bytes(self.get(i))
+
+    def field_bytes(self, name: str, i: int) -> memoryview:
+        """Sample ``i``'s stored bytes of image field ``name`` (zero-copy with mmap).
+
+        Raises:
+            OptionError: no such field, or not an image field.
+            ChecksumMismatchError: with ``verify_checksums``, when the bytes are damaged.
+        """
+        spec = self.field_spec(name)
+        if spec.kind != "image":
+            raise OptionError(f"field {name!r} is {spec.kind}, not an image: read it with field_value")
+        i = self._check(i)
+        columns = self.index.field_columns
+        shard = int(self.index.shard[i])
+        offset, size = int(columns[spec.image_column("offset")][i]), int(columns[spec.image_column("size")][i])
+        data = self.shard(shard, name).view(offset, size)
+        if self.verify_checksums:
+            fmt.verify_checksum(data, int(columns[spec.image_column("checksum")][i]), path=spec.shards[shard].path,
+                                sample=i, offset=offset, what=f"field {name!r}")
+        return data
+
+    def field_image(self, name: str, i: int, *, max_pixels: int | None = None) -> np.ndarray:
+        """Sample ``i``'s image field ``name`` decoded with its values kept (``decode_as_stored``:
+        a palette mask gives its indices, a 16-bit depth map uint16).
+
+        Raises:
+            OptionError, DecodeError, ChecksumMismatchError.
+        """
+        from .codecs import dataset_max_pixels
+        from .decode import decode_as_stored
+
+        spec = self.field_spec(name)
+        data = self.field_bytes(name, i)
+        image_format = int(self.index.field_columns[spec.image_column("format")][self._check(i)])
+        return decode_as_stored(data, image_format, name=f"{self.key(i)} (field {name!r})",
+                                max_pixels=max_pixels or dataset_max_pixels(self.manifest))
+
+    def value(self, name: str, i: int) -> Any:
+        """Sample ``i``'s field ``name`` as a reader returns it: ``field_image`` for image fields,
+        ``field_value`` for the rest."""
+        spec = self.field_spec(name)
+        return self.field_image(name, i) if spec.kind == "image" else self.field_value(name, i)
 
     def __getitem__(self, i: int) -> memoryview:
         return self.get(i)

@@ -50,7 +50,7 @@ pass ``packer.codecs.dataset_max_pixels(manifest)`` so every image the build acc
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import simplejpeg
@@ -63,7 +63,7 @@ from .pillowformats import PILLOW_ONLY_FORMATS, load_pillow_format
 from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
                         plugin_factory)
 
-__all__ = ["decode_image", "decode_jpeg_rgb"]
+__all__ = ["decode_image", "decode_jpeg_rgb", "decode_as_stored"]
 
 #: Anything with the buffer protocol: bytes, bytearray, memoryview, a 1-D numpy uint8 array.
 ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -169,9 +169,54 @@ def _decode_jpeg(view: bytes | memoryview, path: str | None, max_pixels: int) ->
         return _decode_with_pillow(view, ImageFormat.JPEG, path, simplejpeg_error=exc, max_pixels=max_pixels)
 
 
+def decode_as_stored(data: ImageBytes, image_format: int | None = None, *, name: str = "",
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode a secondary image (an ``image`` field: a mask, a depth map) keeping its values.
+
+    Unlike ``decode_image`` nothing is turned into RGB, because the values *are* the data (a
+    palette PNG mask stores class ids as palette indices; a depth map is 16-bit). By Pillow mode:
+    ``P`` -> the palette indices, ``(H, W)`` uint8; ``L`` -> ``(H, W)`` uint8; ``1`` -> ``(H, W)``
+    uint8 of 0 and 1; ``I;16*`` -> ``(H, W)`` uint16; ``I`` -> ``(H, W)`` int32; ``F`` -> ``(H, W)``
+    float32; ``RGB``/``RGBA``/``LA`` -> ``(H, W, C)`` uint8 as stored; any other mode ->
+    ``convert("RGB")``. First frame only; EXIF orientation is not applied (as ``decode_image``).
+
+    Raises:
+        DecodeError: the bytes cannot be decoded, or declare more than ``max_pixels`` pixels.
+    """
+    path = name or None
+    view = byte_view(data)
+    if len(view) == 0:
+        raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes", path=path)
+    if image_format is None or image_format == ImageFormat.UNKNOWN:
+        image_format = detect_format(view)
+    if image_format in (ImageFormat.UNKNOWN, ImageFormat.RAW) or image_format not in ImageFormat.NAMES:
+        raise DecodeError(f"cannot decode image_format {image_format} as a stored image", path=path)
+    if image_format == ImageFormat.OTHER or image_format in PILLOW_ONLY_FORMATS:
+        return _as_stored(load_pillow_format(view, int(image_format), path=path, max_pixels=max_pixels))
+    return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels, to_array=_as_stored)
+
+
+def _as_stored(img: Image.Image) -> np.ndarray:
+    """The per-mode rule of ``decode_as_stored`` on a loaded Pillow image."""
+    mode = img.mode
+    if mode in ("P", "L"):
+        return np.array(img, dtype=np.uint8, copy=True)
+    if mode == "1":
+        return np.array(img, dtype=np.uint8, copy=True)  # bools -> 0/1
+    if mode.startswith("I;16"):
+        return np.array(img, dtype=np.uint16, copy=True)
+    if mode == "I":
+        return np.array(img, dtype=np.int32, copy=True)
+    if mode == "F":
+        return np.array(img, dtype=np.float32, copy=True)
+    if mode in ("RGB", "RGBA", "LA"):
+        return np.array(img, dtype=np.uint8, copy=True)
+    return np.array(img.convert("RGB"), dtype=np.uint8, copy=True)
+
+
 def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str | None, *,
                         simplejpeg_error: BaseException | None = None,
-                        max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+                        max_pixels: int = DEFAULT_MAX_PIXELS, to_array: "Any" = None) -> np.ndarray:
     format_name = ImageFormat.NAMES[image_format].upper()
     factory = plugin_factory(image_format)
     if factory is None:
@@ -195,7 +240,7 @@ def _decode_with_pillow(view: bytes | memoryview, image_format: int, path: str |
         except Image.DecompressionBombError:  # a plugin's own global check (TIFF tiles)
             with pillow_limit_raised(max_pixels):
                 img.load()
-        return _to_rgb(img)
+        return (to_array or _to_rgb)(img)
     except Exception as exc:  # noqa: BLE001 - hostile bytes can make Pillow raise anything
         raise failure(exc) from exc
 

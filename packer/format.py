@@ -19,16 +19,18 @@ real paths, sizes on disk, the index checksum); both carry the spec's ``[Rn]`` t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import xxhash
 
+from . import fields as fieldspec
 from .errors import (
     ChecksumMismatchError,
     CorruptHeaderError,
@@ -56,8 +58,10 @@ __all__ = [
     "ShardHeader", "shard_data_offset", "shard_file_name", "index_file_name", "shard_number_of",
     "encode_column_file", "parse_column_file", "validate_index", "IndexColumns",
     "ShardEntry", "FileEntry", "Manifest", "MANIFEST_FIELDS", "parse_manifest", "dump_manifest",
-    "check_relative_path",
+    "check_relative_path", "field_shard_file_name", "FieldSpec",
 ]
+
+FieldSpec = fieldspec.FieldSpec
 
 FORMAT_NAME = "packer-dataset"
 FORMAT_VERSION = 1
@@ -182,6 +186,7 @@ INDEX_COLUMNS: dict[str, tuple[str, str]] = {
     "meta_offsets": ("<u8", "N+1"),
     "meta": ("|u1", "blob"),
 }
+assert len(INDEX_COLUMNS) + fieldspec.MAX_FIELD_COLUMNS == MAX_COLUMNS
 
 
 # --- alignment and checksums ------------------------------------------------------------------
@@ -490,18 +495,22 @@ class IndexColumns:
     keys: np.ndarray
     meta_offsets: np.ndarray
     meta: np.ndarray
+    #: The declared fields' columns (``FieldSpec.columns()`` names -> views), validated (§14).
+    field_columns: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.offset)
 
 
 def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[ShardEntry]",
-                   alignment: int, *, path: object = None) -> IndexColumns:
+                   alignment: int, *, path: object = None,
+                   fields: "Sequence[FieldSpec]" = ()) -> IndexColumns:
     """Check an index's columns against the spec and the manifest's shard list.
 
-    Checks, in order: R8, R9, then (when there are rows) R10, R11, R12, R29, R13, R14, and R15.
-    Vectorised numpy passes over the columns (the whole open of a million-sample dataset takes
-    10-17 ms on the project VM: README, "Performance").
+    Checks, in order: R8, R9, then (when there are rows) R10, R11, R12, R29, R13, R14, and R15;
+    then, for each declared field (§14), R46, R47 and, for image fields, R11-R14 on its own
+    columns and shards (R48). Vectorised numpy passes over the columns (the whole open of a
+    million-sample dataset takes 10-17 ms on the project VM: README, "Performance").
 
     Args:
         rows: the column file's ``row_count``.
@@ -509,6 +518,7 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
         shards: the manifest's shard entries, in manifest order.
         alignment: the manifest's alignment.
         path: the index file, for error messages.
+        fields: the manifest's field declarations (image fields with their shard entries).
 
     Returns:
         The index columns, as views of ``columns``.
@@ -518,25 +528,16 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
         MisalignedRecordError: errors about one sample carry its number (``.sample``).
     """
     for name, (typestr, rule) in INDEX_COLUMNS.items():  # [R8]
-        if name not in columns:
-            raise CorruptHeaderError(f"index lacks required column {name!r}", path=path)
-        column = columns[name]
-        if column.dtype.str != typestr:
-            raise CorruptHeaderError(f"index column {name!r} has dtype {column.dtype.str}, expected {typestr}",
-                                     path=path)
-        want = {"N": rows, "N+1": rows + 1}.get(rule)
-        if want is not None and len(column) != want:
-            raise IndexMismatchError(f"index column {name!r} has {len(column)} entries, expected {want}",
-                                     path=path)
+        _check_column(columns, name, typestr, rule, rows, path=path, what="index")
     expected_rows = sum(s.sample_count for s in shards)
     if rows != expected_rows:  # [R9]
         raise IndexMismatchError(
             f"index holds {rows} samples but the manifest's shards hold {expected_rows}", path=path)
-    ix = IndexColumns(**{name: columns[name] for name in INDEX_COLUMNS})
-    shard_col, offset, size = ix.shard, ix.offset, ix.size
+    ix_columns = {name: columns[name] for name in INDEX_COLUMNS}
+    shard_col = columns["shard"]
+    counts = np.array([s.sample_count for s in shards], dtype=np.int64)
     if rows:
         # [R10] samples are grouped by shard in manifest order, with the manifest's counts.
-        counts = np.array([s.sample_count for s in shards], dtype=np.int64)
         if int(shard_col.max()) >= len(shards):
             bad = int(np.argmax(shard_col >= len(shards)))
             raise OffsetOutOfBoundsError(f"names shard {int(shard_col[bad])} but the manifest lists "
@@ -547,46 +548,110 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
             raise OverlappingRecordsError(
                 f"is in shard {int(shard_col[bad])} but the manifest's per-shard counts place it in "
                 f"shard {int(expected_shard[bad])}", path=path, sample=bad)
-        if int(size.min()) < 1:  # [R11]
-            bad = int(np.argmin(size))
-            raise CorruptHeaderError("has size 0; every sample holds at least one byte", path=path, sample=bad)
-        if alignment > 1 and np.any(offset & np.uint64(alignment - 1)):  # [R12]
-            bad = int(np.argmax(offset & np.uint64(alignment - 1)))
-            raise MisalignedRecordError(f"starts at {int(offset[bad])}, not a multiple of {alignment}",
-                                        path=path, sample=bad)
-        sizes_limit = np.uint64(MAX_FILE_SIZE + 1)
-        if int(size.max()) >= int(sizes_limit) or int(offset.max()) >= int(sizes_limit):  # [R29]
-            bad = int(np.argmax((size >= sizes_limit) | (offset >= sizes_limit)))
-            raise OffsetOutOfBoundsError("has an offset or size beyond 2^62", path=path, sample=bad)
-        mask = np.uint64(~(alignment - 1) & ((1 << 64) - 1))
-        aligned_end = (offset + size + np.uint64(alignment - 1)) & mask
-        expected = np.empty(rows, dtype=np.uint64)
-        expected[1:] = aligned_end[:-1]
-        firsts = np.zeros(len(shards), dtype=np.int64)
-        np.cumsum(counts[:-1], out=firsts[1:])
-        expected[firsts] = shard_data_offset(alignment)
-        # [R13] tight packing: each sample starts at the previous one's aligned end (a shard's
-        # first at the data offset), so no gap, overlap or reordering can hide in the table.
-        if not np.array_equal(offset, expected):
-            bad = int(np.argmax(offset != expected))
-            raise OverlappingRecordsError(
-                f"starts at {int(offset[bad])} but the layout requires {int(expected[bad])} "
-                f"(samples must be packed in order at aligned offsets without overlap or gaps)",
-                path=path, sample=bad)
-        lasts = firsts + counts - 1
-        ends = aligned_end[lasts]
-        for shard_number, (entry, end) in enumerate(zip(shards, ends.tolist())):
-            if end != entry.size:  # [R14]
-                raise OffsetOutOfBoundsError(
-                    f"shard {shard_number} ({entry.path}) is {entry.size} bytes but its samples end at {end}",
-                    path=path, sample=int(lasts[shard_number]))
+        check_packed_payloads(columns["offset"], columns["size"], counts, shards, alignment, path=path)
     for blob_name, offsets_name in (("keys", "key_offsets"), ("meta", "meta_offsets")):  # [R15]
-        offsets, blob = columns[offsets_name], columns[blob_name]
-        if offsets[0] != 0 or offsets[-1] != len(blob) or (rows and np.any(offsets[1:] < offsets[:-1])):
-            raise OverlappingRecordsError(
-                f"index column {offsets_name!r} must start at 0, never decrease and end at the "
-                f"{blob_name!r} length {len(blob)}", path=path)
-    return ix
+        _check_blob_offsets(columns[offsets_name], columns[blob_name], rows, offsets_name, blob_name, path=path)
+    field_columns: dict[str, np.ndarray] = {}
+    for spec in fields:
+        field_columns.update(_validate_field(spec, rows, columns, counts, shards, alignment, path=path))
+    return IndexColumns(**ix_columns, field_columns=field_columns)
+
+
+def _check_column(columns: Mapping[str, np.ndarray], name: str, typestr: str, rule: str, rows: int, *,
+                  path: object, what: str, record_bytes: int = 0) -> np.ndarray:
+    """A required column is present with its dtype and length (R8, R46)."""
+    if name not in columns:
+        raise CorruptHeaderError(f"{what} lacks required column {name!r}", path=path)
+    column = columns[name]
+    if column.dtype.str != typestr:
+        raise CorruptHeaderError(f"{what} column {name!r} has dtype {column.dtype.str}, expected {typestr}",
+                                 path=path)
+    want = {"N": rows, "N+1": rows + 1, "N*R": rows * record_bytes}.get(rule)
+    if want is not None and len(column) != want:
+        raise IndexMismatchError(f"{what} column {name!r} has {len(column)} entries, expected {want}", path=path)
+    return column
+
+
+def _check_blob_offsets(offsets: np.ndarray, blob: np.ndarray, rows: int, offsets_name: str, blob_name: str,
+                        *, path: object, multiple: int = 1) -> None:
+    """[R15]/[R47] An offsets column starts at 0, never decreases, ends at its blob's length
+    (and, for a variable array, steps in whole records)."""
+    if offsets[0] != 0 or offsets[-1] != len(blob) or (rows and np.any(offsets[1:] < offsets[:-1])):
+        raise OverlappingRecordsError(
+            f"index column {offsets_name!r} must start at 0, never decrease and end at the "
+            f"{blob_name!r} length {len(blob)}", path=path)
+    if multiple > 1 and np.any(offsets % np.uint64(multiple)):
+        bad = int(np.argmax(offsets % np.uint64(multiple) != 0))
+        raise OverlappingRecordsError(
+            f"index column {offsets_name!r} entry {bad} = {int(offsets[bad])} is not a multiple of the "
+            f"field's {multiple}-byte record", path=path, sample=max(bad - 1, 0))
+
+
+def check_packed_payloads(offset: np.ndarray, size: np.ndarray, counts: np.ndarray, shards: "Sequence[ShardEntry]",
+                          alignment: int, *, path: object = None, what: str = "") -> None:
+    """R11, R12, R29, R13, R14: payloads are packed tightly, in order, at aligned offsets, and
+    each shard's last one ends at the shard's size. ``rows > 0``; ``what`` prefixes messages
+    (``"field 'mask': "``) when the payloads are an image field's."""
+    rows = len(offset)
+    if int(size.min()) < 1:  # [R11]
+        bad = int(np.argmin(size))
+        raise CorruptHeaderError(f"{what}has size 0; every sample holds at least one byte", path=path, sample=bad)
+    if alignment > 1 and np.any(offset & np.uint64(alignment - 1)):  # [R12]
+        bad = int(np.argmax(offset & np.uint64(alignment - 1)))
+        raise MisalignedRecordError(f"{what}starts at {int(offset[bad])}, not a multiple of {alignment}",
+                                    path=path, sample=bad)
+    sizes_limit = np.uint64(MAX_FILE_SIZE + 1)
+    if int(size.max()) >= int(sizes_limit) or int(offset.max()) >= int(sizes_limit):  # [R29]
+        bad = int(np.argmax((size >= sizes_limit) | (offset >= sizes_limit)))
+        raise OffsetOutOfBoundsError(f"{what}has an offset or size beyond 2^62", path=path, sample=bad)
+    mask = np.uint64(~(alignment - 1) & ((1 << 64) - 1))
+    aligned_end = (offset + size + np.uint64(alignment - 1)) & mask
+    expected = np.empty(rows, dtype=np.uint64)
+    expected[1:] = aligned_end[:-1]
+    firsts = np.zeros(len(shards), dtype=np.int64)
+    np.cumsum(counts[:-1], out=firsts[1:])
+    expected[firsts] = shard_data_offset(alignment)
+    # [R13] tight packing: each sample starts at the previous one's aligned end (a shard's
+    # first at the data offset), so no gap, overlap or reordering can hide in the table.
+    if not np.array_equal(offset, expected):
+        bad = int(np.argmax(offset != expected))
+        raise OverlappingRecordsError(
+            f"{what}starts at {int(offset[bad])} but the layout requires {int(expected[bad])} "
+            f"(samples must be packed in order at aligned offsets without overlap or gaps)",
+            path=path, sample=bad)
+    lasts = firsts + counts - 1
+    ends = aligned_end[lasts]
+    for shard_number, (entry, end) in enumerate(zip(shards, ends.tolist())):
+        if end != entry.size:  # [R14]
+            raise OffsetOutOfBoundsError(
+                f"{what}shard {shard_number} ({entry.path}) is {entry.size} bytes but its samples end at {end}",
+                path=path, sample=int(lasts[shard_number]))
+
+
+def _validate_field(spec: FieldSpec, rows: int, columns: Mapping[str, np.ndarray], counts: np.ndarray,
+                    shards: "Sequence[ShardEntry]", alignment: int, *, path: object) -> dict[str, np.ndarray]:
+    """A declared field's columns (R46), offsets (R47), class ids (R49) and image payloads (R48)."""
+    what = f"index (field {spec.name!r})"
+    found = {name: _check_column(columns, name, typestr, rule, rows, path=path, what=what,  # [R46]
+                                 record_bytes=spec.record_bytes)
+             for name, (typestr, rule) in spec.columns().items()}
+    if spec.kind == "image":
+        if rows:  # [R48] the field's payloads obey §3.2 in the field's own shards
+            check_packed_payloads(found[spec.image_column("offset")], found[spec.image_column("size")], counts,
+                                  spec.shards, alignment, path=path, what=f"field {spec.name!r}: ")
+        return found
+    if spec.variable:  # [R47]
+        multiple = spec.record_bytes if spec.kind != "text" else 1
+        _check_blob_offsets(found[spec.offsets_column], found[spec.column], rows, spec.offsets_column,
+                            spec.column, path=path, multiple=multiple)
+    if spec.kind == "classes" and len(found[spec.column]):  # [R49]
+        ids = found[spec.column].view("<i8")
+        if int(ids.min()) < 0 or int(ids.max()) >= spec.num_classes:
+            at = int(np.argmax((ids < 0) | (ids >= spec.num_classes)))
+            sample = int(np.searchsorted(found[spec.offsets_column], at * 8, side="right")) - 1
+            raise IndexMismatchError(f"field {spec.name!r} holds class id {int(ids[at])} outside "
+                                     f"0..{spec.num_classes - 1}", path=path, sample=sample)
+    return found
 
 
 # --- the manifest ---------------------------------------------------------------------------
@@ -596,12 +661,15 @@ def validate_index(rows: int, columns: Mapping[str, np.ndarray], shards: "list[S
 # else can match, so no stored path can hold '/', '..' or a drive, and no two spellings exist.
 _SHARD_PATH = re.compile(r"shards/shard-(\d{5}|[1-9]\d{5,9})-([0-9a-f]{16})\.pks")
 _INDEX_PATH = re.compile(r"index-([0-9a-f]{16})\.pki")
+#: An image field's shard (§14): ``shards/field-<name>-<number>-<xxh3>.pks``, the number being
+#: the planned number of the main shard it runs parallel to.
+_FIELD_SHARD_PATH = re.compile(r"shards/field-([a-z][a-z0-9_]{0,11})-(\d{5}|[1-9]\d{5,9})-([0-9a-f]{16})\.pks")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 #: Top-level manifest members this version knows; ``dump_manifest`` keeps any others.
 MANIFEST_FIELDS = frozenset({
     "format", "format_version", "created_by", "checksum_algorithm", "alignment", "sample_count",
-    "codec", "classes", "index", "shards", "build", "history", "limits"})
+    "codec", "classes", "index", "shards", "build", "history", "limits", "fields"})
 
 
 def check_relative_path(text: object, pattern: re.Pattern[str], *, what: str, path: object = None) -> str:
@@ -621,7 +689,16 @@ def _describe_pattern(pattern: re.Pattern[str]) -> str:
         return "shards/shard-<number, at least 5 digits>-<16 hex digits>.pks"
     if pattern is _INDEX_PATH:
         return "index-<16 hex digits>.pki"
+    if pattern is _FIELD_SHARD_PATH:
+        return "shards/field-<field name>-<number, at least 5 digits>-<16 hex digits>.pks"
     return pattern.pattern
+
+
+def field_shard_file_name(field_name: str, shard_number: int, content_checksum: int) -> str:
+    """Relative path of an image field's shard: ``shards/field-<name>-<number>-<xxh3 hex>.pks``."""
+    if not 0 <= shard_number <= MAX_SHARD_NUMBER:
+        raise ValueError(f"shard number {shard_number} outside 0..{MAX_SHARD_NUMBER}")
+    return f"{SHARD_DIR}/field-{field_name}-{shard_number:05d}-{checksum_hex(content_checksum)}.pks"
 
 
 def shard_number_of(relative_path: str) -> int:
@@ -631,10 +708,13 @@ def shard_number_of(relative_path: str) -> int:
         UnsafePathError: the path is not a shard path of this format.
     """
     match = _SHARD_PATH.fullmatch(relative_path) if isinstance(relative_path, str) else None
+    if match is not None:
+        return int(match.group(1))
+    match = _FIELD_SHARD_PATH.fullmatch(relative_path) if isinstance(relative_path, str) else None
     if match is None:
         raise UnsafePathError(f"shard path {relative_path!r} is not a valid dataset path (expected "
                               f"{_describe_pattern(_SHARD_PATH)})")
-    return int(match.group(1))
+    return int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -683,6 +763,20 @@ class Manifest:
     #: ``limits.max_pixels``: the build's pixel limit when it differs from the readers' default
     #: (None: the default). Decoding readers use it, so every image the build accepted decodes.
     max_pixels: int | None = None
+    #: Declared fields (§14), image fields with their shard entries; () for a dataset without.
+    fields: tuple[FieldSpec, ...] = ()
+
+    def field(self, name: str) -> FieldSpec:
+        """The declaration of field ``name``.
+
+        Raises:
+            KeyError: no such field (a caller asking by name: ``PackedDataset`` turns it into an
+                ``OptionError`` naming the fields there are).
+        """
+        for spec in self.fields:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
 
 
 def _need(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *, where: str, path: object) -> Any:
@@ -842,13 +936,64 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
         limits = _need(obj, "limits", dict, where="manifest", path=path)
         if "max_pixels" in limits:
             max_pixels = _need_count(limits, "max_pixels", where="manifest limits", path=path, low=1)
+    fields = _parse_fields(obj.get("fields"), shards, alignment, path=path)
     return Manifest(sample_count=sample_count, alignment=alignment, codec=codec, classes=tuple(classes),
                     index=index, shards=tuple(shards), build=build, history=tuple(history),
-                    created_by=created_by, format_version=version, raw=obj, max_pixels=max_pixels)
+                    created_by=created_by, format_version=version, raw=obj, max_pixels=max_pixels,
+                    fields=fields)
+
+
+def _parse_fields(document: object, shards: Sequence[ShardEntry], alignment: int, *,
+                  path: object) -> tuple[FieldSpec, ...]:
+    """The ``fields`` member (§14): declarations (R45) and each image field's shards (R50)."""
+    specs = fieldspec.parse_declarations(document, path=path)  # [R45]
+    result = []
+    for number, spec in enumerate(specs):
+        if spec.kind != "image":
+            if isinstance(document[number], dict) and "shards" in document[number]:  # type: ignore[index]
+                raise ManifestError(f"manifest field {number} ({spec.name}) is not an image field and "
+                                    f"lists shards", path=path)
+            result.append(spec)
+            continue
+        listed = document[number].get("shards")  # type: ignore[index]
+        where = f"manifest field {number} ({spec.name})"
+        if not isinstance(listed, list) or len(listed) != len(shards):  # [R50]
+            raise ManifestError(f"{where} must list one shard per main shard ({len(shards)}), got "
+                                f"{len(listed) if isinstance(listed, list) else type(listed).__name__}", path=path)
+        entries = []
+        for position, (item, main) in enumerate(zip(listed, shards)):
+            at = f"{where} shard {position}"
+            if not isinstance(item, dict):
+                raise ManifestError(f"{at} must be an object", path=path)
+            entry = ShardEntry(
+                path=check_relative_path(_need(item, "path", str, where=at, path=path), _FIELD_SHARD_PATH,
+                                         what=f"{at} path", path=path),
+                size=_need_count(item, "size", where=at, path=path, low=1),
+                checksum=parse_checksum_hex(item.get("checksum"), path=path, what=f"{at} checksum"),
+                sample_count=_need_count(item, "sample_count", where=at, path=path, low=1, high=MAX_SAMPLES))
+            field_name = _FIELD_SHARD_PATH.fullmatch(entry.path).group(1)  # type: ignore[union-attr]
+            if field_name != spec.name or entry.number != main.number or entry.sample_count != main.sample_count:
+                raise ManifestError(f"{at} ({entry.path}) must be the {spec.name!r} shard numbered "
+                                    f"{main.number} with {main.sample_count} samples, like main shard "
+                                    f"{position}", path=path)
+            if entry.size % alignment:  # [R37] for field shards too
+                raise ManifestError(f"{at} size {entry.size} is not a multiple of the alignment {alignment}",
+                                    path=path)
+            entries.append(entry)
+        result.append(dataclasses.replace(spec, shards=tuple(entries)))
+    return tuple(result)
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _field_json(spec: FieldSpec) -> dict[str, Any]:
+    document = spec.to_json()
+    if spec.kind == "image":
+        document["shards"] = [{"path": s.path, "size": s.size, "sample_count": s.sample_count,
+                               "checksum": checksum_hex(s.checksum)} for s in spec.shards]
+    return document
 
 
 def dump_manifest(manifest: Manifest) -> bytes:
@@ -881,6 +1026,8 @@ def dump_manifest(manifest: Manifest) -> bytes:
     })
     if manifest.max_pixels is not None:
         obj["limits"] = {"max_pixels": manifest.max_pixels}
+    if manifest.fields:
+        obj["fields"] = [_field_json(spec) for spec in manifest.fields]
     obj = {key: (value if key in MANIFEST_FIELDS else json_ready(value)) for key, value in obj.items()}
     text = json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     return (text + "\n").encode("utf-8")

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..dataset import open_index
+from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
@@ -89,6 +90,10 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     with build_lock(out):
         old = open_index(out)
         manifest = old.manifest
+        if manifest.fields:
+            raise OptionError(f"append does not support datasets with declared fields yet "
+                              f"({', '.join(spec.name for spec in manifest.fields)}); rebuild the dataset "
+                              f"from all its sources instead", path=out)
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
         options = _generation_options(manifest, generation, seed)

@@ -56,7 +56,7 @@ import zipfile
 import zlib
 from array import array
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -64,6 +64,7 @@ import xxhash
 from ..errors import EmptySourceError, MissingDependencyError, OptionError, SourceError
 from ..names import ESCAPED_FIELD, escape_name, is_utf8
 from .members import RAW, ZIP_METHODS, MemberTable, container_stat
+from ..fields import FieldSpec
 from .sources import ListingBuilder, Rejection, SourceListing, list_source, select_rows
 
 __all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list_zip", "list_webdataset",
@@ -171,7 +172,7 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
                     progress: Callable[[int], None] | None = None, spool_dir: Path | None = None,
                     source_kind: str = "auto", label_field: str = "label", image_column: str | None = None,
                     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE, classes: Any = None,
-                    label_type: str = "auto") -> SourceListing:
+                    label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
     """List any source: an archive (tar, zip, WebDataset), else a folder or a manifest.
 
     Args:
@@ -185,6 +186,7 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
         max_member_size: larger archive members are rejected.
         classes, label_type: as for ``sources.list_source`` (folders and manifests; archives
             number the classes they find).
+        fields: declared fields (``packer.fields``), for the sources that carry them.
 
     Raises:
         SourceError: the source is unusable (missing, damaged archive, decompression bomb).
@@ -194,7 +196,10 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
         raise OptionError(f"--source-kind must be one of {', '.join(SOURCE_KINDS)}, got {source_kind!r}")
     text = os.fspath(source)
     if source_kind in ("folder", "manifest"):
-        return list_source(text, root, progress=progress, classes=classes, label_type=label_type)
+        return list_source(text, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
+    if fields and not Path(text).is_dir() and not _is_manifest_file(Path(text)):
+        raise OptionError("--field needs a CSV/JSONL manifest source in this version (archive sources do "
+                          "not carry declared fields yet)")
     shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
     if shards is not None:
         return list_webdataset(shards, progress=progress, spool_dir=spool_dir, label_field=label_field,
@@ -209,7 +214,7 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
         if source_kind != "auto":
             raise SourceError(f"--source-kind {source_kind}: the source is not a readable {source_kind} archive",
                               path=path)
-        return list_source(text, root, progress=progress, classes=classes, label_type=label_type)
+        return list_source(text, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
     if kind == "zip":
         if source_kind not in ("auto", "zip"):
             raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
@@ -222,6 +227,10 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
     if source_kind == "zip":
         raise SourceError("--source-kind zip: the source is a tar archive", path=path)
     return list_tar(path, progress=progress, spool_dir=spool_dir, max_member_size=max_member_size)
+
+
+def _is_manifest_file(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".jsonl", ".ndjson")
 
 
 def _looks_like_webdataset(path: Path, kind: str) -> bool:

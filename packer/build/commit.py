@@ -20,6 +20,8 @@ from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError
 from .atomic import fsync_dir, write_atomic
+from ..fields import IMAGE_COLUMNS
+from .fieldvalues import specs_with_shards
 from .plan import BuildPlan
 from .records import read_record, record_path
 from .sources import Rejection, SourceListing, empty_source_error, gather_blob
@@ -78,6 +80,7 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
                                  f"to pack", list(listing.rejected) + [Rejection(**r) for h in headers
                                                                        for r in h["rejected"]], path=out)
     columns, shards, source = assemble_index(listing, [headers[i] for i in live], [records[i] for i in live])
+    fields = _field_declarations(listing, [headers[i] for i in live])
     rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
     options = plan.options
     codec = get_codec(options.codec)
@@ -106,7 +109,19 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["codec_notes"] = dict(sorted(notes.items()))
     return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
                           alignment=options.alignment, build_info=build_info, rejected=rejected,
-                          history=list(history), cleanup=cleanup, max_pixels=recorded_max_pixels(options.max_pixels))
+                          history=list(history), cleanup=cleanup, max_pixels=recorded_max_pixels(options.max_pixels),
+                          fields=fields)
+
+
+def _field_declarations(listing: SourceListing, headers: Sequence[dict[str, Any]]) -> tuple[fmt.FieldSpec, ...]:
+    """The manifest's field declarations: image fields with the shard entries the records name."""
+    if listing.fields is None:
+        return ()
+    shards = {spec.name: [fmt.ShardEntry(path=h["fields"][spec.name]["path"], size=h["fields"][spec.name]["size"],
+                                         checksum=int(h["fields"][spec.name]["checksum"], 16),
+                                         sample_count=h["sample_count"]) for h in headers]
+              for spec in listing.fields.image_specs}
+    return specs_with_shards(listing.fields.specs, shards)
 
 
 def recorded_max_pixels(*limits: int | None) -> int | None:
@@ -132,16 +147,19 @@ def _report_lines(build_info: dict[str, Any], rejected: Sequence[Rejection]) -> 
 def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.ShardEntry], *,
                    classes: Sequence[str], codec: dict[str, Any], alignment: int,
                    build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
-                   cleanup: bool = True, max_pixels: int | None = None) -> BuildResult:
+                   cleanup: bool = True, max_pixels: int | None = None,
+                   fields: Sequence[fmt.FieldSpec] = ()) -> BuildResult:
     """Write index, report and (last) manifest; then remove files no manifest references.
 
     Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
-    ``max_pixels`` is recorded as the manifest's ``limits.max_pixels`` (None: the default).
+    ``max_pixels`` is recorded as the manifest's ``limits.max_pixels`` (None: the default);
+    ``fields`` are the declared fields (image fields with their shard entries).
     """
     rows = len(columns["offset"])
     if classes:  # informational: lets two datasets' class lists be compared at a glance
         build_info = {**build_info, "classes_checksum": fmt.class_list_checksum(classes)}
-    fmt.validate_index(rows, columns, shards, alignment, path="(new index)")  # never commit a bad index
+    # never commit a bad index
+    fmt.validate_index(rows, columns, shards, alignment, path="(new index)", fields=fields)
     report = out / fmt.REPORT_NAME
     if report.is_dir() and not report.is_symlink():
         # A FIFO or a link in its place is simply replaced; a folder cannot be. Checked before
@@ -167,7 +185,7 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
             sample_count=rows, alignment=alignment, codec=codec, classes=tuple(classes),
             index=fmt.FileEntry(path=index_name, size=index_size, checksum=index_digest),
             shards=tuple(shards), build=build_info, history=tuple(history),
-            created_by=f"packer {__version__}", max_pixels=max_pixels)
+            created_by=f"packer {__version__}", max_pixels=max_pixels, fields=tuple(fields))
         # The commit point; write_atomic fsyncs the folder, so the report below never lands
         # beside the old manifest.
         write_atomic(out / fmt.MANIFEST_NAME, [fmt.dump_manifest(manifest)])
@@ -176,7 +194,8 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     except OSError as exc:
         raise io_error(exc, "writing the index and manifest", out) from None
     if cleanup:
-        _remove_unreferenced(out, {s.path for s in shards} | {index_name})
+        _remove_unreferenced(out, {s.path for s in shards} | {index_name}
+                             | {s.path for spec in fields for s in spec.shards})
         shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
     payload = int(columns["size"].sum())
     total = sum(s.size for s in shards) + index_size
@@ -258,4 +277,13 @@ def assemble_index(listing: SourceListing, headers: Sequence[dict[str, Any]], re
             columns[name] = np.concatenate([blob, columns[name][1:] + blob[-1]])
     order = ("shard", "offset", "size", "checksum", "label", "width", "height", "channels", "image_format",
              "key_offsets", "keys", "meta_offsets", "meta")
-    return {name: columns[name] for name in order}, shards, source
+    ordered = {name: columns[name] for name in order}
+    if listing.fields is not None:
+        if previous is not None:
+            raise BuildError("append does not support datasets with declared fields yet")
+        ordered.update(listing.fields.index_columns(source))
+        for spec in listing.fields.image_specs:
+            for part, typestr in IMAGE_COLUMNS.items():
+                ordered[spec.image_column(part)] = np.concatenate(
+                    [r[f"{spec.name}__{part}"] for r in records]).astype(np.dtype(typestr))
+    return ordered, shards, source

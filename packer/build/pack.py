@@ -26,7 +26,8 @@ from ..names import source_name
 from ..pillowformats import normalize_to_png
 from .members import MemberReader
 from .plan import BuildOptions, BuildPlan
-from .records import RECORD_COLUMNS, read_record, record_path, write_record
+from .fieldvalues import FIELD_REJECTION
+from .records import read_record, record_columns, record_path, write_record
 from .sources import Rejection, file_stamp
 from .staging import STAGING_DIR, TEMP_DIR, io_error
 
@@ -53,6 +54,8 @@ class SegmentResult:
     rows: dict[str, list[int]]
     rejected: list[dict[str, str]]
     notes: dict[str, int] = field(default_factory=dict)  # the codec's labels, counted
+    #: image fields (formats/SPEC.md §14): field name -> (temp file, length), laid out like ``path``
+    field_files: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def segment_count(plan: BuildPlan, shard: int, wanted: int, min_bytes: int = 16 << 20) -> int:
@@ -79,9 +82,37 @@ def _temp_dir(out: Path, shard: int) -> Path:
     return temp_dir
 
 
+class _PayloadWriter:
+    """One segment's payload file: aligned payloads written in order, with their offsets."""
+
+    def __init__(self, path: Path, position: int, alignment: int) -> None:
+        self.path = path
+        self.position = position
+        self.alignment = alignment
+        self.handle = open(path, "wb", buffering=8 << 20)
+        self.handle.write(bytes(position))
+
+    def write(self, payload: bytes) -> int:
+        """Append one payload and its padding; returns its offset."""
+        offset = self.position
+        self.handle.write(payload)
+        padding = fmt.align_up(len(payload), self.alignment) - len(payload)
+        if padding:
+            self.handle.write(bytes(padding))
+        self.position += len(payload) + padding
+        return offset
+
+    def close(self) -> None:
+        self.handle.close()
+
+
 def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segments: int = 1, *,
                  progress: ProgressSink | None = None, fail_on_reject: bool = False) -> SegmentResult:
     """Read, check and write one segment of planned shard ``shard`` to a temp file.
+
+    With image fields, each sample's second images are read and checked too (a sample whose
+    field image is bad is rejected whole) and written to one temp file per field, laid out like
+    the main one, so the field's shard runs parallel to the main shard.
 
     Raises:
         BuildError: an output I/O error (disk full, permissions), or a rejection with ``fail_on_reject``.
@@ -90,17 +121,27 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     codec = get_codec(options.codec)
     alignment = options.alignment
     listing = plan.listing
+    image_fields = listing.fields.image_specs if listing.fields is not None else ()
     members = _segment_members(plan, shard, segment, segments)
-    rows: dict[str, list[int]] = {name: [] for name in RECORD_COLUMNS}
+    rows: dict[str, list[int]] = {name: [] for name in record_columns(image_fields)}
     rejected: list[dict[str, str]] = []
     notes: dict[str, int] = {}
-    temp = _temp_dir(out, shard) / f"shard-{shard:05d}.seg-{segment:03d}.{os.getpid()}.partial"
-    position = fmt.shard_data_offset(alignment) if segment == 0 else 0
+    stem = f"shard-{shard:05d}.seg-{segment:03d}"
+    temp_dir = _temp_dir(out, shard)
+    temp = temp_dir / f"{stem}.{os.getpid()}.partial"
+    field_temps = {spec.name: temp_dir / f"{stem}.{spec.name}.{os.getpid()}.partial" for spec in image_fields}
+    start = fmt.shard_data_offset(alignment) if segment == 0 else 0
     pending_files = pending_bytes = 0
     last_report = time.monotonic()
+    writers: list[_PayloadWriter] = []
     try:
-        with open(temp, "wb", buffering=8 << 20) as handle, MemberReader(listing.members) as archive:
-            handle.write(bytes(position))
+        with MemberReader(listing.members) as archive:
+            main = _PayloadWriter(temp, start, alignment)
+            writers.append(main)
+            field_writers = {}
+            for spec in image_fields:
+                field_writers[spec.name] = _PayloadWriter(field_temps[spec.name], start, alignment)
+                writers.append(field_writers[spec.name])
             for source_index in members.tolist():
                 key = listing.key(source_index)
                 # an archive source's member is read by offset (build/members.py); a file by path
@@ -111,7 +152,15 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                     listing.stamp(source_index), member=member,
                     name=source_name(key, listing.metadata(source_index)))
                 pending_files += 1
-                if note is not None:
+                extra: list[tuple[bytes, Any]] = []
+                if rejection is None:
+                    for spec in image_fields:
+                        loaded = _load_field_image(listing, spec.name, source_index, key, options)
+                        if isinstance(loaded, Rejection):
+                            rejection = loaded
+                            break
+                        extra.append(loaded)
+                if note is not None and rejection is None:
                     notes[note] = notes.get(note, 0) + 1
                 if rejection is not None:
                     if fail_on_reject:
@@ -119,36 +168,77 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                                          path=listing.root / key)
                     rejected.append(rejection.to_json())
                 else:
-                    size = len(payload)
-                    handle.write(payload)
-                    padding = fmt.align_up(size, alignment) - size
-                    if padding:
-                        handle.write(bytes(padding))
                     rows["source"].append(source_index)
-                    rows["offset"].append(position)
-                    rows["size"].append(size)
-                    rows["checksum"].append(fmt.checksum(payload))
-                    rows["width"].append(info.width)
-                    rows["height"].append(info.height)
-                    rows["channels"].append(info.channels)
-                    rows["image_format"].append(info.image_format)
-                    position += size + padding
-                    pending_bytes += size
+                    _add_payload_row(rows, "", main.write(payload), payload, info)
+                    for spec, (field_payload, field_info) in zip(image_fields, extra):
+                        _add_payload_row(rows, f"{spec.name}__", field_writers[spec.name].write(field_payload),
+                                         field_payload, field_info)
+                    pending_bytes += len(payload)
                 now = time.monotonic()
                 if progress and now - last_report > 0.2:
                     progress(pending_files, pending_bytes)
                     pending_files = pending_bytes = 0
                     last_report = now
+            for writer in writers:
+                writer.close()
     except OSError as exc:
-        temp.unlink(missing_ok=True)
+        _discard(writers, [temp, *field_temps.values()])
         raise io_error(exc, f"writing shard {shard}", temp) from None
     except BaseException:
-        temp.unlink(missing_ok=True)
+        _discard(writers, [temp, *field_temps.values()])
         raise
     if progress and (pending_files or pending_bytes):
         progress(pending_files, pending_bytes)
-    return SegmentResult(shard=shard, segment=segment, path=str(temp), length=position, rows=rows,
-                         rejected=rejected, notes=notes)
+    return SegmentResult(shard=shard, segment=segment, path=str(temp), length=main.position, rows=rows,
+                         rejected=rejected, notes=notes,
+                         field_files={name: (str(field_temps[name]), writer.position)
+                                      for name, writer in field_writers.items()})
+
+
+def _discard(writers: Sequence[_PayloadWriter], paths: Sequence[Path]) -> None:
+    for writer in writers:
+        try:
+            writer.close()
+        except OSError:
+            pass
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _add_payload_row(rows: dict[str, list[int]], prefix: str, offset: int, payload: bytes, info: Any) -> None:
+    """One packed payload's record row (``prefix``: ``""`` for the main image, ``"<field>__"``)."""
+    rows[prefix + "offset"].append(offset)
+    rows[prefix + "size"].append(len(payload))
+    rows[prefix + "checksum"].append(fmt.checksum(payload))
+    rows[prefix + "width"].append(info.width)
+    rows[prefix + "height"].append(info.height)
+    rows[prefix + "channels"].append(info.channels)
+    rows[prefix + ("format" if prefix else "image_format")].append(info.image_format)
+
+
+def _load_field_image(listing: Any, name: str, source_index: int, key: str, options: BuildOptions
+                      ) -> tuple[bytes, Any] | Rejection:
+    """Read and check a sample's second image of field ``name``: stored as it is (pass-through,
+    whatever the main codec: a mask must keep its exact values), header-checked like any image."""
+    table = listing.fields
+    field_key = table.image_key(name, source_index)
+    size = int(table.image_sizes[name][source_index])
+    if size > options.max_file_size:
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}) is {size} bytes; the limit "
+                                               f"(--max-file-size) is {options.max_file_size}")
+    data = _read_listed(listing.root / field_key, field_key, size)
+    if isinstance(data, Rejection):
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {data.message} ({data.reason})")
+    try:
+        info = probe_image(data, name=field_key, validate=options.validate, max_pixels=options.max_pixels,
+                           show_bytes=_inside(listing.root, listing.root / field_key))
+    except RejectedImageError as exc:
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {exc.message} ({exc.reason})")
+    except PackerError as exc:
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {type(exc).__name__}: {exc}")
+    return data, info
 
 
 def _append_file(target: Any, source_path: str, length: int) -> None:
@@ -162,8 +252,39 @@ def _append_file(target: Any, source_path: str, length: int) -> None:
             copied += n
 
 
+def _join_segments(target: Path, parts: Sequence[tuple[str, int]], *, segment_paths_owned: bool = True) -> int:
+    """Append segment files 1.. to segment 0's file ``target`` (in the kernel); returns the length."""
+    position = parts[0][1]
+    with open(target, "r+b") as handle:
+        for path, length in parts[1:]:
+            handle.seek(position)
+            _append_file(handle, path, length)
+            if segment_paths_owned:
+                os.unlink(path)
+            position += length
+    return position
+
+
+def _commit_payload_file(path: Path, out: Path, *, alignment: int, count: int, length: int, number: int,
+                         name_of: Callable[[int], str]) -> dict[str, Any]:
+    """Write the shard header into a joined payload file, sync it, and move it to its final name."""
+    header = fmt.ShardHeader(alignment=alignment, sample_count=count, file_size=length, shard_number=number)
+    with open(path, "r+b") as handle:
+        handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
+        handle.flush()
+        os.fsync(handle.fileno())
+    digest = _hash_file(path)
+    final_name = name_of(digest)
+    (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
+    os.replace(path, out / final_name)
+    return {"path": final_name, "size": length, "checksum": fmt.checksum_hex(digest)}
+
+
 def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[SegmentResult]) -> dict[str, Any]:
     """Join a planned shard's segments (in order) into its file, commit it, and write its record.
+
+    Image fields' payload files are joined and committed the same way, before the record that
+    names them all.
 
     Raises:
         BuildError: an output I/O error.
@@ -171,55 +292,60 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
     parts = sorted(parts, key=lambda p: p.segment)
     alignment = plan.options.alignment
     first = Path(parts[0].path)
-    rows: dict[str, list[int]] = {name: [] for name in RECORD_COLUMNS}
+    image_fields = [spec.name for spec in plan.listing.fields.image_specs] if plan.listing.fields is not None else []
+    columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else ())
+    rows: dict[str, list[int]] = {name: [] for name in columns}
     rejected: list[dict[str, str]] = []
     notes: dict[str, int] = {}
+    temps = [Path(part.path) for part in parts] + [Path(part.field_files[name][0]) for part in parts
+                                                   for name in image_fields]
     try:
-        with open(first, "r+b") as handle:
-            position = 0
-            for part in parts:
-                if part.segment:
-                    handle.seek(position)
-                    _append_file(handle, part.path, part.length)
-                    os.unlink(part.path)
-                for name in RECORD_COLUMNS:
-                    values = part.rows[name]
-                    rows[name].extend([v + position for v in values] if name == "offset" else values)
-                rejected.extend(part.rejected)
-                for note, count in part.notes.items():
-                    notes[note] = notes.get(note, 0) + count
-                position += part.length
-            count = len(rows["source"])
-            number = plan.first_shard_number + shard
-            if count:
-                header = fmt.ShardHeader(alignment=alignment, sample_count=count, file_size=position,
-                                         shard_number=number)
-                handle.seek(0)
-                handle.write(header.encode()[: fmt.SHARD_HEADER_SIZE])
-                handle.flush()
-                os.fsync(handle.fileno())
+        positions = {"": 0, **{name: 0 for name in image_fields}}
+        for part in parts:
+            for name in columns:
+                values = part.rows[name]
+                owner = name.partition("__")[0] if "__" in name else ""
+                if name.endswith("offset"):
+                    values = [v + positions[owner] for v in values]
+                rows[name].extend(values)
+            positions[""] += part.length
+            for field_name in image_fields:
+                positions[field_name] += part.field_files[field_name][1]
+            rejected.extend(part.rejected)
+            for note, count in part.notes.items():
+                notes[note] = notes.get(note, 0) + count
+        count = len(rows["source"])
+        number = plan.first_shard_number + shard
         record: dict[str, Any] = {"shard": shard, "plan": fmt.checksum_hex(plan.fingerprint),
                                   "sample_count": count, "rejected": rejected}
         if notes:
             record["codec_notes"] = notes
         if count:
-            digest = _hash_file(first)
-            final_name = fmt.shard_file_name(number, digest)
-            (out / fmt.SHARD_DIR).mkdir(exist_ok=True)
-            os.replace(first, out / final_name)
+            field_entries = {}
+            for field_name in image_fields:
+                field_parts = [part.field_files[field_name] for part in parts]
+                length = _join_segments(Path(field_parts[0][0]), field_parts)
+                field_entries[field_name] = _commit_payload_file(
+                    Path(field_parts[0][0]), out, alignment=alignment, count=count, length=length, number=number,
+                    name_of=lambda digest, field_name=field_name: fmt.field_shard_file_name(field_name, number, digest))
+            length = _join_segments(first, [(part.path, part.length) for part in parts])
+            record.update(_commit_payload_file(first, out, alignment=alignment, count=count, length=length,
+                                               number=number, name_of=lambda digest: fmt.shard_file_name(number, digest)))
             fsync_dir(out / fmt.SHARD_DIR)
-            record.update(path=final_name, size=position, checksum=fmt.checksum_hex(digest))
+            if field_entries:
+                record["fields"] = field_entries
         else:
-            first.unlink()
+            for path in temps:
+                path.unlink(missing_ok=True)
         write_record(record_path(out, shard), record, rows)
         return record
     except OSError as exc:
-        for part in parts:
-            Path(part.path).unlink(missing_ok=True)
+        for path in temps:
+            path.unlink(missing_ok=True)
         raise io_error(exc, f"writing shard {shard}", first) from None
     except BaseException:
-        for part in parts:
-            Path(part.path).unlink(missing_ok=True)
+        for path in temps:
+            path.unlink(missing_ok=True)
         raise
 
 

@@ -28,6 +28,8 @@ from .atomic import write_atomic
 from ..classes import load_class_list
 from ..errors import BuildError, DatasetChangedError, FormatError, OptionError, PackerError
 from .members import members_columns, members_from_columns, members_header
+from ..fields import FieldSpec, check_declarations, parse_field_option, specs_from_json
+from .fieldvalues import FieldTable
 from .sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
@@ -59,8 +61,13 @@ class BuildOptions:
     label_type: str = "auto"
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
     normalize_formats: bool = False  # convert images not in JPEG/PNG/WEBP to PNG (pillowformats)
+    #: Declared fields (packer/fields.py), as manifest-style declarations; also accepts
+    #: ``--field`` strings and ``FieldSpec`` objects, normalised here.
+    fields: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.fields:
+            object.__setattr__(self, "fields", tuple(_field_declaration(item) for item in self.fields))
         if isinstance(self.classes, list):  # from JSON (a saved plan, a manifest's build options)
             object.__setattr__(self, "classes", tuple(self.classes))
         elif isinstance(self.classes, (str, os.PathLike)):
@@ -78,7 +85,17 @@ class BuildOptions:
             del document["label_type"]
         if not document["normalize_formats"]:
             del document["normalize_formats"]
+        if document["fields"]:
+            document["fields"] = [dict(item) for item in document["fields"]]
+        else:
+            del document["fields"]
         return document
+
+    @property
+    def field_specs(self) -> tuple[FieldSpec, ...]:
+        """The declared fields as ``FieldSpec`` objects (before listing: a ``classes`` field
+        without names has no class list yet)."""
+        return specs_from_json(self.fields)
 
     def check(self) -> "BuildOptions":
         """Refuse impossible options before anything is written (exit code 2, like any usage error).
@@ -111,7 +128,20 @@ class BuildOptions:
         check_label_type(self.label_type)
         if self.classes is not None:
             load_class_list(self.classes)  # refuses an empty list, duplicates, non-strings
+        check_declarations(self.field_specs)
         return self
+
+
+def _field_declaration(item: Any) -> dict[str, Any]:
+    """One entry of ``BuildOptions.fields`` as its canonical declaration."""
+    if isinstance(item, str):
+        return parse_field_option(item).to_json()
+    if isinstance(item, FieldSpec):
+        return item.to_json()
+    if isinstance(item, dict):
+        return specs_from_json([item])[0].to_json()
+    raise OptionError(f"a field is declared by a --field string, a FieldSpec or a declaration object, "
+                      f"got {item!r}")
 
 
 @dataclass
@@ -190,6 +220,8 @@ def _plan_header(plan: BuildPlan) -> bytes:
     }
     if plan.listing.members is not None:  # an archive source: where its members live
         header["members"] = members_header(plan.listing.members)
+    if plan.listing.fields is not None:  # the final declarations (a classes field's names)
+        header["fields"] = [spec.to_json() for spec in plan.listing.fields.specs]
     return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -207,6 +239,8 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
         columns["stamps"] = listing.stamps
     if listing.members is not None:
         columns.update(members_columns(listing.members))
+    if listing.fields is not None:
+        columns.update(listing.fields.plan_columns())
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
     plan.fingerprint = write_atomic(path, pieces)  # a full disk leaves no partial plan behind
     return plan.fingerprint
@@ -235,12 +269,14 @@ def load_plan(path: Path, root: Path) -> BuildPlan:
             label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])),
             stamps=columns.get("stamps", np.zeros(0, dtype=np.uint64)),
             members=members_from_columns(columns, header.get("members")))
+        if "fields" in header:
+            listing.fields = FieldTable.from_plan_columns(specs_from_json(header["fields"]), columns, rows)
         order = columns["order"].astype(np.int64)
         starts = columns["shard_starts"].astype(np.int64)
     except PackerError as exc:
         raise BuildError(f"the saved build plan is damaged ({exc}); delete {path.parent} to start over",
                          path=path) from None
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OptionError) as exc:
         raise BuildError(f"the saved build plan is unusable ({exc!r}); delete {path.parent} to start over",
                          path=path) from None
     n = len(listing.sizes)

@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from .. import format as fmt
 from ..errors import PackerError
+from ..fields import IMAGE_COLUMNS
 from ..files import read_capped
 from .atomic import write_atomic
 from .staging import RECORD_DIR, STAGING_DIR
 
-__all__ = ["RECORD_COLUMNS", "record_path", "write_record", "read_record"]
+__all__ = ["RECORD_COLUMNS", "record_columns", "record_path", "write_record", "read_record"]
 
 #: A record holds one shard's rows (48 bytes a sample): far below this for any shard.
 MAX_RECORD_BYTES = 4 << 30
 RECORD_COLUMNS = ("source", "offset", "size", "checksum", "width", "height", "channels", "image_format")
+_DTYPES = {"source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
+           "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8,
+           "format": np.uint8}
+
+
+def record_columns(image_fields: Sequence[Any] = ()) -> tuple[str, ...]:
+    """A record's per-sample columns: the main image's, then ``<field>__<part>`` per image field
+    (``part`` as in ``fields.IMAGE_COLUMNS``)."""
+    return RECORD_COLUMNS + tuple(f"{spec.name}__{part}" for spec in image_fields for part in IMAGE_COLUMNS)
 
 
 def record_path(out: Path, shard: int) -> Path:
@@ -32,9 +42,7 @@ def record_path(out: Path, shard: int) -> Path:
 
 
 def write_record(path: Path, header: dict[str, Any], rows: dict[str, list[int]]) -> None:
-    dtypes = {"source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
-              "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8}
-    columns = {name: np.asarray(rows[name], dtype=dtypes[name]) for name in RECORD_COLUMNS}
+    columns = {name: np.asarray(values, dtype=_DTYPES[name.rpartition("__")[2]]) for name, values in rows.items()}
     columns["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
     write_atomic(path, fmt.encode_column_file(fmt.PLAN_MAGIC, len(columns["source"]), columns))
 
@@ -62,12 +70,24 @@ def read_record(path: Path, fingerprint: int, out: Path) -> tuple[dict[str, Any]
             fmt.shard_number_of(header["path"])  # a shard path of this format, nothing else
         except PackerError:
             return None
-        shard_path = out / header["path"]
-        try:
-            if shard_path.stat().st_size != header["size"]:
-                return None
-        except OSError:
+        files = [(header["path"], header["size"])]
+        field_files = header.get("fields", {})
+        if not isinstance(field_files, dict):
             return None
+        for entry in field_files.values():
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or type(entry.get("size")) is not int:
+                return None
+            try:
+                fmt.shard_number_of(entry["path"])  # a field shard path of this format
+            except PackerError:
+                return None
+            files.append((entry["path"], entry["size"]))
+        for relative, size in files:
+            try:
+                if (out / relative).stat().st_size != size:
+                    return None
+            except OSError:
+                return None
     return header, columns
 
 

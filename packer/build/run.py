@@ -78,7 +78,7 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
         listing = list_any_source(source, root, progress=counter.update, spool_dir=staging / SPOOL_DIR,
                                   source_kind=source_kind, label_field=label_field, classes=options.classes,
                                   label_type=options.label_type,
-                                  image_column=image_column)
+                                  image_column=image_column, fields=options.field_specs)
     unknown = [r for r in listing.rejected if r.reason == "unknown-class"]
     if strict_classes and unknown:
         raise SourceError(f"{len(unknown)} file(s) are not in the class list (--on-error fail), e.g. "

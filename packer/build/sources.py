@@ -42,6 +42,8 @@ import xxhash
 from ..classes import split_folder_warning
 from ..errors import EmptySourceError, OptionError, SourceError
 from ..names import ESCAPED_META, escape_name
+from ..fields import FieldSpec, FieldValueError
+from .fieldvalues import FIELD_REJECTION, FieldRowBuilder, FieldTable
 from .members import MemberTable
 
 __all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
@@ -78,6 +80,9 @@ REJECTION_REASONS = {
     "oversize-member": "an archive member larger than the member size limit",
     "decompression-bomb": "a zip member that declares far more bytes than it stores",
     "unused-member": "a WebDataset member that is neither the sample's image nor a .cls/.json/.txt member",
+    # declared fields (--field, packer/fields.py)
+    "bad-field": "a declared field's value is missing or does not fit its declaration (dtype, shape, kind), "
+                 "or its second image file is missing or not an image",
 }
 
 
@@ -128,11 +133,13 @@ class SourceListing:
     label_type: str = "str"
     warnings: list[str] = field(default_factory=list)
     stamps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    members: MemberTable | None = None
+    #: Declared fields' values per entry (build/fieldvalues.py); None without ``--field``.
+    fields: FieldTable | None = None
 
     def stamp(self, i: int) -> int:
         """Entry ``i``'s ``file_stamp`` at listing time, 0 when not recorded."""
         return int(self.stamps[i]) if len(self.stamps) == len(self.sizes) else 0
-    members: MemberTable | None = None
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -449,7 +456,8 @@ def header_hints(columns: list[str]) -> list[str]:
     return hints
 
 
-def _manifest_rows(path: Path) -> Iterator[tuple[int, dict[str, object] | None, str]]:
+def _manifest_rows(path: Path, *, label_optional: bool = False
+                   ) -> Iterator[tuple[int, dict[str, object] | None, str]]:
     """Yield (line number, row, error) from a CSV or JSONL manifest, streaming line by line.
 
     Raises:
@@ -468,7 +476,7 @@ def _manifest_rows(path: Path) -> Iterator[tuple[int, dict[str, object] | None, 
             if suffix in (".jsonl", ".ndjson"):
                 yield from _jsonl_rows(handle)
             else:
-                yield from _csv_rows(handle, path, "\t" if suffix == ".tsv" else ",")
+                yield from _csv_rows(handle, path, "\t" if suffix == ".tsv" else ",", label_optional=label_optional)
     except UnicodeDecodeError as exc:
         raise SourceError(f"manifest is not UTF-8 text ({exc.reason})", path=path) from None
     except csv.Error as exc:
@@ -501,7 +509,8 @@ def _jsonl_rows(handle: Any) -> Iterator[tuple[int, dict[str, object] | None, st
         yield (number, row, "") if isinstance(row, dict) else (number, None, "line is not a JSON object")
 
 
-def _csv_rows(handle: Any, path: Path, delimiter: str) -> Iterator[tuple[int, dict[str, object] | None, str]]:
+def _csv_rows(handle: Any, path: Path, delimiter: str, *, label_optional: bool = False
+              ) -> Iterator[tuple[int, dict[str, object] | None, str]]:
     reader = csv.reader(handle, delimiter=delimiter)
     header = next(reader, None)
     if not header:
@@ -510,7 +519,7 @@ def _csv_rows(handle: Any, path: Path, delimiter: str) -> Iterator[tuple[int, di
     if repeated:  # csv.DictReader would silently keep the last of two 'path' columns
         raise SourceError(f"CSV manifest header repeats column(s) {repeated}: each column must appear once",
                           path=path)
-    if "path" not in header or "label" not in header:
+    if "path" not in header or ("label" not in header and not label_optional):
         raise SourceError(f"CSV manifest needs a header row with 'path' and 'label' columns, got {header[:10]}: "
                           + "; ".join(header_hints(header)), path=path)
     if "metadata" in header:
@@ -606,8 +615,12 @@ class _LabelReader:
         return classes, (array("q", remap[values].tobytes()) if len(values) else labels)
 
 
-def _row_metadata(row: dict[str, object], jsonl: bool) -> tuple[bytes | None, str]:
-    """(canonical JSON metadata or b"", error); bytes None when the row's metadata is refused."""
+def _row_metadata(row: dict[str, object], jsonl: bool, exclude: frozenset[str] = frozenset()
+                  ) -> tuple[bytes | None, str]:
+    """(canonical JSON metadata or b"", error); bytes None when the row's metadata is refused.
+
+    ``exclude``: columns that are declared fields' sources (stored as fields, not metadata).
+    """
     if jsonl and "metadata" in row:
         meta_obj = row["metadata"]
         if meta_obj is None:
@@ -615,7 +628,7 @@ def _row_metadata(row: dict[str, object], jsonl: bool) -> tuple[bytes | None, st
         if not isinstance(meta_obj, dict):
             return None, f"metadata must be a JSON object, got {type(meta_obj).__name__}"
     else:  # CSV columns, or a JSONL row's other keys, are the metadata fields
-        meta_obj = {k: v for k, v in row.items() if k not in ("path", "label")}
+        meta_obj = {k: v for k, v in row.items() if k not in ("path", "label") and k not in exclude}
     if not meta_obj:
         return b"", ""
     try:
@@ -652,9 +665,29 @@ def _row_file(rel: str, root: Path) -> tuple[str, int, str, str]:
     return key, st.st_size, "", ""
 
 
+def _row_value(row: dict[str, object], spec: FieldSpec) -> object:
+    if spec.source not in row:
+        raise FieldValueError(f"field {spec.name!r}: the row has no {spec.source!r} "
+                              f"{'member' if not isinstance(row.get('path'), str) else 'column or member'}")
+    return row[spec.source]
+
+
+def _row_image(spec: FieldSpec, value: object, root: Path) -> tuple[str, int]:
+    """(key, size) of an image field's file named by a manifest row, relative to ``root``."""
+    if not isinstance(value, str) or not value:
+        raise FieldValueError(f"field {spec.name!r} is an image: its value must be a path relative to the root, "
+                              f"got {value!r}")
+    key, size, reason, message = _row_file(value, root)
+    if reason:
+        raise FieldValueError(f"field {spec.name!r}: {value!r}: {message} ({reason})")
+    if size == 0:
+        raise FieldValueError(f"field {spec.name!r}: {value!r} is an empty file")
+    return key, size
+
+
 def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
                   progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
-                  label_type: str = "auto") -> SourceListing:
+                  label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
     """List the images named by a CSV/JSONL manifest, in the manifest's order.
 
     CSV columns other than ``path`` and ``label`` become the sample's metadata (strings); JSONL
@@ -671,6 +704,11 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         classes: a fixed class list: labels are names in it (or indices into it with
             ``label_type="int"``); any other label is rejected as ``unknown-class``.
         label_type: ``"auto"``, ``"int"`` or ``"str"``.
+        fields: declared fields (``packer.fields``): each row's value of field F is its column
+            (JSONL member) ``F.source``; a CSV cell of an array or classes field is JSON (classes
+            also ``a|b|c``); an image field's value is a path relative to ``root``. With fields
+            declared the ``label`` column is optional (missing: ``-1``, unlabelled). A row whose
+            value is missing or does not fit is rejected as ``bad-field``.
 
     Raises:
         SourceError: unreadable manifest, mixed label kinds, a header without path/label.
@@ -688,11 +726,15 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     key_hashes = array("Q")
     labels = _LabelReader(label_type, tuple(classes) if classes is not None else None, manifest_path)
     first_keys: list[str] | None = None  # the first rejected JSONL row's keys, for the header hints
-    for number, row, error in _manifest_rows(manifest_path):
+    field_rows = FieldRowBuilder(fields) if fields else None
+    field_sources = frozenset(spec.source for spec in fields)
+    for number, row, error in _manifest_rows(manifest_path, label_optional=bool(fields)):
         where = f"{manifest_path.name}:{number}"
         if row is None:
             out.reject(where, "bad-manifest-row", error)
             continue
+        if fields and "label" not in row:
+            row["label"] = -1  # detection, captions: samples need no class
         rel = row.get("path")
         if not isinstance(rel, str) or not rel or "label" not in row:
             first_keys = first_keys if first_keys is not None else [str(k) for k in row]
@@ -703,7 +745,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         if value is None:
             out.reject(where, reason, message)
             continue
-        meta, meta_error = _row_metadata(row, jsonl)
+        meta, meta_error = _row_metadata(row, jsonl, field_sources)
         if meta is None:
             out.reject(where, "bad-metadata", meta_error)
             continue
@@ -711,12 +753,22 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         if reason:
             out.reject(key or where, reason, message)
             continue
+        if field_rows is not None:
+            try:
+                values = field_rows.encode(lambda spec: _row_value(row, spec), from_text=not jsonl,
+                                           resolve_image=lambda spec, value: _row_image(spec, value, root_path))
+            except FieldValueError as exc:
+                out.reject(key, FIELD_REJECTION, str(exc))
+                continue
+            field_rows.add(values)
         encoded = key.encode("utf-8")
         out.add(encoded, size, value, meta)
         key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
     class_names, out.labels = labels.finish(out.labels)
     listing = out.finish(root_path, "manifest", class_names)
     listing.label_type = labels.kind
+    if field_rows is not None:
+        listing.fields = field_rows.finish()
     listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))
     if len(listing) == 0:
         hints = header_hints(first_keys) if first_keys else []
@@ -804,7 +856,8 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          label_type=listing.label_type, warnings=listing.warnings,
                          stamps=listing.stamps[rows] if len(listing.stamps) == len(listing.sizes)
                          else np.zeros(0, dtype=np.uint64),
-                         members=listing.members.select(rows) if listing.members is not None else None)
+                         members=listing.members.select(rows) if listing.members is not None else None,
+                         fields=listing.fields.select(rows) if listing.fields is not None else None)
 
 
 def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
@@ -853,7 +906,7 @@ def _loose_int(text: str) -> bool:
 
 def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
                 progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
-                label_type: str = "auto") -> SourceListing:
+                label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
     """List a folder or a manifest file, whichever ``source`` is.
 
     ``progress`` is called with the running count of entries every 10,000 entries (listing
@@ -863,6 +916,9 @@ def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | N
     """
     path = Path(source)
     if path.is_file():
-        return list_manifest(path, root, progress=progress, classes=classes, label_type=label_type)
+        return list_manifest(path, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
+    if fields:
+        raise OptionError("--field needs a CSV/JSONL manifest source in this version (image folders with side "
+                          "files are not supported yet)")
     return list_image_folder(path, progress=progress, classes=classes)
 

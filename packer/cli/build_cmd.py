@@ -87,6 +87,13 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
               help="Manifest labels: int (plain ASCII integers), str (class names, sorted), auto (integers "
                    "when every label is one, class names when none is; a mix is an error).")
+@click.option("--field", "field_specs", multiple=True, metavar="NAME=TYPE[@SOURCE]",
+              help="Declare a per-sample field (repeatable): TYPE is a dtype (float32), a shaped array "
+                   "(float32[4], float32[N,4] for a variable count), classes (multi-label), text or image "
+                   "(a second image: mask, depth). Values come from the manifest column/member SOURCE "
+                   "(default NAME). See README, 'Samples with more than a label'.")
+@click.option("--fields", "fields_file", type=click.Path(path_type=Path), default=None,
+              help="A JSON schema file: a list of field declarations (or --field strings).")
 @quiet_option()
 @verbose_option()
 @json_option("Print the build summary as JSON on stdout.")
@@ -98,7 +105,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                   image_column: str | None, normalize_formats: bool, quiet: bool,
                   as_json: bool, max_size: int | None, quality: int | None, resize_side: str | None,
                   raw_size: str | None, classes_spec: str | None, classes_from: Path | None, label_type: str,
-                  verbose: bool, max_file_size: int) -> None:
+                  verbose: bool, max_file_size: int, field_specs: tuple[str, ...] = (),
+                  fields_file: Path | None = None) -> None:
     """Pack SOURCE into the dataset folder OUT.
 
     SOURCE is an ImageFolder-layout folder, a .csv/.jsonl manifest, a tar (plain, .gz, .bz2, .xz,
@@ -132,10 +140,16 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
         except OptionError as exc:
             raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
                               f"jpeg options, --size is a raw option)") from None
+        from ..fields import check_declarations, load_schema_file, parse_field_option
+
+        declared = [parse_field_option(text) for text in field_specs]
+        if fields_file is not None:
+            declared += list(load_schema_file(str(fields_file)))
+        check_declarations(declared)
         options = BuildOptions(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle,
                                seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,
                                max_file_size=max_file_size, classes=classes, label_type=label_type,
-                               normalize_formats=normalize_formats)
+                               normalize_formats=normalize_formats, fields=tuple(declared))
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:
