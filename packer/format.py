@@ -898,17 +898,7 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
                     shards.append(entry)
                     continue
         where = f"manifest shard {i}"
-        if not isinstance(item, dict):  # [R35]
-            raise ManifestError(f"{where} must be an object", path=path)
-        entry = ShardEntry(
-            path=check_relative_path(_need(item, "path", str, where=where, path=path), _SHARD_PATH,
-                                     what=f"shard {i} path", path=path),
-            size=_need_count(item, "size", where=where, path=path, low=1),
-            checksum=parse_checksum_hex(item.get("checksum"), path=path, what=f"shard {i} checksum"),
-            sample_count=_need_count(item, "sample_count", where=where, path=path, low=1, high=MAX_SAMPLES))
-        if entry.size % alignment:  # [R37]
-            raise ManifestError(f"{where} size {entry.size} is not a multiple of the alignment {alignment}",
-                                path=path)
+        entry = _shard_entry(item, _SHARD_PATH, alignment, where=where, label=f"shard {i}", path=path)
         # [R17] planned shard numbers strictly increase along the list (gaps are fine: a planned
         # shard whose files were all rejected is absent), so paths are unique too
         number = entry.number
@@ -943,6 +933,23 @@ def parse_manifest(data: bytes, *, path: object = None) -> Manifest:
                     fields=fields)
 
 
+def _shard_entry(item: object, pattern: re.Pattern[str], alignment: int, *, where: str, label: str,
+                 path: object) -> ShardEntry:
+    """One shard entry of the manifest (main or image field), checked: R35, R19, R37."""
+    if not isinstance(item, dict):  # [R35]
+        raise ManifestError(f"{where} must be an object", path=path)
+    entry = ShardEntry(
+        path=check_relative_path(_need(item, "path", str, where=where, path=path), pattern,
+                                 what=f"{label} path", path=path),
+        size=_need_count(item, "size", where=where, path=path, low=1),
+        checksum=parse_checksum_hex(item.get("checksum"), path=path, what=f"{label} checksum"),
+        sample_count=_need_count(item, "sample_count", where=where, path=path, low=1, high=MAX_SAMPLES))
+    if entry.size % alignment:  # [R37]
+        raise ManifestError(f"{where} size {entry.size} is not a multiple of the alignment {alignment}",
+                            path=path)
+    return entry
+
+
 def _parse_fields(document: object, shards: Sequence[ShardEntry], alignment: int, *,
                   path: object) -> tuple[FieldSpec, ...]:
     """The ``fields`` member (§14): declarations (R45) and each image field's shards (R50)."""
@@ -963,22 +970,12 @@ def _parse_fields(document: object, shards: Sequence[ShardEntry], alignment: int
         entries = []
         for position, (item, main) in enumerate(zip(listed, shards)):
             at = f"{where} shard {position}"
-            if not isinstance(item, dict):
-                raise ManifestError(f"{at} must be an object", path=path)
-            entry = ShardEntry(
-                path=check_relative_path(_need(item, "path", str, where=at, path=path), _FIELD_SHARD_PATH,
-                                         what=f"{at} path", path=path),
-                size=_need_count(item, "size", where=at, path=path, low=1),
-                checksum=parse_checksum_hex(item.get("checksum"), path=path, what=f"{at} checksum"),
-                sample_count=_need_count(item, "sample_count", where=at, path=path, low=1, high=MAX_SAMPLES))
+            entry = _shard_entry(item, _FIELD_SHARD_PATH, alignment, where=at, label=at, path=path)  # [R19] [R37]
             field_name = _FIELD_SHARD_PATH.fullmatch(entry.path).group(1)  # type: ignore[union-attr]
             if field_name != spec.name or entry.number != main.number or entry.sample_count != main.sample_count:
                 raise ManifestError(f"{at} ({entry.path}) must be the {spec.name!r} shard numbered "
                                     f"{main.number} with {main.sample_count} samples, like main shard "
                                     f"{position}", path=path)
-            if entry.size % alignment:  # [R37] for field shards too
-                raise ManifestError(f"{at} size {entry.size} is not a multiple of the alignment {alignment}",
-                                    path=path)
             entries.append(entry)
         result.append(dataclasses.replace(spec, shards=tuple(entries)))
     return tuple(result)

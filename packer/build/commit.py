@@ -24,7 +24,8 @@ from ..fields import IMAGE_COLUMNS
 from .fieldvalues import specs_with_shards
 from .plan import BuildPlan
 from .records import read_record, record_path
-from .sources import Rejection, SourceListing, empty_source_error, gather_blob
+from .blobs import gather_blob
+from .sources import Rejection, SourceListing, empty_source_error
 from .staging import STAGING_DIR, io_error
 
 __all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "recorded_max_pixels",

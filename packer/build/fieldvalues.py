@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .blobs import gather_blob
 from ..fields import ClassVocabulary, FieldSpec, FieldValueError, encode_value
 
 __all__ = ["FieldTable", "FieldRowBuilder", "FIELD_REJECTION"]
@@ -56,8 +57,6 @@ class FieldTable:
 
     def select(self, rows: np.ndarray) -> "FieldTable":
         """The table restricted to listing rows ``rows`` (in that order)."""
-        from .sources import gather_blob
-
         blobs, offsets, keys, key_offsets = {}, {}, {}, {}
         for name in self.blobs:
             blobs[name], offsets[name] = gather_blob(self.blobs[name], self.offsets[name], rows)
@@ -105,8 +104,6 @@ class FieldTable:
     # --- the index ---
     def index_columns(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The value fields' index columns for listing rows ``rows`` (the packed samples, in order)."""
-        from .sources import gather_blob
-
         columns: dict[str, np.ndarray] = {}
         for spec in self.specs:
             if spec.kind == "image":
