@@ -14,6 +14,14 @@ the next chunk so the kernel reads ahead while this one is hashed), and each chu
 Nothing is read twice, so on a disk the pass runs at the disk's speed: xxh3 hashes several
 GB/s per core. Shards are spread over worker processes when there are several.
 
+Declared fields (formats/SPEC.md §14) are checked too. An image field's shards (masks, depth
+maps) get exactly the pass main shards get (size, header against the manifest, whole-file
+checksum, every payload's checksum, zero padding, with ``decode=True`` a decode keeping the
+stored values), as tasks of their own beside the main shards. The values of the other fields
+live in the index, whose structure ``open_index`` already checked (R46-R49); what is left is
+checked here, vectorised and in bounded chunks: text is UTF-8, class sets are sorted without
+repeats, ``bool`` bytes are 0 or 1. Problems about a field carry its name (``Problem.field``).
+
 Damage is reported, never raised: a missing, truncated or extended shard file, a bad header,
 a damaged sample or an undecodable image each becomes a ``Problem`` naming the shard, the
 sample number and its key, and ``verify`` goes on to check everything else. Structural errors
@@ -23,6 +31,7 @@ found while opening the manifest and index (``open_index``) make one problem of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -40,7 +49,8 @@ from .errors import (DatasetChangedError, DecodeError, FormatError, NotAPackerFi
 from .files import open_inside
 from .machine import available_cpus
 
-__all__ = ["Problem", "VerifyReport", "verify", "PROBLEM_KINDS", "CHUNK_SIZE", "BYTES_PER_WORKER"]
+__all__ = ["Problem", "VerifyReport", "verify", "PROBLEM_KINDS", "CHUNK_SIZE", "BYTES_PER_WORKER",
+           "MAX_VALUE_PROBLEMS"]
 
 #: Bytes read per ``preadv``: large enough that syscall and Python overhead vanish next to the
 #: copy and the hashing, small enough to stay in the L3-ish range of a worker's memory budget.
@@ -58,7 +68,17 @@ PROBLEM_KINDS = {
     "shard-checksum": "a shard file does not hash to the manifest's checksum",
     "decode": "a sample's payload hashes correctly but does not decode as its image format",
     "io": "reading a shard file failed with an I/O error, or the process checking it died",
+    "field": "a declared field's value breaks its declaration (text not UTF-8, a class set not sorted "
+             "without repeats, a bool byte not 0 or 1)",
 }
+
+#: ``field`` problems listed per field and check; the rest are counted (``VerifyReport.unlisted``)
+#: in one summary problem. A writer bug can break every value of a 100M-sample dataset: a
+#: Python object per sample would take more memory than the index.
+MAX_VALUE_PROBLEMS = 1000
+#: Bytes of one field's values checked per step (a group of whole samples): bounds the memory
+#: of the vectorised passes whatever the dataset's size.
+VALUE_CHUNK_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class Problem:
@@ -73,6 +93,7 @@ class Problem:
         path: the file the problem is about (dataset-relative for shards).
         sample_range: ``(first, end)`` sample numbers affected, for problems about many samples
             (a missing shard, a truncated tail).
+        field: the declared field the problem is about (its shard, payload or value), else None.
     """
 
     kind: str
@@ -82,16 +103,19 @@ class Problem:
     key: str | None = None
     path: str | None = None
     sample_range: tuple[int, int] | None = None
+    field: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "sample": self.sample, "shard": self.shard,
-                "key": self.key, "path": self.path,
+                "key": self.key, "path": self.path, "field": self.field,
                 "sample_range": list(self.sample_range) if self.sample_range else None}
 
     def __str__(self) -> str:
         where = []
         if self.shard is not None:
             where.append(f"shard {self.shard}")
+        if self.field is not None:
+            where.append(f"field {self.field!r}")
         if self.sample is not None:
             where.append(f"sample {self.sample}" + (f" ({self.key})" if self.key else ""))
         elif self.sample_range is not None:
@@ -115,7 +139,13 @@ class VerifyReport:
         bytes_read: bytes read from shard files.
         seconds: wall time of the whole check.
         decoded: whether payloads were also decoded.
-        problems: everything found wrong, ordered by shard and sample.
+        problems: everything found wrong: the shards' (main and image fields') ordered by shard
+            and sample, then the field values'.
+        fields: per declared field, what was checked: ``kind``, ``samples_checked`` (values, or
+            an image field's payloads hashed), ``problems``; image fields also ``shards``,
+            ``shards_checked`` and ``bytes_read``. Empty for a dataset without fields.
+        unlisted: damaged field values counted but not listed one by one (past
+            ``MAX_VALUE_PROBLEMS`` per field and check; a summary problem says how many).
     """
 
     path: str
@@ -128,6 +158,8 @@ class VerifyReport:
     seconds: float = 0.0
     decoded: bool = False
     problems: list[Problem] = field(default_factory=list)
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unlisted: int = 0
 
     @property
     def damaged_samples(self) -> list[int]:
@@ -149,7 +181,9 @@ class VerifyReport:
                 found.add(problem.sample)
             elif problem.sample_range is not None:
                 ranged += problem.sample_range[1] - problem.sample_range[0]
-        return len(found) + ranged  # ranges (missing shards, lost tails) never overlap single samples
+        # ranges (missing shards, lost tails) never overlap single samples; unlisted field values may
+        # (a sample with a bad caption and a bad mask): an upper bound then, exact otherwise
+        return len(found) + ranged + self.unlisted
 
     @property
     def megabytes_per_second(self) -> float:
@@ -159,8 +193,8 @@ class VerifyReport:
         return {"ok": self.ok, "path": self.path, "samples": self.samples, "shards": self.shards,
                 "samples_checked": self.samples_checked, "shards_checked": self.shards_checked,
                 "bytes_read": self.bytes_read, "seconds": round(self.seconds, 6), "decoded": self.decoded,
-                "damaged_sample_count": self.damaged_sample_count,
-                "problems": [p.to_json() for p in self.problems]}
+                "damaged_sample_count": self.damaged_sample_count, "unlisted": self.unlisted,
+                "fields": self.fields, "problems": [p.to_json() for p in self.problems]}
 
 
 @dataclass(frozen=True)
@@ -185,6 +219,9 @@ class _ShardTask:
     channels: np.ndarray
     decode: bool
     max_pixels: int = 0  # the decode limit (dataset_max_pixels); 0 when not decoding
+    #: An image field's shard parallel to main shard ``shard`` (its payload columns above); ""
+    #: for a main shard. Field payloads are decoded as stored (values kept: masks, depth).
+    field: str = ""
 
 
 @dataclass
@@ -194,6 +231,7 @@ class _ShardResult:
     bytes_read: int = 0
     samples_checked: int = 0
     scanned: bool = False
+    field: str = ""
 
 
 def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int | None = None,
@@ -255,28 +293,203 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
                 image_formats=ix.image_format[first:end], widths=ix.width[first:end],
                 heights=ix.height[first:end], channels=ix.channels[first:end], decode=decode,
                 max_pixels=limit))
-        total_bytes = sum(entry.size for entry in manifest.shards)
-        results = _run_tasks(tasks, workers=workers, progress=progress, total_samples=len(index),
-                             total_bytes=total_bytes)
+        tasks += _field_shard_tasks(index, root, decode=decode, max_pixels=limit)
+        total_bytes = sum(task.size for task in tasks)
+        results = _run_tasks(tasks, workers=workers, progress=progress,
+                             total_samples=sum(task.sample_count for task in tasks), total_bytes=total_bytes)
         problems: list[Problem] = []
         report = VerifyReport(path=str(root), ok=True, samples=len(index), shards=len(manifest.shards),
                               decoded=decode)
-        for result in sorted(results, key=lambda r: r.shard):
+        report.fields = {spec.name: _field_entry(spec) for spec in manifest.fields}
+        order = {spec.name: position + 1 for position, spec in enumerate(manifest.fields)}
+        for result in sorted(results, key=lambda r: (r.shard, order.get(r.field, 0))):
             report.bytes_read += result.bytes_read
-            report.samples_checked += result.samples_checked
-            report.shards_checked += int(result.scanned)
+            if result.field:
+                entry = report.fields[result.field]
+                entry["bytes_read"] += result.bytes_read
+                entry["samples_checked"] += result.samples_checked
+                entry["shards_checked"] += int(result.scanned)
+                entry["problems"] += len(result.problems)
+            else:
+                report.samples_checked += result.samples_checked
+                report.shards_checked += int(result.scanned)
             for problem in result.problems:
                 if problem.sample is not None and problem.key is None:
-                    problem = Problem(kind=problem.kind, message=problem.message, sample=problem.sample,
-                                      shard=problem.shard, key=index.key(problem.sample), path=problem.path,
-                                      sample_range=problem.sample_range)
+                    problem = dataclasses.replace(problem, key=index.key(problem.sample))
                 problems.append(problem)
+        for spec in manifest.fields:
+            if spec.kind == "image":
+                continue
+            found, unlisted = _check_field_values(index, spec)
+            report.fields[spec.name]["samples_checked"] = len(index)
+            # damaged values, the unlisted ones included (not the summary line that counts them)
+            report.fields[spec.name]["problems"] = len(found) - (1 if unlisted else 0) + unlisted
+            report.unlisted += unlisted
+            problems += found
         report.problems = problems
         report.ok = not problems
         report.seconds = time.monotonic() - started
         return report
     finally:
         index.close()
+
+
+def _field_shard_tasks(index: Any, root: Path, *, decode: bool, max_pixels: int) -> list[_ShardTask]:
+    """One scan task per image field shard: the same checks as a main shard, against the field's
+    own columns (SPEC §14.3: laid out exactly as §3, parallel to main shard ``number``)."""
+    tasks = []
+    columns = index.index.field_columns
+    for spec in index.manifest.fields:
+        if spec.kind != "image":
+            continue
+        part = {name: columns[spec.image_column(name)] for name in ("offset", "size", "checksum", "format",
+                                                                   "width", "height", "channels")}
+        for number, entry in enumerate(spec.shards):
+            first, end = index.shard_range(number)
+            tasks.append(_ShardTask(
+                root=str(root), shard=number, path=entry.path, size=entry.size, checksum=entry.checksum,
+                sample_count=entry.sample_count, expected_number=fmt.shard_number_of(entry.path),
+                alignment=index.manifest.alignment, first_sample=first,
+                offsets=part["offset"][first:end], sizes=part["size"][first:end],
+                checksums=part["checksum"][first:end], image_formats=part["format"][first:end],
+                widths=part["width"][first:end], heights=part["height"][first:end],
+                channels=part["channels"][first:end], decode=decode, max_pixels=max_pixels, field=spec.name))
+    return tasks
+
+
+def _field_entry(spec: fmt.FieldSpec) -> dict[str, Any]:
+    """A field's line of ``VerifyReport.fields``, before anything was checked."""
+    entry: dict[str, Any] = {"kind": spec.kind, "samples_checked": 0, "problems": 0}
+    if spec.kind == "image":
+        entry.update(shards=len(spec.shards), shards_checked=0, bytes_read=0)
+    return entry
+
+
+# --- field values in the index ------------------------------------------------------------------
+
+def _check_field_values(index: Any, spec: fmt.FieldSpec) -> tuple[list[Problem], int]:
+    """What ``open_index`` left unchecked about one value field: ``(problems listed, unlisted)``.
+
+    ``open_index`` checked the columns' presence, dtypes and lengths (R46), the offsets (R47) and
+    the class ids' range (R49), so every value can be viewed. Here: text is UTF-8 (§14.2: readers
+    that decode refuse it otherwise), class sets are sorted ascending without repeats and bool
+    bytes are 0 or 1 (§14.1-14.2: what a writer MUST store).
+    """
+    columns = index.index.field_columns
+    values = columns[spec.column]
+    offsets = columns[spec.offsets_column] if spec.variable else None
+    listed = _ProblemList(index, spec)
+    if spec.kind == "text":
+        for sample, reason in _bad_text(values, offsets):
+            listed.add(sample, f"text is not UTF-8 ({reason}-byte value): it cannot be decoded")
+    elif spec.kind == "classes":
+        for sample in _unsorted_sets(values, offsets):
+            start, stop = int(offsets[sample]), int(offsets[sample + 1])
+            ids = values[start:stop].view("<i8")[:16].tolist()
+            listed.add(sample, f"class ids {ids}{' ...' if stop - start > 128 else ''} are not sorted ascending "
+                               f"without repeats, as a writer must store them")
+    elif spec.kind == "array" and spec.dtype == "bool":
+        for sample in _bad_bools(values, offsets, spec.record_bytes):
+            listed.add(sample, "a bool value is stored as a byte other than 0 or 1")
+    return listed.problems, listed.unlisted
+
+
+class _ProblemList:
+    """The ``field`` problems of one field, capped at ``MAX_VALUE_PROBLEMS`` plus one summary."""
+
+    def __init__(self, index: Any, spec: fmt.FieldSpec) -> None:
+        self.index, self.spec = index, spec
+        self.problems: list[Problem] = []
+        self.unlisted = 0
+        self.where = index.manifest.index.path
+
+    def add(self, sample: int, message: str) -> None:
+        if len(self.problems) < MAX_VALUE_PROBLEMS:
+            self.problems.append(Problem(kind="field", message=f"field {self.spec.name!r}: {message}",
+                                         sample=sample, shard=self.index.shard_of(sample),
+                                         key=self.index.key(sample), path=self.where, field=self.spec.name))
+            return
+        if self.unlisted == 0:
+            self.problems.append(Problem(kind="field", path=self.where, field=self.spec.name, message=""))
+        self.unlisted += 1
+        self.problems[-1] = dataclasses.replace(
+            self.problems[-1], message=f"field {self.spec.name!r}: {self.unlisted} more sample(s) with the same "
+                                       f"kind of damage, not listed (the first {MAX_VALUE_PROBLEMS} are)")
+
+
+def _sample_groups(offsets: np.ndarray, max_bytes: int = 0) -> Any:
+    """``(first, end)`` groups of consecutive samples whose values span at most ``max_bytes``
+    (``VALUE_CHUNK_BYTES``) of their blob, or a single larger sample."""
+    limit = max_bytes or VALUE_CHUNK_BYTES
+    count = len(offsets) - 1
+    first = 0
+    while first < count:
+        end = int(np.searchsorted(offsets, int(offsets[first]) + limit, side="right")) - 1
+        end = min(max(end, first + 1), count)
+        yield first, end
+        first = end
+
+
+def _bad_text(blob: np.ndarray, offsets: np.ndarray) -> Any:
+    """``(sample, reason)`` for each text value that is not UTF-8.
+
+    Fast path per group of samples: the group's bytes decode as a whole and no sample after
+    its first starts with a continuation byte (``10xxxxxx``), which together mean that every
+    sample's slice is valid on its own (each slice starts on a character and the next slice's
+    start, not a continuation, ends it). Groups that fail are decoded sample by sample.
+    """
+    for first, end in _sample_groups(offsets):
+        low, high = int(offsets[first]), int(offsets[end])
+        starts = offsets[first + 1:end]
+        starts = starts[starts < high]
+        clean = not np.any((blob[starts.astype(np.int64)] & 0xC0) == 0x80) if len(starts) else True
+        if clean:
+            try:
+                blob[low:high].tobytes().decode("utf-8")
+                continue
+            except UnicodeDecodeError:
+                pass
+        for sample in range(first, end):
+            try:
+                blob[int(offsets[sample]):int(offsets[sample + 1])].tobytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield sample, f"{exc.reason} at byte {exc.start} of its {len(exc.object)}"
+
+
+def _unsorted_sets(blob: np.ndarray, offsets: np.ndarray) -> Any:
+    """Samples whose class ids (``<i8``) are not strictly increasing."""
+    ids_offsets = offsets // np.uint64(8)
+    for first, end in _sample_groups(offsets):
+        low, high = int(ids_offsets[first]), int(ids_offsets[end])
+        ids = blob[low * 8:high * 8].view("<i8")
+        if len(ids) < 2:
+            continue
+        # a pair (k, k+1) inside one sample must increase; pairs across a sample start do not count
+        starts = ids_offsets[first + 1:end].astype(np.int64) - low
+        crossing = np.zeros(len(ids), dtype=bool)
+        crossing[starts[starts < len(ids)]] = True
+        bad = np.flatnonzero((ids[1:] <= ids[:-1]) & ~crossing[1:]) + 1
+        if len(bad):
+            owners = np.searchsorted(ids_offsets[first:end + 1].astype(np.int64) - low, bad, side="right") - 1
+            yield from (first + int(o) for o in np.unique(owners))
+
+
+def _bad_bools(blob: np.ndarray, offsets: np.ndarray | None, record_bytes: int) -> Any:
+    """Samples holding a ``bool`` byte other than 0 or 1 (fixed: a record each; variable: offsets)."""
+    if offsets is None:
+        rows = len(blob) // max(record_bytes, 1)
+        step = max(1, VALUE_CHUNK_BYTES // max(record_bytes, 1))
+        for first in range(0, rows, step):
+            end = min(rows, first + step)
+            bad = np.flatnonzero(blob[first * record_bytes:end * record_bytes] > 1)
+            yield from (first + int(s) for s in np.unique(bad // record_bytes))
+        return
+    for first, end in _sample_groups(offsets):
+        low, high = int(offsets[first]), int(offsets[end])
+        bad = np.flatnonzero(blob[low:high] > 1)
+        if len(bad):
+            owners = np.searchsorted(offsets[first:end + 1].astype(np.int64) - low, bad, side="right") - 1
+            yield from (first + int(o) for o in np.unique(owners))
 
 
 #: With ``workers=None``, one process per this many shard bytes at most: below it, forking a
@@ -316,8 +529,8 @@ def _run_tasks(tasks: list[_ShardTask], *, workers: int | None, progress: bool, 
                     result = future.result()
                 except BrokenProcessPool as exc:  # a worker was killed (out of memory, a decoder crash)
                     task = futures[future]
-                    result = _ShardResult(shard=task.shard, problems=[Problem(
-                        kind="io", shard=task.shard, path=task.path,
+                    result = _ShardResult(shard=task.shard, field=task.field, problems=[Problem(
+                        kind="io", shard=task.shard, path=task.path, field=task.field or None,
                         message=f"the process checking this shard died ({exc}); run verify with --workers 1 "
                                 f"to see where")])
                 bar.update(result.samples_checked, result.bytes_read)
@@ -332,7 +545,17 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
     ``buffer`` (reused across shards by the caller) receives the chunks; one is allocated when
     it is None.
     """
-    result = _ShardResult(shard=task.shard, problems=[])
+    result = _ShardResult(shard=task.shard, problems=[], field=task.field)
+    try:
+        _scan_shard_file(task, result, on_progress, buffer)
+    finally:
+        if task.field:  # every problem found in an image field's shard names the field
+            result.problems = [dataclasses.replace(p, field=task.field) for p in result.problems]
+    return result
+
+
+def _scan_shard_file(task: _ShardTask, result: _ShardResult, on_progress: Callable[[int, int], None] | None,
+                     buffer: bytearray | None) -> None:
     everything = (task.first_sample, task.first_sample + task.sample_count)
     try:
         fd, _ = open_inside(task.root, task.path)
@@ -343,7 +566,7 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
         result.problems.append(Problem(
             kind="missing", message=f"{why}: its {task.sample_count} samples cannot be read",
             shard=task.shard, path=task.path, sample_range=everything))
-        return result
+        return
     try:
         _scan_open_shard(fd, task, result, on_progress, buffer)
     except OSError as exc:
@@ -351,7 +574,6 @@ def _scan_shard(task: _ShardTask, on_progress: Callable[[int, int], None] | None
                                        shard=task.shard, path=task.path))
     finally:
         os.close(fd)
-    return result
 
 
 def _check_header(head: bytes, task: _ShardTask, problems: list[Problem]) -> None:
@@ -562,9 +784,10 @@ class _Decoder:
     """Decodes intact payloads of one shard and checks the pixels' shape against the index."""
 
     def __init__(self, task: _ShardTask) -> None:
-        from .decode import decode_image
+        from .decode import decode_as_stored, decode_image
 
-        self._decode_image = decode_image
+        # An image field's payloads are decoded as readers return them: values kept (SPEC §14.3).
+        self._decode_image = decode_as_stored if task.field else decode_image
         self.task = task
         self.formats = task.image_formats.tolist()
         self.widths = task.widths.tolist()
