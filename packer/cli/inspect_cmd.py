@@ -99,8 +99,34 @@ def _format_sample(info: dict[str, Any]) -> str:
     ]
     if "source_name" in info:
         rows.insert(2, ("name", f"{info['source_name']} (the original bytes; the key escapes them)"))
+    for name, value in (info.get("fields") or {}).items():
+        rows.append((name, _field_text(value)))
     # One value per line: a key or class name holding a newline must not forge a line.
     return "\n".join(f"{name:<9}  {terminal_safe(value, keep_newlines=False)}" for name, value in rows)
+
+
+#: Characters of a field value shown by ``--sample`` (``--json`` has all of it).
+_FIELD_SHOWN = 200
+
+
+def _field_text(value: Any) -> str:
+    """A field's value of ``sample_info`` on one line: an image field's table entry, a caption
+    quoted, numbers as JSON; cut at ``_FIELD_SHOWN`` characters."""
+    if isinstance(value, dict):  # an image field: where its payload is and what it holds
+        text = (f"{value['format']} {value['height']}x{value['width']} (HxW), {value['channels']} channel(s), "
+                f"{value['size']} bytes at {value['offset']} of {value['shard_path']}")
+    elif isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+    else:
+        text = json.dumps(value)
+    return text if len(text) <= _FIELD_SHOWN else text[:_FIELD_SHOWN] + " ..."
+
+
+def _overlay(text: str | None) -> str | None:
+    """``--boxes``/``--mask``: a field name, ``auto`` (the default) or ``none``."""
+    if text is None or text == "auto":
+        return "auto"
+    return None if text == "none" else text
 
 
 @cli.command("inspect")
@@ -119,13 +145,29 @@ def _format_sample(info: dict[str, Any]) -> str:
 @seed_option(help="Seed of the contact sheet's pick.")
 @max_pixels_option(default=None, help="With --grid: refuse images with more pixels than this (default: the "
                    "limit the dataset was built with).")
+@click.option("--boxes", "boxes", metavar="FIELD", default=None,
+              help="With --grid: outline this [N,4] field's boxes on the thumbnails ('none': no boxes; "
+                   "default: the one float [N,4] field named like box/bbox, if there is exactly one).")
+@click.option("--mask", "mask", metavar="FIELD", default=None,
+              help="With --grid: overlay this image field, a colour per value, 0 clear ('none': no mask; "
+                   "default: the one image field named like mask/seg, if there is exactly one).")
+@click.option("--box-format", type=click.Choice(["xyxy", "xywh", "cxcywh"]), default="xyxy", show_default=True,
+              help="With --grid: how the boxes' 4 numbers are spelt (xywh: COCO; cxcywh: YOLO).")
+@click.option("--box-normalized", is_flag=True,
+              help="With --grid: box coordinates are fractions of the image's size, not pixels.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --extract or --grid file.")
 def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
-                    grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None) -> None:
+                    grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None,
+                    boxes: str | None, mask: str | None, box_format: str, box_normalized: bool) -> None:
     """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
-    image sizes and rejected files. Never reads the shards unless asked for sample bytes."""
+    image sizes, declared fields (their table and statistics) and rejected files. Never reads
+    the shards unless asked for sample bytes. The contact sheet (--grid) outlines boxes and
+    overlays masks of declared fields."""
     if extract is not None and sample is None:
         raise click.UsageError("--extract needs --sample to say which sample to write")
+    if grid is None and (boxes is not None or mask is not None or box_normalized or box_format != "xyxy"):
+        raise click.UsageError("--boxes, --mask, --box-format and --box-normalized draw on the contact sheet: "
+                               "they need --grid")
     if dataset.is_file() and dataset.name == "manifest.json":
         dataset = dataset.parent
 
@@ -142,7 +184,9 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
         if sample is not None:
             _sample(dataset, sample, extract, force, as_json, document)
         if grid is not None:
-            _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document, max_pixels)
+            overlays = {"boxes": _overlay(boxes), "mask": _overlay(mask), "box_format": box_format,
+                        "box_normalized": box_normalized}
+            _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document, max_pixels, overlays)
         if as_json:
             emit_json(document)
         return 0
@@ -179,7 +223,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
 
 
 def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
-          document: dict[str, Any], max_pixels: int | None = None) -> None:
+          document: dict[str, Any], max_pixels: int | None = None, overlays: dict[str, Any] | None = None) -> None:
     from ..dataset import open_dataset
     from ..inspect.grid import contact_sheet
 
@@ -190,10 +234,16 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                                 path=out)
     png = io.BytesIO()
     with open_dataset(dataset) as ds:
-        result = contact_sheet(ds, png, count=count, columns=columns, seed=seed, max_pixels=max_pixels)
+        result = contact_sheet(ds, png, count=count, columns=columns, seed=seed, max_pixels=max_pixels,
+                               **(overlays or {}))
     write_new_file(out, png.getbuffer(), force=force)
     result["path"] = str(out)
     document["grid"] = result
     failed = f"; {len(result['failed'])} could not be shown (marked !): {result['failed']}" if result["failed"] else ""
+    drawn = "".join([f"; {result['boxes_drawn']} box(es) of field {result['boxes']!r} outlined"
+                     if result["boxes"] else "",
+                     f"; masks of field {result['mask']!r} overlaid" if result["mask"] else "",
+                     f" ({len(result['mask_failed'])} could not be: {result['mask_failed']})"
+                     if result["mask_failed"] else ""])
     echo(f"wrote a {result['height']}x{result['width']} (HxW) contact sheet of {len(result['samples'])} "
-               f"samples to {out}{failed}", err=True)
+               f"samples to {out}{failed}{drawn}", err=True)

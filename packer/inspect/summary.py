@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..files import iter_json_lines
+from .fields import field_stats, format_fields
 
 __all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
 
@@ -39,8 +40,10 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         label, count) and ``unlabeled``, ``bytes`` (total, shards, index, manifest, payload,
         header, padding, ``padding_overhead_percent``), ``sample_bytes`` (size statistics),
         ``alignment``, ``codec``, ``build``, ``history``, ``created_by``, ``images`` (width and
-        height percentiles over known sizes, counts by format and by channel count) and
-        ``rejected`` (from ``build-report.jsonl``: count by reason and the first entries).
+        height percentiles over known sizes, counts by format and by channel count), ``fields``
+        (the declared fields' table and statistics, ``packer.inspect.fields.field_stats``; ``[]``
+        without fields; ``bytes.field_shards`` is their image shards' size) and ``rejected``
+        (from ``build-report.jsonl``: count by reason and the first entries).
 
     Raises:
         PackerError: the manifest or index is missing or damaged.
@@ -59,6 +62,8 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         shard_bytes = int(shard_sizes.sum())
         header_bytes = len(manifest.shards) * fmt.shard_data_offset(manifest.alignment)
         padding_bytes = shard_bytes - payload - header_bytes
+        # image fields' parallel shards (§14.3) are on disk too: part of the total, counted apart
+        field_shard_bytes = sum(entry.size for spec in manifest.fields for entry in spec.shards)
         try:
             manifest_bytes = (root / fmt.MANIFEST_NAME).stat().st_size
         except OSError:
@@ -82,8 +87,9 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
             "labels": _label_counts(labels) if not classes else None,
             "unlabeled": int(np.count_nonzero(labels < 0)),
             "bytes": {
-                "total": shard_bytes + manifest.index.size + manifest_bytes,
+                "total": shard_bytes + field_shard_bytes + manifest.index.size + manifest_bytes,
                 "shards": shard_bytes,
+                "field_shards": field_shard_bytes,
                 "index": manifest.index.size,
                 "manifest": manifest_bytes,
                 "payload": payload,
@@ -97,6 +103,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
             "build": manifest.build,
             "history": list(manifest.history),
             "images": _image_stats(ix),
+            "fields": field_stats(index),
             "rejected": _rejected(root / fmt.REPORT_NAME, rejected_shown),
         }
         del ix, labels, sizes
@@ -198,7 +205,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"samples    {s['samples']:,} in {s['shards']['count']:,} shard(s)"
         + (f"; shard size {_spread(s['shards']['bytes'], 'bytes')}" if s["shards"]["bytes"] else ""),
         f"bytes      {_size(b['total'])} on disk: payload {_size(b['payload'])}, padding {_size(b['padding'])}, "
-        f"shard headers {_size(b['header'])}, index {_size(b['index'])}",
+        f"shard headers {_size(b['header'])}, index {_size(b['index'])}"
+        + (f", image fields' shards {_size(b['field_shards'])}" if b.get("field_shards") else ""),
         f"overhead   {b['padding_overhead_percent']:.2f} % of the payload (alignment padding and headers)",
         f"alignment  {s['alignment']}",
         "codec      " + " ".join([s["codec"].get("name", "?")] + [f"{k}={v}" for k, v in sorted(s["codec"].items())
@@ -235,6 +243,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("formats    " + (", ".join(f"{k} {v:,}" for k, v in images["formats"].items()) or "none"))
     lines.append("channels   " + (", ".join(f"{k}: {v:,}" for k, v in images["channels"].items()) or "none")
                  + (f"; size unknown for {images['unknown_size']:,}" if images["unknown_size"] else ""))
+    lines.extend(format_fields(s.get("fields") or [], one_line=_one_line))
     rejected = s["rejected"]
     if not rejected["available"]:
         lines.append("rejected   unknown (no build-report.jsonl)")
