@@ -29,6 +29,29 @@ Order and sharding are ``packer.order``'s (the same as ``packer.torch``): ``orde
 and every shard gets the same number of batches. To resume, pass ``first_epoch`` and
 ``consumed`` (the global position within ``first_epoch``, from ``packer.order``'s state).
 
+Declared fields (formats/SPEC.md §14): ``fields=("image", "boxes", "mask")`` makes the sources
+emit one output per name, in that order, instead of ``(data, label)``. Names are ``"image"``
+(the stored payload, as above), ``"label"``, ``"index"`` (0-d int64), ``"key"`` (its UTF-8
+bytes) and the dataset's declared fields:
+
+* an ``array`` field: a numpy array of its dtype per sample, the declared shape (a scalar is 0-d;
+  a variable one ``(n, *rest)``, e.g. ``(n, 4)`` float32 boxes, ``n`` may be 0: DALI batches
+  samples of different shapes);
+* a ``classes`` field: the sample's class ids, 1-D int64, sorted (``fn.one_hot`` does not make a
+  multi-hot vector of several: do it after the pipeline, or with ``packer.fields.multi_hot``);
+* a ``text`` field: its UTF-8 bytes, 1-D uint8;
+* an ``image`` field: with ``field_images="encoded"`` (default) the stored bytes, 1-D uint8,
+  for a DALI decoder; with ``field_images="decoded"`` the pixels decoded on the CPU in the
+  source's worker, values kept (``packer.decode.decode_as_stored``), always ``(H, W, C)``
+  (``C = 1`` for a mask), uint8 or uint16 as stored. Prefer ``"decoded"`` for palette PNG
+  masks: DALI's image decoders turn a palette into its RGB colours, not the class ids.
+
+``source.output_names`` are the outputs' names (for ``DALIGenericIterator``'s output map) and
+``fn.external_source(source=source, batch=..., **source.external_source_options())`` passes
+``num_outputs``, ``dtype`` and ``ndim`` for them. In batch mode image fields are read per sample
+(a zero-copy view with the default mmap backend; a ``pread`` each with the others), the main
+images with one coalesced ``read_batch``.
+
 Files are opened lazily inside the process that reads (each DALI worker, after fork or spawn),
 never shared across a fork; pickling a source costs a few hundred bytes (path and settings). The
 index version is pinned: a worker that finds the dataset replaced raises ``DatasetChangedError``.
@@ -101,29 +124,72 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .errors import DatasetChangedError, OptionError
+from .errors import DatasetChangedError, DecodeError, OptionError
 from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, EpochCursor, RankPlan, ReadOrder, check_epoch, index_blocks
 
-__all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator"]
+__all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator", "BUILTIN_OUTPUTS", "FIELD_IMAGES"]
+
+#: Output names every dataset has (``fields=``), beside its declared fields.
+BUILTIN_OUTPUTS = ("image", "label", "index", "key")
+#: How image fields are emitted: their stored bytes, or decoded on the CPU keeping their values.
+FIELD_IMAGES = ("encoded", "decoded")
 
 
-def _dataset_path_and_version(source: Any, *, check_formats: bool = True) -> tuple[str, int, int]:
-    """(folder, index checksum, sample count) of a path or an open dataset, touching no shard.
+def _check_outputs(fields: Any, specs: Any, return_index: bool, field_images: str, *, path: Any) -> tuple[str, ...]:
+    """The ``fields=`` names, checked against the dataset's declared fields."""
+    if field_images not in FIELD_IMAGES:
+        raise OptionError(f"field_images must be one of {', '.join(FIELD_IMAGES)}, got {field_images!r}")
+    if fields is None:
+        return ()
+    chosen = (fields,) if isinstance(fields, str) else tuple(fields)
+    declared = {spec.name for spec in specs}
+    if not chosen or len(set(chosen)) != len(chosen) or not all(isinstance(name, str) for name in chosen):
+        raise OptionError(f"fields must be distinct names, got {list(chosen)}")
+    if "metadata" in chosen:
+        raise OptionError("metadata is a JSON object per sample, which DALI has no type for: ask for 'index' "
+                          "and read Dataset.metadata(i) outside the pipeline")
+    unknown = [name for name in chosen if name not in declared and name not in BUILTIN_OUTPUTS]
+    if unknown:
+        raise OptionError(f"fields {unknown} are not outputs of {path}: it has {list(BUILTIN_OUTPUTS)} and the "
+                          f"declared fields {sorted(declared) or 'none'}")
+    if return_index:
+        raise OptionError("return_index=True adds an output to (data, label); with fields=, name 'index' "
+                          "among them instead")
+    return chosen
+
+
+def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields: Any = None,
+                              return_index: bool = False, field_images: str = "encoded"
+                              ) -> tuple[str, int, int, tuple[str, ...], tuple[Any, ...]]:
+    """(folder, index checksum, sample count, output names, their field specs) of a path or an
+    open dataset, touching no shard.
 
     With ``check_formats`` a codec this reader does not know (SPEC §6), or stored formats DALI's
     image decoders cannot decode (``pillowformats.decodable_by("dali")``: e.g. QOI, TGA, PSD),
-    are refused here, with their names, rather than deep inside a running pipeline.
+    are refused here, with their names, rather than deep inside a running pipeline; so are an
+    encoded image field's formats.
     """
     from .codecs import check_decodable
     from .dataset import DatasetIndex, open_index
     from .pillowformats import check_reader_formats
 
-    def checked(index: Any) -> tuple[str, int, int]:
+    def checked(index: Any) -> tuple[str, int, int, tuple[str, ...], tuple[Any, ...]]:
+        outputs = _check_outputs(fields, index.fields, return_index, field_images, path=index.path)
+        specs = tuple(index.field_spec(name) if name not in BUILTIN_OUTPUTS else None for name in outputs)
         if check_formats:
-            check_decodable(index.manifest.codec, path=index.path)
-            if index.manifest.codec.get("name") != "raw":  # raw payloads are pixels, not for a decoder
-                check_reader_formats(index.index.image_format, "dali", path=index.path)
-        return str(index.path), index.manifest.index.checksum, len(index)
+            if not outputs or "image" in outputs:
+                check_decodable(index.manifest.codec, path=index.path)
+                if index.manifest.codec.get("name") != "raw":  # raw payloads are pixels, not for a decoder
+                    check_reader_formats(index.index.image_format, "dali", path=index.path)
+            for spec in specs:
+                if spec is not None and spec.kind == "image" and field_images == "encoded":
+                    try:
+                        check_reader_formats(index.index.field_columns[spec.image_column("format")], "dali",
+                                             path=index.path)
+                    except DecodeError as exc:
+                        raise DecodeError(f"field {spec.name!r}: {exc.message}; or pass field_images='decoded' "
+                                          f"to decode image fields on the CPU", path=index.path) from None
+        return str(index.path), index.manifest.index.checksum, len(index), outputs, specs
 
     if isinstance(source, DatasetIndex):
         return checked(source)
@@ -138,7 +204,7 @@ class _PackedSource:
                  order: str = "random", seed: int = 0, drop_last: bool = False, first_epoch: int = 0,
                  consumed: int = 0, block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
                  backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False,
-                 check_formats: bool = True) -> None:
+                 check_formats: bool = True, fields: Any = None, field_images: str = "encoded") -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise OptionError(f"num_shards must be a positive integer, got {num_shards!r}")
         if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
@@ -148,7 +214,9 @@ class _PackedSource:
                 raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
         read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
                                batch_size=batch_size, drop_last=drop_last)
-        self.path, self._index_checksum, num_samples = _dataset_path_and_version(dataset, check_formats=check_formats)
+        self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
+            dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
+        self.field_images = field_images
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
@@ -269,10 +337,77 @@ class _PackedSource:
         return array
 
     def _outputs(self, data: np.ndarray, i: int) -> tuple[np.ndarray, ...]:
+        if self.fields:
+            return tuple(self._output(name, spec, i, data) for name, spec in zip(self.fields, self._specs))
         label = np.array(int(self._dataset.index.label[i]), dtype=np.int64)
         if self.return_index:
             return data, label, np.array(i, dtype=np.int64)
         return data, label
+
+    # --- declared fields ---
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The names of the outputs, in order: ``fields``, or ``("image", "label"[, "index"])``."""
+        if self.fields:
+            return self.fields
+        return ("image", "label", "index") if self.return_index else ("image", "label")
+
+    def _output(self, name: str, spec: Any, i: int, data: np.ndarray | None = None) -> np.ndarray:
+        """Sample ``i``'s output ``name`` (``data``: its main payload, when already read)."""
+        dataset = self._dataset
+        if spec is None:
+            if name == "image":
+                return data if data is not None else self._payload(dataset.get(i))
+            if name == "label":
+                return np.array(int(dataset.index.label[i]), dtype=np.int64)
+            if name == "index":
+                return np.array(i, dtype=np.int64)
+            return np.frombuffer(dataset.key(i).encode("utf-8"), dtype=np.uint8)
+        if spec.kind == "image":
+            if self.field_images == "encoded":
+                return np.frombuffer(dataset.field_bytes(name, i), dtype=np.uint8)
+            pixels = dataset.field_image(name, i)
+            return pixels[:, :, None] if pixels.ndim == 2 else pixels  # (H, W, 1): what DALI's HWC ops take
+        value = dataset.field_value(name, i)
+        if spec.kind == "text":
+            return np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+        # native byte order (the index is little-endian): DALI reads the buffer as it is. Not
+        # ascontiguousarray: it makes a scalar (0-d) 1-d; decode_value's arrays are contiguous.
+        return value.astype(value.dtype.newbyteorder("="), copy=False)
+
+    def external_source_options(self) -> dict[str, Any]:
+        """``num_outputs``, ``dtype`` and ``ndim`` for ``fn.external_source`` (needs DALI).
+
+        The main image is 1-D uint8 (3-D for ``raw``), labels and indices 0-d int64; fields as in
+        the module doc. A decoded image field's dtype is the one its first sample decodes to.
+        """
+        try:
+            from nvidia.dali import types
+        except ImportError as exc:  # pragma: no cover - exercised only without DALI
+            from .errors import MissingDependencyError
+
+            raise MissingDependencyError(f"DALI is not installed ({exc}); pip install 'packer[dali]'") from None
+        dataset = self._open()
+        raw = self._raw_shape is not None
+        dtypes, ndims = [], []
+        for name, spec in zip(self.output_names, self._specs or (None,) * len(self.output_names)):
+            if spec is None:
+                dtype = np.uint8 if name in ("image", "key") else np.int64
+                ndim = (3 if raw else 1) if name == "image" else (1 if name == "key" else 0)
+            elif spec.kind == "image":
+                if self.field_images == "encoded":
+                    dtype, ndim = np.uint8, 1
+                else:
+                    dtype, ndim = (dataset.field_image(name, 0).dtype if len(dataset) else np.uint8), 3
+            elif spec.kind == "text":
+                dtype, ndim = np.uint8, 1
+            elif spec.kind == "classes":
+                dtype, ndim = np.int64, 1
+            else:
+                dtype, ndim = spec.numpy_dtype, len(spec.shape)
+            dtypes.append(types.to_dali_type(np.dtype(dtype).newbyteorder("=")))
+            ndims.append(ndim)
+        return {"num_outputs": len(dtypes), "dtype": dtypes, "ndim": ndims}
 
 
 class PackedSampleSource(_PackedSource):
@@ -296,6 +431,14 @@ class PackedSampleSource(_PackedSource):
         return_index: add a third output, the sample index.
         check_formats: refuse, at construction, stored formats DALI cannot decode (False when
             your pipeline decodes them some other way).
+        fields: one output per name instead of ``(data, label)``: ``"image"``, ``"label"``,
+            ``"index"``, ``"key"`` and declared fields (see the module doc for what each gives).
+        field_images: image fields as their stored bytes (``"encoded"``, default) or decoded on
+            the CPU keeping their values (``"decoded"``: ``(H, W, C)``, a mask's class ids).
+
+    Raises:
+        OptionError: a bad setting, or a name in ``fields`` the dataset does not have.
+        DecodeError: with ``check_formats``, stored formats DALI's decoders cannot decode.
     """
 
     def epoch_length(self, epoch: int | None = None) -> int:
@@ -346,6 +489,8 @@ class PackedSampleSource(_PackedSource):
         epoch = self.first_epoch + int(sample_info.epoch_idx)
         i = self.sample_index(epoch, int(sample_info.idx_in_epoch))
         dataset = self._open()
+        if self.fields and "image" not in self.fields:
+            return self._outputs(None, i)  # type: ignore[arg-type]  # the main payload is not read
         return self._outputs(self._payload(dataset.get(i)), i)
 
 
@@ -361,9 +506,16 @@ class _BatchReader(_PackedSource):
             raise StopIteration
         indices = plan.batch(iteration)
         dataset = self._open()
+        if self.fields and "image" not in self.fields:
+            # no main payload wanted: do not read the images' block at all
+            return tuple([self._output(name, spec, i) for i in indices.tolist()]
+                         for name, spec in zip(self.fields, self._specs))
         batch = dataset.read_batch(indices)
         data = [self._payload(batch.data[start:start + size])
                 for start, size in zip(batch.starts.tolist(), batch.sizes.tolist())]
+        if self.fields:
+            return tuple(data if name == "image" else [self._output(name, spec, i) for i in indices.tolist()]
+                         for name, spec in zip(self.fields, self._specs))
         labels = [np.array(label, dtype=np.int64) for label in dataset.index.label[indices].tolist()]
         if self.return_index:
             return data, labels, [np.array(i, dtype=np.int64) for i in indices.tolist()]
