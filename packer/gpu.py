@@ -20,6 +20,15 @@ are re-exported here because GPU users look for them here.
     so a rank reads long runs, then each batch shuffled by the gather), dealt to ranks with
     equal batch counts, resumable at ``(seed, epoch, consumed)``, like ``packer.torch``'s readers.
 
+    Declared fields (formats/SPEC.md §14), where they apply: ``fields=("image", "label",
+    "depth")`` yields a dict per batch, one ``(B, *shape)`` tensor per name on the device. A
+    fixed-width ``array`` field (``float32[4]``, a scalar) is a flat index column, so a batch's
+    values are one gather from the mapped column plus one copy: no shard byte is read for them.
+    What does not apply, refused with ``OptionError``: variable fields (``float32[N,4]`` boxes,
+    ``classes``, ``text``: no fixed ``(B, ...)`` shape to put on the device), ``image`` fields
+    (encoded PNG masks in their own shards, not raw pixels), and ``key`` / ``metadata``
+    (strings). Read those with ``PackedDataset(fields=...)`` or the DALI sources.
+
 ``GpuJpegBatches``
     Batches of an encoded dataset: coalesced block reads into pinned host memory, then a GPU
     JPEG decoder (default ``TorchvisionJpegDecoder``: ``torchvision.io.decode_jpeg(list,
@@ -94,7 +103,7 @@ from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCurso
 # part of this module's public surface because GPU users look for them here.
 __all__ = ["DEFAULT_READ_BLOCK", "CPU_FALLBACKS", "GpuLoaderOptions", "GpuJpegDecoder", "TorchvisionJpegDecoder",
            "GpuFallbackWarning", "gds_status", "cuda_driver_status", "set_kvikio_threads", "resolve_device",
-           "GpuRawBatches", "GpuJpegBatches"]
+           "GpuRawBatches", "GpuJpegBatches", "RAW_BATCH_OUTPUTS"]
 
 #: Largest single host ``pread`` the loaders issue; longer runs are split and read in parallel.
 DEFAULT_READ_BLOCK = 8 << 20
@@ -458,6 +467,37 @@ def _tensors(item: Any) -> Iterator[Any]:
 
 # --- raw pixels --------------------------------------------------------------------------------
 
+#: What ``GpuRawBatches(fields=...)`` can carry besides the declared fixed-width arrays.
+RAW_BATCH_OUTPUTS = ("image", "label", "index")
+
+
+def _check_batch_fields(fields: Any, dataset: Any) -> tuple[str, ...]:
+    """``GpuRawBatches``' ``fields``: built-in names and fixed-width ``array`` fields only.
+
+    Raises:
+        OptionError: a name the dataset does not have, or one whose values have no fixed width.
+    """
+    chosen = (fields,) if isinstance(fields, str) else tuple(fields)
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise OptionError(f"fields must be distinct names, got {list(chosen)}")
+    for name in chosen:
+        if name in RAW_BATCH_OUTPUTS:
+            continue
+        if name in ("key", "metadata"):
+            raise OptionError(f"fields: {name!r} is a string per sample, which has no tensor on the device; ask "
+                              f"for 'index' and look it up in the dataset")
+        spec = dataset.field_spec(name)  # OptionError naming the fields there are
+        if spec.kind == "image":
+            raise OptionError(f"fields: {name!r} is an image field (encoded payloads in their own shards): "
+                              f"GpuRawBatches carries fixed-width array fields only; read it with "
+                              f"PackedDataset(fields=...) or packer.dali")
+        if spec.kind != "array" or spec.variable:
+            raise OptionError(f"fields: {spec.describe()} has a per-sample length, so no (batch, ...) tensor "
+                              f"shape: GpuRawBatches carries fixed-width array fields only; read it with "
+                              f"PackedDataset(fields=...) (a list per batch) or packer.dali")
+    return chosen
+
+
 class GpuRawBatches(_GpuBatches):
     """``(images, labels)`` batches of a ``raw``-codec dataset: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 on ``device``.
 
@@ -465,23 +505,29 @@ class GpuRawBatches(_GpuBatches):
         source: a dataset folder or an open ``Dataset`` (its codec must be ``raw``).
         batch_size: samples per batch per rank.
         options: a ``GpuLoaderOptions`` (default: its defaults, ``order="block"``).
+        fields: instead of ``(images, labels)``, a dict per batch with these names, in this order:
+            ``"image"``, ``"label"`` (``(B,)`` int64), ``"index"`` (``(B,)`` int64 sample numbers)
+            and fixed-width ``array`` fields (``(B, *shape)`` of their dtype), all on ``device``
+            (see the module doc for what does not apply).
         **settings: any ``GpuLoaderOptions`` field (``order``, ``seed``, ``rank``, ``world_size``,
             ``drop_last``, ``device``, ``io``, ``double_buffer``, ``block_bytes``, ``window``,
             ``read_block``, ``io_threads``, ``backend``), overriding ``options``.
 
     Raises:
-        OptionError: a bad setting (unknown name, io, device index).
+        OptionError: a bad setting (unknown name, io, device index), or a field in ``fields``
+            the dataset lacks or that has no fixed width.
         ManifestError: the dataset is not ``raw``.
         IndexMismatchError: a sample's size or format disagrees with the manifest's raw shape.
         MissingDependencyError: torch missing, or ``device="cuda"`` without a GPU.
     """
 
-    def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None,
-                 **settings: Any) -> None:
+    def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
+                 fields: Sequence[str] | None = None, **settings: Any) -> None:
         from .codecs import raw_sample_shape, raw_sample_stride
 
         super().__init__(source, batch_size, GpuLoaderOptions.merge(options, settings))
         try:
+            self.fields: tuple[str, ...] = () if fields is None else _check_batch_fields(fields, self.dataset)
             self.shape = raw_sample_shape(self.dataset.manifest.codec, path=self.dataset.path)
             self.stride = raw_sample_stride(self.shape, self.alignment)
             ix = self.dataset.index
@@ -509,7 +555,29 @@ class GpuRawBatches(_GpuBatches):
         if self.device.type == "cuda":
             where = where.to(self.device, non_blocking=True)
         images = rows.index_select(0, where).view(len(batch.indices), height, width, channels)
+        if self.fields:
+            return self._with_fields(images, batch)
         return images, self._labels(batch)
+
+    def _with_fields(self, images: Any, batch: RunPlan) -> dict[str, Any]:
+        """The ``fields=`` dict of one batch: each array field one gather from its index column."""
+        torch = self._torch
+        out: dict[str, Any] = {}
+        for name in self.fields:
+            if name == "image":
+                out[name] = images
+            elif name == "label":
+                out[name] = self._labels(batch)
+            else:
+                if name == "index":
+                    values = np.ascontiguousarray(batch.indices, dtype=np.int64)
+                else:
+                    column = self.dataset.field_array(name)
+                    # the gather copies (B rows of the mapped column); native order for torch
+                    values = column[batch.indices].astype(column.dtype.newbyteorder("="), copy=False)
+                tensor = torch.from_numpy(values)
+                out[name] = tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
+        return out
 
 
 # --- JPEG on the GPU ---------------------------------------------------------------------------

@@ -46,7 +46,9 @@ failed or ran out of time (never a silent pass):
 4. block reads into device memory, page cache dropped before each (``POSIX_FADV_DONTNEED``):
    kvikio vs ``pread`` into pinned memory + ``cudaMemcpy``, 64 KiB to 64 MiB, 64 MiB in flight.
    This is the *measured* side of GDS: the table says whether kvikio beat pread + copy;
-5. raw-shard batches to the GPU (``GpuRawBatches``): io=kvikio vs io=host vs the CPU path;
+5. raw-shard batches to the GPU (``GpuRawBatches``): io=kvikio vs io=host vs the CPU path; and
+   fixed-width declared fields riding along (``fields=``, a small raw dataset with a float32 and
+   a float64[2] field): FAIL when a batch's field tensors differ from the index's values;
 6. JPEG batches (``GpuJpegBatches``, nvJPEG) vs the CPU path: FAIL when nvJPEG did not decode
    every JPEG (``decode_counts``: a torchvision without nvJPEG falls back to the CPU);
 7. multi-GPU: one loader per visible GPU, as DDP ranks after ``torch.cuda.set_device(rank)``:
@@ -507,7 +509,50 @@ def raw_batches(raw_path: str, gpu: bool, seconds_each: float, batch_size: int) 
             row.update(_time_loader(loader, seconds_each, per_image))
         log(f"raw batches {row}")
         rows.append(row)
+    rows.append(raw_fields_check(Path(raw_path).parent / "raw-fields-ds", gpu, batch_size))
     return rows
+
+
+def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
+    """``GpuRawBatches(fields=...)``: fixed-width fields gathered from the index land on the device
+    with their batch; every value is compared with the index."""
+    import numpy as np
+    from PIL import Image
+
+    from packer.build import build
+    from packer.build.plan import BuildOptions
+    from packer.dataset import open_dataset
+    from packer.gpu import GpuRawBatches
+
+    count = 64
+    if not (out / "manifest.json").exists():
+        src = out.parent / "raw-fields-src"
+        src.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for i in range(count):
+            Image.fromarray(np.full((32, 32, 3), i * 3, np.uint8)).save(src / f"{i}.png")
+            rows.append({"path": f"{i}.png", "score": i / 4, "xy": [i, -i]})
+        (src / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
+        build(src / "rows.jsonl", out, BuildOptions(fields=("score=float32", "xy=float64[2]"),
+                                                    codec="raw:size=32x32", shard_size=64 << 10),
+              workers=1, overwrite=True, progress=False)
+    names = ("image", "index", "score", "xy")
+    checked = 0
+    with open_dataset(out) as ds, GpuRawBatches(out, min(batch_size, 16), fields=names, device=device_name(gpu),
+                                                seed=1) as loader:
+        score, xy = ds.field_array("score"), ds.field_array("xy")
+        for batch in loader:
+            if gpu and batch["score"].device.type != "cuda":
+                raise CheckFailed(f"fields= tensors are on {batch['score'].device}, not the GPU")
+            index = batch["index"].cpu().numpy()
+            if not (np.array_equal(batch["score"].cpu().numpy(), score[index])
+                    and np.array_equal(batch["xy"].cpu().numpy(), xy[index])):
+                raise CheckFailed("GpuRawBatches(fields=...) tensors differ from the index's values")
+            checked += len(index)
+    if checked != count:
+        raise CheckFailed(f"GpuRawBatches(fields=...) gave {checked} samples, expected {count}")
+    log(f"raw batches: fields=(score, xy) on the device match the index for {checked} samples")
+    return {"variant": f"fields= check: {checked} samples match", "images_per_s": None}
 
 
 def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int) -> dict[str, Any]:
