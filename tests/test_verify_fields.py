@@ -12,6 +12,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import packer.verify as verify_module
 from packer import format as fmt
@@ -368,3 +370,34 @@ def test_cli_ok_line_lists_the_fields(base: Path) -> None:
     result = _cli("verify", str(base), "-q", "--workers", "1")
     assert result.exit_code == 0, result.output
     assert "; fields boxes, tags, caption, depth, mask (8 images in" in result.output
+
+
+# --- every byte of a field shard is covered -----------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.floats(min_value=0, max_value=1, exclude_max=True), mask=st.integers(1, 255))
+def test_any_flipped_field_shard_byte_is_found(base: Path, tmp_path_factory: pytest.TempPathFactory,
+                                               position: float, mask: int) -> None:
+    """A flip anywhere in an image field's shards fails verify, names the field, and a flip inside
+    a payload names exactly that sample."""
+    with open_index(base) as index:
+        spec = index.field_spec("mask")
+        sizes = [s.size for s in spec.shards]
+        target = int(position * sum(sizes))
+        shard = int(np.searchsorted(np.cumsum(sizes), target, side="right"))
+        offset = target - sum(sizes[:shard])
+        path = base / spec.shards[shard].path
+        first, end = index.shard_range(shard)
+        columns = index.index.field_columns
+        starts = columns[spec.image_column("offset")][first:end].astype(np.int64)
+        stops = starts + columns[spec.image_column("size")][first:end].astype(np.int64)
+        inside = np.flatnonzero((starts <= offset) & (offset < stops))
+    xor_byte(path, offset, mask)
+    try:
+        report = verify(base, progress=False, workers=1)
+    finally:
+        xor_byte(path, offset, mask)  # restore the shared dataset
+    assert not report.ok and all(p.field == "mask" for p in report.problems)
+    assert ("shard-checksum", "mask") in kinds(report)
+    if len(inside):
+        assert report.damaged_samples == [first + int(inside[0])]
