@@ -263,7 +263,10 @@ class DatasetIndex:
             return {"shard_path": spec.shards[int(self.index.shard[i])].path,
                     **{part: int(columns[spec.image_column(part)][i]) for part in fieldspec.IMAGE_COLUMNS},
                     "format": fmt.ImageFormat.NAMES.get(int(columns[spec.image_column("format")][i]), "unknown")}
-        value = self.field_value(spec.name, i)
+        try:
+            value = self.field_value(spec.name, i)
+        except IndexMismatchError as exc:  # a hand-damaged caption: show it, `verify` reports it
+            return {"error": exc.message}
         return value if isinstance(value, str) else fmt.json_ready(value.tolist())
 
     def shard_range(self, shard: int) -> tuple[int, int]:
