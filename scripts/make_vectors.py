@@ -9,7 +9,7 @@ Usage::
 Inputs are fixed byte strings (PNG with stored deflate blocks, BMP, GIF and a baseline JPEG
 written out in hex), so the vectors do not depend on the Pillow or zlib version. Valid vectors are
 built with ``packer.build.run.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
-damaged in exactly one way. After a damage to the index or a shard header, the file is re-hashed,
+(or, for the ``fields-*`` ones, of ``valid/fields``) damaged in exactly one way. After a damage to the index or a shard header, the file is re-hashed,
 renamed and the manifest updated, so that the only defect is the one the vector is about (except
 the vectors that are about a stale size or checksum). Every invalid vector is opened here once and
 must raise its expected error, so a generator bug cannot commit a wrong vector.
@@ -44,7 +44,7 @@ from packer.build.commit import commit_dataset  # noqa: E402
 from packer.build.staging import LOCK_NAME, STAGING_DIR  # noqa: E402
 from packer.build.plan import BuildOptions  # noqa: E402
 
-__all__ = ["generate", "compare_trees", "VALID", "main"]
+__all__ = ["generate", "compare_trees", "read_everything", "VALID", "INVALID", "FIELD_INVALID", "main"]
 
 DEFAULT_OUT = REPO / "formats" / "vectors"
 
@@ -64,6 +64,27 @@ def png_bytes(width: int, height: int, seed: int) -> bytes:
               + struct.pack(">I", zlib.adler32(raw)))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stored) + chunk(b"IEND", b"")
+
+
+def palette_png_bytes(width: int, height: int, seed: int, colours: int = 3) -> bytes:
+    """An 8-bit palette PNG (a segmentation mask: pixel values are class ids), IDAT one stored
+    deflate block. Pixel ``(x, y)`` is ``(seed + x + 2 * y) % colours``."""
+    raw = b"".join(b"\x00" + bytes((seed + x + 2 * y) % colours for x in range(width)) for y in range(height))
+    palette = bytes((k * 97 + c * 41) & 0xFF for k in range(colours) for c in range(3))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    stored = (b"\x78\x01\x01" + struct.pack("<HH", len(raw), len(raw) ^ 0xFFFF) + raw
+              + struct.pack(">I", zlib.adler32(raw)))
+    header = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"PLTE", palette) + chunk(b"IDAT", stored)
+            + chunk(b"IEND", b""))
+
+
+def palette_pixels(width: int, height: int, seed: int, colours: int = 3) -> list[list[int]]:
+    """The values ``palette_png_bytes`` stores, row by row (what decoding as stored gives back)."""
+    return [[(seed + x + 2 * y) % colours for x in range(width)] for y in range(height)]
 
 
 def bmp_bytes(width: int, height: int, seed: int) -> bytes:
@@ -148,8 +169,8 @@ def make_base_align512(out: Path, tmp: Path) -> None:
     _folder_vector(out, tmp, files={
         "cat/a.png": (_PNG_A, _INFO_PNG_A), "cat/b.jpg": (JPEG_8X8, _INFO_JPEG), "dog/c.bmp": (_BMP_A, _INFO_BMP_A)},
         classes=["cat", "dog"], options=BuildOptions(alignment=512, shard_size=1536, shuffle=False),
-        description="3 samples in 2 shards (2 + 1), alignment 512, no shuffle; every invalid vector is "
-                    "this dataset damaged in one way")
+        description="3 samples in 2 shards (2 + 1), alignment 512, no shuffle; every invalid vector but "
+                    "the fields-* ones is this dataset damaged in one way")
 
 
 def make_two_shards_align4096(out: Path, tmp: Path) -> None:
@@ -206,6 +227,83 @@ def make_manifest_metadata(out: Path, tmp: Path) -> None:
         "alignment": 512, "samples": samples})
 
 
+#: valid/fields: one row per sample of the JSONL manifest (no label: fields need none). Every kind
+#: of §14: a variable array (boxes, with an empty one), a fixed array (depth), a class set with
+#: names (one empty, one with a repeat and a non-ASCII name), text (non-ASCII, one empty) and an
+#: image field (palette PNG masks the size of their image).
+_FIELD_ROWS: list[dict[str, Any]] = [
+    {"path": "img/0.png", "boxes": [[0.0, 0.5, 2.0, 3.0], [1.25, 0.0, 5.0, 2.5]], "depth": [1.5, -2.25],
+     "tags": ["dog", "cat"], "caption": "a cat and a dog", "mask": "img/0.mask.png"},
+    {"path": "img/1.jpg", "boxes": [], "depth": [0.0, 8.0], "tags": [], "caption": "gris 8\u00d78, sans \u00e9tiquette",
+     "mask": "img/1.mask.png"},
+    {"path": "img/2.bmp", "boxes": [[0, 0, 3, 2]], "depth": [-0.5, 0.125], "tags": ["\u00f1u", "cat", "cat"],
+     "caption": "\u00f1u \u2713 \U0001f9ac", "mask": "img/2.mask.png"},
+    {"path": "img/3.png", "boxes": [[1, 1, 2, 2], [0, 0, 4, 4], [2, 0, 4, 1]], "depth": [3.0, 0.75],
+     "tags": ["dog"], "caption": "", "mask": "img/3.mask.png"},
+]
+#: The declarations as ``--field`` strings (what a user types) and as the manifest must record them.
+_FIELD_OPTIONS = ("boxes=float32[N,4]", "depth=float32[2]", "tags=classes", "caption=text", "mask=image")
+_FIELD_IMAGES = {"img/0.png": (_PNG_A, _INFO_PNG_A), "img/1.jpg": (JPEG_8X8, _INFO_JPEG),
+                 "img/2.bmp": (_BMP_A, _INFO_BMP_A), "img/3.png": (_PNG_B, _INFO_PNG_B)}
+
+
+def _field_masks() -> dict[str, tuple[bytes, list[list[int]], tuple[int, int, int, int]]]:
+    """mask path -> (PNG bytes, the stored pixel values, (format, width, height, channels))."""
+    masks = {}
+    for seed, row in enumerate(_FIELD_ROWS):
+        _, (_, width, height, _) = _FIELD_IMAGES[row["path"]]
+        masks[row["mask"]] = (palette_png_bytes(width, height, seed), palette_pixels(width, height, seed),
+                              (2, width, height, 1))
+    return masks
+
+
+def make_fields(out: Path, tmp: Path) -> None:
+    source = tmp / "src-fields"
+    masks = _field_masks()
+    _write_files(source, {key: data for key, (data, _) in _FIELD_IMAGES.items()})
+    _write_files(source, {key: data for key, (data, _, _) in masks.items()})
+    lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in _FIELD_ROWS)
+    (source / "rows.jsonl").write_bytes(lines.encode("utf-8"))
+    # alignment 64 keeps the vector (and the invalid ones copied from it) small; shard_size 384 is
+    # 64 header bytes + 320, room for two padded payloads (128 or 192 bytes) but never three,
+    # so the 4 samples land 2 + 2 and the mask field runs parallel to two shards.
+    options = BuildOptions(alignment=64, shard_size=384, seed=1, fields=_FIELD_OPTIONS)
+    _build(source / "rows.jsonl", out, options)
+    # the expected values come from the rows, not from the dataset: class names are numbered in
+    # UTF-8 bytes order (as labels are), each sample's ids sorted without repeats
+    names = sorted({tag for row in _FIELD_ROWS for tag in row["tags"]}, key=str.encode)
+    declarations = [
+        {"name": "boxes", "kind": "array", "dtype": "float32", "shape": [-1, 4]},
+        {"name": "depth", "kind": "array", "dtype": "float32", "shape": [2]},
+        {"name": "tags", "kind": "classes", "num_classes": len(names), "classes": names},
+        {"name": "caption", "kind": "text"},
+        {"name": "mask", "kind": "image"},
+    ]
+    rows = {row["path"]: row for row in _FIELD_ROWS}
+    samples = _describe_samples(out, {key: data for key, (data, _) in _FIELD_IMAGES.items()},
+                                {key: info for key, (_, info) in _FIELD_IMAGES.items()},
+                                {key: -1 for key in rows}, {})
+    for sample in samples:
+        row = rows[sample["key"]]
+        mask, pixels, (image_format, width, height, channels) = masks[row["mask"]]
+        sample["fields"] = {
+            "boxes": [[float(v) for v in box] for box in row["boxes"]],
+            "depth": [float(v) for v in row["depth"]],
+            "tags": sorted({names.index(tag) for tag in row["tags"]}),
+            "caption": row["caption"],
+            "mask": {"size": len(mask), "xxh3": fmt.checksum_hex(fmt.checksum(mask)), "image_format": image_format,
+                     "width": width, "height": height, "channels": channels, "pixels": pixels},
+        }
+    _write_json(out / "expected.json", {
+        "description": "declared fields (section 14) from a JSONL manifest without labels: boxes float32[N,4] "
+                       "(one sample has none), depth float32[2], tags classes with names (one empty set, a "
+                       "repeat, a non-ASCII name), caption text (non-ASCII, one empty), mask image (palette "
+                       "PNGs) in field shards parallel to the 2 main shards; alignment 64, shuffled with seed 1; "
+                       "every fields-* invalid vector is this dataset damaged in one way",
+        "source": "manifest", "options": options.to_json(), "classes": [], "sample_count": len(samples),
+        "alignment": 64, "fields": declarations, "samples": samples})
+
+
 def make_empty(out: Path, tmp: Path) -> None:
     out.mkdir(parents=True)
     (out / STAGING_DIR).mkdir()
@@ -253,6 +351,7 @@ VALID: dict[str, Callable[[Path, Path], None]] = {
     "rejected-gap": make_rejected_gap,
     "manifest-metadata": make_manifest_metadata,
     "empty": make_empty,
+    "fields": make_fields,
 }
 
 # --- mutation helpers ---------------------------------------------------------------------------
@@ -709,6 +808,166 @@ INVALID: dict[str, tuple[str, str, str, str, str, Callable[[Path], None]]] = {
                                  _flip_payload_byte),
 }
 
+# --- invalid vectors of declared fields (section 14), damaged from valid/fields ------------------
+
+#: Positions in valid/fields' manifest ``fields``: the order the build declared them.
+F_BOXES, F_DEPTH, F_TAGS, F_CAPTION, F_MASK = range(5)
+
+
+def _field_shard_path(folder: Path, position: int) -> Path:
+    return folder / _manifest(folder)["fields"][F_MASK]["shards"][position]["path"]
+
+
+def _replace_field_shard(folder: Path, position: int, data: bytes) -> None:
+    """Write new bytes for mask shard ``position`` under their content name (same number) and
+    update its entry, so that only the damage inside the bytes remains."""
+    manifest = _manifest(folder)
+    entry = manifest["fields"][F_MASK]["shards"][position]
+    digest = fmt.checksum(data)
+    name = fmt.field_shard_file_name("mask", fmt.shard_number_of(entry["path"]), digest)
+    (folder / entry["path"]).unlink()
+    (folder / name).write_bytes(data)
+    entry.update(path=name, checksum=fmt.checksum_hex(digest), size=len(data))
+    _write_manifest(folder, manifest)
+
+
+def _field_set(position: int, *path_and_value: Any) -> Callable[[Path], None]:
+    """Set a member inside declaration ``position`` of the manifest's ``fields``."""
+    return _set("fields", position, *path_and_value)
+
+
+def _renumber_mask_shard(folder: Path) -> None:
+    manifest = _manifest(folder)
+    entry = manifest["fields"][F_MASK]["shards"][1]
+    name = fmt.field_shard_file_name("mask", 5, fmt.parse_checksum_hex(entry["checksum"]))
+    os.replace(folder / entry["path"], folder / name)  # the file moves with its entry: a consistent rename
+    entry["path"] = name
+    _write_manifest(folder, manifest)
+
+
+def _mask_shard_header_number(folder: Path) -> None:
+    data = bytearray(_field_shard_path(folder, 1).read_bytes())
+    struct.pack_into("<I", data, H_NUMBER, 5)
+    _replace_field_shard(folder, 1, bytes(data))
+
+
+def _flip_mask_payload_byte(folder: Path) -> None:
+    with packer.open_index(folder) as index:
+        spec = index.field_spec("mask")
+        shard = int(index.index.shard[0])
+        offset = int(index.index.field_columns[spec.image_column("offset")][0])
+    data = bytearray(_field_shard_path(folder, shard).read_bytes())
+    data[offset + 40] ^= 0xFF  # a byte of sample 0's mask (its PLTE chunk), not of the header or padding
+    _replace_field_shard(folder, shard, bytes(data))
+
+
+def _short_depth(columns: dict[str, np.ndarray]) -> None:
+    columns["f_depth"] = columns["f_depth"][:-8]  # one float32[2] record short
+
+
+def _boxes_offset_off_record(columns: dict[str, np.ndarray]) -> None:
+    offsets = columns["f_boxes__offsets"]
+    # the first inner offset whose sample holds a box: +4 bytes keeps the column increasing and
+    # in bounds, so only the record rule (16-byte rows) is broken
+    at = next(i for i in range(1, len(offsets) - 1) if offsets[i + 1] - offsets[i] >= 16)
+    offsets[at] += 4
+
+
+def _tag_id_out_of_range(columns: dict[str, np.ndarray]) -> None:
+    ids = columns["f_tags"].view("<i8")
+    ids[-1] = 3  # the last id of the last non-empty set: still its largest, so the set stays sorted
+
+
+def _mask_offset(sample: int, delta: int) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(columns: dict[str, np.ndarray]) -> None:
+        columns["f_mask__offset"][sample] += np.uint64(delta)
+    return change
+
+
+def _mask_size(sample: int, delta: int) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(columns: dict[str, np.ndarray]) -> None:
+        columns["f_mask__size"][sample] += np.uint64(delta)
+    return change
+
+
+def _columns(change: Callable[[dict[str, np.ndarray]], Any]) -> Callable[[Path], None]:
+    return lambda folder: _patch_index_columns(folder, change)
+
+
+#: Like ``INVALID``, but each is ``valid/fields`` damaged in one way.
+FIELD_INVALID: dict[str, tuple[str, str, str, str, str, Callable[[Path], None]]] = {
+    # declarations (R45)
+    "fields-name-reserved": ("R45", "ManifestError", "manifest field 3 name 'label' is reserved", "open",
+                             "fields[3] (caption) renamed 'label', a name readers already use",
+                             _field_set(F_CAPTION, "name", "label")),
+    "fields-repeated": ("R45", "ManifestError", "field names must be unique, ['boxes'] repeated", "open",
+                        "fields[1] (depth) renamed 'boxes': two declarations named 'boxes'",
+                        _field_set(F_DEPTH, "name", "boxes")),
+    "fields-bad-dtype": ("R45", "ManifestError", "manifest field 1 (depth) dtype 'float128' is not one of", "open",
+                         "fields[1].dtype is 'float128'", _field_set(F_DEPTH, "dtype", "float128")),
+    # an image field's shards (R50)
+    "fields-image-shards-count": ("R50", "ManifestError", "must list one shard per main shard (2), got 1", "open",
+                                  "the mask field lists only its first shard (the second file stays, unlisted)",
+                                  _edit_manifest(lambda m: m["fields"][F_MASK]["shards"].pop())),
+    "fields-image-shard-number": ("R50", "ManifestError", "(shards/field-mask-00005-6300daef48d33298.pks) must be "
+                                  "the 'mask' shard numbered 1 with 2 samples, like main shard 1", "open",
+                                  "the mask field's second shard is named (and listed) number 5, parallel to main "
+                                  "shard 1", _renumber_mask_shard),
+    "fields-image-path-dotdot": ("R50", "UnsafePathError", "shard 1 path "
+                                 "'shards/../shards/field-mask-00001-6300daef48d33298.pks' is not a valid dataset path",
+                                 "open", "the mask field's second shard path goes through 'shards/../'",
+                                 _edit_manifest(lambda m: m["fields"][F_MASK]["shards"][1].update(
+                                     path="shards/../" + m["fields"][F_MASK]["shards"][1]["path"]))),
+    "fields-shards-not-image": ("R50", "ManifestError", "manifest field 0 (boxes) is not an image field and lists "
+                                "shards", "open", "the boxes field (an array) lists the mask field's shards",
+                                _edit_manifest(lambda m: m["fields"][F_BOXES].update(
+                                    shards=m["fields"][F_MASK]["shards"]))),
+    # columns (R46, R47, R49)
+    "fields-column-missing": ("R46", "CorruptHeaderError", "lacks required column 'f_caption__offsets'", "open",
+                              "the 'f_caption__offsets' column is absent", _drop_column("f_caption__offsets")),
+    "fields-fixed-length": ("R46", "IndexMismatchError", "column 'f_depth' has 24 entries, expected 32", "open",
+                            "column 'f_depth' (float32[2], 8 bytes a sample) is one record short",
+                            _columns(_short_depth)),
+    "fields-offsets-not-record-multiple": ("R47", "OverlappingRecordsError",
+                                           "is not a multiple of the field's 16-byte record", "open",
+                                           "an inner f_boxes__offsets entry moved by 4 bytes, inside a box",
+                                           _columns(_boxes_offset_off_record)),
+    "fields-class-id-out-of-range": ("R49", "IndexMismatchError", "field 'tags' holds class id 3 outside 0..2",
+                                     "open", "a tags id is 3, the field has 3 classes",
+                                     _columns(_tag_id_out_of_range)),
+    # an image field's payload table (R48)
+    "fields-image-payload-gap": ("R48", "OverlappingRecordsError", "field 'mask': starts at 256 but the layout "
+                                 "requires 192", "open", "sample 1's mask starts 64 bytes late, leaving a gap",
+                                 _columns(_mask_offset(1, 64))),
+    "fields-image-past-end": ("R48", "OffsetOutOfBoundsError", "field 'mask': shard 1 "
+                              "(shards/field-mask-00001-6300daef48d33298.pks) is 320 bytes but its samples end at "
+                              "384", "open", "sample 3's mask (the last of shard 1) is 64 bytes longer: its aligned end is past "
+                              "its field shard", _columns(_mask_size(3, 64))),
+    # the field's shard files, opened on first use like main shards
+    "fields-image-shard-header-number": ("R38", "ManifestError", "(alignment 64, 2 samples, number 5) disagrees "
+                                         "with the manifest (alignment 64, 2 samples, number 1)", "read",
+                                         "the mask field's second shard has header shard_number 5, its name says 1",
+                                         _mask_shard_header_number),
+    "fields-image-checksum-mismatch": ("R41", "ChecksumMismatchError",
+                                       "field 'mask' checksum mismatch: expected a096e3b65069d4cf", "verify",
+                                       "one byte of sample 0's mask flipped (the field shard's own hash updated)",
+                                       _flip_mask_payload_byte),
+}
+
+
+def read_everything(dataset: Any) -> None:
+    """Read every sample's bytes and every declared field's value (image fields: their bytes),
+    as the tests do: the stages ``read`` and ``verify`` are about what this raises."""
+    for i in range(len(dataset)):
+        dataset.read(i)
+    for spec in dataset.fields:
+        for i in range(len(dataset)):
+            if spec.kind == "image":
+                dataset.field_bytes(spec.name, i)
+            else:
+                dataset.field_value(spec.name, i)
+
+
 # --- generation -----------------------------------------------------------------------------------
 
 
@@ -731,8 +990,7 @@ def _check_invalid(folder: Path, expected: dict[str, str]) -> None:
         if stage == "open":
             raise AssertionError("opened without error")
         try:
-            for i in range(len(dataset)):
-                dataset.read(i)
+            read_everything(dataset)
         except packer.PackerError as exc:
             matches(exc)
             return
@@ -878,12 +1136,13 @@ def generate(out: Path) -> None:
             maker(valid / name, Path(tmp))
         make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
     make_tiled(out / "tiled")
-    base = valid / "base-align512"
-    for name, (requirement, error, message, stage, description, mutate) in INVALID.items():
+    for name, (requirement, error, message, stage, description, mutate) in {**INVALID, **FIELD_INVALID}.items():
+        base = "fields" if name in FIELD_INVALID else "base-align512"
         folder = invalid / name
-        shutil.copytree(base, folder, symlinks=True, ignore=shutil.ignore_patterns("expected.json", fmt.REPORT_NAME))
+        shutil.copytree(valid / base, folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("expected.json", fmt.REPORT_NAME))
         mutate(folder)
-        expected = {"error": error, "message": message, "requirement": requirement, "stage": stage,
+        expected = {"base": base, "error": error, "message": message, "requirement": requirement, "stage": stage,
                     "description": description}
         try:
             _check_invalid(folder, expected)
@@ -902,11 +1161,14 @@ def _write_readme(out: Path) -> None:
         "formats/SPEC.md section 12.",
         "",
         "- `valid/<name>/`: a dataset that MUST open; `expected.json` lists every sample in dataset",
-        "  order (key, label, size, xxh3 of the bytes, image_format, width, height, channels, metadata).",
-        "- `invalid/<name>/`: `valid/base-align512` damaged in one way; `expected.json` gives the error",
+        "  order (key, label, size, xxh3 of the bytes, image_format, width, height, channels, metadata)",
+        "  and, for a dataset with declared fields (`valid/fields`), the declarations and each sample's",
+        "  field values (`fields`).",
+        "- `invalid/<name>/`: a valid vector (`base` in `expected.json`: `valid/base-align512`, or",
+        "  `valid/fields` for the `fields-*` vectors) damaged in one way; `expected.json` gives the error",
         "  class, a fragment of its message, the requirement id and the stage: `open` (opening raises),",
-        "  `read` (opening works, reading every sample raises: shards are opened lazily) or `verify`",
-        "  (reading with sample checksums on raises).",
+        "  `read` (opening works, reading every sample and every field value raises: shards and field",
+        "  shards are opened lazily) or `verify` (reading with sample checksums on raises).",
         "",
         "## Valid",
         "",
@@ -916,7 +1178,7 @@ def _write_readme(out: Path) -> None:
         lines.append(f"- `{folder.name}`: {description}")
     lines += ["", "## Invalid", "", "| Vector | Requirement | Error | Stage | Damage |", "|---|---|---|---|---|"]
     for name, (requirement, error, _message, stage, description, _) in sorted(
-            INVALID.items(), key=lambda item: (int(item[1][0][1:]), item[0])):
+            {**INVALID, **FIELD_INVALID}.items(), key=lambda item: (int(item[1][0][1:]), item[0])):
         lines.append(f"| `{name}` | {requirement} | `{error}` | {stage} | {description} |")
     lines += ["", "## Tiled JPEG (section 13)", "",
               "`tiled/`: for each fixed source `NAME.source.jpg`, `NAME.tiled.jpg` is what",
@@ -972,8 +1234,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.out)
         shutil.copytree(fresh, args.out, symlinks=True)
     total = sum(len(data) for _, data in _tree(args.out).values())
-    print(f"wrote {len(VALID) + 1} valid and {len(INVALID)} invalid vectors to {args.out} ({total} bytes)",
-          file=sys.stderr)
+    print(f"wrote {len(VALID) + 1} valid and {len(INVALID) + len(FIELD_INVALID)} invalid vectors to {args.out} "
+          f"({total} bytes)", file=sys.stderr)
     return 0
 
 

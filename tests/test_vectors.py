@@ -49,8 +49,10 @@ def test_vectors_regenerate_byte_for_byte(tmp_path: Path) -> None:
 
 
 def test_vectors_are_small() -> None:
+    # 480 KB before declared fields; valid/fields and its damaged copies add ~140 KB (each copy
+    # is a whole dataset: 27 index columns, 4 shard files, a manifest listing the field's shards)
     total = sum(p.stat().st_size for p in VECTORS.rglob("*") if p.is_file() and not p.is_symlink())
-    assert total < 500_000
+    assert total < 700_000
 
 
 # --- valid vectors ------------------------------------------------------------------------------
@@ -84,6 +86,8 @@ def test_valid_vector_reads_back(name: str, backend: str) -> None:
             batch = dataset.read_batch(order)
             for j, i in enumerate(order):
                 assert fmt.checksum_hex(fmt.checksum(batch[j])) == samples[i]["xxh3"]
+        _check_declarations(dataset, expected)
+        _check_field_values(dataset, expected, images=True)
 
 
 @pytest.mark.parametrize("name", _names("valid"))
@@ -93,6 +97,87 @@ def test_valid_vector_index_only(name: str) -> None:
     with packer.open_index(folder) as index:
         assert [index.key(i) for i in range(len(index))] == [s["key"] for s in expected["samples"]]
         assert index.manifest.shards == tuple(sorted(index.manifest.shards, key=lambda s: s.number))
+        _check_declarations(index, expected)
+        _check_field_values(index, expected, images=False)  # the index alone holds every non-image value
+
+
+def _check_declarations(dataset: Any, expected: dict[str, Any]) -> None:
+    """The dataset's declared fields are expected.json's ``fields`` (absent: none)."""
+    declared = expected.get("fields", [])
+    assert [spec.name for spec in dataset.fields] == [d["name"] for d in declared]
+    for spec, declaration in zip(dataset.fields, declared):
+        assert spec.kind == declaration["kind"], spec.name
+        if spec.kind == "array":
+            assert (spec.dtype, list(spec.shape)) == (declaration["dtype"], declaration["shape"]), spec.name
+        if spec.kind == "classes":
+            assert spec.num_classes == declaration["num_classes"], spec.name
+            assert list(spec.classes) == declaration.get("classes", []), spec.name
+        if spec.kind == "image":  # parallel to the main shards: same numbers, same sample counts
+            main = dataset.manifest.shards
+            assert [(s.number, s.sample_count) for s in spec.shards] == [(s.number, s.sample_count) for s in main]
+
+
+def _expected_array(declaration: dict[str, Any], value: Any) -> np.ndarray:
+    """expected.json's nested list as the array a reader returns: the declared dtype and shape,
+    ``(n, *rest)`` for a variable one (``[]`` is zero rows)."""
+    dtype = np.dtype(declaration["dtype"])
+    shape = declaration["shape"]
+    if shape and shape[0] == -1:
+        return np.asarray(value, dtype=dtype).reshape((-1, *shape[1:]))
+    return np.asarray(value, dtype=dtype).reshape(shape)
+
+
+def _check_field_values(dataset: Any, expected: dict[str, Any], *, images: bool) -> None:
+    """Every sample's field values are expected.json's ``samples[i].fields``; with ``images``,
+    also each image field's bytes, table entry and decoded values (``field_image``)."""
+    declared = expected.get("fields", [])
+    for i, sample in enumerate(expected["samples"]):
+        assert set(sample.get("fields", {})) == {d["name"] for d in declared}
+        for declaration in declared:
+            name, kind, want = declaration["name"], declaration["kind"], sample["fields"][declaration["name"]]
+            if kind == "image":
+                if not images:
+                    continue
+                data = dataset.field_bytes(name, i)
+                assert len(data) == want["size"] and fmt.checksum_hex(fmt.checksum(data)) == want["xxh3"], (name, i)
+                entry = dataset.sample_info(i)["fields"][name]
+                assert entry["format"] == fmt.ImageFormat.NAMES[want["image_format"]]
+                assert (entry["width"], entry["height"], entry["channels"]) == (
+                    want["width"], want["height"], want["channels"])
+                assert entry["offset"] % dataset.alignment == 0
+                pixels = dataset.field_image(name, i)  # decoded as stored: palette indices, not colours
+                np.testing.assert_array_equal(pixels, np.asarray(want["pixels"], dtype=pixels.dtype))
+                assert pixels.dtype == np.uint8 and pixels.shape == (want["height"], want["width"])
+                continue
+            got = dataset.field_value(name, i)
+            if kind == "text":
+                assert got == want, (name, i)
+            elif kind == "classes":
+                assert got.dtype == np.int64 and got.tolist() == want, (name, i)
+            else:
+                array = _expected_array(declaration, want)
+                assert got.dtype == array.dtype and got.shape == array.shape, (name, i, got.dtype, got.shape)
+                np.testing.assert_array_equal(got, array)
+    for declaration in declared:  # fixed arrays are also one (N, *shape) view of the index
+        if declaration["kind"] == "array" and -1 not in declaration["shape"]:
+            whole = np.stack([_expected_array(declaration, s["fields"][declaration["name"]])
+                              for s in expected["samples"]])
+            np.testing.assert_array_equal(dataset.field_array(declaration["name"]), whole)
+
+
+def test_fields_vector_covers_every_kind() -> None:
+    """valid/fields is the §14 vector: every kind, values that test edges, and an image field
+    running parallel to more than one shard."""
+    expected = _expected(VECTORS / "valid" / "fields")
+    kinds = {d["kind"] for d in expected["fields"]}
+    assert kinds == {"array", "classes", "text", "image"}
+    arrays = [d for d in expected["fields"] if d["kind"] == "array"]
+    assert {bool(d["shape"]) and d["shape"][0] == -1 for d in arrays} == {True, False}  # fixed and variable
+    values = [s["fields"] for s in expected["samples"]]
+    assert any(v["boxes"] == [] for v in values) and any(v["tags"] == [] for v in values)
+    assert any(not v["caption"].isascii() for v in values)
+    with packer.open_index(VECTORS / "valid" / "fields") as index:
+        assert len(index.manifest.shards) == 2 and index.field_spec("mask").shards
 
 
 def test_gap_vector_has_planned_numbers() -> None:
@@ -120,9 +205,21 @@ def _check_error(exc: BaseException, expected: dict[str, str]) -> None:
     assert expected["message"] in str(exc), str(exc)
 
 
+def _read_fields(dataset: Any) -> None:
+    """Every declared field's value of every sample (image fields: their bytes, which opens the
+    field's shards)."""
+    for spec in dataset.fields:
+        for i in range(len(dataset)):
+            if spec.kind == "image":
+                dataset.field_bytes(spec.name, i)
+            else:
+                dataset.field_value(spec.name, i)
+
+
 def _read_all(dataset: Any) -> None:
     for i in range(len(dataset)):
         dataset.read(i)
+    _read_fields(dataset)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -132,6 +229,7 @@ def test_invalid_vector_fails_exactly(name: str, backend: str) -> None:
     expected = _expected(folder)
     error_class = getattr(packer, expected["error"])
     assert issubclass(error_class, packer.PackerError)
+    assert expected["base"] == ("fields" if name.startswith("fields-") else "base-align512")
     stage = expected["stage"]
     if stage == "open":
         with pytest.raises(error_class) as caught:
@@ -148,6 +246,7 @@ def test_invalid_vector_fails_exactly(name: str, backend: str) -> None:
         with packer.open_dataset(folder, backend=backend) as dataset:
             with pytest.raises(error_class) as caught:
                 dataset.read_batch(np.arange(len(dataset)))
+                _read_fields(dataset)  # a damaged field shard: the main samples read fine
             _check_error(caught.value, expected)
     elif stage == "verify":
         with packer.open_dataset(folder, backend=backend) as dataset:
