@@ -291,7 +291,7 @@ def _declaration(item: object, *, error: type[Exception], where: str, build: boo
         raise error(f"{where} ({name}) source must be a non-empty string")
     if kind == "array":
         dtype = item.get("dtype")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:  # a list or an object is unhashable: check first
             raise error(f"{where} ({name}) dtype {dtype!r} is not one of {list(DTYPES)}")
         shape = item.get("shape", [])
         if not isinstance(shape, list):

@@ -905,6 +905,9 @@ FIELD_INVALID: dict[str, tuple[str, str, str, str, str, Callable[[Path], None]]]
                         _field_set(F_DEPTH, "name", "boxes")),
     "fields-bad-dtype": ("R45", "ManifestError", "manifest field 1 (depth) dtype 'float128' is not one of", "open",
                          "fields[1].dtype is 'float128'", _field_set(F_DEPTH, "dtype", "float128")),
+    "fields-dtype-not-string": ("R45", "ManifestError", "manifest field 0 (boxes) dtype ['float32'] is not one of",
+                                "open", "fields[0].dtype is a list, [\"float32\"]: refused like an unknown name, "
+                                "not a TypeError", _field_set(F_BOXES, "dtype", ["float32"])),
     # an image field's shards (R50)
     "fields-image-shards-count": ("R50", "ManifestError", "must list one shard per main shard (2), got 1", "open",
                                   "the mask field lists only its first shard (the second file stays, unlisted)",
