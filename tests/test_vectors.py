@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import packer
 from packer import format as fmt
@@ -196,6 +198,56 @@ def test_report_of_gap_vector() -> None:
     assert all(r["type"] == "rejected" and set(r) == {"type", "key", "reason", "message"} for r in rejected)
     keys = [r["key"] for r in rejected]
     assert keys == sorted(keys, key=lambda k: k.encode())
+
+
+@pytest.fixture(scope="module")
+def fields_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fields") / "ds"
+    shutil.copytree(VECTORS / "valid" / "fields", folder)
+    return folder
+
+
+def _member_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    found = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += _member_paths(value, prefix + (key,))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found += _member_paths(value, prefix + (i,))
+    return found
+
+
+_FIELDS_MANIFEST = json.loads((VECTORS / "valid" / "fields" / "manifest.json").read_bytes())
+_DECLARATION_PATHS = _member_paths(_FIELDS_MANIFEST["fields"])
+_json_leaves = (st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False)
+                | st.text(max_size=12) | st.sampled_from(["image", "text", "classes", "array", "bool", "int64",
+                                                         "mask", "label", "boxes"]))
+_json_values = st.recursive(_json_leaves, lambda children: st.lists(children, max_size=3)
+                            | st.dictionaries(st.text(max_size=8), children, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(where=st.sampled_from(_DECLARATION_PATHS), value=_json_values, delete=st.booleans())
+def test_damaged_declarations_are_refused_or_read(fields_copy: Path, where: tuple, value: Any, delete: bool) -> None:
+    """Any one member of valid/fields' declarations replaced by any JSON value (or removed): the
+    open raises a PackerError or the dataset reads, never another exception (R45, R50)."""
+    manifest = json.loads(json.dumps(_FIELDS_MANIFEST))
+    target = manifest["fields"]
+    for key in where[:-1]:
+        target = target[key]
+    if delete and isinstance(target, dict):
+        del target[where[-1]]
+    else:
+        target[where[-1]] = value
+    (fields_copy / "manifest.json").write_bytes(
+        (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    try:
+        with packer.open_dataset(fields_copy, verify_checksums=True) as dataset:
+            _read_all(dataset)
+    except packer.PackerError:
+        pass
 
 
 # --- invalid vectors ----------------------------------------------------------------------------
