@@ -549,7 +549,8 @@ def decode_value(spec: FieldSpec, data: np.ndarray) -> Any:
         except UnicodeDecodeError as exc:
             raise FieldValueError(f"field {spec.name!r} holds bytes that are not UTF-8 ({exc.reason})") from None
     dtype = spec.numpy_dtype
-    values = np.frombuffer(data.tobytes(), dtype=dtype) if data.size else np.zeros(0, dtype=dtype)
+    # a writable copy: the stored bytes are a read-only map, and torch.from_numpy warns on those
+    values = np.frombuffer(bytearray(data.tobytes()), dtype=dtype) if data.size else np.zeros(0, dtype=dtype)
     if spec.kind == "classes":
         return values.astype(np.int64)
     if spec.variable:

@@ -728,6 +728,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     labels = _LabelReader(label_type, tuple(classes) if classes is not None else None, manifest_path)
     first_keys: list[str] | None = None  # the first rejected JSONL row's keys, for the header hints
     field_rows = FieldRowBuilder(fields) if fields else None
+    labelled = False  # a row had a label (with fields declared, the column may be absent)
     field_sources = frozenset(spec.source for spec in fields)
     for number, row, error in _manifest_rows(manifest_path, label_optional=bool(fields)):
         where = f"{manifest_path.name}:{number}"
@@ -736,6 +737,8 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
             continue
         if fields and "label" not in row:
             row["label"] = -1  # detection, captions: samples need no class
+        else:
+            labelled = True
         rel = row.get("path")
         if not isinstance(rel, str) or not rel or "label" not in row:
             first_keys = first_keys if first_keys is not None else [str(k) for k in row]
@@ -767,7 +770,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
     class_names, out.labels = labels.finish(out.labels)
     listing = out.finish(root_path, "manifest", class_names)
-    listing.label_type = labels.kind
+    listing.label_type = labels.kind if labelled or not fields else "none"
     if field_rows is not None:
         listing.fields = field_rows.finish()
     listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))

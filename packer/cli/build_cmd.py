@@ -19,6 +19,8 @@ def describe_labels(summary: dict, class_count: int) -> str:
     asked = options.get("label_type", "auto")
     checksum = summary.get("classes_checksum")
     fixed = " from the given class list" if options.get("classes") else ""
+    if summary.get("label_type") == "none":
+        return "labels: none (no label column: every sample's label is -1; the declared fields are the targets)"
     if summary.get("label_type") == "int" and not class_count:
         why = " (auto: every label is a plain integer)" if asked == "auto" else ""
         return f"labels: integers as written in the manifest{why}"
