@@ -46,6 +46,7 @@ from ..fields import FieldSpec, FieldValueError
 from .blobs import gather_blob
 from .fieldvalues import FIELD_REJECTION, FieldRowBuilder, FieldTable
 from .members import MemberTable
+from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 
 __all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
            "REJECTION_REASONS", "LABEL_TYPES", "check_label_type", "rejection_summary", "empty_source_error",
@@ -390,52 +391,10 @@ def _reject_unknown_class(folder: Path, name: str, out: _ListingBuilder, root_st
 #: JSONL limits: a row longer than this, or nested deeper, is rejected before it is parsed
 #: (a row nested 100,000 brackets deep would otherwise end the build with RecursionError).
 MAX_MANIFEST_ROW_BYTES = 1 << 20
-MAX_JSON_DEPTH = 64
 
 #: Header names people give the path and label columns, and what to rename them to.
 _PATH_ALIASES = ("file_name", "filename", "file", "filepath", "file_path", "image", "image_path", "img", "path ")
 _LABEL_ALIASES = ("labels", "class", "class_name", "target", "category", "y", "label_id")
-
-
-def _json_depth_ok(line: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when no bracket nesting in ``line`` exceeds ``limit`` (brackets in strings ignored)."""
-    depth = 0
-    in_string = escaped = False
-    if line.count("[") + line.count("{") <= limit:  # the common case: no scan needed
-        return True
-    for char in line:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif char in "]}":
-            depth -= 1
-    return True
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number (strict JSON has no NaN or Infinity)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"number {text} is out of range (it would be stored as Infinity)")
-    return value
-
-
-def parse_strict_json(text: str | bytes) -> object:
-    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to infinity (``1e400``)."""
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def header_hints(columns: list[str]) -> list[str]:
@@ -499,7 +458,7 @@ def _jsonl_rows(handle: Any) -> Iterator[tuple[int, dict[str, object] | None, st
             continue
         if not line.strip():
             continue
-        if not _json_depth_ok(line):
+        if not json_depth_ok(line):
             yield number, None, f"line nests brackets deeper than {MAX_JSON_DEPTH} levels"
             continue
         try:
