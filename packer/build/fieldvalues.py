@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import numpy as np
 
@@ -132,12 +132,15 @@ class FieldRowBuilder:
         self.image_sizes = {spec.name: array("Q") for spec in specs if spec.kind == "image"}
 
     def encode(self, get: Callable[[FieldSpec], Any], *, from_text: bool = False,
+               text_fields: Container[str] = (),
                resolve_image: Callable[[FieldSpec, Any], tuple[str, int]] | None = None) -> list[Any]:
         """One row's values, in declaration order.
 
         Args:
             get: the row's source value for a field (raise ``FieldValueError`` when it is missing).
             from_text: values are CSV cells (strings).
+            text_fields: names of the fields whose value, this row, is text spelled like a CSV
+                cell (a side file's ``.txt``/``.cls`` member) while the others are JSON values.
             resolve_image: (spec, value) -> (key, size) of an image field's file; raises
                 ``FieldValueError`` naming what is wrong (missing, outside the root).
 
@@ -153,7 +156,8 @@ class FieldRowBuilder:
                 values.append(resolve_image(spec, value))
             else:
                 values.append(encode_value(spec, value, vocabulary=self.vocabularies.get(spec.name),
-                                           from_text=from_text and not isinstance(value, (list, dict))))
+                                           from_text=(from_text or spec.name in text_fields)
+                                           and not isinstance(value, (list, dict))))
         return values
 
     def add(self, values: Sequence[Any]) -> None:

@@ -26,6 +26,7 @@ million files costs about 100 bytes per file, not a kilobyte of Python objects.
 from __future__ import annotations
 
 import csv
+import heapq
 import json
 import logging
 import os
@@ -43,9 +44,11 @@ from ..classes import split_folder_warning
 from ..errors import EmptySourceError, OptionError, SourceError
 from ..names import ESCAPED_META, escape_name
 from ..fields import FieldSpec, FieldValueError
+from ..files import open_nonblocking, read_fd_capped
 from .blobs import gather_blob
 from .fieldvalues import FIELD_REJECTION, FieldRowBuilder, FieldTable
 from .members import MemberTable
+from .sidefiles import SideMember, assemble_sample, read_limit, split_key
 from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 
 __all__ = ["Rejection", "SourceListing", "file_stamp", "list_image_folder", "list_manifest", "list_source",
@@ -81,10 +84,15 @@ REJECTION_REASONS = {
     # archive sources (build/archives.py)
     "oversize-member": "an archive member larger than the member size limit",
     "decompression-bomb": "a zip member that declares far more bytes than it stores",
-    "unused-member": "a WebDataset member that is neither the sample's image nor a .cls/.json/.txt member",
+    "unused-member": ("a WebDataset member, or an image folder's side file (--field), that is neither the "
+                      "sample's image, nor taken by a declared field, nor .cls/.json/.txt metadata"),
     # declared fields (--field, packer/fields.py)
     "bad-field": "a declared field's value is missing or does not fit its declaration (dtype, shape, kind), "
                  "or its second image file is missing or not an image",
+    "ambiguous-image": ("a sample of several files (side files, WebDataset) with more than one image that no "
+                        "declared field takes"),
+    "bad-annotation": ("a COCO annotation that is malformed (box, area, iscrowd, category) or names an image "
+                       "or category the file does not have"),
 }
 
 
@@ -301,7 +309,7 @@ def _open_folder(folder: Path, relative: str, out: _ListingBuilder) -> Iterator[
 
 
 def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None,
-                      classes: Sequence[str] | None = None) -> SourceListing:
+                      classes: Sequence[str] | None = None, fields: Sequence[FieldSpec] = ()) -> SourceListing:
     """List an ImageFolder-layout source (see the module docstring for the rules).
 
     Args:
@@ -309,6 +317,9 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
         progress: called with the running count of entries every 10,000 entries.
         classes: a fixed class list (label i is ``classes[i]``): every file of a class folder not
             in it is rejected as ``unknown-class``; a listed class without a folder has 0 samples.
+        fields: declared fields: files are grouped into samples with their side files
+            (``cat/001.jpg`` + ``cat/001.mask.png`` + ``cat/001.json``) by the rules of
+            ``build/sidefiles.py``. Without fields every file is a candidate, as above.
 
     Raises:
         SourceError: the root is missing or not a folder.
@@ -366,7 +377,105 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
             f"no files found under {len(class_dirs)} class folder(s)"
             f"{'' if class_dirs else ' (expected class sub-folders such as SRC/cat/1.jpg)'}",
             listing.rejected, path=root_path)
+    if fields:
+        listing = _group_side_files(listing, fields)
+        if len(listing) == 0:
+            raise empty_source_error(f"no sample under {len(class_dirs)} class folder(s) has its image and "
+                                     f"declared fields", listing.rejected, path=root_path)
     return listing
+
+
+def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> SourceListing:
+    """The folder's files as samples of side files (``build/sidefiles.py``), in listing order.
+
+    Files of one key are usually neighbours in the sorted walk, but not always (``1-a.jpg``
+    sorts between ``1`` and ``1.jpg``; a sub-folder can sit between them), so they are grouped
+    by a 64-bit hash of the key with a stable sort: flat arrays, not a dict of 100 M keys. A
+    sample comes at the position of its first file; keys whose hashes collide are told apart
+    by the keys themselves.
+    """
+    count = len(listing)
+    hashes = np.fromiter((xxhash.xxh3_64_intdigest(split_key(listing.key(i))[0].encode("utf-8"))
+                          for i in range(count)), dtype=np.uint64, count=count)
+    order = np.lexsort((np.arange(count), hashes))  # by hash, then listing order inside a hash
+    sorted_hashes = hashes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
+    ends = np.r_[starts[1:], count]
+    out = _ListingBuilder()
+    out.rejected = list(listing.rejected)
+    builder = FieldRowBuilder(fields)
+    later: list[tuple[int, list[int]]] = []  # a colliding hash's other keys, by their first row (a heap)
+    for run in np.argsort(order[starts], kind="stable").tolist():
+        rows = order[starts[run]:ends[run]].tolist()
+        while later and later[0][0] < rows[0]:
+            _side_file_sample(listing, heapq.heappop(later)[1], builder, out)
+        groups: dict[str, list[int]] = {}
+        for row in rows:
+            groups.setdefault(split_key(listing.key(row))[0], []).append(row)
+        first, *others = groups.values()
+        for group in others:
+            heapq.heappush(later, (group[0], group))
+        _side_file_sample(listing, first, builder, out)
+    while later:
+        _side_file_sample(listing, heapq.heappop(later)[1], builder, out)
+    grouped = out.finish(listing.root, listing.kind, listing.classes)
+    grouped.warnings = listing.warnings
+    grouped.fields = builder.finish()
+    return grouped
+
+
+def _side_file_sample(listing: SourceListing, rows: list[int], builder: FieldRowBuilder,
+                      out: _ListingBuilder) -> None:
+    """One sample of an image folder with fields: its files ``rows`` (listing rows, in order)."""
+    members = []
+    for row in rows:
+        name = listing.key(row)
+        if listing.metadata(row) == ESCAPED_META:
+            out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their names, "
+                                                 "which must be UTF-8")
+            continue
+        suffix = split_key(name)[1]
+        size = int(listing.sizes[row])
+        limit = read_limit(suffix, builder.specs)
+        data = None
+        if 0 <= size <= limit:
+            data = _read_side_file(listing.root / name, size, limit)
+            if isinstance(data, str):
+                out.reject(name, "unreadable", data)
+                continue
+        members.append(SideMember(name, suffix, size, data, row))
+    if not members:
+        return
+    parts = assemble_sample(split_key(members[0].name)[0], members, builder)
+    for name, reason, message in parts.unused:
+        out.reject(name, reason, message)
+    if parts.rejection is not None:
+        out.reject(*parts.rejection)
+        return
+    builder.add(parts.values)
+    image = parts.image
+    assert image is not None  # assemble_sample sets it unless it rejects the sample
+    meta = json.dumps(parts.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() \
+        if parts.metadata else b""
+    out.add(image.name.encode("utf-8"), image.size, int(listing.labels[image.handle]), meta,
+            stamp=listing.stamp(image.handle))
+
+
+def _read_side_file(path: Path, size: int, limit: int) -> bytes | str:
+    """A side file's bytes (at most ``limit``), or a message saying why it cannot be read."""
+    try:
+        fd, info = open_nonblocking(path)
+    except OSError as exc:
+        return f"cannot open the side file: {exc.strerror or exc}"
+    try:
+        if not stat.S_ISREG(info.st_mode):
+            return "the side file is no longer a regular file"
+        data = read_fd_capped(fd, limit, size)
+    except OSError as exc:
+        return f"cannot read the side file: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return data if data is not None else f"the side file grew past {limit} bytes while it was read"
 
 
 def _reject_unknown_class(folder: Path, name: str, out: _ListingBuilder, root_stat: os.stat_result) -> None:
@@ -598,7 +707,7 @@ def _row_metadata(row: dict[str, object], jsonl: bool, exclude: frozenset[str] =
     return text.encode("utf-8", "surrogatepass"), ""
 
 
-def _row_file(rel: str, root: Path) -> tuple[str, int, str, str]:
+def check_row_file(rel: str, root: Path) -> tuple[str, int, str, str]:
     """(key, size, rejection reason, message) of a manifest path; reason "" when usable."""
     if "\x00" in rel:  # no usable key: the caller names the row by its line instead
         return "", 0, "bad-manifest-row", "path contains a NUL character"
@@ -637,7 +746,7 @@ def _row_image(spec: FieldSpec, value: object, root: Path) -> tuple[str, int]:
     if not isinstance(value, str) or not value:
         raise FieldValueError(f"field {spec.name!r} is an image: its value must be a path relative to the root, "
                               f"got {value!r}")
-    key, size, reason, message = _row_file(value, root)
+    key, size, reason, message = check_row_file(value, root)
     if reason:
         raise FieldValueError(f"field {spec.name!r}: {value!r}: {message} ({reason})")
     if size == 0:
@@ -712,7 +821,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
         if meta is None:
             out.reject(where, "bad-metadata", meta_error)
             continue
-        key, size, reason, message = _row_file(rel, root_path)
+        key, size, reason, message = check_row_file(rel, root_path)
         if reason:
             out.reject(key or where, reason, message)
             continue
@@ -732,7 +841,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
     listing.label_type = labels.kind if labelled or not fields else "none"
     if field_rows is not None:
         listing.fields = field_rows.finish()
-    listing = _drop_duplicates(listing, np.frombuffer(key_hashes, dtype=np.uint64))
+    listing = drop_duplicate_keys(listing, np.frombuffer(key_hashes, dtype=np.uint64))
     if len(listing) == 0:
         hints = header_hints(first_keys) if first_keys else []
         raise empty_source_error("manifest lists no usable files", listing.rejected, path=manifest_path,
@@ -796,7 +905,7 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          fields=listing.fields.select(rows) if listing.fields is not None else None)
 
 
-def _drop_duplicates(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
+def drop_duplicate_keys(listing: SourceListing, key_hashes: np.ndarray) -> SourceListing:
     """Reject every repeat of a key (the first occurrence is packed)."""
     if len(key_hashes) < 2:
         return listing
@@ -853,8 +962,5 @@ def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | N
     path = Path(source)
     if path.is_file():
         return list_manifest(path, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
-    if fields:
-        raise OptionError("--field needs a CSV/JSONL manifest source in this version (image folders with side "
-                          "files are not supported yet)")
-    return list_image_folder(path, progress=progress, classes=classes)
+    return list_image_folder(path, progress=progress, classes=classes, fields=fields)
 
