@@ -65,6 +65,10 @@ from ..errors import EmptySourceError, MissingDependencyError, OptionError, Sour
 from ..names import ESCAPED_FIELD, escape_name, is_utf8
 from .members import RAW, ZIP_METHODS, MemberTable, container_stat
 from ..fields import FieldSpec
+from .fieldvalues import FieldRowBuilder
+from .sidefiles import (IMAGE_EXTENSIONS, MAX_TEXT_MEMBER_BYTES, TEXT_EXTENSIONS, SideMember, assemble_sample,
+                        read_limit, split_key)
+from .coco import list_coco, looks_like_coco
 from .sources import ListingBuilder, Rejection, SourceListing, list_source, select_rows
 
 __all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list_zip", "list_webdataset",
@@ -73,16 +77,15 @@ __all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list
 #: Listing kinds whose members live in archives (``SourceListing.kind``).
 ARCHIVE_KINDS = frozenset({"tar", "zip", "webdataset", "parquet"})
 #: Accepted values of ``source_kind``.
-SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet")
+SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco")
 #: Members larger than this are rejected (``oversize-member``) before anything is read.
 DEFAULT_MAX_MEMBER_SIZE = 1 << 30
 #: Largest accepted ratio of uncompressed to compressed bytes (decompression-bomb guard).
 MAX_EXPANSION = 1000
-#: WebDataset: extensions that make a member the sample's image (lower case, last part).
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm",
-                              "pnm", "jp2", "j2k", "avif", "heic", "heif", "tga", "ico", "qoi", "psd"})
-_META_EXTENSIONS = frozenset({"cls", "json", "txt"})
-_META_LIMIT = 1 << 20  # a label or metadata member larger than this is not read
+# WebDataset: IMAGE_EXTENSIONS (lower case, last part) make a member the sample's image;
+# .cls/.json/.txt members (TEXT_EXTENSIONS) up to MAX_TEXT_MEMBER_BYTES are read as label and metadata.
+_META_EXTENSIONS = TEXT_EXTENSIONS
+_META_LIMIT = MAX_TEXT_MEMBER_BYTES
 _COMPRESSIONS = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
 _BOMB_FLOOR = 1 << 30
 
@@ -197,16 +200,17 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
     text = os.fspath(source)
     if source_kind in ("folder", "manifest"):
         return list_source(text, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
-    if fields and not Path(text).is_dir() and not _is_manifest_file(Path(text)):
-        raise OptionError("--field needs a CSV/JSONL manifest source in this version (archive sources do "
-                          "not carry declared fields yet)")
     shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
     if shards is not None:
         return list_webdataset(shards, progress=progress, spool_dir=spool_dir, label_field=label_field,
-                               max_member_size=max_member_size)
+                               max_member_size=max_member_size, fields=fields)
     path = Path(text)
+    if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
+        _no_fields(fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, image_id)")
+        return list_coco(path, root, progress=progress)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:
+        _no_fields(fields, "a Parquet source")
         return list_parquet(parquet, progress=progress, spool_dir=spool_dir, label_column=label_field,
                             image_column=image_column, max_member_size=max_member_size)
     kind = sniff_container(path) if path.is_file() else None
@@ -218,19 +222,24 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
     if kind == "zip":
         if source_kind not in ("auto", "zip"):
             raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
+        _no_fields(fields, "a zip of class folders")
         return list_zip(path, progress=progress, max_member_size=max_member_size)
     with _archive_errors(path):
         samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
     if samples:
         return list_webdataset([path], progress=progress, spool_dir=spool_dir, label_field=label_field,
-                               max_member_size=max_member_size)
+                               max_member_size=max_member_size, fields=fields)
     if source_kind == "zip":
         raise SourceError("--source-kind zip: the source is a tar archive", path=path)
+    _no_fields(fields, "a tar of class folders (a tar of samples, key.jpg + key.json, is a WebDataset: "
+                       "--source-kind webdataset)")
     return list_tar(path, progress=progress, spool_dir=spool_dir, max_member_size=max_member_size)
 
 
-def _is_manifest_file(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".jsonl", ".ndjson")
+def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
+    if fields:
+        raise OptionError(f"--field: {what} does not take declared fields; fields come from a CSV/JSONL "
+                          f"manifest, an image folder with side files, or a WebDataset")
 
 
 def _looks_like_webdataset(path: Path, kind: str) -> bool:
@@ -271,8 +280,12 @@ def _peek(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 class _Listing:
     """Flat arrays for keys, labels, sizes and member locations, plus class names as first seen."""
 
-    def __init__(self, progress: Callable[[int], None] | None) -> None:
+    def __init__(self, progress: Callable[[int], None] | None, fields: Sequence[FieldSpec] = ()) -> None:
         self.out = ListingBuilder(progress)
+        #: declared fields' values (WebDataset with --field), and each image field's member locations
+        self.field_rows = FieldRowBuilder(fields) if fields else None
+        self.field_members = {spec.name: (array("I"), array("Q"), array("Q")) for spec in fields
+                              if spec.kind == "image"}
         self.container = array("I")
         self.offset = array("Q")
         self.stored = array("Q")
@@ -295,8 +308,18 @@ class _Listing:
         return self.class_ids.setdefault(name, len(self.class_ids))
 
     def add(self, key: str, size: int, label: int, container: int, offset: int, stored: int,
-            method: int = RAW, crc: int = 0, meta: bytes = b"") -> None:
+            method: int = RAW, crc: int = 0, meta: bytes = b"", field_values: Sequence[Any] = (),
+            field_members: dict[str, tuple[int, int, int]] | None = None) -> None:
+        """One sample; with fields, its encoded values and its image fields' (container, offset,
+        size) of uncompressed tar members."""
         encoded = key.encode("utf-8")
+        if self.field_rows is not None:
+            self.field_rows.add(field_values)
+            for name, (containers, offsets, sizes) in self.field_members.items():
+                where = field_members[name]  # type: ignore[index]
+                containers.append(where[0])
+                offsets.append(where[1])
+                sizes.append(where[2])
         self.out.add(encoded, size, label, meta)
         self.hashes.append(xxhash.xxh3_64_intdigest(encoded))
         self.container.append(container)
@@ -327,6 +350,15 @@ class _Listing:
             np.frombuffer(self.container, dtype=np.uint32).copy(), np.frombuffer(self.offset, dtype=np.uint64).copy(),
             np.frombuffer(self.stored, dtype=np.uint64).copy(), np.frombuffer(self.method, dtype=np.uint8).copy(),
             np.frombuffer(self.crc, dtype=np.uint32).copy())
+        if self.field_rows is not None:
+            listing.fields = self.field_rows.finish()
+            count = len(listing.sizes)
+            for name, (containers, offsets, sizes) in self.field_members.items():
+                # tar members (or a spool's): raw bytes, no method, no CRC
+                listing.members.fields[name] = MemberTable(
+                    tuple(self.containers), tuple(self.stats), np.frombuffer(containers, dtype=np.uint32).copy(),
+                    np.frombuffer(offsets, dtype=np.uint64).copy(), np.frombuffer(sizes, dtype=np.uint64).copy(),
+                    np.full(count, RAW, dtype=np.uint8), np.zeros(count, dtype=np.uint32))
         listing = _drop_duplicates(listing, np.frombuffer(self.hashes, dtype=np.uint64))
         if len(listing) == 0:
             raise EmptySourceError(f"the archive holds no packable members ({len(listing.rejected)} rejected)",
@@ -619,21 +651,22 @@ def _list_inner_tar(handle: IO[bytes], member: tarfile.TarInfo, name: str, out: 
 
 # --- WebDataset ----------------------------------------------------------------------------------------
 
-def _split_key(name: str) -> tuple[str, str]:
-    folder, _, base = name.rpartition("/")
-    stem, dot, suffix = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), suffix
-
-
 def list_webdataset(shards: list[Path], *, progress: Callable[[int], None] | None = None,
                     spool_dir: Path | None = None, label_field: str = "label",
-                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> SourceListing:
+                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE, fields: Sequence[FieldSpec] = ()
+                    ) -> SourceListing:
     """List WebDataset shards, in shard order (see the module docstring for the sample rules).
+
+    Args:
+        fields: declared fields: each sample's members feed them by the rules of
+            ``build/sidefiles.py`` (``key.mask.png`` for ``mask=image@mask.png``, the ``.json``
+            member's keys, ``key.txt`` for ``caption=text@txt``); an image field's member is
+            read by offset from the archive when packing, like the image.
 
     Raises:
         SourceError: a shard is not a tar, is damaged, or labels mix integers and names.
     """
-    out = _Listing(progress)
+    out = _Listing(progress, fields)
     for index, shard in enumerate(shards):
         with _archive_errors(shard):
             _list_shard(shard, index, out, spool_dir, label_field, max_member_size)
@@ -648,12 +681,15 @@ def _list_shard(shard: Path, index: int, out: _Listing, spool_dir: Path | None, 
         sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
         current = None
         for name, member in _file_members(opened.archive, shard, out):
-            key, suffix = _split_key(name)
+            key, suffix = split_key(name)
             if key != current and sample:
                 _sample(sample, out, opened.container, label_field, max_member_size)
                 sample = []
             current = key
-            small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
+            if out.field_rows is not None:
+                small = 0 <= member.size <= read_limit(suffix, out.field_rows.specs)
+            else:
+                small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
             sample.append((name, member, _read_member(opened.archive, member) if small else None))
         if sample:
             _sample(sample, out, opened.container, label_field, max_member_size)
@@ -665,13 +701,36 @@ def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return handle.read() if handle is not None else b""
 
 
+def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> int:
+    """A WebDataset sample's label: its ``.cls`` member (an integer or a class name), else the
+    ``label_field`` of its ``.json`` object; -1 without either."""
+    if cls_text is not None:
+        try:
+            value = int(cls_text)
+        except ValueError:
+            return out.class_id(cls_text)
+        out.label_kinds.add("int")
+        return value
+    value = document.get(label_field) if isinstance(document, dict) else None
+    if isinstance(value, bool) or value is None:
+        return -1
+    if isinstance(value, int):
+        out.label_kinds.add("int")
+        return value
+    return out.class_id(value) if isinstance(value, str) else -1
+
+
 def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
             container: int, label_field: str, max_member_size: int) -> None:
+    if out.field_rows is not None:
+        _sample_with_fields(sample, out, container, label_field, max_member_size)
+        return
     image = None
     meta: dict[str, Any] = {}
-    label = -1
+    cls_text: str | None = None
+    document: Any = None
     for name, member, data in sample:
-        suffix = _split_key(name)[1]
+        suffix = split_key(name)[1]
         ext = suffix.rsplit(".", 1)[-1].lower()
         if image is None and ext in IMAGE_EXTENSIONS:
             if member.size > max_member_size:
@@ -685,39 +744,49 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
             continue
         text = data.decode("utf-8", "replace")
         if ext == "cls":
-            try:
-                label = int(text.strip())
-                out.label_kinds.add("int")
-            except ValueError:
-                label = out.class_id(text.strip())
-            meta["cls"] = text.strip()
+            cls_text = meta["cls"] = text.strip()
         elif ext == "json":
             try:
                 obj = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # a member nested 100,000 deep must not end the build
                 out.reject(name, "bad-manifest-row", "the .json member is not JSON (ignored)")
                 continue
-            meta["json"] = obj
-            value = obj.get(label_field) if isinstance(obj, dict) else None
-            if isinstance(value, bool) or value is None:
-                pass
-            elif isinstance(value, int) and label < 0:
-                label = value
-                out.label_kinds.add("int")
-            elif isinstance(value, str) and label < 0:
-                label = out.class_id(value)
+            document = meta["json"] = obj
         else:
             meta["txt"] = text
     if image is None:
         first = sample[0][0]
-        out.reject(_split_key(first)[0], "not-an-image", "a WebDataset sample without an image member "
-                                                         f"(extensions {', '.join(_split_key(n)[1] for n, _, _ in sample)})")
+        out.reject(split_key(first)[0], "not-an-image", "a WebDataset sample without an image member "
+                                                        f"(extensions {', '.join(split_key(n)[1] for n, _, _ in sample)})")
         return
+    label = _label(cls_text, document, out, label_field)
     name, member = image
     if not is_utf8(os.fsencode(member.name)):
         meta[ESCAPED_FIELD] = True
     encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
     out.add(name, member.size, label, container, member.offset_data, member.size, meta=encoded)
+
+
+def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
+                        container: int, label_field: str, max_member_size: int) -> None:
+    """A sample of a WebDataset built with declared fields (``build/sidefiles.py`` rules)."""
+    assert out.field_rows is not None
+    members = [SideMember(name, split_key(name)[1], member.size, data, member) for name, member, data in sample]
+    parts = assemble_sample(split_key(sample[0][0])[0], members, out.field_rows, max_image_size=max_member_size)
+    for name, reason, message in parts.unused:
+        out.reject(name, reason, message)
+    if parts.rejection is not None:
+        out.reject(*parts.rejection)
+        return
+    image = parts.image
+    assert image is not None  # set unless the sample is rejected
+    meta = dict(parts.metadata)
+    if not is_utf8(os.fsencode(image.handle.name)):
+        meta[ESCAPED_FIELD] = True
+    encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
+    out.add(image.name, image.size, _label(parts.cls_text, parts.json_object, out, label_field), container,
+            image.handle.offset_data, image.size, meta=encoded, field_values=parts.values,
+            field_members={name: (container, m.handle.offset_data, m.size) for name, m in parts.field_members.items()})
 
 
 # --- zip --------------------------------------------------------------------------------------------------

@@ -16,6 +16,12 @@ the archive's index or decompressing anything but the member itself:
 A compressed tar cannot be read by offset: it is decompressed once, while listing, into an
 uncompressed *spool* in the output's staging folder, and the table points into the spool.
 
+A sample with an image field (``--field mask=image``, a WebDataset ``key.mask.png`` member) has
+a second member per such field: ``fields`` holds one more table per image field, row i for
+listing row i, over the same containers. Both members are read by offset from the archive (or
+its spool) when the sample is packed; nothing is spooled again or held in memory, so a tar of a
+million members costs these flat arrays (~25 bytes per member) whatever its image fields.
+
 The table travels in the saved plan (``members_columns`` / ``members_from_columns``), so
 ``--resume``, ``--part`` and ``--engine ray`` workers read the same members. Each container's
 size and modification time are recorded; a reused plan whose containers changed is refused
@@ -25,11 +31,12 @@ size and modification time are recorded; a reused plan whose containers changed 
 from __future__ import annotations
 
 import bz2
+import json
 import lzma
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,17 +63,33 @@ class MemberTable:
     stored: np.ndarray                 # u64
     method: np.ndarray                 # u8
     crc: np.ndarray                    # u32
+    #: image field name -> the location of each row's member for that field (same containers)
+    fields: dict[str, "MemberTable"] = field(default_factory=dict)
 
     def select(self, rows: np.ndarray) -> "MemberTable":
         return MemberTable(self.containers, self.container_stats, self.container[rows], self.offset[rows],
-                           self.stored[rows], self.method[rows], self.crc[rows])
+                           self.stored[rows], self.method[rows], self.crc[rows],
+                           {name: table.select(rows) for name, table in self.fields.items()})
+
+
+_PARTS = ("container", "offset", "stored", "method", "crc")
+_PART_TYPES = {"container": np.uint32, "offset": np.uint64, "stored": np.uint64, "method": np.uint8, "crc": np.uint32}
 
 
 def members_columns(table: MemberTable) -> dict[str, np.ndarray]:
-    """The table as plan columns (``members_header`` holds the container list)."""
-    return {"member_container": table.container.astype(np.uint32), "member_offset": table.offset.astype(np.uint64),
-            "member_stored": table.stored.astype(np.uint64), "member_method": table.method.astype(np.uint8),
-            "member_crc": table.crc.astype(np.uint32)}
+    """The table as plan columns (``members_header`` holds the container list).
+
+    Image fields' members go in five more columns whatever their number (each the fields' rows
+    one field after the other, in ``member_field_names`` order): a plan has at most 64 columns.
+    """
+    columns = {f"member_{part}": getattr(table, part).astype(_PART_TYPES[part]) for part in _PARTS}
+    if table.fields:
+        names = list(table.fields)
+        columns["member_field_names"] = np.frombuffer(json.dumps(names).encode(), dtype=np.uint8)
+        for part in _PARTS:
+            columns[f"member_field_{part}"] = np.concatenate(
+                [getattr(table.fields[name], part).astype(_PART_TYPES[part]) for name in names])
+    return columns
 
 
 def members_header(table: MemberTable) -> list[dict[str, Any]]:
@@ -77,10 +100,19 @@ def members_from_columns(columns: dict[str, np.ndarray], header: list[dict[str, 
     """Rebuild the table from a loaded plan; None for a folder or manifest plan."""
     if not header:
         return None
-    return MemberTable(tuple(str(c["path"]) for c in header),
-                       tuple((int(c["size"]), int(c["mtime_ns"])) for c in header),
-                       columns["member_container"], columns["member_offset"], columns["member_stored"],
-                       columns["member_method"], columns["member_crc"])
+    containers = tuple(str(c["path"]) for c in header)
+    stats = tuple((int(c["size"]), int(c["mtime_ns"])) for c in header)
+    table = MemberTable(containers, stats, *(columns[f"member_{part}"] for part in _PARTS))
+    if "member_field_names" in columns:
+        names = json.loads(columns["member_field_names"].tobytes())
+        rows = len(table.container)
+        for number, name in enumerate(names):
+            parts = [columns[f"member_field_{part}"] for part in _PARTS]
+            if any(len(values) != rows * len(names) for values in parts):
+                raise ValueError("plan member_field columns do not hold one row per sample and field")
+            table.fields[str(name)] = MemberTable(containers, stats,
+                                                  *(values[number * rows:(number + 1) * rows] for values in parts))
+    return table
 
 
 def container_stat(path: str) -> tuple[int, int]:
@@ -129,8 +161,11 @@ class MemberReader:
             fd = self._fds[container] = os.open(self.table.containers[container], os.O_RDONLY)  # type: ignore[union-attr]
         return fd
 
-    def read(self, row: int, size: int) -> tuple[bytes, str, str]:
+    def read(self, row: int, size: int, *, field: str | None = None) -> tuple[bytes, str, str]:
         """Member ``row``'s bytes (``size`` = its listed, uncompressed size).
+
+        Args:
+            field: read the row's member of this image field instead of its image.
 
         Returns:
             ``(data, "", "")``, or ``(b"", reason, message)`` when the member cannot be read back
@@ -139,6 +174,8 @@ class MemberReader:
         table = self.table
         if table is None:
             raise TypeError("MemberReader(None) reads nothing: the source is a folder")
+        if field is not None:
+            table = table.fields[field]
         container = int(table.container[row])
         offset, stored, method = int(table.offset[row]), int(table.stored[row]), int(table.method[row])
         try:

@@ -155,7 +155,7 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                 extra: list[tuple[bytes, Any]] = []
                 if rejection is None:
                     for spec in image_fields:
-                        loaded = _load_field_image(listing, spec.name, source_index, key, options)
+                        loaded = _load_field_image(listing, spec.name, source_index, key, options, archive)
                         if isinstance(loaded, Rejection):
                             rejection = loaded
                             break
@@ -216,17 +216,25 @@ def _add_payload_row(rows: dict[str, list[int]], prefix: str, offset: int, paylo
     rows[prefix + ("format" if prefix else "image_format")].append(info.image_format)
 
 
-def _load_field_image(listing: Any, name: str, source_index: int, key: str, options: BuildOptions
-                      ) -> tuple[bytes, Any] | Rejection:
+def _load_field_image(listing: Any, name: str, source_index: int, key: str, options: BuildOptions,
+                      archive: MemberReader) -> tuple[bytes, Any] | Rejection:
     """Read and check a sample's second image of field ``name``: stored as it is (pass-through,
-    whatever the main codec: a mask must keep its exact values), header-checked like any image."""
+    whatever the main codec: a mask must keep its exact values), header-checked like any image.
+
+    A file source's second image is a file under the root; an archive source's is a member read
+    by offset like the sample's image (``MemberReader.read(..., field=name)``)."""
     table = listing.fields
     field_key = table.image_key(name, source_index)
     size = int(table.image_sizes[name][source_index])
     if size > options.max_file_size:
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}) is {size} bytes; the limit "
                                                f"(--max-file-size) is {options.max_file_size}")
-    data = _read_listed(listing.root / field_key, field_key, size)
+    if listing.members is not None:
+        data, reason, message = archive.read(source_index, size, field=name)
+        if reason:
+            return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {message} ({reason})")
+    else:
+        data = _read_listed(listing.root / field_key, field_key, size)
     if isinstance(data, Rejection):
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {data.message} ({data.reason})")
     try:

@@ -19,6 +19,8 @@ def describe_labels(summary: dict, class_count: int) -> str:
     asked = options.get("label_type", "auto")
     checksum = summary.get("classes_checksum")
     fixed = " from the given class list" if options.get("classes") else ""
+    if summary.get("source_kind") == "coco":
+        return "labels: none (-1); the objects' categories are the 'labels' field (0..C-1 by ascending COCO id)"
     if summary.get("label_type") == "none":
         return "labels: none (no label column: every sample's label is -1; the declared fields are the targets)"
     if summary.get("label_type") == "int" and not class_count:
@@ -33,7 +35,8 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @cli.command("build")
 @click.argument("source", type=path_type())
 @click.argument("out", type=path_type())
-@root_option()
+@root_option("Folder that manifest paths (and a COCO file's image file_name) are relative to (default: the "
+             "manifest's folder).")
 @click.option("--shard-size", default="512M", show_default=True, type=SIZE,
               help="Target shard size (e.g. 256M, 1G).")
 @click.option("--alignment", default=4096, show_default=True, type=click.IntRange(1, 1 << 30),
@@ -70,8 +73,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--source-kind", default="auto", show_default=True,
-              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet"]),
-              help="What SOURCE is; auto recognises archives by their bytes.")
+              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco"]),
+              help="What SOURCE is; auto recognises archives by their bytes, a COCO annotation JSON by its "
+                   "images/annotations/categories.")
 @click.option("--label-field", default="label", show_default=True,
               help="WebDataset: the .json member's field holding the label (a .cls member wins); "
                    "Parquet: the label column.")
@@ -93,7 +97,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
               help="Declare a per-sample field (repeatable): TYPE is a dtype (float32), a shaped array "
                    "(float32[4], float32[N,4] for a variable count), classes (multi-label), text or image "
                    "(a second image: mask, depth). Values come from the manifest column/member SOURCE "
-                   "(default NAME). See README, 'Samples with more than a label'.")
+                   "(default NAME); in an image folder or a WebDataset, from the sample's member with "
+                   "suffix SOURCE (mask=image@mask.png, caption=text@txt) or its .json member's key SOURCE. "
+                   "A COCO source declares its own. See README, 'Samples with more than a label'.")
 @click.option("--fields", "fields_file", type=click.Path(path_type=Path), default=None,
               help="A JSON schema file: a list of field declarations (or --field strings).")
 @quiet_option()
@@ -114,7 +120,10 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
     SOURCE is an ImageFolder-layout folder, a .csv/.jsonl manifest, a tar (plain, .gz, .bz2, .xz,
     .zst) of class/file members or of class tars, a zip, or WebDataset shards (a tar, a folder of
     tars, or a brace pattern like 'train-{000000..000099}.tar'), or Parquet files (a HuggingFace
-    dataset: a file or a folder of them). Build every split of one dataset with one class list
+    dataset: a file or a folder of them), or a COCO-style annotation JSON (instances_train2017.json
+    with --root train2017/: boxes as XYXY pixels, labels, iscrowd, area, image_id fields). With
+    --field, an image folder's or a WebDataset's files sharing a name up to the first dot are one
+    sample (cat/1.jpg, cat/1.mask.png, cat/1.json). Build every split of one dataset with one class list
     (`--classes-from TRAIN_OUT` for val), or a class missing from one split shifts every label
     after it.
     """
