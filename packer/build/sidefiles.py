@@ -184,9 +184,9 @@ def assemble_sample(key: str, members: Sequence[SideMember], builder: FieldRowBu
         if spec.kind == "image":
             found = _image_candidates(spec.source, by_suffix)
             wanted = spec.source if extension(spec.source) in IMAGE_EXTENSIONS else f"{spec.source}.<image extension>"
+            claimed.update(member.suffix.lower() for member in found)  # never the image, even when ambiguous
             if len(found) == 1:
                 parts.field_members[spec.name] = found[0]
-                claimed.add(found[0].suffix.lower())
             elif not found:
                 problems.append(f"field {spec.name!r}: the sample has no member {key}.{wanted}")
             else:
