@@ -1,7 +1,8 @@
 """Archive sources: tar (plain, gz, bz2, xz, zstd), tar of tars, zip and WebDataset shards, listed in one pass.
 
 ``list_any_source`` recognises the source by its bytes, not its name, and otherwise hands it to
-``sources.list_source`` (folder, manifest):
+``coco.list_coco`` (a COCO annotation JSON, recognised by content) or ``sources.list_source``
+(folder, manifest):
 
 * **tar** (any compression): members are ``class/file`` paths, as in an image folder; a member
   that is itself a tar (its header says so) is one class named after it without the extension,
@@ -15,7 +16,10 @@
   extension, its key the image member's name; the label is the ``.cls`` member (an integer) or
   the ``label_field`` of the ``.json`` member (an integer or a class name); ``.json``, ``.txt``
   and ``.cls`` contents go into the sample's metadata (``{"cls": .., "json": {..}, "txt": ".."}``).
-  A sample without a label has label -1.
+  A sample without a label has label -1. With declared fields (``--field``) the members feed
+  them by the rules of ``build/sidefiles.py`` (the image is then the one image member no field
+  takes; a ``key.mask.png`` member of ``mask=image@mask.png`` is read by offset like the image).
+  Tar and zip sources of class folders, and Parquet, take no fields (``OptionError``).
 
 Listing order is archive order (shard order for WebDataset); class names are sorted by their
 UTF-8 bytes and labelled 0..C-1, as for a folder. Every member is accounted for: directories

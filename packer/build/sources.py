@@ -8,13 +8,17 @@ The listing is the input of the shard plan, so its order is part of the determin
   top-level class. Every file is a candidate whatever its extension: the packer decides what is
   an image by its bytes, so a ``.jpg`` that is really text is *rejected with a reason*, not
   skipped. Hidden entries (a leading ``.``) and files at the top level are rejected too.
+  With declared fields (``--field``) the files are grouped into samples with their side files
+  (``cat/1.jpg`` + ``cat/1.mask.png`` + ``cat/1.json``) by the rules of ``build/sidefiles.py``;
+  a sample takes the place of its first file, and its key is its image's path.
 * Symlinks are followed (files and folders); a dangling one or a loop is rejected with a reason.
   Each real folder is listed once: a second path to it (through a symlink) is rejected as a
   ``duplicate-entry``, which also keeps a fan-out of folder links from listing exponentially.
 * Manifest input (CSV with a ``path,label[,...]`` header, or JSONL objects with ``path``,
   ``label`` and optional ``metadata``): listed in the manifest's order, paths relative to a root.
   Labels are read by ``--label-type`` (``LABEL_TYPES`` states the ``auto`` rule): string labels
-  become sorted class names, integer labels are kept as they are.
+  become sorted class names, integer labels are kept as they are. With declared fields, a
+  row's field values are its columns (members); see ``list_manifest``.
 * A class list given up front (``classes=``, ``--classes``) numbers the classes instead: a
   folder or label not in it is rejected per file as ``unknown-class``, a listed class with no
   files stays a class with 0 samples, so train and val built with one list agree on every label.
