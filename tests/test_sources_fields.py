@@ -443,6 +443,8 @@ def test_coco_without_root_says_to_pass_it(tmp_path: Path) -> None:
         list_coco(annotations)
     with pytest.raises(OptionError, match="a COCO annotation file declares its own fields"):
         list_any_source(annotations, fields=BuildOptions(fields=("boxes=float32[N,4]",)).field_specs)
+    with pytest.raises(OptionError, match="--classes does not apply to a COCO source"):
+        list_any_source(annotations, classes=("dog",))
 
 
 def test_cli_builds_a_coco_source(tmp_path: Path) -> None:

@@ -211,6 +211,9 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
     path = Path(text)
     if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
         _no_fields(fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, image_id)")
+        if classes is not None:
+            raise OptionError("--classes does not apply to a COCO source: its samples have no main label (-1); "
+                              "the objects' categories are the 'labels' field")
         return list_coco(path, root, progress=progress)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:

@@ -396,76 +396,91 @@ def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> So
     sorts between ``1`` and ``1.jpg``; a sub-folder can sit between them), so they are grouped
     by a 64-bit hash of the key with a stable sort: flat arrays, not a dict of 100 M keys. A
     sample comes at the position of its first file; keys whose hashes collide are told apart
-    by the keys themselves.
+    by the keys themselves. Keys are handled as UTF-8 bytes (``/`` and ``.`` never occur inside
+    a multi-byte character), sliced from one ``bytes`` copy of the key blob: the per-file cost
+    is a few hundred nanoseconds beside the side file's read.
     """
     count = len(listing)
-    hashes = np.fromiter((xxhash.xxh3_64_intdigest(split_key(listing.key(i))[0].encode("utf-8"))
-                          for i in range(count)), dtype=np.uint64, count=count)
+    blob = listing.key_blob.tobytes()
+    offsets = listing.key_offsets.tolist()
+
+    def stem(row: int) -> bytes:
+        folder, slash, base = blob[offsets[row]:offsets[row + 1]].rpartition(b"/")
+        return folder + slash + base.partition(b".")[0]
+
+    hashes = np.fromiter((xxhash.xxh3_64_intdigest(stem(i)) for i in range(count)), dtype=np.uint64, count=count)
     order = np.lexsort((np.arange(count), hashes))  # by hash, then listing order inside a hash
     sorted_hashes = hashes[order]
     starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
     ends = np.r_[starts[1:], count]
+    sizes, labels = listing.sizes.tolist(), listing.labels.tolist()
+    escaped = (np.diff(listing.meta_offsets.astype(np.int64)) > 0).tolist()  # the walk's only metadata
+    root = os.fspath(listing.root)
+    limits: dict[str, int] = {}  # suffix -> read_limit: few distinct suffixes
     out = _ListingBuilder()
     out.rejected = list(listing.rejected)
     builder = FieldRowBuilder(fields)
+
+    def sample(rows: list[int]) -> None:
+        members = []
+        for row in rows:
+            name = blob[offsets[row]:offsets[row + 1]].decode("utf-8")
+            if escaped[row]:
+                out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "
+                                                     "names, which must be UTF-8")
+                continue
+            suffix = name.rpartition("/")[2].partition(".")[2]
+            limit = limits.get(suffix)
+            if limit is None:
+                limit = limits[suffix] = read_limit(suffix, fields)
+            data = None
+            if 0 <= sizes[row] <= limit:
+                data = _read_side_file(os.path.join(root, name), sizes[row], limit)
+                if isinstance(data, str):
+                    out.reject(name, "unreadable", data)
+                    continue
+            members.append(SideMember(name, suffix, sizes[row], data, row))
+        if members:
+            _add_side_file_sample(members, builder, out, labels, listing)
+
     later: list[tuple[int, list[int]]] = []  # a colliding hash's other keys, by their first row (a heap)
     for run in np.argsort(order[starts], kind="stable").tolist():
         rows = order[starts[run]:ends[run]].tolist()
         while later and later[0][0] < rows[0]:
-            _side_file_sample(listing, heapq.heappop(later)[1], builder, out)
-        groups: dict[str, list[int]] = {}
-        for row in rows:
-            groups.setdefault(split_key(listing.key(row))[0], []).append(row)
-        first, *others = groups.values()
-        for group in others:
-            heapq.heappush(later, (group[0], group))
-        _side_file_sample(listing, first, builder, out)
+            sample(heapq.heappop(later)[1])
+        if len(rows) > 1:
+            groups: dict[bytes, list[int]] = {}
+            for row in rows:
+                groups.setdefault(stem(row), []).append(row)
+            rows, *others = groups.values()
+            for group in others:
+                heapq.heappush(later, (group[0], group))
+        sample(rows)
     while later:
-        _side_file_sample(listing, heapq.heappop(later)[1], builder, out)
+        sample(heapq.heappop(later)[1])
     grouped = out.finish(listing.root, listing.kind, listing.classes)
     grouped.warnings = listing.warnings
     grouped.fields = builder.finish()
     return grouped
 
 
-def _side_file_sample(listing: SourceListing, rows: list[int], builder: FieldRowBuilder,
-                      out: _ListingBuilder) -> None:
-    """One sample of an image folder with fields: its files ``rows`` (listing rows, in order)."""
-    members = []
-    for row in rows:
-        name = listing.key(row)
-        if listing.metadata(row) == ESCAPED_META:
-            out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their names, "
-                                                 "which must be UTF-8")
-            continue
-        suffix = split_key(name)[1]
-        size = int(listing.sizes[row])
-        limit = read_limit(suffix, builder.specs)
-        data = None
-        if 0 <= size <= limit:
-            data = _read_side_file(listing.root / name, size, limit)
-            if isinstance(data, str):
-                out.reject(name, "unreadable", data)
-                continue
-        members.append(SideMember(name, suffix, size, data, row))
-    if not members:
-        return
+def _add_side_file_sample(members: list[SideMember], builder: FieldRowBuilder, out: _ListingBuilder,
+                          labels: list[int], listing: SourceListing) -> None:
+    """One sample of an image folder with fields (``members``: its files, in listing order)."""
     parts = assemble_sample(split_key(members[0].name)[0], members, builder)
     for name, reason, message in parts.unused:
         out.reject(name, reason, message)
-    if parts.rejection is not None:
-        out.reject(*parts.rejection)
+    if parts.rejection is not None or parts.image is None:
+        out.reject(*parts.rejection)  # type: ignore[misc]  (no image means a rejection)
         return
     builder.add(parts.values)
     image = parts.image
-    assert image is not None  # assemble_sample sets it unless it rejects the sample
     meta = json.dumps(parts.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() \
         if parts.metadata else b""
-    out.add(image.name.encode("utf-8"), image.size, int(listing.labels[image.handle]), meta,
-            stamp=listing.stamp(image.handle))
+    out.add(image.name.encode("utf-8"), image.size, labels[image.handle], meta, stamp=listing.stamp(image.handle))
 
 
-def _read_side_file(path: Path, size: int, limit: int) -> bytes | str:
+def _read_side_file(path: str, size: int, limit: int) -> bytes | str:
     """A side file's bytes (at most ``limit``), or a message saying why it cannot be read."""
     try:
         fd, info = open_nonblocking(path)
