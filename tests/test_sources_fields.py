@@ -265,6 +265,18 @@ def test_webdataset_field_problems_are_rejections(tmp_path: Path) -> None:
         assert sorted(ds.key(i) for i in range(len(ds))) == ["s0003.jpg", "s0005.jpg"]
 
 
+def test_webdataset_repeated_keys_keep_fields_aligned(tmp_path: Path) -> None:
+    """A key repeated in a later shard is dropped with its field values and member locations."""
+    write_shard(tmp_path / "train-0.tar", wds_members(0, 4))
+    write_shard(tmp_path / "train-1.tar", wds_members(2, 4))  # s0002, s0003 again
+    result = build(f"{tmp_path}/train-{{0..1}}.tar", tmp_path / "out", BuildOptions(fields=WDS_FIELDS, shuffle=False))
+    assert sorted(r.key for r in result.rejected if r.reason == "duplicate-entry") == ["s0002.jpg", "s0003.jpg"]
+    with open_dataset(tmp_path / "out", verify_checksums=True) as ds:
+        assert [ds.key(i) for i in range(len(ds))] == [f"s{n:04d}.jpg" for n in range(6)]
+        for i in range(len(ds)):
+            assert ds.field_bytes("mask", i).tobytes() == mask_png(i) and ds.field_value("caption", i) == f"caption {i}"
+
+
 def test_webdataset_without_fields_survives_hostile_json(tmp_path: Path) -> None:
     shard = write_shard(tmp_path / "shard.tar", [("a.jpg", jpeg(1)), ("a.json", b"[" * 100_000),
                                                  ("b.jpg", jpeg(2)), ("b.cls", b"3")])

@@ -293,6 +293,7 @@ class _Listing:
         self.field_rows = FieldRowBuilder(fields) if fields else None
         self.field_members = {spec.name: (array("I"), array("Q"), array("Q")) for spec in fields
                               if spec.kind == "image"}
+        self.read_limits: dict[str, int] = {}  # member suffix -> sidefiles.read_limit
         self.container = array("I")
         self.offset = array("Q")
         self.stored = array("Q")
@@ -694,7 +695,10 @@ def _list_shard(shard: Path, index: int, out: _Listing, spool_dir: Path | None, 
                 sample = []
             current = key
             if out.field_rows is not None:
-                small = 0 <= member.size <= read_limit(suffix, out.field_rows.specs)
+                limit = out.read_limits.get(suffix)
+                if limit is None:  # few distinct suffixes: computed once each
+                    limit = out.read_limits[suffix] = read_limit(suffix, out.field_rows.specs)
+                small = 0 <= member.size <= limit
             else:
                 small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
             sample.append((name, member, _read_member(opened.archive, member) if small else None))
