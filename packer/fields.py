@@ -74,8 +74,10 @@ class FieldSpec:
         kind: one of ``FIELD_KINDS``.
         dtype: for ``array``, a name from ``DTYPES``; ``int64`` for ``classes``; "" otherwise.
         shape: for ``array``: the dimensions, ``-1`` first for a variable count (``()`` = scalar).
-        classes: for ``classes``: class names (id ``k`` is ``classes[k]``), empty when ids were given.
-        num_classes: for ``classes``: ids are ``0..num_classes-1`` (``len(classes)`` when names).
+        classes: for ``classes``: class names (id ``k`` is ``classes[k]``), empty when ids were given;
+            for an integer ``array`` (per-box labels), optional names of its values ``0..len-1``.
+        num_classes: for ``classes``: ids are ``0..num_classes-1`` (``len(classes)`` when names);
+            for an ``array`` with ``classes``, their number.
         source: build only: where the values come from (a manifest column or JSON member, or a
             side-file suffix); defaults to ``name``. Recorded, informative.
         shards: for ``image``: the field's shard entries (``format.ShardEntry``), parallel to the
@@ -143,6 +145,8 @@ class FieldSpec:
         document: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.kind == "array":
             document.update(dtype=self.dtype, shape=list(self.shape))
+            if self.classes:  # an integer array whose values name classes (per-box labels)
+                document["classes"] = list(self.classes)
         elif self.kind == "classes":
             document["num_classes"] = self.num_classes
             if self.classes:
@@ -296,8 +300,14 @@ def _declaration(item: object, *, error: type[Exception], where: str, build: boo
         shape = item.get("shape", [])
         if not isinstance(shape, list):
             raise error(f"{where} ({name}) shape must be an array of integers")
+        names = item.get("classes", [])
+        if names and (not dtype.startswith(("int", "uint")) or not isinstance(names, list)
+                      or not all(isinstance(c, str) for c in names) or len(set(names)) != len(names)):
+            raise error(f"{where} ({name}) classes (names of the values) need an integer dtype and an array of "
+                        f"unique strings")
         spec = FieldSpec(name=name, kind=kind, dtype=dtype,
-                         shape=_check_shape(shape, error=error, where=f"{where} ({name})"), source=source)
+                         shape=_check_shape(shape, error=error, where=f"{where} ({name})"), source=source,
+                         classes=tuple(names), num_classes=len(names))
     elif kind == "classes":
         classes = item.get("classes", [])
         count = item.get("num_classes", len(classes) if isinstance(classes, list) else 0)
@@ -492,6 +502,8 @@ def _encode_array(spec: FieldSpec, value: object) -> bytes:
                                   f"not an integer")
     if target.kind in "iu" and array.size:
         numbers = [int(x) for x in array.flat]
+        if spec.classes and (min(numbers) < 0 or max(numbers) >= len(spec.classes)):
+            raise FieldValueError(f"field {spec.name!r}: a value is not a class number 0..{len(spec.classes) - 1}")
         info = np.iinfo(target)
         if min(numbers) < info.min or max(numbers) > info.max:
             raise FieldValueError(f"field {spec.name!r}: a value is outside the {spec.dtype} range "

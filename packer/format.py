@@ -644,6 +644,15 @@ def _validate_field(spec: FieldSpec, rows: int, columns: Mapping[str, np.ndarray
         multiple = spec.record_bytes if spec.kind != "text" else 1
         _check_blob_offsets(found[spec.offsets_column], found[spec.column], rows, spec.offsets_column,
                             spec.column, path=path, multiple=multiple)
+    if spec.kind == "array" and spec.classes and len(found[spec.column]):  # [R49] named integer values
+        values = found[spec.column].view(spec.numpy_dtype).astype(np.int64, copy=False)
+        if values.size and (int(values.min()) < 0 or int(values.max()) >= len(spec.classes)):
+            at = int(np.argmax((values < 0) | (values >= len(spec.classes))))
+            byte = at * spec.numpy_dtype.itemsize
+            sample = (int(np.searchsorted(found[spec.offsets_column], byte, side="right")) - 1 if spec.variable
+                      else byte // spec.record_bytes)
+            raise IndexMismatchError(f"field {spec.name!r} holds value {int(values[at])}, not a class number "
+                                     f"0..{len(spec.classes) - 1}", path=path, sample=sample)
     if spec.kind == "classes" and len(found[spec.column]):  # [R49]
         ids = found[spec.column].view("<i8")
         if int(ids.min()) < 0 or int(ids.max()) >= spec.num_classes:

@@ -341,6 +341,7 @@ def test_coco_round_trip_boxes_are_xyxy_pixels(tmp_path: Path) -> None:
                                                           "iscrowd: uint8[N]", "area: float32[N]", "image_id: int64"]
         assert ds.classes == () and ds.labels.tolist() == [-1] * 5
         assert coco_categories(ds.field_spec("labels").source) == [(1, "person"), (5, "car"), (18, "dog")]
+        assert ds.field_spec("labels").classes == ("person", "car", "dog")  # names of the label values
         assert "XYXY" in ds.field_spec("boxes").source
         assert [ds.key(i) for i in range(5)] == [f"{i:012d}.jpg" for i in range(5)]
         assert [int(ds.field_value("image_id", i)) for i in range(5)] == [100, 101, 102, 103, 104]
@@ -470,3 +471,27 @@ def test_cli_builds_a_coco_source(tmp_path: Path) -> None:
     assert "labels: none (-1); the objects' categories are the 'labels' field" in result.output
     with open_dataset(tmp_path / "out") as ds:
         assert len(ds) == 5 and ds.field_spec("boxes").kind == "array"
+
+
+def test_named_integer_values_out_of_range_are_refused_at_open(tmp_path: Path) -> None:
+    """R49 for an integer array with classes: a per-box label past the names is refused at open."""
+    import shutil
+
+    from packer.dataset import open_index
+    from packer.errors import IndexMismatchError
+
+    annotations, images = coco_source(tmp_path / "src")
+    out = tmp_path / "out"
+    build(annotations, out, BuildOptions(shuffle=False), root=images)
+    document = json.loads((out / "manifest.json").read_text("utf-8"))
+    labels = next(f for f in document["fields"] if f["name"] == "labels")
+    labels["classes"] = labels["classes"][:2]  # label 2 (dog) now names no class
+    (out / "manifest.json").write_text(json.dumps(document), "utf-8")
+    with pytest.raises(IndexMismatchError, match="field 'labels' holds value 2, not a class number 0..1"):
+        open_index(out)
+    labels["classes"] = ["a", "a", "b"]
+    (out / "manifest.json").write_text(json.dumps(document), "utf-8")
+    from packer.errors import ManifestError
+    with pytest.raises(ManifestError, match="unique strings"):
+        open_index(out)
+    shutil.rmtree(out)

@@ -9,7 +9,9 @@ the file's order, with the declared fields ``COCO_FIELDS``:
   computed in float64), the format torchvision's transforms v2 take by default
   (``BoundingBoxFormat.XYXY``). Boxes are stored as written: not clipped to the image.
 * ``labels`` ``int64[N]``: the category of each box as ``0..C-1``, categories numbered in
-  ascending ``id`` order. The field's declaration records the table in its ``source``:
+  ascending ``id`` order; the field's ``classes`` are the category names in that order (SPEC
+  §14.1: names of an integer array's values). The declaration also records the COCO ids in its
+  ``source``:
   ``coco:category_id as 0..C-1 by ascending id; categories [[1,"person"],[2,"bicycle"],...]``
   (``categories[k]`` is label ``k``'s COCO id and name; ``coco_categories`` reads it back), so
   a label maps back to its id for COCO evaluation. The names are not the dataset's ``classes``:
@@ -82,7 +84,8 @@ def _fields(categories: list[tuple[int, str]]) -> tuple[FieldSpec, ...]:
     return (
         FieldSpec("boxes", "array", "float32", (-1, 4), source="coco:bbox as XYXY absolute pixels (x1,y1,x2,y2), "
                                                                "from COCO's XYWH"),
-        FieldSpec("labels", "array", "int64", (-1,),
+        FieldSpec("labels", "array", "int64", (-1,), classes=tuple(name for _, name in categories),
+                  num_classes=len(categories),
                   source=f"coco:category_id as 0..C-1 by ascending id{_CATEGORIES}{table}"),
         FieldSpec("iscrowd", "array", "uint8", (-1,), source="coco:iscrowd"),
         FieldSpec("area", "array", "float32", (-1,), source="coco:area"),
