@@ -325,6 +325,14 @@ def forever(loader: Any) -> Iterator[Any]:
         epoch += 1
 
 
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: ``(images, labels)`` tuples, or dict batches (``fields=``)."""
+    if isinstance(batch, dict):
+        first = batch["image"] if "image" in batch else next(iter(batch.values()))
+        return len(first)
+    return len(batch[1])
+
+
 def measure_loader(loader: Any, *, warmup: int, images: int, exclude: str) -> dict[str, Any]:
     """One timed stretch of ``images`` samples after ``warmup`` batches: time, CPU, PSS."""
     iterator = forever(loader)
@@ -336,8 +344,7 @@ def measure_loader(loader: Any, *, warmup: int, images: int, exclude: str) -> di
     start = time.perf_counter()
     seen = 0
     while seen < images:
-        _, labels = next(iterator)
-        seen += len(labels)
+        seen += batch_length(next(iterator))
     seconds = time.perf_counter() - start
     main_cpu = time.process_time() - main0
     worker_cpu = [(process_cpu_seconds(pid) or 0) - (cpu0[pid] or 0) for pid in pids]
