@@ -282,3 +282,15 @@ def test_listing_reports_progress_every_ten_thousand_entries(tmp_path: Path) -> 
     seen: list[int] = []
     listing = list_source(tmp_path / "src", progress=seen.append)
     assert len(listing) == 20_005 and seen == [10_000, 20_000]
+
+
+def test_spec_lists_every_rejection_reason() -> None:
+    """SPEC §10.3 names every reason the builder can write, and no other."""
+    import re
+
+    from packer.build.sources import REJECTION_REASONS
+
+    spec = (Path(__file__).resolve().parents[1] / "formats" / "SPEC.md").read_text("utf-8")
+    section = spec[spec.index("### 10.3"):spec.index("### 10.4")]
+    listed = section[section.index("(`packer.build.sources.REJECTION_REASONS`:"):section.index("`message` is for people")]
+    assert set(re.findall(r"`([a-z-]+)`", listed)) == set(REJECTION_REASONS)
