@@ -91,6 +91,7 @@ import math
 import mmap
 import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
@@ -110,6 +111,8 @@ if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
 __all__ = [
     "RandomResizedCrop",
     "CenterCrop",
+    "CropGeometry",
+    "DEFAULT_MIN_VISIBILITY",
     "FAST_SCALES",
     "RESIZE_BACKENDS",
     "IMAGENET_MEAN",
@@ -243,6 +246,144 @@ def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -
     return 8
 
 
+#: ``CropGeometry.map_boxes``' default: a box is kept when any of its area is left in the output.
+DEFAULT_MIN_VISIBILITY = 0.0
+
+
+@dataclass(frozen=True)
+class CropGeometry:
+    """Where one output of a fused transform comes from: the source box resampled to the output, and the flip.
+
+    Coordinates are continuous pixel coordinates with half-pixel centres, the convention of every
+    resize in this module (torch's ``align_corners=False``, Pillow's ``box=``, ``packer.rawcrop``):
+    pixel ``(x, y)`` covers ``[x, x + 1) x [y, y + 1)`` and its centre is ``(x + 0.5, y + 0.5)``.
+    A source point ``(x, y)`` lands at output point
+    ``u = (x - left) * out_width / (right - left)``, ``v = (y - top) * out_height / (bottom - top)``,
+    then ``u -> out_width - u`` when flipped; output pixel ``(c, r)``'s centre is the image of
+    source point ``(left + (c + 0.5) * (right - left) / out_width, ...)`` (``c`` counted before the
+    flip). Box corners, keypoints and mask pixels all go through this one mapping, so they land
+    where the image's pixels land.
+
+    Attributes:
+        box: ``(left, top, right, bottom)`` in source pixels: the region the output's pixels
+            were resampled from (fractional for ``CenterCrop``, and for a JPEG decoded at a
+            reduced DCT scale).
+        flip: whether the output was mirrored horizontally.
+        size: the output's ``(height, width)``.
+        source_size: the source image's ``(width, height)``: the main image that ``box`` is in.
+    """
+
+    box: tuple[float, float, float, float]
+    flip: bool
+    size: tuple[int, int]
+    source_size: tuple[int, int]
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Output pixels per source pixel, ``(x, y)``."""
+        left, top, right, bottom = self.box
+        return self.size[1] / (right - left), self.size[0] / (bottom - top)
+
+    def map_xy(self, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Source coordinates to output coordinates (arrays of any shape; float64)."""
+        scale_x, scale_y = self.scale
+        u = (np.asarray(x, dtype=np.float64) - self.box[0]) * scale_x
+        v = (np.asarray(y, dtype=np.float64) - self.box[1]) * scale_y
+        if self.flip:
+            u = self.size[1] - u
+        return u, v
+
+    def map_boxes(self, boxes: Any, min_visibility: float = DEFAULT_MIN_VISIBILITY) -> tuple[np.ndarray, np.ndarray]:
+        """``xyxy`` boxes in source pixels to output pixels, clipped, with the rule for dropping them.
+
+        Each box's corners are mapped (``map_xy``; a flip swaps ``x1`` and ``x2`` so that
+        ``x1 <= x2`` still holds), then clipped to ``[0, out_width] x [0, out_height]``. A box is
+        **kept** when its clipped width and height are both positive and its clipped area is at
+        least ``min_visibility`` times its mapped (unclipped) area. So with the default 0 a box is
+        dropped exactly when nothing of it is left in the output; a box with no area to start
+        with (``x2 <= x1`` or ``y2 <= y1``) or a NaN coordinate is always dropped.
+
+        Args:
+            boxes: ``(N, 4)`` ``(x1, y1, x2, y2)`` in source pixels (any numeric dtype).
+            min_visibility: the fraction of a box's area that must stay in the output, 0..1.
+
+        Returns:
+            ``(mapped, keep)``: all ``N`` mapped, clipped boxes (float64 on float64 input, else
+            float32) and the ``(N,)`` bool mask of those kept.
+        """
+        array = np.asarray(boxes)
+        values = array.astype(np.float64).reshape(-1, 4)
+        u1, v1 = self.map_xy(values[:, 0], values[:, 1])
+        u2, v2 = self.map_xy(values[:, 2], values[:, 3])
+        if self.flip:
+            u1, u2 = u2, u1
+        height, width = self.size
+        area = (u2 - u1) * (v2 - v1)
+        x1, x2 = np.clip(u1, 0, width), np.clip(u2, 0, width)
+        y1, y2 = np.clip(v1, 0, height), np.clip(v2, 0, height)
+        with np.errstate(invalid="ignore"):  # NaN coordinates compare false: dropped
+            keep = (x2 > x1) & (y2 > y1) & ((x2 - x1) * (y2 - y1) >= min_visibility * area)
+        mapped = np.stack([x1, y1, x2, y2], axis=1).astype(_coordinate_dtype(array.dtype))
+        return mapped, keep
+
+    def map_points(self, points: Any) -> np.ndarray:
+        """Keypoints ``(..., 2)`` ``(x, y)`` or ``(..., 3)`` ``(x, y, visibility)`` to output pixels.
+
+        Points that land outside ``[0, out_width) x [0, out_height)`` get visibility 0 (a
+        visibility already 0 stays 0); their coordinates are mapped all the same. Without a
+        visibility column nothing marks them: their coordinates are outside that range. A flip
+        mirrors the coordinates; it does not swap left/right keypoint identities (a left eye
+        becomes a point on the right of the image, still called the left eye).
+
+        Returns:
+            The mapped points, same shape (float64 on float64 input, else float32).
+        """
+        array = np.asarray(points)
+        if array.ndim < 1 or array.shape[-1] not in (2, 3):
+            raise ValueError(f"points must have 2 or 3 values in their last axis, got shape {array.shape}")
+        values = array.astype(np.float64)
+        u, v = self.map_xy(values[..., 0], values[..., 1])
+        values[..., 0], values[..., 1] = u, v
+        if array.shape[-1] == 3:
+            height, width = self.size
+            outside = ~((u >= 0) & (u < width) & (v >= 0) & (v < height))
+            values[..., 2] = np.where(outside, 0, values[..., 2])
+        return values.astype(_coordinate_dtype(array.dtype))
+
+    def resample_nearest(self, image: np.ndarray) -> np.ndarray:
+        """A second image of the same scene (a mask, a depth map) cropped, resized and flipped like the main one.
+
+        Nearest neighbour: each output pixel takes the source pixel under its centre, so no new
+        value appears (a label map keeps its label set, a 16-bit depth map its depths: no
+        averaged "flying" depths across an object's edge), whatever the dtype. An image whose
+        size is not the main image's is taken to cover the same scene: the box is scaled by the
+        ratio of the sizes (a half-resolution mask works).
+
+        Args:
+            image: ``(h, w)`` or ``(h, w, c)`` array of any dtype.
+
+        Returns:
+            ``(out_height, out_width[, c])``, C-contiguous, same dtype.
+        """
+        rows, columns = image.shape[0], image.shape[1]
+        left, top, right, bottom = self.box
+        source_width, source_height = self.source_size
+        fx, fy = columns / source_width, rows / source_height
+        out_height, out_width = self.size
+        x = (left + (np.arange(out_width) + 0.5) * (right - left) / out_width) * fx
+        y = (top + (np.arange(out_height) + 0.5) * (bottom - top) / out_height) * fy
+        column_index = np.clip(np.floor(x).astype(np.int64), 0, columns - 1)
+        row_index = np.clip(np.floor(y).astype(np.int64), 0, rows - 1)
+        if self.flip:
+            column_index = column_index[::-1]
+        return np.ascontiguousarray(image.take(row_index, axis=0).take(column_index, axis=1))
+
+
+def _coordinate_dtype(dtype: np.dtype) -> np.dtype:
+    """Mapped coordinates are fractional: float64 stays float64, everything else becomes float32."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
 class DecodeTransform:
     """Shared machinery: decode (scaled for JPEG), resize a box to the output size, flip."""
 
@@ -251,8 +392,15 @@ class DecodeTransform:
     _resize_then_crop = False
 
     def __init__(self, size: Size, *, fast_dct: bool, fast_upsample: bool,
-                 resize_backend: str, seed: int | None = None) -> None:
+                 resize_backend: str, seed: int | None = None,
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
         self.out_height, self.out_width = _output_size(size)
+        if isinstance(min_box_visibility, bool) or not isinstance(min_box_visibility, (int, float)) \
+                or not 0 <= min_box_visibility <= 1:
+            raise ValueError(f"min_box_visibility must be a fraction in 0..1, got {min_box_visibility!r}")
+        #: Boxes moved by this crop (``PackedDataset(geometry=...)``) keep at least this fraction
+        #: of their area, or are dropped (``CropGeometry.map_boxes``).
+        self.min_box_visibility = float(min_box_visibility)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
                                  or seed < 0):
             raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
@@ -343,8 +491,58 @@ class DecodeTransform:
         boxes, flips = self._batch_boxes(width, height, np.array([index], dtype=np.int64), rng)
         return tuple(float(v) for v in boxes[0]), bool(flips[0])  # type: ignore[return-value]
 
+    def geometry(self, width: int, height: int, index: int | None = None, *,
+                 rng: np.random.Generator | None = None) -> CropGeometry:
+        """The crop and flip this transform applies to a ``width x height`` image (sample ``index``).
+
+        Exactly the box and flip the pixel path resamples when it decodes the image at full
+        resolution (PNG and every non-JPEG format, raw pixels, a JPEG whose crop needs its full
+        size), for this transform's resize backend (``CenterCrop``'s torch path rounds its
+        resize to whole pixels; that rounding is in the box). A JPEG decoded at a reduced DCT
+        scale M/8 is resampled from the box rounded to whole decoded pixels (within 4/M source
+        pixels, under half an output pixel): ``decode_with_geometry`` returns the box of the
+        decode it did. With ``seed=`` this is a function of ``(seed, epoch, index)``; without,
+        it draws from ``rng`` (default the per-process generator) and only a caller that passes
+        the same generator state to the pixel path gets the same crop.
+
+        Args:
+            width, height: the source image's size in pixels.
+            index: the sample's dataset index (required for seeded draws).
+            rng: the generator for unseeded draws.
+
+        Returns:
+            The ``CropGeometry``.
+
+        Raises:
+            ValueError: a size below one pixel.
+        """
+        width, height = int(width), int(height)
+        if width < 1 or height < 1:
+            raise ValueError(f"an image of {width}x{height} pixels has nothing to crop")
+        box, flip = self._draw(width, height, rng if rng is not None else self._process_rng(), index)
+        used = self._torch_plan(box, width, height)[1] if self._use_torch() else box
+        return CropGeometry(box=used, flip=flip, size=self.size, source_size=(width, height))
+
+    def batch_geometry(self, width: int, height: int, indices: Any, *,
+                       rng: np.random.Generator | None = None) -> list[CropGeometry]:
+        """The crops and flips of ``batch`` for a batch of ``width x height`` images (seeded draws).
+
+        ``batch`` resamples the drawn boxes exactly (fractional ones too), so these are its
+        geometry; with ``seed=`` they are also ``geometry(width, height, index)`` for every
+        ``RandomResizedCrop`` sample. ``batch_with_geometry`` returns the pixels and these
+        together (the only way to get both from unseeded draws).
+        """
+        index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
+        boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
+        return self._geometries(boxes, flips, width, height)
+
+    def _geometries(self, boxes: np.ndarray, flips: np.ndarray, width: int, height: int) -> list[CropGeometry]:
+        size = self.size
+        return [CropGeometry(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), flip=bool(f), size=size,
+                             source_size=(int(width), int(height))) for b, f in zip(boxes.tolist(), flips.tolist())]
+
     def batch(self, images: Any, indices: Any = None, *, out: Any = None,
-              rng: np.random.Generator | None = None, kernel: str = "auto") -> Any:
+              rng: np.random.Generator | None = None, kernel: str = "auto", with_geometry: bool = False) -> Any:
         """Crop, resize and flip a whole batch of raw pixels at once (``packer.rawcrop``).
 
         The batched path for ``--codec raw`` datasets: every box drawn with numpy, one
@@ -362,9 +560,10 @@ class DecodeTransform:
             rng: the generator for unseeded draws (default this transform's per-process one).
             kernel: ``rawcrop.crop_resize_batch``'s kernel: ``"auto"`` (compiled on the CPU
                 when built, else torch's ops), ``"c"`` or ``"torch"``.
+            with_geometry: also return each sample's ``CropGeometry``.
 
         Returns:
-            The ``(N, height, width, 3)`` uint8 torch tensor.
+            The ``(N, height, width, 3)`` uint8 torch tensor (and the geometries).
 
         Raises:
             ValueError: ``indices`` missing with ``seed=``, or shapes that do not fit.
@@ -382,13 +581,24 @@ class DecodeTransform:
             if len(index_array) != count:
                 raise ValueError(f"{count} images but {len(index_array)} indices")
         boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
-        return crop_resize_batch(images, boxes, self.size, flips=flips,
-                                 clip_to_box=not self._resize_then_crop, out=out, kernel=kernel)
+        result = crop_resize_batch(images, boxes, self.size, flips=flips,
+                                   clip_to_box=not self._resize_then_crop, out=out, kernel=kernel)
+        if with_geometry:
+            return result, self._geometries(boxes, flips, width, height)
+        return result
+
+    def batch_with_geometry(self, images: Any, indices: Any = None, *, out: Any = None,
+                            rng: np.random.Generator | None = None,
+                            kernel: str = "auto") -> tuple[Any, list[CropGeometry]]:
+        """``batch``, and each sample's ``CropGeometry`` (the boxes and flips it resampled)."""
+        return self.batch(images, indices, out=out, rng=rng, kernel=kernel, with_geometry=True)
 
     def __call__(self, data: ImageBytes, image_format: int | None = None,
                  rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
                  name: str = "", index: int | None = None) -> np.ndarray:
         """Decode ``data`` and return the transformed ``(height, width, 3)`` uint8 RGB array.
+
+        ``decode_with_geometry`` takes the same arguments and also returns the crop it used.
 
         Args:
             data: the stored image bytes (any C-contiguous buffer), or already decoded
@@ -409,6 +619,23 @@ class DecodeTransform:
         Raises:
             DecodeError: the bytes cannot be decoded, or raw bytes come without their shape.
         """
+        return self._apply(data, image_format, rng, out, name, index, False)[0]
+
+    def decode_with_geometry(self, data: ImageBytes, image_format: int | None = None,
+                             rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
+                             name: str = "", index: int | None = None) -> tuple[np.ndarray, CropGeometry]:
+        """``__call__``, and the ``CropGeometry`` of this very decode: the box (in the source
+        image's pixels) that its pixels were resampled from, and the flip.
+
+        This is what to move boxes, keypoints and masks with: it is exact for every decode path
+        (a JPEG decoded at a reduced DCT scale included, see ``geometry``).
+        """
+        return self._apply(data, image_format, rng, out, name, index, True)  # type: ignore[return-value]
+
+    def _apply(self, data: ImageBytes, image_format: int | None, rng: np.random.Generator | None,
+               out: np.ndarray | None, name: str, index: int | None,
+               with_geometry: bool) -> tuple[np.ndarray, CropGeometry | None]:
+        """The pixel path: decode, crop, resize, flip; the geometry when asked."""
         if rng is None:
             rng = self._process_rng()
         if isinstance(data, np.ndarray) and data.ndim == 3:
@@ -430,6 +657,9 @@ class DecodeTransform:
                 image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
             decoded = (self._decode_jpeg(view, rng, index) if image_format == ImageFormat.JPEG
                        else None)
+        # The decoded grid's coordinates to the source image's: source = origin + grid / factor
+        # (a JPEG decoded at DCT scale M/8, maybe only a window of its tiles).
+        origin_x, origin_y, factor = 0.0, 0.0, 1.0
         if decoded is None:
             if pixels is None:
                 pixels = decode_image(view, image_format, name=name)
@@ -437,20 +667,58 @@ class DecodeTransform:
             box, flip = self._draw(width, height, rng, index)
             full_size = True
         else:
-            pixels, box, flip = decoded
+            pixels, box, flip, (origin_x, origin_y, factor), (width, height) = decoded
             full_size = False
         if out is not None and (out.shape != self.output_shape or out.dtype != np.uint8):
             raise ValueError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
                              f"{out.dtype}")
         if self._use_torch():
-            return self._resize_torch(pixels, box, flip, out)
-        if raw_input and not self._resize_then_crop:
-            # Cut the (whole-pixel) crop out first, as the torch path and the batched raw path do:
-            # Pillow's box= resize would also filter pixels outside the crop.
-            left, top, right, bottom = (int(v) for v in box)
-            pixels = pixels[top:bottom, left:right]
-            box = (0.0, 0.0, float(right - left), float(bottom - top))
-        return self._resize_pil(pixels, box, flip, full_size, out)
+            result, used = self._resize_torch(pixels, box, flip, out)
+        else:
+            used = box  # Pillow's box= is fractional; a raw crop's box is whole pixels already
+            if raw_input and not self._resize_then_crop:
+                # Cut the (whole-pixel) crop out first, as the torch path and the batched raw path do:
+                # Pillow's box= resize would also filter pixels outside the crop.
+                left, top, right, bottom = (int(v) for v in box)
+                pixels = pixels[top:bottom, left:right]
+                box = (0.0, 0.0, float(right - left), float(bottom - top))
+            result = self._resize_pil(pixels, box, flip, full_size, out)
+        if not with_geometry:
+            return result, None
+        geometry = CropGeometry(box=(origin_x + used[0] / factor, origin_y + used[1] / factor,
+                                     origin_x + used[2] / factor, origin_y + used[3] / factor),
+                                flip=flip, size=self.size, source_size=(int(width), int(height)))
+        return result, geometry
+
+    def _torch_plan(self, box: tuple[float, float, float, float], width: int,
+                    height: int) -> tuple[tuple[Any, ...], tuple[float, float, float, float]]:
+        """How the torch path resamples ``box`` of a ``width x height`` grid, and the box that is.
+
+        Returns:
+            ``((x0, y0, x1, y1), used)`` for a random crop (the whole-pixel crop cut out), or
+            ``((x0, y0, (resized height, resized width)), used)`` for a resize then crop; ``used``
+            is the region of the grid the output's pixels come from.
+        """
+        left, top, right, bottom = box
+        if self._resize_then_crop:
+            # Scale the whole image so the box becomes the output size, then cut it out: exactly
+            # torchvision's Resize + CenterCrop, with no rounding of a fractional box.
+            scale_x = self.out_width / (right - left)
+            scale_y = self.out_height / (bottom - top)
+            size = (max(self.out_height, round(height * scale_y)),
+                    max(self.out_width, round(width * scale_x)))
+            x0 = min(max(round(left * scale_x), 0), size[1] - self.out_width)
+            y0 = min(max(round(top * scale_y), 0), size[0] - self.out_height)
+            # interpolate(size=...) samples at the resized size's own scale, not at scale_x/y
+            fx, fy = width / size[1], height / size[0]
+            used = (x0 * fx, y0 * fy, (x0 + self.out_width) * fx, (y0 + self.out_height) * fy)
+            return (x0, y0, size), used
+        # A random crop only needs whole pixels: round the box (under one decoded pixel).
+        x0 = min(max(int(left + 0.5), 0), width - 1)
+        y0 = min(max(int(top + 0.5), 0), height - 1)
+        x1 = min(max(int(right + 0.5), x0 + 1), width)
+        y1 = min(max(int(bottom + 0.5), y0 + 1), height)
+        return (x0, y0, x1, y1), (float(x0), float(y0), float(x1), float(y1))
 
     def _use_torch(self) -> bool:
         if self.resize_backend == "auto":
@@ -471,29 +739,19 @@ class DecodeTransform:
         np.copyto(out, array)
         return out
 
-    def _resize_torch(self, pixels: np.ndarray, box: tuple[float, float, float, float],
-                      flip: bool, out: np.ndarray | None) -> np.ndarray:
+    def _resize_torch(self, pixels: np.ndarray, box: tuple[float, float, float, float], flip: bool,
+                      out: np.ndarray | None) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+        """The torch resize: the pixels, and the box of the grid they were resampled from."""
         import torch
         import torch.nn.functional as functional
 
-        left, top, right, bottom = box
         height, width = pixels.shape[:2]
+        plan, used = self._torch_plan(box, width, height)
         if self._resize_then_crop:
-            # Scale the whole image so the box becomes the output size, then cut it out: exactly
-            # torchvision's Resize + CenterCrop, with no rounding of a fractional box.
-            scale_x = self.out_width / (right - left)
-            scale_y = self.out_height / (bottom - top)
-            size = (max(self.out_height, round(height * scale_y)),
-                    max(self.out_width, round(width * scale_x)))
-            x0 = min(max(round(left * scale_x), 0), size[1] - self.out_width)
-            y0 = min(max(round(top * scale_y), 0), size[0] - self.out_height)
+            x0, y0, size = plan
             source = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy())
         else:
-            # A random crop only needs whole pixels: round the box (under one decoded pixel).
-            x0 = min(max(int(left + 0.5), 0), width - 1)
-            y0 = min(max(int(top + 0.5), 0), height - 1)
-            x1 = min(max(int(right + 0.5), x0 + 1), width)
-            y1 = min(max(int(bottom + 0.5), y0 + 1), height)
+            x0, y0, x1, y1 = plan
             size = (self.out_height, self.out_width)
             crop = pixels[y0:y1, x0:x1]  # raw pixels may be a read-only view of a shard
             source = torch.from_numpy(crop if crop.flags.writeable else crop.copy())
@@ -509,13 +767,16 @@ class DecodeTransform:
         if flip:
             resized = torch.flip(resized, [1])
         if out is None:
-            return resized.contiguous().numpy()
+            return resized.contiguous().numpy(), used
         torch.from_numpy(out).copy_(resized)
-        return out
+        return out, used
 
     def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator, index: int | None = None
-                     ) -> tuple[np.ndarray, tuple[float, float, float, float], bool] | None:
-        """Scaled simplejpeg decode: ``(pixels, box in decoded pixels, flip)``, or None.
+                     ) -> tuple[np.ndarray, tuple[float, float, float, float], bool, tuple[float, float, float],
+                                tuple[int, int]] | None:
+        """Scaled simplejpeg decode: ``(pixels, box in decoded pixels, flip, (origin_x, origin_y,
+        factor), (width, height))``, or None; a decoded pixel ``g`` is source pixel
+        ``origin + g / factor`` (``factor`` = M/8), ``(width, height)`` the JPEG's size.
 
         None sends the sample to the Pillow path (CMYK, unreadable header). The random draws
         happen once, whichever decoder ends up decoding, so a generator state gives one crop.
@@ -532,7 +793,7 @@ class DecodeTransform:
         if not self._resize_then_crop:
             windowed = self._decode_window(view, box, m)
             if windowed is not None:
-                return windowed[0], windowed[1], flip
+                return windowed[0], windowed[1], flip, (*windowed[2], m / 8), (width, height)
         try:
             pixels = self._simplejpeg(view, m, width, height)
         except Exception:  # noqa: BLE001 - strict mode refuses some files Pillow still decodes
@@ -545,7 +806,8 @@ class DecodeTransform:
         # Decoded pixel i covers original pixels [i * 8/M, (i + 1) * 8/M): scale by M/8 exactly,
         # not by decoded/original size, which libjpeg's rounding-up would skew.
         factor = m / 8
-        return pixels, (left * factor, top * factor, right * factor, bottom * factor), flip
+        return (pixels, (left * factor, top * factor, right * factor, bottom * factor), flip, (0.0, 0.0, factor),
+                (width, height))
 
     def _simplejpeg(self, data: Any, m: int, width: int, height: int) -> np.ndarray:
         """simplejpeg's RGB decode of a ``width x height`` JPEG at DCT scale ``m``/8."""
@@ -556,12 +818,13 @@ class DecodeTransform:
             data, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
             min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
 
-    def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float],
-                       m: int) -> tuple[np.ndarray, tuple[float, float, float, float]] | None:
+    def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float], m: int
+                       ) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[float, float]] | None:
         """For a tiled JPEG (``packer.codecs.tiles``), decode only the tiles under ``box``, at M/8.
 
-        Returns ``(pixels, box in decoded pixels)``, or None for an ordinary JPEG, a box that
-        needs every tile, or a window that fails to decode (the caller decodes the whole image).
+        Returns ``(pixels, box in decoded pixels, the window's origin in source pixels)``, or
+        None for an ordinary JPEG, a box that needs every tile, or a window that fails to decode
+        (the caller decodes the whole image).
         The pixels inside the box are exactly a full decode's (tests/test_tiles.py): the window
         is widened by the chroma upsampling's reach and, for Pillow's resize (which filters
         across the box's edges), by the resampling filter's reach as well.
@@ -584,7 +847,7 @@ class DecodeTransform:
         # Tiles are multiples of 8 pixels, so the window's origin maps to whole decoded pixels.
         factor = m / 8
         return pixels, ((left - x) * factor, (top - y) * factor, (right - x) * factor,
-                        (bottom - y) * factor)
+                        (bottom - y) * factor), (float(x), float(y))
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields().items())
@@ -592,7 +855,7 @@ class DecodeTransform:
 
     def _repr_fields(self) -> dict[str, Any]:
         return {"size": self.size, "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample,
-                "resize_backend": self.resize_backend}
+                "resize_backend": self.resize_backend, "min_box_visibility": self.min_box_visibility}
 
 
 class RandomResizedCrop(DecodeTransform):
@@ -618,6 +881,9 @@ class RandomResizedCrop(DecodeTransform):
             generator: the same crops whatever the workers, threads, ranks or resumes, and the
             same on the per-sample and the batched raw path. Default None: per-process
             generator, as torchvision.
+        min_box_visibility: boxes moved by the crop (``PackedDataset(geometry={...: "xyxy"})``)
+            are dropped when less than this fraction of their area is left in the output;
+            default 0: dropped only when nothing is left (``CropGeometry.map_boxes``).
 
     Example:
         >>> transform = RandomResizedCrop(224)
@@ -629,9 +895,10 @@ class RandomResizedCrop(DecodeTransform):
     def __init__(self, size: Size = 224, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, *,
                  fast_dct: bool = True, fast_upsample: bool = False,
-                 resize_backend: str = "auto", seed: int | None = None) -> None:
+                 resize_backend: str = "auto", seed: int | None = None,
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
         super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
-                         resize_backend=resize_backend, seed=seed)
+                         resize_backend=resize_backend, seed=seed, min_box_visibility=min_box_visibility)
         if not (0 < scale[0] <= scale[1]):
             raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
         if not (0 < ratio[0] <= ratio[1]):
@@ -677,14 +944,16 @@ class CenterCrop(DecodeTransform):
         fast_dct: use libjpeg-turbo's fast integer DCT (off by default for evaluation).
         fast_upsample: use nearest-neighbour chroma upsampling (off by default).
         resize_backend: ``"auto"``, ``"torch"`` or ``"pil"``; see ``RESIZE_BACKENDS``.
+        min_box_visibility: as for ``RandomResizedCrop``.
     """
 
     _resize_then_crop = True
 
     def __init__(self, size: Size = 224, resize: int = 256, *, fast_dct: bool = False,
-                 fast_upsample: bool = False, resize_backend: str = "auto") -> None:
+                 fast_upsample: bool = False, resize_backend: str = "auto",
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
         super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
-                         resize_backend=resize_backend)
+                         resize_backend=resize_backend, min_box_visibility=min_box_visibility)
         if resize < max(self.size):
             raise ValueError(f"resize ({resize}) must be at least the crop size {self.size}")
         self.resize = int(resize)
