@@ -69,7 +69,12 @@ class ThreadedLoader:
         prefetch: batches in flight (default ``2 * threads``).
         backend, verify_checksums: as for ``packer.open_dataset``.
         block_bytes, window: the block shuffle's block span and window (in blocks).
-        pin_memory: pin each batch's images (for asynchronous copies to a GPU).
+        pin_memory: pin each batch's images (for asynchronous copies to a GPU); with
+            ``fields=``, every tensor of the dict batch (not those inside per-sample lists).
+        fields, multi_hot, geometry: what a sample holds, as for ``PackedDataset``; with any
+            other ``fields`` than ``("image", "label")`` batches are dicts.
+        collate_fn: collates a batch of dict samples (default ``packer.torch.collate``;
+            ``PaddedCollate()`` pads the variable fields).
 
     Raises:
         ValueError: a bad thread or prefetch count (and whatever ``ReadOrder`` and
@@ -83,7 +88,8 @@ class ThreadedLoader:
                  drop_last: bool = False, threads: int = DEFAULT_THREADS, prefetch: int | None = None,
                  backend: str = "mmap", verify_checksums: bool = False,
                  block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, fields: Any = ("image", "label"), multi_hot: Any = (),
+                 geometry: Any = None, collate_fn: Callable[[Any], Any] | None = None) -> None:
         from .torch import PackedDataset, resolve_rank  # torch is optional: imported here
 
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -93,7 +99,9 @@ class ThreadedLoader:
             raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
         self.dataset = PackedDataset(source, decode=decode, layout=layout, transform=transform,
                                      target_transform=target_transform, backend=backend,
-                                     verify_checksums=verify_checksums)
+                                     verify_checksums=verify_checksums, fields=fields, multi_hot=multi_hot,
+                                     geometry=geometry)
+        self.collate_fn = collate_fn
         self._decode = decode
         self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
                                     batch_size=batch_size, drop_last=drop_last)
@@ -162,8 +170,14 @@ class ThreadedLoader:
         self._yielded = 0
 
     # --- iteration ---
-    def _load(self, indices: np.ndarray) -> tuple[Any, Any]:
-        images, labels = self.dataset.load_batch(indices)
+    def _load(self, indices: np.ndarray) -> Any:
+        batch = self.dataset.load_batch(indices, collate_fn=self.collate_fn)
+        if isinstance(batch, dict):  # fields=: pin every tensor of the dict batch
+            if self.pin_memory:
+                batch = {name: value.pin_memory() if hasattr(value, "pin_memory") else value
+                         for name, value in batch.items()}
+            return batch
+        images, labels = batch
         if self.pin_memory and hasattr(images, "pin_memory"):
             images = images.pin_memory()
         return images, labels

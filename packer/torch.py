@@ -72,11 +72,11 @@ import ctypes
 import math
 import os
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from .errors import DecodeError, MissingDependencyError, OptionError
+from .errors import DecodeError, IndexMismatchError, MissingDependencyError, OptionError
 
 try:
     import torch
@@ -97,7 +97,8 @@ from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, 
                     RankPlan, ReadOrder, index_blocks, uniform_blocks)
 
 __all__ = ["PackedDataset", "PackedSampler", "PackedBatchSampler", "PackedIterableDataset", "PackedDataLoader",
-           "collate", "resolve_rank", "check_classes", "LAYOUTS", "FIELDS"]
+           "collate", "PaddedCollate", "resolve_rank", "check_classes", "LAYOUTS", "FIELDS", "GEOMETRY_KINDS",
+           "MAX_MULTI_HOT"]
 
 LAYOUTS = ("CHW", "HWC")
 #: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
@@ -153,15 +154,24 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
-def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
-    """Collate ``(image, label)`` samples into ``(images, labels)``.
+def collate(samples: Sequence[Any]) -> Any:
+    """Collate ``(image, label)`` samples into ``(images, labels)``, and dict samples into a dict.
 
     Same-shape, same-dtype image tensors are copied once into one ``(B, ...)`` tensor (in shared
     memory inside a worker, so it reaches the main process without another copy); images of
     different sizes come back as a list of tensors. Samples that ``__getitems__`` decoded straight
     into one batch tensor (fused transforms, ``layout="HWC"``) come back as that tensor, uncopied.
-    Labels become an int64 tensor. Dict samples (``PackedDataset(fields=...)``) give a dict
-    batch: ``{"image": images, "label": int64, "index": int64, "key": [str], "metadata": [dict]}``.
+    Labels become an int64 tensor.
+
+    Dict samples (``PackedDataset(fields=...)``) give a dict batch with the same keys:
+    ``image`` as above; ``label`` and ``index`` int64 tensors; ``key``, ``metadata`` and
+    ``text`` fields lists; fixed-shape fields (fixed arrays, multi-hot class vectors) one
+    ``(B, *shape)`` tensor (gathered straight into shared memory by ``__getitems__``: no second
+    copy); variable-length fields (variable arrays, class-id sets) a list of tensors
+    (``PaddedCollate`` pads them instead); image fields stacked like ``image`` (one tensor when
+    every one has the same shape, e.g. after a fused crop, else a list). Which fields are
+    variable travels with packer's samples; for a sample rebuilt as a plain dict, tensors are
+    stacked when they all have the same shape and listed otherwise.
 
     Args:
         samples: what ``PackedDataset.__getitems__`` returns.
@@ -181,24 +191,113 @@ def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor | list[tor
     return _stack([sample[0] for sample in samples]), label_tensor
 
 
-def _collate_fields(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Dict samples (``PackedDataset(fields=...)``) into one dict: images stacked as ``collate``
-    does, labels and indices int64 tensors, keys and metadata lists (no per-key tensors of
-    ragged metadata)."""
+def _collate_fields(samples: Sequence[dict[str, Any]], pad: "PaddedCollate | None" = None) -> dict[str, Any]:
+    """Dict samples into one dict batch (see ``collate``); ``pad`` pads the variable fields."""
+    first = samples[0]
+    # Columns gathered by __getitems__ are valid while the list is the one it returned, whole.
+    columns = samples.columns if isinstance(samples, _FieldSamples) and len(samples) == samples.count else {}
+    values = {name: [sample[name] for sample in samples] for name in first if name not in columns}
+    return _collate_columns(tuple(first), values, columns, getattr(first, "variable", None),
+                            getattr(samples, "batch", None), len(samples), pad)
+
+
+def _collate_columns(names: Sequence[str], by_name: dict[str, list[Any]], columns: dict[str, torch.Tensor],
+                     variable: frozenset[str] | None, batch: torch.Tensor | None, count: int,
+                     pad: "PaddedCollate | None") -> dict[str, Any]:
+    """The dict batch of ``collate``/``PaddedCollate`` from each field's values (``by_name``) or
+    ready batch tensor (``columns``); ``variable`` None: decide by the values' shapes."""
     out: dict[str, Any] = {}
-    for name in samples[0]:
-        values = [sample[name] for sample in samples]
+    for name in names:
+        if name in columns:
+            out[name] = columns[name]
+            continue
+        values = by_name[name]
         if name == "image":
-            batch = getattr(samples, "batch", None)
-            out[name] = batch if batch is not None and len(batch) == len(samples) else _stack(values)
+            out[name] = batch if batch is not None and len(batch) == count else _stack(values)
         elif name in ("label", "index"):
             try:
                 out[name] = torch.as_tensor(values, dtype=torch.int64)
             except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
                 out[name] = torch_data.default_collate(values)
+        elif name in ("key", "metadata") or not all(isinstance(value, torch.Tensor) for value in values):
+            out[name] = values  # strings and dicts stay lists (no per-key tensors of ragged metadata)
+        elif variable is not None and name not in variable:
+            out[name] = _stack(values)  # fixed shapes and image fields: one tensor when they agree
+        elif variable is None and all(value.shape == values[0].shape for value in values):
+            out[name] = _stack(values)
+        elif pad is not None:
+            padded = pad.pad(name, values)
+            if padded is None:
+                out[name] = values
+            else:
+                lengths = f"{name}_lengths"
+                if lengths in names:
+                    raise OptionError(f"PaddedCollate would add {lengths!r} for field {name!r}, but the samples "
+                                      f"already have a field of that name")
+                out[name], out[lengths] = padded
         else:
             out[name] = values
     return out
+
+
+class PaddedCollate:
+    """``collate``, with variable-length fields padded into one tensor plus their lengths.
+
+    Each variable field ``F`` (a variable array such as boxes ``(n, 4)``, or a class-id set
+    ``(n,)``) becomes ``F``: a ``(B, max n, *rest)`` tensor of its dtype, row ``j`` holding
+    sample ``j``'s ``n_j`` rows and then ``pad_value``, and ``F_lengths``: the ``(B,)`` int64
+    ``n_j``. Everything else is collated as ``collate`` does (fixed shapes stacked, strings and
+    metadata lists). Use it as ``DataLoader(collate_fn=PaddedCollate(...))``, or as
+    ``collate_fn=`` of ``PackedIterableDataset`` and ``ThreadedLoader``; it pickles to workers.
+
+    Args:
+        pad_value: the padding value, or a mapping of field name to value (fields not named
+            pad with 0). Pick one that cannot be a real value when the lengths are not used:
+            ``-1`` for class ids (0 is a class) in a signed dtype.
+
+    Raises:
+        OptionError: on call, a pad value the field's dtype cannot hold (``-1`` in a ``uint8``
+            field), or a ``F_lengths`` name already taken by a field.
+    """
+
+    def __init__(self, pad_value: float | Mapping[str, float] = 0) -> None:
+        values = pad_value.values() if isinstance(pad_value, Mapping) else (pad_value,)
+        if not all(isinstance(v, (int, float)) for v in values):
+            raise OptionError(f"pad_value must be a number or a mapping of field names to numbers, got {pad_value!r}")
+        self.pad_value = dict(pad_value) if isinstance(pad_value, Mapping) else pad_value
+
+    def value_for(self, name: str) -> float:
+        """The padding value of field ``name``."""
+        if isinstance(self.pad_value, dict):
+            return self.pad_value.get(name, 0)
+        return self.pad_value
+
+    def pad(self, name: str, values: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(padded, lengths)`` of one field's values, or None when their trailing shapes or dtypes differ."""
+        first = values[0]
+        if first.dim() < 1 or not all(v.dim() == first.dim() and v.shape[1:] == first.shape[1:]
+                                      and v.dtype == first.dtype for v in values):
+            return None
+        lengths = torch.tensor([int(v.shape[0]) for v in values], dtype=torch.int64)
+        longest = int(lengths.max()) if len(values) else 0
+        out = _empty((len(values), longest, *first.shape[1:]), first.dtype)
+        value = self.value_for(name)
+        try:
+            out.fill_(value)
+        except RuntimeError as exc:
+            raise OptionError(f"PaddedCollate: pad value {value!r} does not fit field {name!r}'s {first.dtype} "
+                              f"({exc}); give that field another pad_value") from None
+        for j, v in enumerate(values):
+            out[j, :v.shape[0]] = v
+        return out, lengths
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        if samples and isinstance(samples[0], dict):
+            return _collate_fields(samples, pad=self)
+        return collate(samples)
+
+    def __repr__(self) -> str:
+        return f"PaddedCollate(pad_value={self.pad_value!r})"
 
 
 def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
@@ -213,19 +312,251 @@ def _stack(images: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
     return torch.stack(list(images), 0, out=out)
 
 
-#: What a ``PackedDataset`` sample can hold (``fields=``), and the default.
+#: The built-in parts a ``PackedDataset`` sample can hold (``fields=``), besides the dataset's
+#: declared fields (formats/SPEC.md §14), and the default.
 FIELDS = ("image", "label", "index", "key", "metadata")
 DEFAULT_FIELDS = ("image", "label")
+#: What ``geometry=`` can say of an array field: boxes, keypoints, or rows that go with the boxes.
+GEOMETRY_KINDS = ("xyxy", "points", "per-box")
+#: The most classes ``multi_hot=`` expands (a float32 per class per sample: 4 MiB a sample here).
+MAX_MULTI_HOT = 1 << 20
 
 
-def _check_fields(fields: Sequence[str]) -> tuple[str, ...]:
-    from .errors import OptionError
-
+def _check_fields(fields: Sequence[str], dataset: DatasetIndex) -> tuple[str, ...]:
     chosen = (fields,) if isinstance(fields, str) else tuple(fields)
-    unknown = [f for f in chosen if f not in FIELDS]
+    declared = [spec.name for spec in dataset.fields]
+    unknown = [f for f in chosen if f not in FIELDS and f not in declared]
     if not chosen or unknown or len(set(chosen)) != len(chosen):
-        raise OptionError(f"fields must be distinct names from {list(FIELDS)}, got {list(chosen)}")
+        problem = f"unknown: {unknown}" if unknown else "repeated names" if chosen else "none chosen"
+        raise OptionError(f"fields must be distinct names from the built-in {list(FIELDS)} and this dataset's "
+                          f"declared fields {declared or '(it declares none)'}; got {list(chosen)} ({problem})")
     return chosen
+
+
+def _check_geometry(geometry: Mapping[str, Any] | None, names: tuple[str, ...], dataset: DatasetIndex,
+                    decode: Any) -> dict[str, frozenset[str]]:
+    """``geometry=`` as ``{field: kinds}``, every entry checked against its declaration."""
+    from .transforms import DecodeTransform
+
+    if not geometry:
+        return {}
+    if not isinstance(geometry, Mapping):
+        raise OptionError(f"geometry must map field names to {list(GEOMETRY_KINDS)}, e.g. "
+                          f"{{'boxes': 'xyxy', 'labels': 'per-box'}}; got {geometry!r}")
+    if not (decode is True or decode is False or isinstance(decode, DecodeTransform)):
+        raise OptionError("geometry= moves fields with packer's fused transforms (decode=RandomResizedCrop/"
+                          "CenterCrop) or leaves them as stored (decode=True/False); a decode callable of your "
+                          "own does not say how it moved the image")
+    checked: dict[str, frozenset[str]] = {}
+    for name, given in geometry.items():
+        kinds = frozenset((given,) if isinstance(given, str) else given)
+        if not kinds or not kinds <= set(GEOMETRY_KINDS) or {"xyxy", "points"} <= kinds:
+            raise OptionError(f"geometry[{name!r}] = {given!r}: give one of {list(GEOMETRY_KINDS)}, or "
+                              f"('points', 'per-box') for keypoints that go with the boxes")
+        if name not in names:
+            raise OptionError(f"geometry names {name!r}, which fields= does not ask for ({list(names)})")
+        if name in FIELDS:
+            raise OptionError(f"geometry is for declared array fields; {name!r} is built in")
+        spec = dataset.field_spec(name)
+        shape = spec.shape
+        if spec.kind != "array":
+            raise OptionError(f"geometry[{name!r}]: {spec.describe()} is not an array field")
+        if "xyxy" in kinds and not (spec.variable and shape[1:] == (4,)):
+            raise OptionError(f"geometry[{name!r}] = 'xyxy' needs boxes declared as DTYPE[N,4], got {spec.describe()}")
+        if "points" in kinds and (not shape or shape[-1] not in (2, 3) or shape == (-1,)):
+            raise OptionError(f"geometry[{name!r}] = 'points' needs (x, y) or (x, y, visibility) in the last "
+                              f"dimension, e.g. float32[N,17,3]; got {spec.describe()}")
+        if "per-box" in kinds and not spec.variable:
+            raise OptionError(f"geometry[{name!r}] = 'per-box' needs one row per box (DTYPE[N,...]), "
+                              f"got {spec.describe()}")
+        checked[name] = kinds
+    boxes = [name for name, kinds in checked.items() if "xyxy" in kinds]
+    if len(boxes) > 1:
+        raise OptionError(f"geometry has {len(boxes)} 'xyxy' fields {boxes}: per-box fields follow one box field")
+    if not boxes and any("per-box" in kinds for kinds in checked.values()):
+        raise OptionError("geometry has 'per-box' fields but no 'xyxy' boxes field for them to follow")
+    return checked
+
+
+class _FieldSample(dict):
+    """One dict sample; ``variable`` names its variable-length tensor fields (for the collates)."""
+
+    variable: frozenset[str] = frozenset()
+
+
+class _FieldSamples(list):
+    """Dict samples of one batch, with what ``collate`` can pass on without a copy: ``batch`` (the
+    images, when decoded into one tensor) and ``columns`` (fixed-shape fields gathered into one
+    tensor each, in shared memory inside a worker); ``count`` is how many samples they hold."""
+
+    def __init__(self, samples: Sequence[_FieldSample], batch: torch.Tensor | None,
+                 columns: dict[str, torch.Tensor]) -> None:
+        super().__init__(samples)
+        self.batch = batch
+        self.columns = columns
+        self.count = len(samples)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class _FieldPlan:
+    """How a dict sample is built: the chosen fields, checked against the declarations once.
+
+    Holds names and options only (the declarations are looked up in the dataset, so a
+    dataset's many image-field shard entries are not pickled twice to every worker).
+    """
+
+    def __init__(self, dataset: DatasetIndex, names: tuple[str, ...], multi_hot: Sequence[str],
+                 geometry: Mapping[str, Any] | None, decode: Any, layout: str) -> None:
+        from .transforms import DecodeTransform
+
+        self.names = names
+        self.layout = layout
+        self.decode_bytes = decode is False
+        self.kinds = {name: dataset.field_spec(name).kind for name in names if name not in FIELDS}
+        chosen = (multi_hot,) if isinstance(multi_hot, str) else tuple(multi_hot or ())
+        for name in chosen:
+            if name not in self.kinds:
+                raise OptionError(f"multi_hot names {name!r}, which is not a declared field that fields= asks for "
+                                  f"({[n for n in names if n not in FIELDS]})")
+            spec = dataset.field_spec(name)
+            if spec.kind != "classes":
+                raise OptionError(f"multi_hot is for classes fields; {spec.describe()} is not one")
+            if spec.num_classes > MAX_MULTI_HOT:
+                raise OptionError(f"multi_hot: field {name!r} has {spec.num_classes} classes, over the {MAX_MULTI_HOT} "
+                                  f"a dense vector is built for; read its ids (leave it out of multi_hot)")
+        self.multi_hot = frozenset(chosen)
+        self.geometry = _check_geometry(geometry, names, dataset, decode)
+        self.boxes = next((name for name, kinds in self.geometry.items() if "xyxy" in kinds), None)
+        self.per_box = frozenset(name for name, kinds in self.geometry.items() if "per-box" in kinds) - {self.boxes}
+        self.image_fields = tuple(name for name, kind in self.kinds.items() if kind == "image")
+        # Only packer's fused transforms move the image; ask them for the crop when a field follows it.
+        self.wants_geometry = isinstance(decode, DecodeTransform) and bool(self.geometry or self.image_fields)
+        self.decodes_image = "image" in names or self.wants_geometry
+        self.variable = frozenset(name for name, kind in self.kinds.items()
+                                  if (kind == "classes" and name not in self.multi_hot)
+                                  or (kind == "array" and dataset.field_spec(name).variable))
+
+    def read(self, dataset: Dataset, idx: np.ndarray, images: list[Any] | None, labels: list[Any] | torch.Tensor,
+             geometries: list[Any] | None,
+             min_visibility: float) -> tuple[dict[str, list[Any]], dict[str, torch.Tensor]]:
+        """Every chosen field of the batch ``idx``: ``(values, columns)``, ``values`` a list per
+        field (one value per sample), ``columns`` the fixed-shape fields as one ``(B, ...)``
+        tensor each instead. ``images`` and ``labels`` are the samples' (None: the images are a
+        batch tensor the caller has; a tensor of labels is a column), ``geometries`` their crops
+        (None entries, or no list: the image as stored)."""
+        count = len(idx)
+        index_list = idx.tolist()
+        crops = geometries if geometries is not None else [None] * count
+        values: dict[str, list[Any]] = {}
+        columns: dict[str, torch.Tensor] = {}
+        keeps: list[np.ndarray | None] = [None] * count
+        if self.boxes is not None:  # first: the per-box fields drop the rows it drops
+            values[self.boxes], keeps = self._boxes(dataset, self.boxes, index_list, crops, min_visibility)
+        for name in self.names:
+            if name in values:
+                continue
+            if name == "image":
+                values[name] = images if images is not None else []
+            elif name == "label":
+                if isinstance(labels, torch.Tensor):
+                    columns[name] = labels
+                else:
+                    values[name] = labels
+            elif name == "index":
+                values[name] = index_list
+            elif name == "key":
+                values[name] = [dataset.key(i) for i in index_list]
+            elif name == "metadata":
+                values[name] = [dataset.metadata(i) for i in index_list]
+            else:
+                kind = self.kinds[name]
+                if kind == "text":
+                    values[name] = [dataset.field_value(name, i) for i in index_list]
+                elif kind == "image":
+                    values[name] = [self._image(dataset, name, i, crop) for i, crop in zip(index_list, crops)]
+                elif kind == "classes" and name in self.multi_hot:
+                    columns[name] = self._multi_hot(dataset, name, index_list)
+                elif kind == "array" and name not in self.variable:
+                    columns[name] = self._fixed(dataset, name, idx, crops)
+                else:
+                    values[name] = [self._variable(dataset, name, i, crop, keep)
+                                    for i, crop, keep in zip(index_list, crops, keeps)]
+        return values, columns
+
+    def samples(self, values: dict[str, list[Any]], columns: dict[str, torch.Tensor],
+                batch: torch.Tensor | None) -> _FieldSamples:
+        """``read``'s values as dict samples (a column's rows are views of it)."""
+        values = dict(values)
+        for name, column in columns.items():
+            values[name] = list(column.unbind(0))
+        rows = []
+        for row in zip(*(values[name] for name in self.names)):
+            sample = _FieldSample(zip(self.names, row))
+            sample.variable = self.variable
+            rows.append(sample)
+        return _FieldSamples(rows, batch, columns)
+
+    def _boxes(self, dataset: Dataset, name: str, index_list: list[int], crops: Sequence[Any],
+               min_visibility: float) -> tuple[list[torch.Tensor], list[np.ndarray | None]]:
+        tensors, keeps = [], []
+        for i, crop in zip(index_list, crops):
+            boxes = dataset.field_value(name, i)
+            if crop is None:
+                tensors.append(torch.from_numpy(boxes.copy()))
+                keeps.append(None)
+                continue
+            mapped, keep = crop.map_boxes(boxes, min_visibility)
+            tensors.append(torch.from_numpy(np.ascontiguousarray(mapped[keep])))
+            keeps.append(keep)
+        return tensors, keeps
+
+    def _variable(self, dataset: Dataset, name: str, i: int, crop: Any, keep: np.ndarray | None) -> torch.Tensor:
+        value = dataset.field_value(name, i)
+        if name in self.per_box and keep is not None:
+            if len(value) != len(keep):
+                raise IndexMismatchError(
+                    f"field {name!r} has {len(value)} rows but {self.boxes!r} has {len(keep)} boxes (geometry= says "
+                    f"{name!r} is per-box: one row per box) (key {dataset.key(i)!r})", path=dataset.path, sample=i)
+            value = value[keep]
+        if crop is not None and "points" in self.geometry.get(name, ()):
+            value = crop.map_points(value)
+        return torch.from_numpy(np.array(value, copy=True) if not value.flags.writeable else value)
+
+    def _fixed(self, dataset: Dataset, name: str, idx: np.ndarray, crops: Sequence[Any]) -> torch.Tensor:
+        """A fixed-shape array field for the whole batch: one gather from the zero-copy column."""
+        column = dataset.field_array(name)
+        if "points" in self.geometry.get(name, ()) and any(crop is not None for crop in crops):
+            gathered = column[idx]
+            moved = np.stack([crop.map_points(value) if crop is not None else value.astype(np.float32)
+                              for value, crop in zip(gathered, crops)]) if len(idx) else gathered
+            out = _empty(moved.shape, _torch_dtype(moved.dtype))
+            out.numpy()[...] = moved
+            return out
+        out = _empty((len(idx), *column.shape[1:]), _torch_dtype(column.dtype))
+        np.take(column, idx, axis=0, out=out.numpy())
+        return out
+
+    def _multi_hot(self, dataset: Dataset, name: str, index_list: list[int]) -> torch.Tensor:
+        out = _empty((len(index_list), dataset.field_spec(name).num_classes), torch.float32)
+        out.zero_()
+        view = out.numpy()
+        for j, i in enumerate(index_list):
+            view[j, dataset.field_value(name, i)] = 1
+        return out
+
+    def _image(self, dataset: Dataset, name: str, i: int, crop: Any) -> torch.Tensor:
+        if self.decode_bytes:  # decode=False: every image as its stored bytes
+            return torch.from_numpy(np.frombuffer(dataset.field_bytes(name, i), dtype=np.uint8).copy())
+        array = dataset.field_image(name, i)  # a fresh array, values as stored
+        if crop is not None:
+            array = crop.resample_nearest(array)
+        tensor = torch.from_numpy(array)
+        if tensor.dim() == 3 and self.layout == "CHW":
+            tensor = tensor.permute(2, 0, 1).contiguous()
+        return tensor
 
 
 def _refuse_decode_transform(transform: Any) -> None:
@@ -257,8 +588,12 @@ class _Pipeline:
         self.transform = transform
         self.target_transform = target_transform
 
-    def pixels(self, dataset: Dataset, i: int, data: np.ndarray) -> Any:
-        """The sample's image before layout: HWC pixels, or the 1-D payload when not decoding."""
+    def pixels(self, dataset: Dataset, i: int, data: np.ndarray, geometries: list[Any] | None = None) -> Any:
+        """The sample's image before layout: HWC pixels, or the 1-D payload when not decoding.
+
+        With ``geometries`` (a list, and a fused transform), the crop this decode used is
+        appended to it (``DecodeTransform.decode_with_geometry``).
+        """
         if self.decode is False:
             return data
         from .transforms import DecodeTransform
@@ -273,15 +608,22 @@ class _Pipeline:
                     raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
                                       f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
                 if fused:  # crop and resize the raw pixels; the index keys seeded draws
-                    return self.decode(data.reshape(shape), image_format, index=i, name=dataset.key(i))
+                    return self._fused(data.reshape(shape), image_format, geometries, index=i, name=dataset.key(i))
                 return data.reshape(shape)
             if fused:
-                return self.decode(data, image_format, index=i)
+                return self._fused(data, image_format, geometries, index=i)
             try:
                 return decode_image(data, image_format, max_pixels=self.max_pixels)
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path, sample=i) from None
         return self.decode(data, image_format)
+
+    def _fused(self, data: Any, image_format: int, geometries: list[Any] | None, **options: Any) -> Any:
+        if geometries is None:
+            return self.decode(data, image_format, **options)
+        pixels, geometry = self.decode.decode_with_geometry(data, image_format, **options)
+        geometries.append(geometry)
+        return pixels
 
     def tensor(self, pixels: Any, *, owned: bool) -> torch.Tensor:
         """``pixels`` as a tensor in the chosen layout: a view when possible (maybe non-contiguous).
@@ -347,26 +689,55 @@ class PackedDataset(torch_data.Dataset):
         verify_checksums: check every sample's xxh3 on read.
         classes: the class list this dataset must have (e.g. ``train.classes`` when opening the
             validation set): a mismatch raises ``ClassListMismatchError`` at once.
-        fields: what a sample holds. The default ``("image", "label")`` gives ``(image, label)``
-            tuples; any other choice from ``FIELDS`` (``"image"``, ``"label"``, ``"index"``,
-            ``"key"``, ``"metadata"``) gives a dict per sample, and ``collate`` a dict per batch:
-            images stacked, labels and indices int64 tensors, keys a list of str, metadata a list
-            of dicts.
+        fields: what a sample holds: built-ins from ``FIELDS`` (``"image"``, ``"label"``,
+            ``"index"``, ``"key"``, ``"metadata"``) and the dataset's declared fields
+            (``dataset.fields``, formats/SPEC.md §14). The default ``("image", "label")`` gives
+            ``(image, label)`` tuples; any other choice a dict per sample, in the order given
+            (``collate`` makes a dict per batch). Values: ``array`` fields a tensor of their
+            dtype and shape (variable ones ``(n, *rest)``); ``classes`` fields the sample's
+            sorted int64 class ids, or a float32 multi-hot vector (``multi_hot``); ``text``
+            fields a str; ``image`` fields a tensor of their values as stored
+            (``Dataset.field_image``: a palette mask its indices, a 16-bit depth map uint16), ``(H,
+            W)`` for one channel, ``(C, H, W)`` or ``(H, W, C)`` by ``layout`` for more (the stored
+            bytes with ``decode=False``). With a fused transform as ``decode`` (``RandomResizedCrop``,
+            ``CenterCrop``), image fields get the main image's crop, resize and flip, nearest
+            neighbour (``CropGeometry.resample_nearest``: no new label or depth values); with
+            ``decode=True`` or a callable of your own they come back as stored. ``transform``
+            touches the main image only. Leaving ``"image"`` out skips decoding it.
+        multi_hot: ``classes`` fields (among ``fields``) to return as ``(num_classes,)`` float32
+            multi-hot vectors (the BCE target) instead of their ids.
+        geometry: array fields (among ``fields``) that the fused transform's crop moves, as
+            ``{name: kind}``: ``"xyxy"`` for boxes ``DTYPE[N,4]`` in the stored image's pixels
+            (mapped to output pixels, clipped, and dropped when nothing of them is left, or less
+            than the transform's ``min_box_visibility``: ``CropGeometry.map_boxes``),
+            ``"points"`` for keypoints ``(..., 2|3)`` (x, y[, visibility]; points outside the
+            output get visibility 0: ``CropGeometry.map_points``), ``"per-box"`` for rows that go
+            with the boxes (labels, iscrowd: dropped in step with them), ``("points",
+            "per-box")`` for keypoints that go with them. E.g. ``geometry={"boxes": "xyxy",
+            "labels": "per-box"}``. Moved coordinates are float32 (float64 stays float64).
+            Array fields not named here come back as stored. With ``decode=True``/``False``
+            nothing moves (the image is as stored).
 
     Raises:
         ClassListMismatchError: ``classes`` given and different from the dataset's.
-        OptionError: a decode transform passed as ``transform=``, or an unknown field.
+        OptionError: a decode transform passed as ``transform=``, an unknown field (the message
+            lists the dataset's), or ``multi_hot``/``geometry`` entries that do not fit their
+            field's declaration.
     """
 
     def __init__(self, source: PathOrDataset, *, decode: bool | DecodeFn = True, layout: str = "CHW",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
                  verify_checksums: bool = False, classes: Sequence[str] | None = None,
-                 fields: Sequence[str] = DEFAULT_FIELDS) -> None:
+                 fields: Sequence[str] = DEFAULT_FIELDS, multi_hot: Sequence[str] = (),
+                 geometry: Mapping[str, str | Sequence[str]] | None = None) -> None:
         _refuse_decode_transform(transform)
-        self._fields = _check_fields(fields)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
+        self._fields = _check_fields(fields, self.dataset)
+        self._plan: _FieldPlan | None = None
+        if self._fields != DEFAULT_FIELDS or multi_hot or geometry:  # (these name fields: checked there)
+            self._plan = _FieldPlan(self.dataset, self._fields, multi_hot, geometry, decode, layout)
         if decode is not False:
             # SPEC §6: a decoding reader refuses a codec it does not know, and decodes with the
             # pixel limit the build recorded (so every image the build accepted decodes).
@@ -422,45 +793,58 @@ class PackedDataset(torch_data.Dataset):
 
     def __getitem__(self, i: int) -> Any:
         i = self._index(i)
+        if self._plan is not None:
+            return self.__getitems__([i])[0]
         data = np.frombuffer(self.dataset.get(i), dtype=np.uint8)  # zero-copy over the shard mapping
         pipeline = self._pipeline
         pixels = pipeline.pixels(self.dataset, i, data)
         image = pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data))
         sample = (image, pipeline.label(self.dataset, i))
-        return sample if self._fields == DEFAULT_FIELDS else self._sample_dict(sample, i)
-
-    def _sample_dict(self, sample: tuple[Any, Any], i: int) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for name in self._fields:
-            if name == "image":
-                values[name] = sample[0]
-            elif name == "label":
-                values[name] = sample[1]
-            elif name == "index":
-                values[name] = i
-            elif name == "key":
-                values[name] = self.dataset.key(i)
-            else:
-                values[name] = self.dataset.metadata(i)
-        return values
+        return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Samples ``indices``: decoded from zero-copy views with the mmap backend, else read with
-        one coalesced ``read_batch`` (a run per contiguous group)."""
-        samples = self._pairs(indices)
-        if self._fields == DEFAULT_FIELDS:
-            return samples
+        one coalesced ``read_batch`` (a run per contiguous group). With ``fields=``, dict samples
+        whose fixed-shape fields are gathered for the whole batch from the index's zero-copy
+        columns (one ``take`` per field, straight into the batch tensor ``collate`` returns)."""
+        plan = self._plan
+        if plan is None or self._fields == DEFAULT_FIELDS:
+            return self._pairs(indices)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self.dataset)
-        rows = [self._sample_dict(sample, i) for sample, i in zip(samples, (idx % n if n else idx).tolist())]
-        if isinstance(samples, _BatchSamples):
-            out = _BatchSamples.__new__(_BatchSamples)
-            list.__init__(out, rows)
-            out.batch = samples.batch
-            return out
-        return rows
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+        idx = idx % n if n else idx
+        return plan.samples(*self._read_fields(idx))
 
-    def _pairs(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def _read_fields(self, idx: np.ndarray, *, columnar: bool = False
+                     ) -> tuple[dict[str, list[Any]], dict[str, torch.Tensor], torch.Tensor | None]:
+        """``_FieldPlan.read`` of a batch of in-range indices, and the images' batch tensor (or None).
+
+        ``columnar`` (a collated batch, no per-sample dicts): a raw dataset's images stay one
+        batch tensor and the labels one gather, as in ``load_batch``'s ``(images, labels)`` path.
+        """
+        plan: _FieldPlan = self._plan  # type: ignore[assignment]  # called with fields= only
+        dataset, pipeline = self.dataset, self._pipeline
+        geometries: list[Any] | None = [] if plan.wants_geometry else None
+        batch = self._raw_batch(idx, geometries) if columnar and plan.decodes_image else None
+        images: list[Any] | None = None
+        labels: list[Any] | torch.Tensor
+        if batch is None and plan.decodes_image:
+            pairs = self._pairs(idx, geometries)
+            batch = getattr(pairs, "batch", None)
+            images, labels = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+        elif columnar and pipeline.target_transform is None:  # no image asked for, or the raw batch
+            labels = torch.from_numpy(dataset.labels[idx].astype(np.int64))
+        else:
+            labels = [pipeline.label(dataset, i) for i in idx.tolist()]
+        min_visibility = getattr(pipeline.decode, "min_box_visibility", 0.0)
+        values, columns = plan.read(dataset, idx, images, labels, geometries, min_visibility)
+        return values, columns, batch
+
+    def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None) -> list[tuple[Any, Any]]:
+        """``(image, label)`` of each index; with ``geometries`` (a list), each sample's crop is
+        appended to it, in order (fused transforms only)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset
@@ -468,19 +852,19 @@ class PackedDataset(torch_data.Dataset):
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
-        images = self._raw_batch(idx)
+        images = self._raw_batch(idx, geometries)
         if images is not None:
             return _BatchSamples(images, [pipeline.label(dataset, i) for i in idx.tolist()])
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
-                return self._decode_into_batch(idx, shape)
+                return self._decode_into_batch(idx, shape, geometries)
             # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
             # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
             samples = []
             for i in idx.tolist():
                 data = np.frombuffer(dataset.get(i), dtype=np.uint8)
-                pixels = pipeline.pixels(dataset, i, data)
+                pixels = pipeline.pixels(dataset, i, data, geometries)
                 samples.append((pipeline.finish(pipeline.tensor(pixels, owned=pixels is not data)),
                                 pipeline.label(dataset, i)))
             return samples
@@ -490,7 +874,7 @@ class PackedDataset(torch_data.Dataset):
         for j, i in enumerate(idx.tolist()):
             start = int(batch.starts[j])
             data = batch.data[start:start + int(batch.sizes[j])]  # a view of the fresh batch buffer
-            pixels = pipeline.pixels(self.dataset, i, data)
+            pixels = pipeline.pixels(self.dataset, i, data, geometries)
             # A repeated index shares its bytes with its first occurrence: copy it, so an in-place
             # transform of one sample never changes another.
             samples.append((pipeline.finish(pipeline.tensor(pixels, owned=i not in seen)),
@@ -498,7 +882,8 @@ class PackedDataset(torch_data.Dataset):
             seen.add(i)
         return samples
 
-    def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...]) -> "_BatchSamples":
+    def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...],
+                           geometries: list[Any] | None = None) -> "_BatchSamples":
         """Decode each sample straight into its slot of one batch tensor (in shared memory
         inside a worker): no per-sample array and no copy when ``collate`` stacks them."""
         dataset, pipeline = self.dataset, self._pipeline
@@ -508,28 +893,44 @@ class PackedDataset(torch_data.Dataset):
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
             try:
-                pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k], index=i)
+                if geometries is None:
+                    pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k], index=i)
+                else:
+                    geometries.append(pipeline.decode.decode_with_geometry(
+                        data, int(dataset.index.image_format[i]), out=out[k], index=i)[1])
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
             labels.append(pipeline.label(dataset, i))
         return _BatchSamples(batch, labels)
 
-    def load_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None) -> Any:
         """``collate(self.__getitems__(indices))``, without per-sample objects where it can.
 
         For a ``raw`` dataset (``decode=True`` or a fused transform, no ``transform``) the batch
         tensor and the labels come straight from the batched path; otherwise it is exactly
         ``collate(self.__getitems__(indices))``. ``packer.threaded.ThreadedLoader`` calls it.
 
+        Args:
+            indices: the batch's sample indices.
+            collate_fn: collates dict samples (``fields=``); default ``collate``
+                (``PaddedCollate()`` pads variable fields).
+
         Returns:
-            ``(images, labels)`` as ``collate`` returns them.
+            ``(images, labels)`` as ``collate`` returns them, or a dict batch with ``fields=``.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self.dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
         idx = idx % n if n else idx
+        if self._plan is not None and self._fields != DEFAULT_FIELDS:
+            if collate_fn is not None and collate_fn is not collate and type(collate_fn) is not PaddedCollate:
+                return collate_fn(self.__getitems__(idx))
+            # packer's own collates: straight from the columns, no per-sample dicts
+            values, columns, batch = self._read_fields(idx, columnar=True)
+            return _collate_columns(self._fields, values, columns, self._plan.variable, batch, len(idx),
+                                    collate_fn if type(collate_fn) is PaddedCollate else None)
         images = self._raw_batch(idx)
         if images is None:
             return collate(self.__getitems__(idx))
@@ -537,7 +938,7 @@ class PackedDataset(torch_data.Dataset):
             return images, torch.from_numpy(self.dataset.labels[idx].astype(np.int64))
         return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
 
-    def _raw_batch(self, idx: np.ndarray) -> torch.Tensor | None:
+    def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None) -> torch.Tensor | None:
         """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or
         None when they do not apply (another codec, a ``transform``, ``decode=False``, a
         callable that is not a fused transform)."""
@@ -550,10 +951,10 @@ class PackedDataset(torch_data.Dataset):
         raw_shape = raw_shape_of(self.dataset)
         if raw_shape is None:
             return None
-        return self._raw_into_batch(idx, raw_shape, crop=crop)
+        return self._raw_into_batch(idx, raw_shape, crop=crop, geometries=geometries)
 
     def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int], *,
-                        crop: bool) -> torch.Tensor:
+                        crop: bool, geometries: list[Any] | None = None) -> torch.Tensor:
         """Raw pixels: gather the batch from the shard views, then (``crop``) crop, resize and
         flip it in one vectorised pass (``DecodeTransform.batch``), straight into the batch
         tensor (in shared memory inside a worker). Without ``crop`` the pixels are gathered
@@ -561,7 +962,11 @@ class PackedDataset(torch_data.Dataset):
         dataset, pipeline = self.dataset, self._pipeline
         if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
             batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
-            pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=batch)
+            pixels = read_raw_batch(dataset, idx, raw_shape)
+            if geometries is None:
+                pipeline.decode.batch(pixels, idx, out=batch)
+            else:
+                geometries.extend(pipeline.decode.batch_with_geometry(pixels, idx, out=batch)[1])
         elif pipeline.layout == "HWC":
             batch = _empty((len(idx), *raw_shape), torch.uint8)
             read_raw_batch(dataset, idx, raw_shape, out=batch.numpy())
@@ -864,6 +1269,11 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
         block_bytes, window: the block shuffle's block span and window (in blocks).
         batched: yield collated batches (default) or single samples.
         read_ahead: issue the block read-ahead hints (block order).
+        fields, multi_hot, geometry: what a sample holds, as for ``PackedDataset``; with any
+            other ``fields`` than ``("image", "label")`` batches are dicts (and samples, with
+            ``batched=False``).
+        collate_fn: collates a batch of dict samples (default ``collate``; ``PaddedCollate()``
+            pads the variable fields). Unused for ``(image, label)`` samples.
     """
 
     def __init__(self, source: PathOrDataset, *, batch_size: int, order: str = "block", seed: int = 0,
@@ -871,9 +1281,19 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
                  decode: bool | DecodeFn = True, layout: str = "CHW", transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
                  verify_checksums: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True) -> None:
+                 window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True,
+                 fields: Sequence[str] = DEFAULT_FIELDS, multi_hot: Sequence[str] = (),
+                 geometry: Mapping[str, str | Sequence[str]] | None = None,
+                 collate_fn: Callable[[Any], Any] | None = None) -> None:
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self.dataset = _open(source, backend, verify_checksums)
+        # Dict samples are PackedDataset's (one way to build them): it reads this same open dataset.
+        self._samples: PackedDataset | None = None
+        if tuple((fields,) if isinstance(fields, str) else fields) != DEFAULT_FIELDS or multi_hot or geometry:
+            self._samples = PackedDataset(self.dataset, decode=decode, layout=layout, transform=transform,
+                                          target_transform=target_transform, fields=fields, multi_hot=multi_hot,
+                                          geometry=geometry)
+        self.collate_fn = collate_fn or collate
         if decode is not False:  # SPEC §6, as for PackedDataset
             check_decodable(self.dataset.manifest.codec, path=self.dataset.path)
             self._pipeline.max_pixels = dataset_max_pixels(self.dataset.manifest)
@@ -966,6 +1386,16 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
                 self._prepare(batch)
                 if k + 1 < count:  # the kernel fetches the next batch's blocks while this one decodes
                     self._prepare(indices[bounds[k + 1]:bounds[k + 2]])
+            if self._samples is not None:
+                samples = self._samples.__getitems__(batch)
+                if self.batched:
+                    self.cursor.handed_out += 1
+                    yield self.collate_fn(samples)
+                else:
+                    for sample in samples:
+                        self.cursor.handed_out += 1
+                        yield sample
+                continue
             images, labels, label_list = self._load_batch(batch)
             if self.batched:
                 self.cursor.handed_out += 1
