@@ -27,6 +27,27 @@ returns an ``(H, W, C)`` uint8 numpy array or tensor (e.g. a fused decode + rand
 the layout is applied to its result. ``transform`` is then applied to the image tensor
 (torchvision transforms work) and ``target_transform`` to the int label.
 
+Samples with more than a label
+------------------------------
+``fields=`` chooses what a sample holds: the built-ins ``image``, ``label``, ``index``, ``key``,
+``metadata`` and any field the dataset declares (formats/SPEC.md §14, ``packer.fields``). Any
+choice but ``("image", "label")`` makes samples dicts, in the order given::
+
+    PackedDataset(path, fields=("image", "boxes", "labels", "mask", "caption"),
+                  decode=RandomResizedCrop(512, seed=0), layout="HWC",
+                  geometry={"boxes": "xyxy", "labels": "per-box"})
+
+Arrays are tensors of their declared dtype and shape (variable ones ``(n, *rest)``), class sets
+int64 ids (or float32 multi-hot vectors: ``multi_hot=("tags",)``), text a str, image fields
+tensors of their stored values (``(H, W)`` for a mask). With a fused transform as ``decode``,
+image fields get the image's crop, resize and flip (nearest neighbour), and the array fields
+named in ``geometry=`` are moved with it (``packer.transforms.CropGeometry``: boxes clipped and
+dropped by a documented rule, per-box rows dropped in step, keypoints made invisible outside).
+``collate`` stacks fixed shapes (fixed arrays are gathered for the whole batch from the index's
+zero-copy columns, into shared memory inside a worker) and lists variable ones;
+``PaddedCollate`` pads them and adds ``<name>_lengths``. The iterable dataset and
+``packer.threaded.ThreadedLoader`` take the same options (and ``collate_fn=``).
+
 Memory
 ------
 Nothing here holds per-sample Python objects. Datasets pickle as the manifest bytes plus
@@ -1253,7 +1274,8 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
 
     Use ``DataLoader(dataset, batch_size=None, num_workers=..., pin_memory=True)``. Batches are
     ``(images, labels)``: ``images`` one ``(B, ...)`` tensor when every image has the same shape
-    (built in shared memory by the worker), else a list; ``labels`` int64. With
+    (built in shared memory by the worker), else a list; ``labels`` int64 (dicts with ``fields=``,
+    made by ``collate_fn``). With
     ``batched=False`` it yields ``(image, label)`` samples in the same order: then give the
     DataLoader the same ``batch_size`` so its batches are this reader's.
 

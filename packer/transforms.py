@@ -63,6 +63,17 @@ levels. With ``seed=`` the boxes are a function of ``(seed, epoch, index)`` on b
 ``transform.set_epoch(epoch)`` with the sampler's; the threaded loader does it itself); without
 it, each process draws from its own generator as below.
 
+Geometry: boxes, keypoints and masks follow the crop. ``transform.geometry(width, height, index)``
+is the crop and flip a sample gets (a ``CropGeometry``: the source box its output pixels are
+resampled from, with half-pixel centres as in every resize here), ``decode_with_geometry`` and
+``batch_with_geometry`` return the pixels together with the geometry of that very decode (a JPEG
+decoded at a reduced DCT scale is resampled from its box rounded to whole decoded pixels, and
+the geometry says so). ``CropGeometry.map_boxes`` / ``map_points`` / ``resample_nearest`` move
+``xyxy`` boxes (clipped; dropped when nothing of them, or less than ``min_box_visibility`` of
+their area, is left), keypoints (visibility 0 outside the output) and second images (nearest
+neighbour: a label map keeps its labels, a 16-bit depth map its depths) exactly as the pixels
+moved. ``packer.torch.PackedDataset(geometry=...)`` applies them per sample.
+
 Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
 worker shared memory) and convert on the device, as ``normalize_on_gpu`` does::
 
