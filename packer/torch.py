@@ -526,7 +526,7 @@ class _FieldPlan:
         for i, crop in zip(index_list, crops):
             boxes = dataset.field_value(name, i)
             if crop is None:
-                tensors.append(torch.from_numpy(boxes.copy()))
+                tensors.append(torch.from_numpy(boxes if boxes.flags.writeable else boxes.copy()))
                 keeps.append(None)
                 continue
             mapped, keep = crop.map_boxes(boxes, min_visibility)
