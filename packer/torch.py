@@ -109,7 +109,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
 
 from . import format as fmt
 from .classes import check_classes
-from .codecs import check_decodable, dataset_max_pixels
+from .codecs import check_decodable, dataset_max_pixels, keeps_source_geometry
 from .imageinfo import DEFAULT_MAX_PIXELS
 from .dataset import Dataset, DatasetIndex, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
@@ -392,6 +392,13 @@ def _check_geometry(geometry: Mapping[str, Any] | None, names: tuple[str, ...], 
                               f"got {spec.describe()}")
         checked[name] = kinds
     boxes = [name for name, kinds in checked.items() if "xyxy" in kinds]
+    moved = [name for name, kinds in checked.items() if kinds & {"xyxy", "points"}]
+    if moved and not keeps_source_geometry(dataset.manifest):
+        # the coordinates are in the source's pixels; the stored images are not (silently wrong boxes)
+        raise OptionError(f"geometry= moves {moved} with the image, but this dataset's codec "
+                          f"{dataset.manifest.codec.get('name')!r} resized the stored images (or may have: see "
+                          f"packer.codecs.keeps_source_geometry), so coordinates given in source pixels no longer "
+                          f"match them; build with --codec passthrough or tiled (or jpeg without --max-size)")
     if len(boxes) > 1:
         raise OptionError(f"geometry has {len(boxes)} 'xyxy' fields {boxes}: per-box fields follow one box field")
     if not boxes and any("per-box" in kinds for kinds in checked.values()):
@@ -456,6 +463,13 @@ class _FieldPlan:
         # Only packer's fused transforms move the image; ask them for the crop when a field follows it.
         self.wants_geometry = isinstance(decode, DecodeTransform) and bool(self.geometry or self.image_fields)
         self.decodes_image = "image" in names or self.wants_geometry
+        if (self.wants_geometry and self.image_fields and dataset.manifest.codec.get("name") == "raw"
+                and not keeps_source_geometry(dataset.manifest)):
+            # raw centre-crops each image to its fixed size: a second image kept as stored shows
+            # another framing, and no scale maps one onto the other
+            raise OptionError(f"image fields {list(self.image_fields)} cannot follow a crop of a raw-codec "
+                              f"dataset (raw centre-cropped and resampled the images, not the fields); build with "
+                              f"--codec passthrough or tiled, or read the fields without a crop transform")
         self.variable = frozenset(name for name, kind in self.kinds.items()
                                   if (kind == "classes" and name not in self.multi_hot)
                                   or (kind == "array" and dataset.field_spec(name).variable))

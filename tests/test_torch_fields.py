@@ -33,11 +33,11 @@ DECLARED = ("boxes", "labels", "tags", "caption", "depth", "score", "flags", "co
 EVERYTHING = ("image", "label", "index", "key", "metadata", *DECLARED)
 
 
-def make_source(root: Path, count: int = N) -> Path:
+def make_source(root: Path, count: int = N, *, fixed_height: int | None = None) -> Path:
     (root / "img").mkdir(parents=True)
     rows = []
     for i in range(count):
-        height, width = 12 + i % 3, 16
+        height, width = fixed_height or 12 + i % 3, 16
         Image.fromarray(np.full((height, width, 3), 10 * i, np.uint8)).save(root / f"img/{i}.png")
         mask = Image.fromarray((np.arange(width)[None, :] % (i % 4 + 2)).astype(np.uint8).repeat(height, 0), mode="P")
         mask.putpalette([0, 0, 0, 255, 0, 0] * 128)
@@ -450,9 +450,23 @@ def test_default_samples_are_still_tuples(packed: Path, truth) -> None:
 def packed_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("torch-fields-raw")
     out = root / "ds"
-    build(make_source(root / "src"), out, BuildOptions(fields=FIELDS, codec="raw:size=12x16", seed=1), workers=1,
-          progress=False)
+    # sources of exactly the raw size: the stored pixel grid is the sources', so boxes still fit
+    build(make_source(root / "src", fixed_height=12), out, BuildOptions(fields=FIELDS, codec="raw:size=12x16", seed=1),
+          workers=1, progress=False)
     return out
+
+
+def test_geometry_is_refused_where_the_codec_resampled_the_images(tmp_path: Path) -> None:
+    """Boxes are in source pixels: a raw build that resampled (12-14 rows -> 12) must not move them silently."""
+    out = tmp_path / "ds"
+    build(make_source(tmp_path / "src"), out, BuildOptions(fields=FIELDS, codec="raw:size=12x16", seed=1), workers=1,
+          progress=False)
+    with pytest.raises(OptionError, match="resized the stored images"):
+        PackedDataset(out, fields=("image", "boxes", "labels"), decode=RandomResizedCrop(8, seed=2),
+                      geometry={"boxes": "xyxy", "labels": "per-box"})
+    with pytest.raises(OptionError, match="cannot follow a crop of a raw-codec dataset"):
+        PackedDataset(out, fields=("image", "mask"), decode=RandomResizedCrop(8, seed=2))
+    PackedDataset(out, fields=("image", "boxes", "mask"))  # read as stored: nothing to refuse
 
 
 def _assert_same_batch(one: dict, other: dict) -> None:

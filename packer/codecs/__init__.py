@@ -91,7 +91,7 @@ from .tiled import TiledCodec
 __all__ = [
     "Codec", "PassthroughCodec", "TiledCodec", "JpegCodec", "RawCodec", "CODECS", "get_codec",
     "parse_codec_spec", "format_codec_spec", "merge_codec_options", "check_decodable",
-    "dataset_max_pixels", "raw_sample_shape",
+    "dataset_max_pixels", "keeps_source_geometry", "raw_sample_shape",
     "raw_sample_stride", "raw_batch_view", "raw_samples_view",
 ]
 
@@ -198,6 +198,27 @@ def check_decodable(codec_entry: Any, *, path: object = None) -> None:
         if layout != "HWC" or dtype != "uint8":
             raise DecodeError(f"raw codec with layout {layout!r} and dtype {dtype!r}: this packer "
                               f"decodes only layout 'HWC', dtype 'uint8'", path=path)
+
+
+def keeps_source_geometry(manifest: Any) -> bool:
+    """Whether every stored image of a dataset has its source's pixel grid.
+
+    ``passthrough`` and ``tiled`` store the source's pixels; ``jpeg`` does unless it resized
+    (``max_size``); ``raw`` resamples (and centre-crops) to one size, so it keeps the grid only
+    when every source had that size already, which its build summary counts (``codec_notes``:
+    ``kept size``; a dataset built before that note is taken as resampled). Coordinates a source
+    gave in its images' pixels (boxes, keypoints) only match stored images that keep it.
+    """
+    codec_entry = manifest.codec
+    name = codec_entry.get("name") if isinstance(codec_entry, Mapping) else None
+    if name in ("passthrough", "tiled"):
+        return True
+    if name == "jpeg":
+        return codec_entry.get("max_size") is None
+    if name == "raw":
+        notes = manifest.build.get("codec_notes") if isinstance(manifest.build, Mapping) else None
+        return isinstance(notes, Mapping) and notes.get("kept size") == manifest.sample_count and len(notes) == 1
+    return False
 
 
 def dataset_max_pixels(manifest: Any, override: int | None = None) -> int:

@@ -89,6 +89,19 @@ class RawCodec:
         return payload, ImageInfo(image_format=ImageFormat.RAW, width=self.width, height=self.height,
                                   channels=self.channels, mode="RGB")
 
+    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+        """``kept size`` when the source already had the target size (its pixel grid is the stored
+        one), else ``resampled``: counted in the build summary, and what tells a reader whether
+        coordinates given in source pixels (boxes) still match the stored images."""
+        from ..imageinfo import probe_image
+
+        try:
+            source_info = probe_image(source, validate="header")
+        except Exception:  # noqa: BLE001 - it was decoded a moment ago; never fail a sample on a note
+            return "resampled"
+        kept = (source_info.width, source_info.height) == (self.width, self.height)
+        return "kept size" if kept else "resampled"
+
     def manifest_entry(self) -> dict[str, Any]:
         return {"name": self.name, "height": self.height, "width": self.width,
                 "channels": self.channels, "layout": "HWC", "dtype": "uint8", "fit": "center-crop",
