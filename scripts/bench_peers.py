@@ -7,7 +7,7 @@ its own virtualenv)::
     .venv-bench/bin/pip install torch==2.14.1 torchvision==0.29.1
     .venv-bench/bin/pip install -e . webdataset
     .venv-bench/bin/python scripts/bench_peers.py [--images 3000] [--workers 2] [--batch-size 64]
-        [--out bench-out/peers] [--open-samples 1000000] [--choices] [--json FILE]
+        [--out bench-out/peers] [--open-samples 1000000] [--choices] [--detection IMAGES] [--json FILE]
 
 Without torchvision the ImageFolder baseline is a faithful emulation (``ImageFolderLike``:
 ``os.scandir`` listing into a list of ``(path, label)``, ``PIL.Image.open(...).convert("RGB")``,
@@ -733,8 +733,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--choices", action="store_true",
                         help="also measure the decoder/resize choices of packer/transforms.py")
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--detection", type=int, default=0, metavar="IMAGES",
+                        help="also run the detection-style comparison (scripts/bench_detection.py: image + boxes + "
+                             "labels, RRC 512, against a CocoDetection + transforms.v2-style loader) on IMAGES images")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.detection:
+        import bench_detection  # noqa: E402  (scripts/ is not a package)
+
+        bench_detection.run(argparse.Namespace(images=args.detection, workers=args.workers, batch_size=32,
+                                               rounds=args.rounds, per_round=0, out=args.out / "detection",
+                                               json=None))
 
     import torch
     torch.set_num_threads(1)  # the main process only receives batches, as in training
