@@ -19,6 +19,10 @@ are re-exported here because GPU users look for them here.
     of about ``block_bytes``, samples shuffled within windows of blocks, each global step sorted
     so a rank reads long runs, then each batch shuffled by the gather), dealt to ranks with
     equal batch counts, resumable at ``(seed, epoch, consumed)``, like ``packer.torch``'s readers.
+    With ``decode=RandomResizedCrop(...)`` (or ``CenterCrop``) each batch is then cropped,
+    resized and flipped on the device in one batched pass (``packer.rawcrop.crop_resize_batch``,
+    torch's kernel): the same boxes and flips as the CPU readers, a function of ``(seed, epoch,
+    index)`` with a seeded transform.
 
     Declared fields (formats/SPEC.md §14), where they apply: ``fields=("image", "label",
     "depth")`` yields a dict per batch, one ``(B, *shape)`` tensor per name on the device. A
@@ -509,25 +513,42 @@ class GpuRawBatches(_GpuBatches):
             ``"image"``, ``"label"`` (``(B,)`` int64), ``"index"`` (``(B,)`` int64 sample numbers)
             and fixed-width ``array`` fields (``(B, *shape)`` of their dtype), all on ``device``
             (see the module doc for what does not apply).
+        decode: ``None`` (the stored pixels) or a ``packer.transforms.RandomResizedCrop`` /
+            ``CenterCrop``: each batch is then cropped, resized and flipped on ``device`` by
+            ``transform.batch`` with torch's kernel (``packer.rawcrop.crop_resize_batch``), and
+            ``images`` is ``(B, size_h, size_w, C)``. The boxes and flips are those of the CPU
+            readers (``PackedDataset``, ``ThreadedLoader``): with ``seed=`` a function of
+            ``(seed, epoch, index)``, the epoch being this loader's (it calls ``set_epoch`` on the
+            transform); the pixels agree with the CPU path within ``rawcrop.AGREEMENT_MAX_ABS``.
         **settings: any ``GpuLoaderOptions`` field (``order``, ``seed``, ``rank``, ``world_size``,
             ``drop_last``, ``device``, ``io``, ``double_buffer``, ``block_bytes``, ``window``,
             ``read_block``, ``io_threads``, ``backend``), overriding ``options``.
 
     Raises:
-        OptionError: a bad setting (unknown name, io, device index), or a field in ``fields``
-            the dataset lacks or that has no fixed width.
+        OptionError: a bad setting (unknown name, io, device index), a field in ``fields`` the
+            dataset lacks or that has no fixed width, a ``decode`` that is not one of packer's crop
+            transforms, or ``decode`` with array fields (a crop moves the pixels, not the values).
         ManifestError: the dataset is not ``raw``.
         IndexMismatchError: a sample's size or format disagrees with the manifest's raw shape.
         MissingDependencyError: torch missing, or ``device="cuda"`` without a GPU.
     """
 
     def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
-                 fields: Sequence[str] | None = None, **settings: Any) -> None:
+                 fields: Sequence[str] | None = None, decode: Any = None, **settings: Any) -> None:
         from .codecs import raw_sample_shape, raw_sample_stride
+        from .transforms import DecodeTransform
 
+        if decode is not None and not isinstance(decode, DecodeTransform):  # before any file is opened
+            raise OptionError(f"decode must be None or a packer.transforms crop (RandomResizedCrop, "
+                              f"CenterCrop), got {type(decode).__name__}")
+        self.decode = decode
         super().__init__(source, batch_size, GpuLoaderOptions.merge(options, settings))
         try:
             self.fields: tuple[str, ...] = () if fields is None else _check_batch_fields(fields, self.dataset)
+            if decode is not None and set(self.fields) - {"image", "label", "index"}:
+                raise OptionError(f"decode= crops the pixels but not the array fields "
+                                  f"{sorted(set(self.fields) - {'image', 'label', 'index'})}: read them "
+                                  f"without decode=, or crop with PackedDataset(fields=...), which moves them")
             self.shape = raw_sample_shape(self.dataset.manifest.codec, path=self.dataset.path)
             self.stride = raw_sample_stride(self.shape, self.alignment)
             ix = self.dataset.index
@@ -555,6 +576,8 @@ class GpuRawBatches(_GpuBatches):
         if self.device.type == "cuda":
             where = where.to(self.device, non_blocking=True)
         images = rows.index_select(0, where).view(len(batch.indices), height, width, channels)
+        if self.decode is not None:  # the CPU readers' crops, on the device (torch's kernel)
+            images = self.decode.batch(images, batch.indices, kernel="torch")
         if self.fields:
             return self._with_fields(images, batch)
         return images, self._labels(batch)
@@ -578,6 +601,11 @@ class GpuRawBatches(_GpuBatches):
                 tensor = torch.from_numpy(values)
                 out[name] = tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
         return out
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.decode is not None and self.decode.seed is not None:
+            self.decode.set_epoch(self.epoch)  # seeded crops follow the loader's epoch
+        return super().__iter__()
 
 
 # --- JPEG on the GPU ---------------------------------------------------------------------------

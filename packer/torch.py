@@ -974,44 +974,47 @@ class PackedDataset(torch_data.Dataset):
         return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
 
     def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None) -> torch.Tensor | None:
-        """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or
-        None when they do not apply (another codec, a ``transform``, ``decode=False``, a
-        callable that is not a fused transform)."""
-        pipeline = self._pipeline
-        if not len(idx) or pipeline.decode is False or pipeline.transform is not None:
-            return None
-        crop = pipeline.batch_shape(len(idx)) is not None  # a fused transform, HWC
-        if not crop and pipeline.decode is not True:
-            return None
-        raw_shape = raw_shape_of(self.dataset)
-        if raw_shape is None:
-            return None
-        return self._raw_into_batch(idx, raw_shape, crop=crop, geometries=geometries)
-
-    def _raw_into_batch(self, idx: np.ndarray, raw_shape: tuple[int, int, int], *,
-                        crop: bool, geometries: list[Any] | None = None) -> torch.Tensor:
-        """Raw pixels: gather the batch from the shard views, then (``crop``) crop, resize and
-        flip it in one vectorised pass (``DecodeTransform.batch``), straight into the batch
-        tensor (in shared memory inside a worker). Without ``crop`` the pixels are gathered
-        straight into it (``HWC``), or gathered and transposed once (``CHW``)."""
-        dataset, pipeline = self.dataset, self._pipeline
-        if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
-            batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
-            pixels = read_raw_batch(dataset, idx, raw_shape)
-            if geometries is None:
-                pipeline.decode.batch(pixels, idx, out=batch)
-            else:
-                geometries.extend(pipeline.decode.batch_with_geometry(pixels, idx, out=batch)[1])
-        elif pipeline.layout == "HWC":
-            batch = _empty((len(idx), *raw_shape), torch.uint8)
-            read_raw_batch(dataset, idx, raw_shape, out=batch.numpy())
-        else:
-            batch = _empty((len(idx), raw_shape[2], raw_shape[0], raw_shape[1]), torch.uint8)
-            batch.copy_(torch.from_numpy(read_raw_batch(dataset, idx, raw_shape)).permute(0, 3, 1, 2))
-        return batch
+        """The batch tensor of a raw dataset's fast paths (``_raw_fast_batch``), or None."""
+        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries)
 
     def close(self) -> None:
         self.dataset.close()
+
+
+def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
+                    geometries: list[Any] | None = None) -> torch.Tensor | None:
+    """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or None
+    when they do not apply (another codec, a ``transform``, ``decode=False``, a callable that is
+    not a fused transform). Shared by ``PackedDataset`` and ``PackedIterableDataset``.
+
+    Raw pixels are gathered from the shard views (``rawcrop.read_raw_batch``); with a fused
+    transform (``HWC``) they are cropped, resized and flipped in one vectorised pass
+    (``DecodeTransform.batch``) straight into the batch tensor (in shared memory inside a
+    worker), each sample's crop appended to ``geometries`` when it is a list. Without one the
+    pixels are gathered straight into it (``HWC``), or gathered and transposed once (``CHW``).
+    """
+    if not len(idx) or pipeline.decode is False or pipeline.transform is not None:
+        return None
+    crop = pipeline.batch_shape(len(idx)) is not None  # a fused transform, HWC
+    if not crop and pipeline.decode is not True:
+        return None
+    raw_shape = raw_shape_of(dataset)
+    if raw_shape is None:
+        return None
+    if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
+        batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
+        pixels = read_raw_batch(dataset, idx, raw_shape)
+        if geometries is None:
+            pipeline.decode.batch(pixels, idx, out=batch)
+        else:
+            geometries.extend(pipeline.decode.batch_with_geometry(pixels, idx, out=batch)[1])
+    elif pipeline.layout == "HWC":
+        batch = _empty((len(idx), *raw_shape), torch.uint8)
+        read_raw_batch(dataset, idx, raw_shape, out=batch.numpy())
+    else:
+        batch = _empty((len(idx), raw_shape[2], raw_shape[0], raw_shape[1]), torch.uint8)
+        batch.copy_(torch.from_numpy(read_raw_batch(dataset, idx, raw_shape)).permute(0, 3, 1, 2))
+    return batch
 
 
 class _BatchSamples(list):
@@ -1280,7 +1283,9 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
 
     Each rank's batches (``packer.order``) go round-robin to the DataLoader's workers, which is
     the order the loader returns them in: the loader's ``k``-th batch is the rank's ``k``-th.
-    A worker reads each batch with one coalesced ``read_batch``. With the block order it first
+    A worker reads each batch with one coalesced ``read_batch`` (a ``raw`` dataset: one gather from
+    the shard views, plus one batched crop with a fused transform and ``layout="HWC"``, exactly
+    ``PackedDataset``'s batches). With the block order it first
     asks the kernel to read whole blocks ahead (``advise_willneed`` on the shard backend: one
     large read per block, shared through the page cache by every worker) for the current and
     the worker's next batch, so I/O overlaps decoding. With the mmap backend shards are also
@@ -1478,8 +1483,16 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
             ``(images, collated labels, the labels as a list)``.
         """
         dataset = self.dataset
-        batch = dataset.read_batch(indices)
         pipeline = self._pipeline
+        images = _raw_fast_batch(dataset, pipeline, np.asarray(indices, dtype=np.int64))
+        if images is not None:  # raw pixels: one gather (+ one batched crop), as PackedDataset
+            labels = [pipeline.label(dataset, i) for i in indices.tolist()]
+            try:
+                label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+            except (TypeError, ValueError, RuntimeError):
+                label_tensor = torch_data.default_collate(labels)
+            return images, label_tensor, labels
+        batch = dataset.read_batch(indices)
         count = len(indices)
         out: torch.Tensor | None = None
         items: list[Any] | None = None
