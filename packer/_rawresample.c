@@ -13,7 +13,12 @@
  * For each sample: rows first (out_h rows of w*c floats, each a weighted sum of ky source rows:
  * a contiguous inner loop the compiler vectorises), then columns (kx taps per output pixel),
  * rounded half up and clamped to 0..255: the same float32 arithmetic as rawcrop's torch kernels,
- * in one pass over each sample instead of a dozen passes over the batch.
+ * in one pass over each sample instead of a dozen passes over the batch. RGB (what the raw codec
+ * stores) widens each pixel to 4 float lanes first, so a column tap is one SSE2 multiply-add
+ * (1.3-1.7x faster than three scalar ones); the sums are the same, term for term.
+ *
+ * gather(src, out, positions, rows, sample): read_raw_batch's copy of a batch out of a mapped
+ * shard, one memcpy per sample without the GIL.
  *
  * Why C: the torch kernels spend most of their time in whole-batch temporaries (allocation, page
  * faults, memory passes) for what is ~20 thousand multiply-adds per 32x32 image. Here one
@@ -31,11 +36,93 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* SSE2 is part of every x86-64 CPU: the RGB column pass uses its 4-lane float operations (each
+ * lane's arithmetic is the scalar IEEE float arithmetic, so the bytes do not depend on it). */
+#if defined(__SSE2__) || defined(_M_X64)
+#include <emmintrin.h>
+#define PACKER_SSE2 1
+#else
+#define PACKER_SSE2 0
+#endif
+
 /* Round half up (the 0.5 is already added) and clamp to 0..255. */
 static inline uint8_t to_byte(float value) {
     return value <= 0.0f ? 0 : value >= 255.0f ? 255 : (uint8_t)value;
 }
 
+/* RGB (c == 3, the only layout the raw codec stores): pixels widened to 4 floats (R, G, B, 0), so
+ * that a tap of the column pass is one 4-wide multiply-add (the compiler turns the fixed 4-lane
+ * loops into single SSE operations) and the row pass runs over contiguous floats.
+ *   src4: the source rows [y_first, y_last) widened, columns [x_low, x_high) (h * w * 4 floats)
+ *   rows: out_h rows of w * 4 floats
+ * The sums are the generic path's, term for term in the same order (the zero lane and a zero
+ * weight add exactly 0), so both paths give the same bytes. */
+static void resample_rgb(const uint8_t *src, uint8_t *out, const int32_t *yt, const float *yw,
+                         const int32_t *yn, const int32_t *xt, const float *xw, const int32_t *xn,
+                         long w, long out_h, long out_w, long ky, long kx, long x_low, long x_high,
+                         long y_first, long y_last, float *src4, float *rows) {
+    const long row4 = w * 4, j0 = x_low * 4, j1 = x_high * 4;
+    for (long y = y_first; y < y_last; y++) {
+        const uint8_t *line = src + y * w * 3;
+        float *wide = src4 + y * row4;
+        for (long x = x_low; x < x_high; x++) {
+            wide[4 * x] = (float)line[3 * x];
+            wide[4 * x + 1] = (float)line[3 * x + 1];
+            wide[4 * x + 2] = (float)line[3 * x + 2];
+            wide[4 * x + 3] = 0.0f;
+        }
+    }
+    for (long y = 0; y < out_h; y++) {
+        float *acc = rows + y * row4;
+        for (long j = j0; j < j1; j++) acc[j] = 0.0f;
+        for (long k = 0; k < yn[y]; k++) {
+            const float weight = yw[y * ky + k];
+            if (weight == 0.0f) continue;
+            const float *wide = src4 + (long)yt[y * ky + k] * row4;
+            for (long j = j0; j < j1; j++) acc[j] += weight * wide[j];
+        }
+    }
+    /* Columns: every output pixel is a 4-lane weighted sum of kx widened pixels of its row. */
+    for (long y = 0; y < out_h; y++) {
+        const float *acc = rows + y * row4;
+        uint8_t *dst = out + y * out_w * 3;
+        for (long x = 0; x < out_w; x++) {
+            const int32_t *taps = xt + x * kx;
+            const float *weights = xw + x * kx;
+            const long count = xn[x];
+#if PACKER_SSE2
+            __m128 v = _mm_set1_ps(0.5f);
+            for (long k = 0; k < count; k++) {
+                v = _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(weights[k]), _mm_loadu_ps(acc + (long)taps[k] * 4)));
+            }
+            /* round half up (the 0.5 is in): clamp to 0..255, truncate, pack to bytes */
+            v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f));
+            __m128i q = _mm_cvttps_epi32(v);
+            q = _mm_packs_epi32(q, q);
+            q = _mm_packus_epi16(q, q);
+            const uint32_t bytes = (uint32_t)_mm_cvtsi128_si32(q);
+            if (x + 1 < out_w) {
+                memcpy(dst + 3 * x, &bytes, 4);  /* the 4th byte is the next pixel's, written next */
+            } else {
+                memcpy(dst + 3 * x, &bytes, 3);
+            }
+#else
+            float v[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+            for (long k = 0; k < count; k++) {
+                const float weight = weights[k];
+                const float *pixel = acc + (long)taps[k] * 4;
+                for (int ch = 0; ch < 4; ch++) v[ch] += weight * pixel[ch];
+            }
+            dst[3 * x] = to_byte(v[0]);
+            dst[3 * x + 1] = to_byte(v[1]);
+            dst[3 * x + 2] = to_byte(v[2]);
+#endif
+        }
+    }
+}
+
+/* Any channel count: rows first (out_h rows of w*c floats, each a weighted sum of ky source rows),
+ * then columns (kx taps per output pixel). */
 static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt, const float *yw,
                             const int32_t *yn, const int32_t *xt, const float *xw, const int32_t *xn,
                             long w, long c, long out_h, long out_w, long ky, long kx, long x_low,
@@ -55,24 +142,6 @@ static void resample_sample(const uint8_t *src, uint8_t *out, const int32_t *yt,
     for (long y = 0; y < out_h; y++) {
         const float *acc = rows + y * row_len;
         uint8_t *dst = out + y * out_w * c;
-        if (c == 3) {  /* RGB, the only layout the raw codec stores: three accumulators in registers */
-            for (long x = 0; x < out_w; x++) {
-                float v0 = 0.5f, v1 = 0.5f, v2 = 0.5f;
-                const int32_t *taps = xt + x * kx;
-                const float *weights = xw + x * kx;
-                for (long k = 0; k < xn[x]; k++) {
-                    const float weight = weights[k];
-                    const float *pixel = acc + (long)taps[k] * 3;
-                    v0 += weight * pixel[0];
-                    v1 += weight * pixel[1];
-                    v2 += weight * pixel[2];
-                }
-                dst[3 * x] = to_byte(v0);
-                dst[3 * x + 1] = to_byte(v1);
-                dst[3 * x + 2] = to_byte(v2);
-            }
-            continue;
-        }
         for (long x = 0; x < out_w; x++) {
             for (long ch = 0; ch < c; ch++) {
                 float value = 0.5f;
@@ -127,7 +196,7 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
                           &w, &c, &out_h, &out_w))
         return NULL;
     PyObject *result = NULL;
-    float *rows = NULL, *yw = NULL, *xw = NULL;
+    float *rows = NULL, *src4 = NULL, *yw = NULL, *xw = NULL;
     int32_t *yt = NULL, *xt = NULL, *yn = NULL, *xn = NULL;
     double *raw = NULL;
     if (n < 0 || h < 1 || w < 1 || c < 1 || out_h < 1 || out_w < 1 || h > 65536 || w > 65536 || c > 16 ||
@@ -154,7 +223,9 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
         if (fy > widest) widest = fy;
     }
     const long kmax = (long)ceil(2.0 * widest) + 2;
-    rows = (float *)malloc(sizeof(float) * (size_t)(out_h * w * c));
+    const int rgb = c == 3;
+    rows = (float *)malloc(sizeof(float) * (size_t)(out_h * w * (rgb ? 4 : c)));
+    src4 = rgb ? (float *)malloc(sizeof(float) * (size_t)(h * w * 4)) : NULL;
     yt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(out_h * kmax));
     xt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(out_w * kmax));
     yw = (float *)malloc(sizeof(float) * (size_t)(out_h * kmax));
@@ -162,7 +233,7 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     raw = (double *)malloc(sizeof(double) * (size_t)kmax);
     yn = (int32_t *)malloc(sizeof(int32_t) * (size_t)out_h);
     xn = (int32_t *)malloc(sizeof(int32_t) * (size_t)out_w);
-    if (!rows || !yt || !xt || !yw || !xw || !raw || !yn || !xn) {
+    if (!rows || !yt || !xt || !yw || !xw || !raw || !yn || !xn || (rgb && !src4)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -189,14 +260,30 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
                 }
             }
         }
-        resample_sample((const uint8_t *)src.buf + i * h * w * c, (uint8_t *)out.buf + i * out_h * out_w * c,
-                        yt, yw, yn, xt, xw, xn, w, c, out_h, out_w, kmax, kmax, x_low, x_high, rows);
+        const uint8_t *image = (const uint8_t *)src.buf + i * h * w * c;
+        uint8_t *target = (uint8_t *)out.buf + i * out_h * out_w * c;
+        if (rgb) {
+            long y_first = h, y_last = 0;  /* the source rows the row pass reads: only those are widened */
+            for (long y = 0; y < out_h; y++) {
+                for (long k = 0; k < yn[y]; k++) {
+                    const long tap = yt[y * kmax + k];
+                    if (tap < y_first) y_first = tap;
+                    if (tap + 1 > y_last) y_last = tap + 1;
+                }
+            }
+            resample_rgb(image, target, yt, yw, yn, xt, xw, xn, w, out_h, out_w, kmax, kmax, x_low, x_high,
+                         y_first, y_last, src4, rows);
+        } else {
+            resample_sample(image, target, yt, yw, yn, xt, xw, xn, w, c, out_h, out_w, kmax, kmax, x_low,
+                            x_high, rows);
+        }
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
     free(rows);
+    free(src4);
     free(yt);
     free(xt);
     free(yw);
@@ -211,11 +298,87 @@ done:
     return result;
 }
 
+/* Samples of a random batch lie anywhere in a mapping of hundreds of MB: ask for the lines of the
+ * sample GATHER_AHEAD places ahead while this one is copied, so its DRAM (and TLB) misses overlap
+ * the copy instead of stalling it. At most the first PREFETCH_MAX bytes: larger samples stream. */
+#define GATHER_AHEAD 12
+#define PREFETCH_MAX 8192
+static inline void prefetch_sample(const uint8_t *start, Py_ssize_t sample) {
+#if defined(__GNUC__) || defined(__clang__)
+    const Py_ssize_t span = sample < PREFETCH_MAX ? sample : PREFETCH_MAX;
+    for (Py_ssize_t offset = 0; offset < span; offset += 64) __builtin_prefetch(start + offset, 0, 0);
+#else
+    (void)start;
+    (void)sample;
+#endif
+}
+
+/* gather(src, out, positions, rows, sample): out row rows[j] (j when rows is None) = the sample
+ * bytes of src at positions[j]; rows and positions int64. One memcpy per sample without the GIL:
+ * read_raw_batch's gather from a mapped shard straight into the batch (no temporary, no per-sample
+ * Python). Every position and row is checked against its buffer first. */
+static PyObject *gather(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, out, positions;
+    PyObject *rows_object;
+    Py_ssize_t sample;
+    if (!PyArg_ParseTuple(args, "y*w*y*On:gather", &src, &out, &positions, &rows_object, &sample)) return NULL;
+    PyObject *result = NULL;
+    Py_buffer rows = {0};
+    int have_rows = 0;
+    const Py_ssize_t count = positions.len / (Py_ssize_t)sizeof(int64_t);
+    if (sample < 1 || positions.len % (Py_ssize_t)sizeof(int64_t) != 0 || out.len % sample != 0) {
+        PyErr_SetString(PyExc_ValueError, "gather: a buffer does not match the sample size");
+        goto done;
+    }
+    const Py_ssize_t out_rows = out.len / sample;
+    if (rows_object != Py_None) {
+        if (PyObject_GetBuffer(rows_object, &rows, PyBUF_SIMPLE) < 0) goto done;
+        have_rows = 1;
+        if (rows.len != positions.len) {
+            PyErr_SetString(PyExc_ValueError, "gather: rows and positions differ in length");
+            goto done;
+        }
+    } else if (count != out_rows) {
+        PyErr_SetString(PyExc_ValueError, "gather: without rows, out must hold exactly one row per position");
+        goto done;
+    }
+    const int64_t *where = (const int64_t *)positions.buf;
+    const int64_t *row = have_rows ? (const int64_t *)rows.buf : NULL;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        if (where[j] < 0 || where[j] > (int64_t)(src.len - sample) || (row && (row[j] < 0 || row[j] >= out_rows))) {
+            PyErr_SetString(PyExc_ValueError, "gather: a position or row lies outside its buffer");
+            goto done;
+        }
+    }
+    {
+        const uint8_t *from = (const uint8_t *)src.buf;
+        uint8_t *to = (uint8_t *)out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < count; j++) {
+            if (j + GATHER_AHEAD < count) prefetch_sample(from + where[j + GATHER_AHEAD], sample);
+            memcpy(to + (row ? row[j] : (int64_t)j) * sample, from + where[j], (size_t)sample);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (have_rows) PyBuffer_Release(&rows);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&positions);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crop_resize", crop_resize, METH_VARARGS,
      "crop_resize(src, out, boxes, flips, clip_to_box, n, h, w, c, out_h, out_w): resample every "
      "sample's float64 (left, top, right, bottom) box to out_h x out_w, mirrored where flips[i]; the "
      "taps of rawcrop.resample_taps computed per sample (see packer/rawcrop.py)."},
+    {"gather", gather, METH_VARARGS,
+     "gather(src, out, positions, rows, sample): copy sample bytes at each int64 position of src to row "
+     "rows[j] (or j) of out, without the GIL (packer.rawcrop.read_raw_batch)."},
     {NULL, NULL, 0, NULL},
 };
 

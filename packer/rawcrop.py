@@ -43,6 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .codecs import raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view
+from .errors import IndexMismatchError
+
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
 
@@ -80,8 +83,6 @@ def raw_shape_of(dataset: Any) -> tuple[int, int, int] | None:
     Raises:
         ManifestError: the manifest says ``raw`` but its shape fields are unusable.
     """
-    from .codecs import raw_sample_shape
-
     codec = dataset.manifest.codec
     if codec.get("name") != "raw":
         return None
@@ -92,10 +93,11 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
                    out: np.ndarray | None = None) -> np.ndarray:
     """The pixels of raw samples ``indices`` as one ``(N, H, W, C)`` uint8 array (one gather).
 
-    With the mmap backend (and no checksum checks) each shard's samples are a zero-copy strided
-    view of the mapping (``codecs.raw_batch_view``) and the batch is gathered from it with one
-    fancy-indexing gather per shard, then copied into ``out`` when given (e.g. a shared-memory
-    batch).
+    With the mmap backend (and no checksum checks) the batch is copied straight from the shard
+    mappings into ``out`` (or a new array): with packer's compiled extension one ``memcpy`` per
+    sample without the GIL (``_rawresample.gather``: no temporary and no per-sample Python, so
+    threads gather in parallel); without it, one fancy-indexing gather per shard from the
+    zero-copy strided view of the mapping (``codecs.raw_batch_view``), then a copy into ``out``.
     Otherwise the batch is read with ``dataset.read_batch`` (coalesced runs) and gathered.
 
     Args:
@@ -110,9 +112,6 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
     Raises:
         IndexMismatchError: an index row disagrees with the raw layout (size or offset).
     """
-    from .codecs import raw_batch_view, raw_sample_stride, raw_samples_view
-    from .errors import IndexMismatchError
-
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     sample = shape[0] * shape[1] * shape[2]
     if out is None:
@@ -120,9 +119,9 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
     if len(idx) == 0:
         return out
     ix = dataset.index
-    sizes = ix.size[idx]
-    if np.any(sizes != sample):
-        bad = int(idx[np.argmax(sizes != sample)])
+    wrong_size = ix.size[idx] != sample
+    if wrong_size.any():
+        bad = int(idx[np.argmax(wrong_size)])
         raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
                                  f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
     if dataset.backend_name != "mmap" or dataset.verify_checksums:
@@ -130,20 +129,25 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         out[...] = raw_samples_view(batch.data, batch.starts, shape)
         return out
     stride = raw_sample_stride(shape, dataset.alignment)
-    shards = ix.shard[idx]
     single = len(dataset.manifest.shards) == 1
+    shards = None if single else ix.shard[idx]
+    gather = _compiled_gather() if out.flags.c_contiguous and out.dtype == np.uint8 else None
     for shard in ([0] if single else np.unique(shards).tolist()):
         first, end = dataset.shard_range(shard)
         base = int(ix.offset[first])
         rows = np.arange(len(idx)) if single else np.flatnonzero(shards == shard)
         mine = idx if single else idx[rows]
         local = mine - first
-        misplaced = ix.offset[mine].astype(np.int64) != base + local * stride
+        offsets = ix.offset[mine].astype(np.int64)
+        misplaced = offsets != base + local * stride
         if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
             bad = int(mine[np.argmax(misplaced)])
             raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
                                      f"of the {stride}-byte stride from the shard's first sample",
                                      path=dataset.path, sample=bad)
+        if gather is not None:  # one memcpy per sample into out, without the GIL (packer/_rawresample.c)
+            gather(dataset.shard(shard).array, out, offsets, None if len(rows) == len(idx) else rows, sample)
+            continue
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
         # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
         # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.
@@ -155,6 +159,15 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         else:
             out[rows] = view[local]
     return out
+
+
+def _compiled_gather() -> Any:
+    """The compiled kernel's ``gather`` (``packer._rawresample``), or None when it is not built."""
+    try:
+        from ._rawresample import gather
+    except ImportError:
+        return None
+    return gather
 
 
 def _mix64(z: np.ndarray) -> np.ndarray:
@@ -218,17 +231,17 @@ def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
     count = len(u)
     area = float(width * height)
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    crop_w = np.zeros(count)
-    crop_h = np.zeros(count)
-    found = np.zeros(count, dtype=bool)
-    for attempt in range(10):
-        target_area = area * (scale[0] + (scale[1] - scale[0]) * u[:, 2 * attempt])
-        aspect = np.exp(log_low + (log_high - log_low) * u[:, 2 * attempt + 1])
-        w = np.round(np.sqrt(target_area * aspect))  # half to even, like Python's round()
-        h = np.round(np.sqrt(target_area / aspect))
-        fits = ~found & (w > 0) & (w <= width) & (h > 0) & (h <= height)
-        crop_w[fits], crop_h[fits] = w[fits], h[fits]
-        found |= fits
+    # The ten tries of every sample at once, as (N, 10) arrays (each element is the per-try
+    # formula's, in the same order); a sample takes its first try that fits.
+    target_area = area * (scale[0] + (scale[1] - scale[0]) * u[:, 0:20:2])
+    aspect = np.exp(log_low + (log_high - log_low) * u[:, 1:20:2])
+    w = np.round(np.sqrt(target_area * aspect))  # half to even, like Python's round()
+    h = np.round(np.sqrt(target_area / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = np.argmax(fits, axis=1)
+    found = fits[np.arange(count), first]
+    crop_w = np.where(found, w[np.arange(count), first], 0.0)
+    crop_h = np.where(found, h[np.arange(count), first], 0.0)
     top = np.floor(u[:, 20] * (height - crop_h + 1))
     left = np.floor(u[:, 21] * (width - crop_w + 1))
     if not found.all():  # torchvision's fallback: the whole image at the nearest allowed ratio

@@ -49,6 +49,9 @@ failed or ran out of time (never a silent pass):
 5. raw-shard batches to the GPU (``GpuRawBatches``): io=kvikio vs io=host vs the CPU path; and
    fixed-width declared fields riding along (``fields=``, a small raw dataset with a float32 and
    a float64[2] field): FAIL when a batch's field tensors differ from the index's values;
+   then ``GpuRawBatches(decode=RandomResizedCrop(size, seed=0))``, each batch cropped on the GPU
+   (torch's kernel) vs the same loader on the host: FAIL when a batch's GPU crops differ from the
+   CPU readers' (``PackedDataset.load_batch``) by more than 1 grey level;
 6. JPEG batches (``GpuJpegBatches``, nvJPEG) vs the CPU path: FAIL when nvJPEG did not decode
    every JPEG (``decode_counts``: a torchvision without nvJPEG falls back to the CPU);
 7. multi-GPU: one loader per visible GPU, as DDP ranks after ``torch.cuda.set_device(rank)``:
@@ -555,6 +558,49 @@ def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
     return {"variant": f"fields= check: {checked} samples match", "images_per_s": None}
 
 
+def raw_batch_crops(raw_path: str, gpu: bool, seconds_each: float, batch_size: int) -> dict[str, Any]:
+    """``GpuRawBatches(decode=RandomResizedCrop)``: each batch cropped on the device (torch's kernel),
+    timed against the same loader on the host; FAIL when the device's crops of a batch differ from
+    the CPU readers' (``PackedDataset.load_batch``, the compiled kernel) by more than 1 level."""
+    from packer.dataset import open_dataset
+    from packer.gpu import GpuRawBatches
+    from packer.torch import PackedDataset
+    from packer.transforms import RandomResizedCrop
+
+    with open_dataset(raw_path) as ds:
+        side = int(ds.manifest.codec["height"])
+
+    def crop() -> Any:
+        return RandomResizedCrop(side, seed=0)
+
+    variants = [("cpu (host, torch kernel)", {"device": "cpu"})]
+    if gpu:
+        variants.insert(0, ("cuda io=host, crop on the GPU", {"device": "cuda", "io": "host"}))
+    rows = []
+    for name, kwargs in variants:
+        with GpuRawBatches(raw_path, batch_size, order="random", seed=0, decode=crop(), **kwargs) as loader:
+            row = {"variant": name, **_time_loader(loader, seconds_each, None)}
+        log(f"raw batch crops {row}")
+        rows.append(row)
+    with GpuRawBatches(raw_path, batch_size, order="random", seed=0, decode=crop(), device=device_name(gpu),
+                       double_buffer=False) as loader:
+        plan = loader.plan()
+        iterator = iter(loader)
+        images, _ = next(iterator)
+        iterator.close()
+        indices = loader.batch_indices(plan, 0, loader.epoch)
+    dataset = PackedDataset(raw_path, decode=crop(), layout="HWC")
+    reference, _ = dataset.load_batch(indices)
+    dataset.close()
+    if str(images.device).split(":")[0] != ("cuda" if gpu else "cpu") or tuple(images.shape[1:]) != (side, side, 3):
+        raise CheckFailed(f"raw batch crops: got {tuple(images.shape)} on {images.device}")
+    diff = int((images.cpu().int() - reference.int()).abs().max())
+    if diff > 1:
+        raise CheckFailed(f"raw batch crops: the device's crops differ from the CPU readers' by {diff} levels "
+                          f"(expected <= 1)")
+    return {"rows": rows, "max_diff_vs_cpu_readers": diff, "size": side}
+
+
 def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int) -> dict[str, Any]:
     import warnings
 
@@ -808,8 +854,10 @@ def table() -> str:
             lines.append(f"{str(row['block'] // KiB) + ' KiB':<22}{str(row.get('kvikio', '-')):>14}"
                          f"{str(row.get('pread+memcpy')):>20}{str(row.get('ratio', '-')):>8}")
     raw = result_of("raw batches") or []
+    crops = (result_of("raw batch crops") or {}).get("rows") or []
     jpeg = (result_of("jpeg decode") or {}).get("rows") or []
-    for title, rows in (("raw batches -> device", raw), ("JPEG decode", jpeg)):
+    for title, rows in (("raw batches -> device", raw), ("raw batches + RandomResizedCrop", crops),
+                        ("JPEG decode", jpeg)):
         if rows:
             lines.append("")
             lines.append(f"{title:<48}{'images/s':>12}{'GB/s':>8}")
@@ -905,6 +953,8 @@ def main(argv: list[str] | None = None) -> int:
         section("block reads", budget, 30 if gpu else 2)(
             lambda: block_reads(raw, gpu, seconds_each=seconds_each / 2, max_bytes=(1 * GiB if gpu else 16 * MiB)))
         section("raw batches", budget, 20 if gpu else 2)(lambda: raw_batches(raw, gpu, seconds_each, batch_size))
+        section("raw batch crops", budget, 20 if gpu else 2)(
+            lambda: raw_batch_crops(raw, gpu, seconds_each, batch_size))
         section("jpeg decode", budget, 20 if gpu else 2)(lambda: jpeg_decode(jpeg, gpu, seconds_each, batch_size))
         section("multi-gpu", budget, 15 if gpu else 2)(lambda: multi_gpu(raw, jpeg, gpu, batch_size))
         section("failure injection", budget, 10 if gpu else 2)(lambda: failure_injection(raw, gpu, batch_size))

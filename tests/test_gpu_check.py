@@ -15,8 +15,8 @@ pytest.importorskip("torch")
 import gpu_check  # noqa: E402  (scripts/ is on sys.path: see conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["environment", "pytest -m gpu", "datasets", "block reads", "raw batches", "jpeg decode", "multi-gpu",
-            "failure injection", "dali mixed", "tiled nvjpeg", "raw crop"]
+SECTIONS = ["environment", "pytest -m gpu", "datasets", "block reads", "raw batches", "raw batch crops", "jpeg decode",
+            "multi-gpu", "failure injection", "dali mixed", "tiled nvjpeg", "raw crop"]
 
 
 def test_dry_run_exercises_every_section(tmp_path: Path) -> None:

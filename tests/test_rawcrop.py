@@ -165,6 +165,62 @@ def test_compiled_kernel_checks_its_arguments() -> None:
         crop_resize_batch(src, np.array([[0.0, 0.0, 4.0, 4.0]]), (2, 2), kernel="numba")
 
 
+@needs_kernel
+@pytest.mark.parametrize("source,size,clip", [((32, 32), (32, 32), True), ((17, 45), (9, 31), True),
+                                              ((64, 48), (32, 32), False), ((5, 3), (40, 44), True)])
+def test_compiled_rgb_pass_gives_the_bytes_of_the_any_channel_pass(source: tuple, size: tuple, clip: bool) -> None:
+    """The RGB path (pixels widened to 4 lanes, SSE2 columns) and the generic path for any channel
+    count do the same float sums term for term: an RGB image and the same image with a 4th channel
+    give the same 3 channels, exactly."""
+    images = _noise(24, *source, seed=9)
+    boxes, flips = random_resized_crop_boxes(sample_uniforms(1, 0, np.arange(24), RRC_DRAWS), source[1], source[0])
+    if not clip:
+        boxes = boxes + np.array([0.25, 0.5, -0.25, -0.125]) * (boxes[:, 2:3] - boxes[:, 0:1] > 1)
+    rgb = crop_resize_batch(images, boxes, size, flips=flips, clip_to_box=clip, kernel="c")
+    four = np.concatenate([images, images[..., :1]], axis=3)
+    generic = crop_resize_batch(four, boxes, size, flips=flips, clip_to_box=clip, kernel="c")
+    assert torch.equal(rgb, generic[..., :3])
+
+
+@needs_kernel
+def test_compiled_gather_copies_rows_and_checks_every_position() -> None:
+    from packer import _rawresample
+
+    source = np.arange(1000, dtype=np.int64).astype(np.uint8)
+    out = np.zeros((3, 10), dtype=np.uint8)
+    _rawresample.gather(source, out, np.array([990, 0, 500], dtype=np.int64), None, 10)
+    np.testing.assert_array_equal(out, np.stack([source[990:], source[:10], source[500:510]]))
+    into = np.zeros((4, 10), dtype=np.uint8)
+    _rawresample.gather(source, into, np.array([7, 20], dtype=np.int64), np.array([3, 1], dtype=np.int64), 10)
+    np.testing.assert_array_equal(into[[3, 1]], np.stack([source[7:17], source[20:30]]))
+    assert not into[[0, 2]].any()
+    for positions, rows in (([991], None), ([-1], None), ([0], [4]), ([0], [-1])):
+        target = out[:1] if rows is None else into
+        row_array = None if rows is None else np.array(rows, dtype=np.int64)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            _rawresample.gather(source, target, np.array(positions, dtype=np.int64), row_array, 10)
+    with pytest.raises(ValueError, match="one row per position"):
+        _rawresample.gather(source, out, np.array([0, 1], dtype=np.int64), None, 10)
+    with pytest.raises(ValueError, match="differ in length"):
+        _rawresample.gather(source, into, np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64), 10)
+    with pytest.raises(ValueError, match="sample size"):
+        _rawresample.gather(source, out, np.array([0], dtype=np.int64), None, 7)
+
+
+def test_raw_gather_without_the_compiled_kernel_gives_the_same_batch(raw_dataset: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer import rawcrop
+
+    dataset = PackedDataset(raw_dataset).dataset
+    shape = raw_shape_of(dataset)
+    indices = np.array([N - 1, 0, 7, 7, 21, 3, 22, 8])
+    compiled = read_raw_batch(dataset, indices, shape)
+    monkeypatch.setattr(rawcrop, "_compiled_gather", lambda: None)
+    np.testing.assert_array_equal(read_raw_batch(dataset, indices, shape), compiled)
+    strided = np.zeros((len(indices), shape[0], shape[1] + 2, 3), dtype=np.uint8)[:, :, :shape[1]]
+    np.testing.assert_array_equal(read_raw_batch(dataset, indices, shape, out=strided), compiled)
+
+
 @pytest.mark.parametrize("backend", ["torch", "pil"])
 @pytest.mark.parametrize("make,source", [
     (lambda b: RandomResizedCrop(32, seed=7, resize_backend=b), (32, 32)),      # CIFAR-like
