@@ -45,6 +45,13 @@
 #define PACKER_SSE2 0
 #endif
 
+/* floor() for the box coordinates (finite, far inside a long's range), without a libm call: SSE2
+ * has no rounding instruction, and the tap loop calls it twice per output pixel. */
+static inline long floor_long(double value) {
+    const long truncated = (long)value;
+    return truncated - (value < (double)truncated);
+}
+
 /* Round half up (the 0.5 is already added) and clamp to 0..255. */
 static inline uint8_t to_byte(float value) {
     return value <= 0.0f ? 0 : value >= 255.0f ? 255 : (uint8_t)value;
@@ -72,14 +79,37 @@ static void resample_rgb(const uint8_t *src, uint8_t *out, const int32_t *yt, co
             wide[4 * x + 3] = 0.0f;
         }
     }
+    /* Rows: up to three taps (an upscale or a mild downscale) summed in registers, one store per
+     * float; (0 + a) + b is a + b, so the sums are the generic pass's. */
     for (long y = 0; y < out_h; y++) {
         float *acc = rows + y * row4;
-        for (long j = j0; j < j1; j++) acc[j] = 0.0f;
-        for (long k = 0; k < yn[y]; k++) {
-            const float weight = yw[y * ky + k];
-            if (weight == 0.0f) continue;
-            const float *wide = src4 + (long)yt[y * ky + k] * row4;
-            for (long j = j0; j < j1; j++) acc[j] += weight * wide[j];
+        const float *line[3] = {NULL, NULL, NULL};
+        float weight[3] = {0.0f, 0.0f, 0.0f};
+        long used = 0;
+        for (long k = 0; k < yn[y] && used <= 3; k++) {
+            const float wk = yw[y * ky + k];
+            if (wk == 0.0f) continue;
+            if (used < 3) {
+                line[used] = src4 + (long)yt[y * ky + k] * row4;
+                weight[used] = wk;
+            }
+            used++;
+        }
+        if (used == 1) {
+            for (long j = j0; j < j1; j++) acc[j] = weight[0] * line[0][j];
+        } else if (used == 2) {
+            for (long j = j0; j < j1; j++) acc[j] = weight[0] * line[0][j] + weight[1] * line[1][j];
+        } else if (used == 3) {
+            for (long j = j0; j < j1; j++)
+                acc[j] = weight[0] * line[0][j] + weight[1] * line[1][j] + weight[2] * line[2][j];
+        } else {  /* no tap, or more than three (a strong downscale) */
+            for (long j = j0; j < j1; j++) acc[j] = 0.0f;
+            for (long k = 0; k < yn[y]; k++) {
+                const float wk = yw[y * ky + k];
+                if (wk == 0.0f) continue;
+                const float *wide = src4 + (long)yt[y * ky + k] * row4;
+                for (long j = j0; j < j1; j++) acc[j] += wk * wide[j];
+            }
         }
     }
     /* Columns: every output pixel is a 4-lane weighted sum of kx widened pixels of its row. */
@@ -92,8 +122,13 @@ static void resample_rgb(const uint8_t *src, uint8_t *out, const int32_t *yt, co
             const long count = xn[x];
 #if PACKER_SSE2
             __m128 v = _mm_set1_ps(0.5f);
-            for (long k = 0; k < count; k++) {
-                v = _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(weights[k]), _mm_loadu_ps(acc + (long)taps[k] * 4)));
+            if (count == 2) {  /* an upscale's bilinear pair: the common case, unrolled */
+                v = _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(weights[0]), _mm_loadu_ps(acc + (long)taps[0] * 4)));
+                v = _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(weights[1]), _mm_loadu_ps(acc + (long)taps[1] * 4)));
+            } else {
+                for (long k = 0; k < count; k++) {
+                    v = _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(weights[k]), _mm_loadu_ps(acc + (long)taps[k] * 4)));
+                }
             }
             /* round half up (the 0.5 is in): clamp to 0..255, truncate, pack to bytes */
             v = _mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f));
@@ -162,9 +197,12 @@ static void axis_taps(double start, double end, long low, long high, long out_le
                       int32_t *taps, float *weights, int32_t *counts, double *raw) {
     const double factor = (end - start) / (double)out_len;
     const double support = factor > 1.0 ? factor : 1.0;
+    /* An upscale's support is exactly 1: dividing by it changes nothing, so it is skipped (a
+     * division costs more than the rest of a tap). */
+    const int unit = support == 1.0;
     for (long i = 0; i < out_len; i++) {
         const double center = start + ((double)i + 0.5) * factor;
-        long first = (long)floor(center - support + 0.5), last = (long)floor(center + support + 0.5);
+        long first = floor_long(center - support + 0.5), last = floor_long(center + support + 0.5);
         first = first < low ? low : first > high ? high : first;
         last = last < low ? low : last > high ? high : last;
         counts[i] = (int32_t)(last - first < kmax ? last - first : kmax);
@@ -173,7 +211,8 @@ static void axis_taps(double start, double end, long low, long high, long out_le
             const long j = first + k;
             double weight = 0.0;
             if (j < last) {
-                const double distance = fabs(((double)j + 0.5 - center) / support);
+                const double offset = (double)j + 0.5 - center;
+                const double distance = fabs(unit ? offset : offset / support);
                 weight = distance < 1.0 ? 1.0 - distance : 0.0;
             }
             raw[k] = weight;
@@ -182,7 +221,8 @@ static void axis_taps(double start, double end, long low, long high, long out_le
         for (long k = 0; k < kmax; k++) {
             const long j = first + k < high ? first + k : high - 1;
             taps[i * kmax + k] = (int32_t)j;
-            weights[i * kmax + k] = (float)(total > 0.0 ? raw[k] / total : raw[k]);
+            /* 0 / total is 0: only the taps with a weight pay the division */
+            weights[i * kmax + k] = (float)(total > 0.0 && raw[k] != 0.0 ? raw[k] / total : raw[k]);
         }
     }
 }
