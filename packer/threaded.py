@@ -170,8 +170,8 @@ class ThreadedLoader:
         self._yielded = 0
 
     # --- iteration ---
-    def _load(self, indices: np.ndarray) -> Any:
-        batch = self.dataset.load_batch(indices, collate_fn=self.collate_fn)
+    def _load(self, indices: np.ndarray, out: Any) -> Any:
+        batch = self.dataset.load_batch(indices, collate_fn=self.collate_fn, out=out)
         if isinstance(batch, dict):  # fields=: pin every tensor of the dict batch
             if self.pin_memory:
                 batch = {name: value.pin_memory() if hasattr(value, "pin_memory") else value
@@ -181,6 +181,19 @@ class ThreadedLoader:
         if self.pin_memory and hasattr(images, "pin_memory"):
             images = images.pin_memory()
         return images, labels
+
+    def _batch_buffer(self, count: int) -> Any:
+        """The images tensor of a batch on the batched raw path, allocated by the iterating thread.
+
+        Batches are freed by the training loop's thread: memory the pool's threads allocated would
+        go back to their own malloc arenas, which glibc trims eagerly, so every batch would fault
+        its pages in again: 190-230 page faults per 1.5 MB batch of 32x32 raw pixels against
+        26-54 this way, and 1.15 against 0.42-0.66 ms of CPU per batch read (measured here).
+        """
+        import torch
+
+        shape = self.dataset.fast_batch_shape(count)
+        return None if shape is None else torch.empty(shape, dtype=torch.uint8)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         if getattr(self._decode, "seed", None) is not None and hasattr(self._decode, "set_epoch"):
@@ -193,7 +206,8 @@ class ThreadedLoader:
             submitted = 0
             for k in range(plan.num_batches):
                 while submitted < plan.num_batches and len(pending) < self.prefetch:
-                    pending.append(pool.submit(self._load, plan.batch(submitted)))
+                    indices = plan.batch(submitted)
+                    pending.append(pool.submit(self._load, indices, self._batch_buffer(len(indices))))
                     submitted += 1
                 batch = pending.popleft().result()  # a failed batch raises here, in order
                 self._yielded = k + 1

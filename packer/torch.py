@@ -939,7 +939,8 @@ class PackedDataset(torch_data.Dataset):
             labels.append(pipeline.label(dataset, i))
         return _BatchSamples(batch, labels)
 
-    def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None) -> Any:
+    def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None, *,
+                   out: torch.Tensor | None = None) -> Any:
         """``collate(self.__getitems__(indices))``, without per-sample objects where it can.
 
         For a ``raw`` dataset (``decode=True`` or a fused transform, no ``transform``) the batch
@@ -950,6 +951,8 @@ class PackedDataset(torch_data.Dataset):
             indices: the batch's sample indices.
             collate_fn: collates dict samples (``fields=``); default ``collate``
                 (``PaddedCollate()`` pads variable fields).
+            out: on the batched raw path, a tensor of ``fast_batch_shape(len(indices))`` to
+                write the images into (ignored elsewhere, or when its shape or dtype differ).
 
         Returns:
             ``(images, labels)`` as ``collate`` returns them, or a dict batch with ``fields=``.
@@ -966,53 +969,82 @@ class PackedDataset(torch_data.Dataset):
             values, columns, batch = self._read_fields(idx, columnar=True)
             return _collate_columns(self._fields, values, columns, self._plan.variable, batch, len(idx),
                                     collate_fn if type(collate_fn) is PaddedCollate else None)
-        images = self._raw_batch(idx)
+        images = self._raw_batch(idx, out=out)
         if images is None:
             return collate(self.__getitems__(idx))
         if self._pipeline.target_transform is None:
             return images, torch.from_numpy(self.dataset.labels[idx].astype(np.int64))
         return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
 
-    def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None) -> torch.Tensor | None:
+    def fast_batch_shape(self, count: int) -> tuple[int, ...] | None:
+        """The shape of the uint8 images tensor ``load_batch`` makes for ``count`` samples on the
+        batched raw path (a ``raw`` dataset, ``decode=True`` or a fused transform in ``HWC``, no
+        ``transform``, the default fields), or None when it takes another path."""
+        if self._plan is not None and self._fields != DEFAULT_FIELDS:
+            return None
+        fast = _raw_fast_shape(self.dataset, self._pipeline, count)
+        return None if fast is None else fast[0]
+
+    def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None, *,
+                   out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The batch tensor of a raw dataset's fast paths (``_raw_fast_batch``), or None."""
-        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries)
+        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries, out=out)
 
     def close(self) -> None:
         self.dataset.close()
 
 
-def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
-                    geometries: list[Any] | None = None) -> torch.Tensor | None:
-    """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or None
-    when they do not apply (another codec, a ``transform``, ``decode=False``, a callable that is
-    not a fused transform). Shared by ``PackedDataset`` and ``PackedIterableDataset``.
-
-    Raw pixels are gathered from the shard views (``rawcrop.read_raw_batch``); with a fused
-    transform (``HWC``) they are cropped, resized and flipped in one vectorised pass
-    (``DecodeTransform.batch``) straight into the batch tensor (in shared memory inside a
-    worker), each sample's crop appended to ``geometries`` when it is a list. Without one the
-    pixels are gathered straight into it (``HWC``), or gathered and transposed once (``CHW``).
-    """
-    if not len(idx) or pipeline.decode is False or pipeline.transform is not None:
+def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline, count: int) -> tuple[tuple[int, ...], bool] | None:
+    """``(batch shape, crop)`` of a raw dataset's fast paths for ``count`` samples, or None when
+    they do not apply (another codec, a ``transform``, ``decode=False``, a callable that is not a
+    fused transform)."""
+    if count < 1 or pipeline.decode is False or pipeline.transform is not None:
         return None
-    crop = pipeline.batch_shape(len(idx)) is not None  # a fused transform, HWC
-    if not crop and pipeline.decode is not True:
+    crop_shape = pipeline.batch_shape(count)  # a fused transform, HWC
+    if crop_shape is None and pipeline.decode is not True:
         return None
     raw_shape = raw_shape_of(dataset)
     if raw_shape is None:
         return None
+    if crop_shape is not None:
+        return crop_shape, True
+    if pipeline.layout == "HWC":
+        return (count, *raw_shape), False
+    return (count, raw_shape[2], raw_shape[0], raw_shape[1]), False
+
+
+def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
+                    geometries: list[Any] | None = None, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), or None
+    when they do not apply (``_raw_fast_shape``). Shared by ``PackedDataset`` and
+    ``PackedIterableDataset``.
+
+    Raw pixels are gathered from the shard views (``rawcrop.read_raw_batch``); with a fused
+    transform (``HWC``) they are cropped, resized and flipped in one vectorised pass
+    (``DecodeTransform.batch``) straight into the batch tensor (``out`` when it is a contiguous
+    uint8 tensor of the batch's shape, else a new one, in shared memory inside a worker), each
+    sample's crop appended to ``geometries`` when it is a list. Without one the pixels are
+    gathered straight into it (``HWC``), or gathered and transposed once (``CHW``).
+    """
+    fast = _raw_fast_shape(dataset, pipeline, len(idx))
+    if fast is None:
+        return None
+    shape, crop = fast
+    raw_shape = raw_shape_of(dataset)
+    if out is not None and tuple(out.shape) == shape and out.dtype == torch.uint8 and out.is_contiguous():
+        batch = out
+    else:
+        batch = _empty(shape, torch.uint8)
     if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
-        batch = _empty((len(idx), *pipeline.decode.output_shape), torch.uint8)
         pixels = read_raw_batch(dataset, idx, raw_shape)
         if geometries is None:
             pipeline.decode.batch(pixels, idx, out=batch)
         else:
             geometries.extend(pipeline.decode.batch_with_geometry(pixels, idx, out=batch)[1])
     elif pipeline.layout == "HWC":
-        batch = _empty((len(idx), *raw_shape), torch.uint8)
         read_raw_batch(dataset, idx, raw_shape, out=batch.numpy())
     else:
-        batch = _empty((len(idx), raw_shape[2], raw_shape[0], raw_shape[1]), torch.uint8)
         batch.copy_(torch.from_numpy(read_raw_batch(dataset, idx, raw_shape)).permute(0, 3, 1, 2))
     return batch
 

@@ -255,3 +255,31 @@ def test_every_reader_draws_the_same_crop_for_a_sample(raw: Path) -> None:
             _assert_agree(got, expected, limit=1)
         else:
             assert torch.equal(got, expected), name
+
+
+# --- batches written into a tensor the caller allocated (ThreadedLoader's main-thread buffers) ----
+
+def test_load_batch_writes_into_a_given_tensor_of_the_fast_path_shape(raw: Path) -> None:
+    crop = PackedDataset(raw, decode=_rrc(), layout="HWC")
+    assert crop.fast_batch_shape(5) == (5, 12, 12, 3)
+    assert PackedDataset(raw, layout="HWC").fast_batch_shape(5) == (5, 20, 24, 3)
+    assert PackedDataset(raw, layout="CHW").fast_batch_shape(5) == (5, 3, 20, 24)
+    assert PackedDataset(raw, decode=_rrc(), layout="CHW").fast_batch_shape(5) is None  # the per-sample path
+    assert PackedDataset(raw, decode=False).fast_batch_shape(5) is None
+    indices = [4, 0, 29, 4, 11]
+    expected, labels = crop.load_batch(indices)
+    out = torch.zeros((5, 12, 12, 3), dtype=torch.uint8)
+    images, same_labels = crop.load_batch(indices, out=out)
+    assert images is out and torch.equal(out, expected) and torch.equal(labels, same_labels)
+    wrong = torch.zeros((5, 12, 13, 3), dtype=torch.uint8)
+    images, _ = crop.load_batch(indices, out=wrong)
+    assert images is not wrong and torch.equal(images, expected) and not wrong.any()
+
+
+def test_threaded_loader_batches_are_fresh_tensors_of_the_fast_path(raw: Path) -> None:
+    loader = ThreadedLoader(raw, batch_size=6, order="sequential", threads=2, decode=_rrc())
+    batches = [images for images, _ in loader]
+    expected = _expected_crops(raw, _rrc, epoch=0)
+    assert torch.equal(torch.cat(batches), expected)
+    pointers = {batch.data_ptr() for batch in batches}
+    assert len(pointers) == len(batches)  # every batch its own memory: the loop may keep them all
