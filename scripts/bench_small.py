@@ -32,15 +32,18 @@ What one run does:
    the table shows the median round's images/s, its ratio to ImageFolder's median, and
    CPU-seconds per image over all rounds (workers + main process, from ``/proc``).
 3. **Raw batch reads** (no augmentation), random batches: ``read_raw_batch`` (one gather per
-   batch, one thread), ``ThreadedLoader(decode=True)``, and a ``memcpy`` (``numpy.copyto``) of
-   the same number of bytes, in samples/s and GB/s.
+   batch, one thread), ``ThreadedLoader(decode=True)``, a ``memcpy`` (``numpy.copyto``) of
+   the same number of bytes from one cache-resident buffer, and the gather's floor: the same
+   random rows copied out of anonymous memory as large as the dataset (no file, no index), in
+   samples/s and GB/s.
 4. **Where the time goes**: ms per batch of each stage of the raw batched path (gather, draws,
    resample) and of ImageFolder's per-image path (file read, PIL decode, transform, collate).
 5. With ``--raw224 N``: N raw 224x224 samples; random batch reads against a ``memcpy`` of the
    same bytes (GB/s), and RandomResizedCrop(224) per-sample vs batched.
 
 Timings on a shared machine are noisy: read the ratios, which compare loaders measured in the
-same run.
+same run. The header states the machine's load before and after the loaders' rounds (1-minute
+load average, and the kernel's CPU pressure: the share of time some task waited for a core).
 """
 
 from __future__ import annotations
@@ -89,6 +92,17 @@ def warm(folder: Path) -> None:
             with open(os.path.join(dirpath, name), "rb") as handle:
                 while handle.read(1 << 20):
                     pass
+
+
+def machine_load() -> dict[str, Any]:
+    """The 1-minute load average and the CPU pressure (PSI ``some avg60``, in %) when the kernel has it."""
+    pressure = None
+    try:
+        first = Path("/proc/pressure/cpu").read_text().split("\n")[0]
+        pressure = float(first.split("avg60=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return {"loadavg_1m": os.getloadavg()[0], "cpu_pressure_avg60": pressure}
 
 
 # --- loaders --------------------------------------------------------------------------------------
@@ -199,6 +213,28 @@ def raw_reads(raw: Path, batch: int, threads: int) -> dict[str, float]:
         np.copyto(out, source)
         return batch
 
+    # The floor of a random gather: the same rows copied at random from anonymous memory as large
+    # as the dataset (no file, no index): what DRAM and the TLB allow for scattered 3 KB rows.
+    from packer.codecs import raw_sample_stride
+    stride = raw_sample_stride(shape, dataset.alignment)
+    sample_bytes = int(np.prod(shape))
+    far = np.ones(len(dataset) * stride, dtype=np.uint8)
+    far_rows = np.lib.stride_tricks.as_strided(far, (len(dataset), sample_bytes), (stride, 1))
+    far_positions = [(b * stride).astype(np.int64) for b in batches]
+    flat_out = out.reshape(batch, sample_bytes)
+    try:  # the same copy loop read_raw_batch uses, when it is built
+        from packer._rawresample import gather as copy_rows
+    except ImportError:
+        copy_rows = None
+
+    def random_rows() -> int:
+        if copy_rows is not None:
+            copy_rows(far, out, far_positions[state["k"] % 64], None, sample_bytes)
+        else:
+            flat_out[...] = far_rows[batches[state["k"] % 64]]
+        state["k"] += 1
+        return batch
+
     threaded = loader_threaded(raw, threads, batch, 0, decode=True)
     stream = forever(threaded)
 
@@ -207,10 +243,11 @@ def raw_reads(raw: Path, batch: int, threads: int) -> dict[str, float]:
 
     rates = {}
     for _ in range(3):  # interleaved: the three see the same background load
-        for name, body in (("memcpy", memcpy), ("read_raw_batch", gather), ("threaded", threaded_body)):
+        for name, body in (("memcpy", memcpy), ("random_rows", random_rows), ("read_raw_batch", gather),
+                           ("threaded", threaded_body)):
             rates.setdefault(name, []).append(bench_peers.timed_loop(body, 0.5))
     stream.close()
-    sample_bytes = int(np.prod(shape))
+    del far, far_rows, far_positions
     result = {}
     for name, values in rates.items():
         rate = statistics.median(values)
@@ -342,27 +379,35 @@ def main(argv: list[str] | None = None) -> int:
         (f"packer raw threaded, {threads} threads", lambda: loader_threaded(raw, threads, batch, size)),
     ]
     print(f"training-style loaders, RandomResizedCrop({size}) + flip, batch {batch}:", file=sys.stderr)
+    load_before = machine_load()
     table = training_table(runs, rounds=args.rounds, images=per_round, warmup=2)
     reads = raw_reads(raw, batch, threads)
     stages = {"raw batched": stages_raw(raw, batch, size),
               "imagefolder": stages_imagefolder(src, batch, size)}
     extra = raw224(out, args.raw224, 256, threads) if args.raw224 else None
 
+    load_after = machine_load()
     disk = {name: sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             for name, path in (("png files", src), ("pass-through", passthrough), ("raw", raw))}
     print(f"\n{args.images:,} {size}x{size} PNGs, RandomResizedCrop({size}) + flip, uint8, batch {batch}, "
           f"random order, {args.rounds} interleaved rounds (median), {os.cpu_count()} cores, "
           f"torch {torch.__version__} ({torch.get_num_threads()} intra-op threads)")
+    print(f"machine load (1-min load average; CPU pressure, share of time some task waited for a core): "
+          f"before {load_before['loadavg_1m']:.2f} / {load_before['cpu_pressure_avg60']}, after "
+          f"{load_after['loadavg_1m']:.2f} / {load_after['cpu_pressure_avg60']} (other work on the machine)")
     print(f"{'loader':<40} {'images/s':>12} {'vs ImageFolder':>15} {'CPU us/image':>13}")
     for row in table:
         print(f"{row['name']:<40} {row['images_per_s']:>12,.0f} {row['vs_imagefolder']:>14.1f}x "
               f"{row['cpu_us_per_image']:>13.1f}")
     print(f"\nraw batch reads (no augmentation), random batches of {batch}:")
     print(f"  memcpy of the same bytes   {reads['memcpy_samples_per_s']:>14,.0f} samples/s "
-          f"{reads['memcpy_gb_per_s']:6.2f} GB/s")
+          f"{reads['memcpy_gb_per_s']:6.2f} GB/s (one buffer, cache-resident)")
+    print(f"  random rows, anonymous mem {reads['random_rows_samples_per_s']:>14,.0f} samples/s "
+          f"{reads['random_rows_gb_per_s']:6.2f} GB/s (the same rows, no file: the gather's floor)")
     print(f"  read_raw_batch, 1 thread   {reads['read_raw_batch_samples_per_s']:>14,.0f} samples/s "
           f"{reads['read_raw_batch_gb_per_s']:6.2f} GB/s "
-          f"({reads['read_raw_batch_samples_per_s'] / reads['memcpy_samples_per_s']:.2f}x memcpy)")
+          f"({reads['read_raw_batch_samples_per_s'] / reads['memcpy_samples_per_s']:.2f}x memcpy, "
+          f"{reads['read_raw_batch_samples_per_s'] / reads['random_rows_samples_per_s']:.2f}x random rows)")
     print(f"  ThreadedLoader, {threads} threads  {reads['threaded_samples_per_s']:>14,.0f} samples/s "
           f"{reads['threaded_gb_per_s']:6.2f} GB/s")
     print(f"\nwhere the time goes, ms per batch of {batch}:")
@@ -386,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"table": table, "reads": reads, "stages": stages, "disk": disk,
                                          "raw224": extra, "emulated_imagefolder": emulated,
+                                         "load": {"before": load_before, "after": load_after},
                                          "machine": platform.platform(), "args": vars(args)},
                                         default=str, indent=2, sort_keys=True))
     return 0
