@@ -4,8 +4,9 @@ For small samples (CIFAR's 32x32, Tiny ImageNet's 64x64, raw pixels) a DataLoade
 processes cost more than they give: each batch crosses a process boundary (pickled indices one
 way, a shared-memory tensor and its file descriptor the other way) and every worker pays its
 own start-up and page-table costs. The batched raw path (``packer.rawcrop``: one gather, one
-vectorised crop-resize per batch) spends its time in numpy and torch kernels that release the
-GIL, so a few threads of the training process keep up with it.
+vectorised crop-resize per batch) spends its time in compiled code that releases the GIL
+(packer's ``_rawresample`` gather and resample, or numpy's and torch's kernels without it), so a
+few threads of the training process keep up with it.
 
 ``ThreadedLoader`` runs ``PackedDataset.load_batch`` (``packer.torch``: ``__getitems__`` +
 ``collate``, without per-sample objects on raw datasets) for each batch in a
