@@ -994,10 +994,11 @@ class PackedDataset(torch_data.Dataset):
         self.dataset.close()
 
 
-def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline, count: int) -> tuple[tuple[int, ...], bool] | None:
-    """``(batch shape, crop)`` of a raw dataset's fast paths for ``count`` samples, or None when
-    they do not apply (another codec, a ``transform``, ``decode=False``, a callable that is not a
-    fused transform)."""
+def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline,
+                    count: int) -> tuple[tuple[int, ...], bool, tuple[int, int, int]] | None:
+    """``(batch shape, crop, stored sample shape)`` of a raw dataset's fast paths for ``count``
+    samples, or None when they do not apply (another codec, a ``transform``, ``decode=False``, a
+    callable that is not a fused transform)."""
     if count < 1 or pipeline.decode is False or pipeline.transform is not None:
         return None
     crop_shape = pipeline.batch_shape(count)  # a fused transform, HWC
@@ -1007,10 +1008,10 @@ def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline, count: int) -> tuple[
     if raw_shape is None:
         return None
     if crop_shape is not None:
-        return crop_shape, True
+        return crop_shape, True, raw_shape
     if pipeline.layout == "HWC":
-        return (count, *raw_shape), False
-    return (count, raw_shape[2], raw_shape[0], raw_shape[1]), False
+        return (count, *raw_shape), False, raw_shape
+    return (count, raw_shape[2], raw_shape[0], raw_shape[1]), False, raw_shape
 
 
 def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
@@ -1030,8 +1031,7 @@ def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
     fast = _raw_fast_shape(dataset, pipeline, len(idx))
     if fast is None:
         return None
-    shape, crop = fast
-    raw_shape = raw_shape_of(dataset)
+    shape, crop, raw_shape = fast
     if out is not None and tuple(out.shape) == shape and out.dtype == torch.uint8 and out.is_contiguous():
         batch = out
     else:
