@@ -283,3 +283,28 @@ def test_threaded_loader_batches_are_fresh_tensors_of_the_fast_path(raw: Path) -
     assert torch.equal(torch.cat(batches), expected)
     pointers = {batch.data_ptr() for batch in batches}
     assert len(pointers) == len(batches)  # every batch its own memory: the loop may keep them all
+
+
+def test_gpu_raw_crops_with_fields_keep_index_and_refuse_array_fields(tmp_path: Path) -> None:
+    import json
+
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = []
+    for i in range(12):
+        Image.fromarray(np.full((16, 16, 3), i * 9, np.uint8)).save(src / f"{i}.png")
+        rows.append({"path": f"{i}.png", "score": i / 4})
+    (src / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
+    out = tmp_path / "raw"
+    build(src / "rows.jsonl", out, BuildOptions(fields=("score=float32",), codec="raw:size=16x16"), workers=1,
+          progress=False)
+    crop = RandomResizedCrop(8, seed=2)
+    with GpuRawBatches(out, 4, device="cpu", order="random", fields=("image", "index"), decode=crop) as loader:
+        dataset = PackedDataset(out, decode=RandomResizedCrop(8, seed=2), layout="HWC")
+        for batch in loader:
+            expected, _ = dataset.load_batch(batch["index"].numpy())
+            _assert_agree(batch["image"], expected, limit=1)
+    with pytest.raises(OptionError, match="crops the pixels but not the array fields"):
+        GpuRawBatches(out, 4, device="cpu", fields=("image", "score"), decode=crop)
