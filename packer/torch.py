@@ -1092,7 +1092,29 @@ def _sampler_cursor(data_source: Any, *, order: str, seed: int, rank: int | None
                        count_samples=count_samples)
 
 
-class PackedSampler(CursorReader, torch_data.Sampler):
+def _seeded_crops(source: Any) -> Any:
+    """The seeded fused transform (``decode=RandomResizedCrop(..., seed=)``) of a packer dataset,
+    or None: its draws are a function of (seed, epoch, index), so it must follow the epoch."""
+    from .transforms import DecodeTransform
+
+    decode = getattr(getattr(source, "_pipeline", None), "decode", None)
+    return decode if isinstance(decode, DecodeTransform) and getattr(decode, "seed", None) is not None else None
+
+
+class _FollowsEpoch:
+    """``set_epoch`` also moves the dataset's seeded crops: a loop that moves only the sampler
+    (the DistributedSampler habit) would otherwise train every epoch on epoch 0's crops."""
+
+    _crops: Any = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration, and of the dataset's seeded crops if any."""
+        super().set_epoch(epoch)  # type: ignore[misc]
+        if self._crops is not None:
+            self._crops.set_epoch(epoch)
+
+
+class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
     """Yields this rank's sample indices for one epoch (a drop-in for ``DistributedSampler``).
 
     The epoch order, the rank split and the pad/drop rule are those of ``packer.order``; without
@@ -1118,6 +1140,7 @@ class PackedSampler(CursorReader, torch_data.Sampler):
                  block_samples: int | None = None) -> None:
         #: The DataLoader batch size this sampler was told, or None.
         self.batch_size = batch_size
+        self._crops = _seeded_crops(data_source)
         self.cursor = _sampler_cursor(data_source, order=order, seed=seed, rank=rank, world_size=world_size,
                                       batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
                                       block_bytes=block_bytes, window=window, block_samples=block_samples,
@@ -1154,7 +1177,7 @@ class PackedSampler(CursorReader, torch_data.Sampler):
         return super().state_dict(samples_consumed=samples_consumed)
 
 
-class PackedBatchSampler(CursorReader, torch_data.BatchSampler):
+class PackedBatchSampler(_FollowsEpoch, CursorReader, torch_data.BatchSampler):
     """Yields this rank's batches of sample indices: use as ``DataLoader(batch_sampler=...)``.
 
     A ``torch.utils.data.BatchSampler`` (``isinstance`` holds; ``.sampler``, ``.batch_size`` and
@@ -1171,6 +1194,7 @@ class PackedBatchSampler(CursorReader, torch_data.BatchSampler):
         # torch's BatchSampler.__init__ wraps a sampler of its own; this one deals batches itself.
         settings = dict(order=order, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
                         block_bytes=block_bytes, window=window, block_samples=block_samples)
+        self._crops = _seeded_crops(data_source)
         self.cursor = _sampler_cursor(data_source, batch_size=batch_size, count_samples=False, **settings)
         self.sampler = PackedSampler(data_source, batch_size=batch_size, **settings)
         self.sampler.cursor.position = self.cursor.position  # one position for both
@@ -1310,7 +1334,7 @@ class _SharedPosition(Position):
         self._cell[1] = int(start)
 
 
-class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
+class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableDataset):
     """An ``IterableDataset`` that reads its own order and splits it across ranks and workers.
 
     Each rank's batches (``packer.order``) go round-robin to the DataLoader's workers, which is
@@ -1359,6 +1383,7 @@ class PackedIterableDataset(CursorReader, torch_data.IterableDataset):
                  geometry: Mapping[str, str | Sequence[str]] | None = None,
                  collate_fn: Callable[[Any], Any] | None = None) -> None:
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self._crops = _seeded_crops(self)
         self.dataset = _open(source, backend, verify_checksums)
         # Dict samples are PackedDataset's (one way to build them): it reads this same open dataset.
         self._samples: PackedDataset | None = None

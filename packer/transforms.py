@@ -59,8 +59,9 @@ the index), and crop, resize and flip them exactly as a decoded image. For a who
 (``packer.rawcrop``): all boxes drawn with numpy, one antialiased bilinear resample over the
 batch; ``PackedDataset.__getitems__`` and ``packer.threaded.ThreadedLoader`` use it for raw
 datasets. Its pixels agree with the per-sample path within ``rawcrop.AGREEMENT_MAX_ABS`` grey
-levels. With ``seed=`` the boxes are a function of ``(seed, epoch, index)`` on both paths (call
-``transform.set_epoch(epoch)`` with the sampler's; the threaded loader does it itself); without
+levels. With ``seed=`` the boxes are a function of ``(seed, epoch, index)`` on both paths (the
+readers' ``set_epoch`` sets the transform's epoch too: packer's samplers, the iterable dataset,
+the threaded and GPU loaders); without
 it, each process draws from its own generator as below.
 
 Geometry: boxes, keypoints and masks follow the crop. ``transform.geometry(width, height, index)``
@@ -463,11 +464,12 @@ class DecodeTransform:
         return int(self._epoch_cell[0])
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the seeded draws (with ``seed=``): call it with the sampler's.
+        """Select the epoch of the seeded draws (with ``seed=``).
 
         Reaches DataLoader workers, persistent ones included (the value lives in shared memory
-        once the transform has been sent to a worker). ``packer.threaded.ThreadedLoader`` calls
-        it itself.
+        once the transform has been sent to a worker). packer's readers call it themselves:
+        ``set_epoch`` of a ``PackedSampler``/``PackedBatchSampler`` over the dataset, of a
+        ``PackedIterableDataset``, ``PackedDataLoader``, ``ThreadedLoader`` or ``GpuRawBatches``.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")

@@ -308,3 +308,37 @@ def test_gpu_raw_crops_with_fields_keep_index_and_refuse_array_fields(tmp_path: 
             _assert_agree(batch["image"], expected, limit=1)
     with pytest.raises(OptionError, match="crops the pixels but not the array fields"):
         GpuRawBatches(out, 4, device="cpu", fields=("image", "score"), decode=crop)
+
+
+# --- set_epoch on the sampler (or the iterable, or the loader) moves the seeded crops too ----------
+
+def test_the_samplers_epoch_moves_the_datasets_seeded_crops(raw: Path) -> None:
+    """The DistributedSampler habit: a loop that calls only sampler.set_epoch(epoch) must not
+    train every epoch on epoch 0's crops; with 2 persistent workers the epoch reaches them."""
+    from packer.torch import PackedBatchSampler, PackedSampler
+
+    dataset = PackedDataset(raw, decode=_rrc(), layout="HWC")
+    sampler = PackedBatchSampler(dataset, batch_size=N, order="sequential")
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2, persistent_workers=True, collate_fn=collate)
+    seen = []
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        assert dataset._pipeline.decode.epoch == epoch
+        images = torch.cat([images for images, _ in loader])
+        _assert_agree(images, _expected_crops(raw, _rrc, epoch))
+        seen.append(images)
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
+    plain = PackedSampler(dataset)
+    plain.set_epoch(5)
+    assert dataset._pipeline.decode.epoch == 5
+    unseeded = PackedDataset(raw, decode=RandomResizedCrop(12))
+    PackedSampler(unseeded).set_epoch(3)  # nothing to follow: draws come from the process RNG
+    assert unseeded._pipeline.decode.epoch == 0
+
+
+def test_the_iterables_epoch_moves_its_seeded_crops(raw: Path) -> None:
+    iterable = PackedIterableDataset(raw, batch_size=N, order="sequential", decode=_rrc(), layout="HWC")
+    iterable.set_epoch(4)
+    assert iterable._pipeline.decode.epoch == 4
+    images = torch.cat([images for images, _ in DataLoader(iterable, batch_size=None)])
+    _assert_agree(images, _expected_crops(raw, _rrc, 4))
