@@ -18,6 +18,16 @@ Targets:
   sample the image (``<stem>.<ext>``) and a ``.cls`` member holding the label, plus ``.json``
   and ``.txt`` members from the metadata a WebDataset build kept (``{"json": ..., "txt": ...}``).
 
+Declared fields (``formats/SPEC.md`` §14) come out as the side files a build reads back
+(``packer/build/sidefiles.py``): for a sample whose image is ``cat/001.jpg`` (its key ``cat/001``
+being the path up to the first dot of the file name), each image field ``F`` is written as
+``cat/001.F.<ext>`` (its stored bytes, the extension from its format), and the value fields as
+one ``cat/001.json`` object ``{"F": value}`` (arrays as nested lists, class sets as their names
+when the field has names, else their ids; captions as strings), merged with a WebDataset
+sample's own ``.json`` metadata. ``packer build OUT NEW --field ...`` with the same declarations
+rebuilds the fields. Two samples whose keys would share side files are refused before anything
+is written (``OptionError``), never silently overwritten.
+
 Filters: ``classes`` (names, or integer labels as text), ``samples`` (``"start:stop"``, in
 dataset order, Python slice rules), ``keys`` (a file of keys, one per line); all apply together.
 """
@@ -30,10 +40,11 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
+from . import format as fmt
 from .dataset import open_dataset
 from .errors import OptionError, OutputExistsError
 from .names import ESCAPED_FIELD, unescape_key
@@ -125,6 +136,58 @@ def _samples(ds: object, rows: np.ndarray) -> Iterator[tuple[int, bytes | None, 
         yield label, path, ds.read(i), meta  # type: ignore[attr-defined]
 
 
+def _side_key(path: bytes) -> bytes:
+    """A sample's key in the side-file rule: its path up to the first dot of the file name."""
+    folder, _, base = path.rpartition(b"/")
+    stem = base.split(b".", 1)[0]
+    return (folder + b"/" if folder else b"") + stem
+
+
+def _field_value_json(ds: Any, spec: Any, i: int) -> Any:
+    value = ds.field_value(spec.name, i)
+    if spec.kind == "text":
+        return value
+    if spec.kind == "classes" and spec.classes:
+        return [spec.classes[k] for k in value.tolist()]
+    return value.tolist()
+
+
+def _side_files(ds: Any, i: int, key: bytes, meta_json: Any) -> list[tuple[bytes, bytes]]:
+    """Sample ``i``'s declared fields as (relative path, bytes) side files (module docstring)."""
+    files: list[tuple[bytes, bytes]] = []
+    values: dict[str, Any] = dict(meta_json) if isinstance(meta_json, dict) else {}
+    for spec in ds.fields:
+        if spec.kind == "image":
+            image_format = int(ds.index.field_columns[spec.image_column("format")][i])
+            ext = fmt.ImageFormat.NAMES.get(image_format, "img")
+            ext = {"jpeg": "jpg", "unknown": "img", "other": "img"}.get(ext, ext)
+            files.append((key + f".{spec.name}.{ext}".encode(), bytes(ds.field_bytes(spec.name, i))))
+        else:
+            values[spec.name] = _field_value_json(ds, spec, i)
+    if values:
+        files.append((key + b".json", json.dumps(values, sort_keys=True, ensure_ascii=False).encode("utf-8")))
+    return files
+
+
+def _check_side_keys(ds: Any, rows: np.ndarray) -> None:
+    """Refuse an export whose samples' side files would collide (``a.1.jpg`` and ``a.2.jpg``)."""
+    if not ds.fields:
+        return
+    seen: dict[bytes, str] = {}
+    classes = ds.classes
+    for i in rows.tolist():
+        meta = ds.metadata(i)
+        path = sample_path(ds.key(i), int(ds.labels[i]), classes, bool(meta.get(ESCAPED_FIELD)))
+        if path is None:
+            continue
+        key = _side_key(path)
+        if key in seen:
+            raise OptionError(f"samples {seen[key]!r} and {ds.key(i)!r} share the side-file key "
+                              f"{os.fsdecode(key)!r} (the path up to the first dot): their fields' side files "
+                              f"would overwrite each other; export them separately (--keys)")
+        seen[key] = ds.key(i)
+
+
 def _tar_info(name: bytes, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(os.fsdecode(name))
     info.size, info.mtime, info.mode, info.uid, info.gid = size, 0, 0o644, 0, 0
@@ -164,6 +227,7 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
             raise OptionError("this dataset was built with --normalize-formats: some payloads are PNGs converted "
                               "from the source files, so there is nothing to export verbatim")
         rows = select_samples(ds, classes=classes, samples=samples, keys=keys)
+        _check_side_keys(ds, rows)
         result = ExportResult(0, 0, 0, 0)
         if to == "folder":
             _to_folder(ds, rows, out_path, result)
@@ -177,16 +241,18 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
 def _to_folder(ds: object, rows: np.ndarray, out: Path, result: ExportResult) -> None:
     root = os.fsencode(out)
     os.makedirs(root, exist_ok=True)
-    for _, path, data, _ in _samples(ds, rows):
+    for i, (_, path, data, meta) in zip(rows.tolist(), _samples(ds, rows)):
         if path is None:
             result.skipped_unsafe += 1
             continue
-        full = os.path.join(root, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "wb") as handle:
-            handle.write(data)
+        files = [(path, data)] + (_side_files(ds, i, _side_key(path), None) if ds.fields else [])
+        for relative, body in files:
+            full = os.path.join(root, relative)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as handle:
+                handle.write(body)
+            result.files += 1
         result.samples += 1
-        result.files += 1
         result.bytes += len(data)
 
 
@@ -194,11 +260,13 @@ def _to_tar(ds: object, rows: np.ndarray, out: Path, result: ExportResult) -> No
     temp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     try:
         with _open_tar(temp) as archive:
-            for _, path, data, _ in _samples(ds, rows):
+            for i, (_, path, data, _) in zip(rows.tolist(), _samples(ds, rows)):
                 if path is None:
                     result.skipped_unsafe += 1
                     continue
                 archive.addfile(_tar_info(path, len(data)), io.BytesIO(data))
+                for relative, body in (_side_files(ds, i, _side_key(path), None) if ds.fields else []):
+                    archive.addfile(_tar_info(relative, len(body)), io.BytesIO(body))
                 result.samples += 1
                 result.bytes += len(data)
         os.replace(temp, out)
@@ -212,7 +280,7 @@ def _to_webdataset(ds: object, rows: np.ndarray, out: Path, per_shard: int, resu
     archive = None
     temp = final = None
     try:
-        for label, path, data, meta in _samples(ds, rows):
+        for i, (label, path, data, meta) in zip(rows.tolist(), _samples(ds, rows)):
             if path is None:
                 result.skipped_unsafe += 1
                 continue
@@ -231,6 +299,9 @@ def _to_webdataset(ds: object, rows: np.ndarray, out: Path, per_shard: int, resu
             extras = {b"cls": str(label).encode()}
             if "json" in meta:
                 extras[b"json"] = json.dumps(meta["json"], sort_keys=True, ensure_ascii=False).encode()
+            if ds.fields:  # declared fields as the members a WebDataset build reads them from
+                for relative, body in _side_files(ds, i, stem, meta.get("json")):
+                    extras[relative[len(stem) + 1:]] = body
             if isinstance(meta.get("txt"), str):
                 extras[b"txt"] = meta["txt"].encode()
             for suffix, body in extras.items():

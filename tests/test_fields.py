@@ -352,3 +352,53 @@ def test_manifest_round_trip_keeps_fields(built: tuple[Path, Path]) -> None:
     data = (built[1] / "manifest.json").read_bytes()
     manifest = fmt.parse_manifest(data)
     assert fmt.dump_manifest(manifest) == data
+
+
+# --- export: fields come out as the side files a build reads back ---------------------------------
+
+@pytest.mark.parametrize("target", ["folder", "webdataset"])
+def test_export_writes_fields_as_side_files_that_rebuild_the_same_values(built: tuple[Path, Path], tmp_path: Path,
+                                                                        target: str) -> None:
+    from packer.export import export
+
+    _, out = built
+    exported = tmp_path / "exported"
+    result = export(out, exported, to=target)
+    assert result.samples == 8
+    if target == "folder":
+        assert (exported / "img" / "0.mask.png").is_file() and (exported / "img" / "0.json").is_file()
+        source = exported
+    else:
+        source = exported / "shard-000000.tar"
+    rebuilt = tmp_path / "rebuilt"
+    # the WebDataset members sit in img/ like the keys: say the kind (auto would read class folders)
+    build(source, rebuilt, BuildOptions(fields=FIELDS), source_kind="folder" if target == "folder" else "webdataset")
+    with open_dataset(out) as before, open_dataset(rebuilt) as after:
+        assert len(after) == len(before)
+        for i in range(len(after)):
+            key = after.key(i)
+            j = before.find(key)
+            for spec in before.fields:
+                if spec.kind == "image":
+                    assert after.field_bytes(spec.name, i).tobytes() == before.field_bytes(spec.name, j).tobytes()
+                elif spec.kind == "classes":
+                    names = lambda ds, k: [ds.field_spec("tags").classes[c] for c in ds.field_value("tags", k)]
+                    assert names(after, i) == names(before, j)
+                elif spec.kind == "text":
+                    assert after.field_value(spec.name, i) == before.field_value(spec.name, j)
+                else:
+                    np.testing.assert_array_equal(after.field_value(spec.name, i), before.field_value(spec.name, j))
+
+
+def test_export_refuses_samples_whose_side_files_would_collide(tmp_path: Path) -> None:
+    from packer.export import export
+
+    (tmp_path / "img").mkdir()
+    for name in ("a.1.jpg", "a.2.jpg"):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "img" / name)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"path": f"img/{n}", "caption": n}) + "\n"
+                                                 for n in ("a.1.jpg", "a.2.jpg")), "utf-8")
+    build(tmp_path / "rows.jsonl", tmp_path / "out", BuildOptions(fields=("caption=text",)))
+    with pytest.raises(OptionError, match="share the side-file key 'img/a'"):
+        export(tmp_path / "out", tmp_path / "exported")
+    assert not (tmp_path / "exported").exists()
