@@ -83,11 +83,13 @@ def field_stats(index: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _percentiles(values: np.ndarray) -> dict[str, Any] | None:
+def percentile_stats(values: np.ndarray, percentiles: tuple[tuple[str, int], ...] = _PERCENTILES
+                     ) -> dict[str, Any] | None:
+    """Percentiles (actual values, no interpolation) and the mean of an integer array; None when empty."""
     if len(values) == 0:
         return None
-    points = np.percentile(values, [q for _, q in _PERCENTILES], method="lower")
-    stats: dict[str, Any] = {name: int(v) for (name, _), v in zip(_PERCENTILES, points)}
+    points = np.percentile(values, [q for _, q in percentiles], method="lower")
+    stats: dict[str, Any] = {name: int(v) for (name, _), v in zip(percentiles, points)}
     stats["mean"] = round(float(values.mean(dtype=np.float64)), 3)
     return stats
 
@@ -100,7 +102,7 @@ def _array_stats(spec: Any, values: np.ndarray, offsets: np.ndarray | None, coun
     stats: dict[str, Any] = {}
     if offsets is not None:
         rows = _row_counts(offsets, spec.record_bytes)
-        stats["rows"] = {**(_percentiles(rows) or {}), "total": int(rows.sum()), "empty": int(np.count_nonzero(rows == 0))}
+        stats["rows"] = {**(percentile_stats(rows) or {}), "total": int(rows.sum()), "empty": int(np.count_nonzero(rows == 0))}
     width = spec.record_shape[-1] if spec.record_shape else 1
     dtype = spec.numpy_dtype
     flat = values.view(dtype) if len(values) else np.zeros(0, dtype=dtype)
@@ -148,7 +150,7 @@ def _classes_stats(spec: Any, values: np.ndarray, offsets: np.ndarray) -> dict[s
         used, used_counts = np.unique(ids, return_counts=True)
     top = np.lexsort((used, -used_counts))[:TOP_CLASSES]
     names = spec.classes
-    return {"labels_per_sample": _percentiles(per_sample), "empty": int(np.count_nonzero(per_sample == 0)),
+    return {"labels_per_sample": percentile_stats(per_sample), "empty": int(np.count_nonzero(per_sample == 0)),
             "labels": int(len(ids)), "classes_used": int(len(used)),
             "top": [{"id": int(used[k]), "name": names[int(used[k])] if names else None, "count": int(used_counts[k])}
                     for k in top.tolist()]}
@@ -166,7 +168,7 @@ def _text_stats(index: Any, blob: np.ndarray, offsets: np.ndarray) -> dict[str, 
         text = raw.decode("utf-8", "replace")
         example = {"sample": sample, "key": index.key(sample), "text": text[:EXAMPLE_CHARS],
                    "truncated": len(text) > EXAMPLE_CHARS or len(raw) < int(lengths[sample])}
-    return {"length_bytes": _percentiles(lengths), "empty": int(np.count_nonzero(lengths == 0)),
+    return {"length_bytes": percentile_stats(lengths), "empty": int(np.count_nonzero(lengths == 0)),
             "example": example}
 
 
@@ -179,8 +181,8 @@ def _image_stats(spec: Any, columns: Any, count: int) -> dict[str, Any]:
     formats = np.bincount(part("format"), minlength=256) if count else np.zeros(256, dtype=np.int64)
     channels = np.bincount(part("channels"), minlength=256) if count else np.zeros(256, dtype=np.int64)
     return {"shard_bytes": int(sum(entry.size for entry in spec.shards)),
-            "payload_bytes": {**(_percentiles(part("size")) or {}), "total": int(part("size").sum(dtype=np.uint64))},
-            "width": _percentiles(width[known]), "height": _percentiles(height[known]),
+            "payload_bytes": {**(percentile_stats(part("size")) or {}), "total": int(part("size").sum(dtype=np.uint64))},
+            "width": percentile_stats(width[known]), "height": percentile_stats(height[known]),
             "unknown_size": int(count - np.count_nonzero(known)),
             "formats": {fmt.ImageFormat.NAMES.get(value, f"format-{value}"): int(n)
                         for value, n in enumerate(formats.tolist()) if n},

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..files import iter_json_lines
-from .fields import field_stats, format_fields
+from .fields import field_stats, format_fields, percentile_stats
 
 __all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
 
@@ -111,13 +111,8 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
 
 
 def _stats(values: np.ndarray) -> dict[str, Any] | None:
-    """Percentiles (actual values, no interpolation) and the mean of an integer array."""
-    if len(values) == 0:
-        return None
-    points = np.percentile(values, [q for _, q in _PERCENTILES], method="lower")
-    stats: dict[str, Any] = {name: int(v) for (name, _), v in zip(_PERCENTILES, points)}
-    stats["mean"] = round(float(values.mean(dtype=np.float64)), 3)
-    return stats
+    """Percentiles (actual values) and the mean of an integer array, at the summary's points."""
+    return percentile_stats(values, _PERCENTILES)
 
 
 def _label_counts(labels: np.ndarray) -> dict[str, int] | None:
