@@ -1827,3 +1827,508 @@ def test_verify_runs_at_most_the_workers_asked_for(verify_base: Path, monkeypatc
     report = verify(verify_base, workers=2)
     pids = {p.message for p in report.problems}
     assert len(report.problems) == 3 and len(pids) == 2 and str(os.getpid()) not in pids
+
+
+# === dataset: open errors, lookups, pickling, the shard cache, reads ==============================
+
+import pickle  # noqa: E402
+
+from packer import dataset as dataset_module  # noqa: E402
+from packer.dataset import Dataset, open_dataset  # noqa: E402
+from packer.errors import DatasetChangedError, MisalignedRecordError  # noqa: E402
+
+# Every invalid vector, opened and read: (error class, exact message, the file it names relative to
+# the vector's folder, the sample it names). "{invalid}" stands for formats/vectors/invalid.
+INVALID_VECTOR_ERRORS = {
+    'index-checksum-mismatch': (ChecksumMismatchError, 'index checksum mismatch: manifest says 917373e8036c0734, file hashes to e7e643c11d83d4e6 (the index is damaged or belongs to another build)', 'index-917373e8036c0734.pki', None),
+    'index-column-bad-dtype': (CorruptHeaderError, "column 'label' has unsupported dtype '<f8'", 'index-ac1df22296e4b444.pki', None),
+    'index-column-bad-name': (CorruptHeaderError, "column 4 has an invalid or repeated name 'Label'", 'index-d511f47d65d0d63b.pki', None),
+    'index-column-count-0': (CorruptHeaderError, 'column_count 0 outside 1..64', 'index-fe367d84e27b9a01.pki', None),
+    'index-column-past-end': (OffsetOutOfBoundsError, "column 'meta' (2305843009213693952 x 1 bytes at 1664) runs past the end (1664)", 'index-e2f69e303e6864cc.pki', None),
+    'index-column-wrong-dtype': (CorruptHeaderError, "index column 'label' has dtype <u8, expected <i8", 'index-778b7add6fb23e76.pki', None),
+    'index-column-wrong-length': (IndexMismatchError, "index column 'width' has 2 entries, expected 3", 'index-093a3a0c86b39207.pki', None),
+    'index-columns-overlap': (OverlappingRecordsError, "column 'offset' starts at 896: must be a multiple of 64 at or after 908", 'index-92c212fa5de9b8aa.pki', None),
+    'index-extended': (TruncatedFileError, 'index file is 1728 bytes on disk but its header says 1664 (extended)', 'index-5c5f58b598de5f08.pki', None),
+    'index-gap': (OverlappingRecordsError, 'starts at 1536 but the layout requires 1024 (samples must be packed in order at aligned offsets without overlap or gaps)', 'index-0bf3d1141ebada68.pki', 1),
+    'index-header-size': (CorruptHeaderError, 'header_size 960 does not match 13 columns', 'index-d0686b0fd5670b61.pki', None),
+    'index-key-offsets-decrease': (OverlappingRecordsError, "index column 'key_offsets' must start at 0, never decrease and end at the 'keys' length 27", 'index-ef6f505ac1f2776d.pki', None),
+    'index-lfs-pointer': (NotAPackerFileError, "not a packer index file (starts with b'version ')", 'index-cdf888787fe6c8d8.pki', None),
+    'index-misaligned-offset': (MisalignedRecordError, 'starts at 1032, not a multiple of 512', 'index-304500358b600ddb.pki', 1),
+    'index-missing': (DatasetChangedError, 'index-917373e8036c0734.pki is missing: the dataset was replaced or deleted while in use, or the copy is incomplete', 'index-917373e8036c0734.pki', None),
+    'index-missing-column': (CorruptHeaderError, "index lacks required column 'checksum'", 'index-c90ea7bc7f748584.pki', None),
+    'index-offset-2pow62': (OffsetOutOfBoundsError, 'has an offset or size beyond 2^62', 'index-ec28fa22ffa81806.pki', 2),
+    'index-offset-past-end': (OffsetOutOfBoundsError, 'shard 1 (shards/shard-00001-2dcae0495225d083.pks) is 1024 bytes but its samples end at 1536', 'index-6daa582d71d818c1.pki', 2),
+    'index-overlap': (OverlappingRecordsError, 'starts at 512 but the layout requires 1024 (samples must be packed in order at aligned offsets without overlap or gaps)', 'index-bb547f5958c48607.pki', 1),
+    'index-path-dotdot': (UnsafePathError, "index path '../index-917373e8036c0734.pki' is not a valid dataset path (expected index-<16 hex digits>.pki, relative, inside the dataset)", 'manifest.json', None),
+    'index-row-count-2pow63': (CorruptHeaderError, 'row_count 9223372036854775808 exceeds the limit 1099511627776', 'index-280763de4e675a39.pki', None),
+    'index-row-count-mismatch': (IndexMismatchError, "index holds 2 samples but the manifest's shards hold 3", 'index-812b89bc9cbc526b.pki', None),
+    'index-shard-order': (OverlappingRecordsError, "is in shard 1 but the manifest's per-shard counts place it in shard 0", 'index-811dd1077b09005f.pki', 1),
+    'index-shard-out-of-range': (OffsetOutOfBoundsError, 'names shard 7 but the manifest lists 2', 'index-3303bcf6741ac87d.pki', 2),
+    'index-short': (TruncatedFileError, 'index file is 10 bytes, shorter than its 64-byte header', 'index-8bd86b4b938f4ecc.pki', None),
+    'index-size-zero': (CorruptHeaderError, 'has size 0; every sample holds at least one byte', 'index-849a29a2686450c6.pki', 1),
+    'index-truncated': (TruncatedFileError, 'is 1600 bytes on disk but the manifest says 1664 (truncated)', 'index-917373e8036c0734.pki', None),
+    'index-version-2': (UnsupportedVersionError, 'index format version 2 is not supported (this reader accepts [1]); upgrade packer', 'index-44b0e9c9c6f5083c.pki', None),
+    'label-out-of-range': (IndexMismatchError, 'has label 2 but the manifest lists 2 classes', 'index-0a0f7228b99bbcf4.pki', 0),
+    'manifest-alignment-768': (ManifestError, 'alignment must be a power of two between 1 and 16777216, got 768', 'manifest.json', None),
+    'manifest-bool-as-int': (ManifestError, "manifest field 'sample_count' must be an integer, got a boolean", 'manifest.json', None),
+    'manifest-checksum-algorithm': (ManifestError, "checksum_algorithm 'crc32' is not 'xxh3_64'", 'manifest.json', None),
+    'manifest-checksum-uppercase': (ManifestError, "shard 0 checksum must be 16 lowercase hex digits, got '73B4D06BBB44B44D'", 'manifest.json', None),
+    'manifest-classes-string': (ManifestError, "manifest field 'classes' must be an array, got a string", 'manifest.json', None),
+    'manifest-count-2pow63': (ManifestError, "manifest field 'sample_count' = 9223372036854775808 outside 0..1099511627776", 'manifest.json', None),
+    'manifest-history-not-list': (ManifestError, "manifest 'build' must be an object and 'history' a list of objects", 'manifest.json', None),
+    'manifest-is-a-folder': (NotAPackerFileError, 'manifest.json is not a regular file', 'manifest.json', None),
+    'manifest-lfs-pointer': (NotAPackerFileError, "not a packer manifest (starts with b'version https://')", 'manifest.json', None),
+    'manifest-missing': (NotAPackerFileError, 'no manifest.json: not a packer dataset (an unfinished build is here: finish it with `packer build --resume`)', '.', None),
+    'manifest-missing-codec': (ManifestError, "manifest lacks required field 'codec'", 'manifest.json', None),
+    'manifest-nan': (ManifestError, 'manifest is not valid UTF-8 JSON: NaN is not valid JSON', 'manifest.json', None),
+    'manifest-not-utf8': (ManifestError, "manifest is not valid UTF-8 JSON: 'utf-8' codec can't decode byte 0xff in position 678: invalid start byte", 'manifest.json', None),
+    'manifest-shard-size-2pow62': (ManifestError, "manifest shard 0 field 'size' = 4611686018427387904 outside 1..4611686018427387903", 'manifest.json', None),
+    'manifest-truncated-json': (ManifestError, 'manifest is not valid UTF-8 JSON: Unterminated string starting at: line 29 column 25 (char 646)', 'manifest.json', None),
+    'manifest-version-2': (UnsupportedVersionError, 'dataset format version 2 is not supported (this reader accepts [1]); upgrade packer', 'manifest.json', None),
+    'manifest-version-string': (ManifestError, "manifest field 'format_version' must be an integer, got a string", 'manifest.json', None),
+    'manifest-wrong-format': (NotAPackerFileError, "manifest format is 'webdataset', expected 'packer-dataset'", 'manifest.json', None),
+    'path-absolute': (UnsafePathError, "shard 0 path '/tmp/shards/shard-00000-73b4d06bbb44b44d.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'path-dotdot': (UnsafePathError, "shard 1 path 'shards/../shards/shard-00001-2dcae0495225d083.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'path-short-number': (UnsafePathError, "shard 0 path 'shards/shard-0-73b4d06bbb44b44d.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'sample-count-sum': (ManifestError, "sample_count 4 differs from the sum of the shards' counts 3", 'manifest.json', None),
+    'shard-alignment-3': (CorruptHeaderError, 'alignment must be a power of two between 1 and 16777216, got 3', 'shards/shard-00000-056e254f620e0927.pks', None),
+    'shard-bad-magic': (NotAPackerFileError, "not a packer shard (starts with b'\\x1f\\x8b\\x08\\x00\\x00\\x00\\x00\\x00')", 'shards/shard-00000-6ea95062343d6360.pks', None),
+    'shard-count-2pow63': (CorruptHeaderError, 'sample_count 9223372036854775808 outside 1..1099511627776', 'shards/shard-00000-eaf8789143aaad97.pks', None),
+    'shard-data-offset': (CorruptHeaderError, 'data_offset 64 must be 512 for alignment 512', 'shards/shard-00000-7e992f356290da6b.pks', None),
+    'shard-extended': (TruncatedFileError, 'is 1536 bytes on disk but the manifest says 1024 (extended)', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-extended-manifest-updated': (OffsetOutOfBoundsError, 'shard 1 (shards/shard-00001-2a9822bb6e3fafbc.pks) is 1536 bytes but its samples end at 1024', 'index-917373e8036c0734.pki', 2),
+    'shard-file-size-not-multiple': (CorruptHeaderError, 'file_size 1000 must be a multiple of 512, hold at least one sample and be below 2^62', 'shards/shard-00000-86c9395e89daeaaf.pks', None),
+    'shard-header-alignment-mismatch': (ManifestError, 'shard header (alignment 256, 2 samples, number 0) disagrees with the manifest (alignment 512, 2 samples, number 0)', 'shards/shard-00000-a92e4d12ce4d53f2.pks', None),
+    'shard-header-count-mismatch': (ManifestError, 'shard header (alignment 512, 1 samples, number 0) disagrees with the manifest (alignment 512, 2 samples, number 0)', 'shards/shard-00000-d95eeb7603d921a8.pks', None),
+    'shard-header-number-mismatch': (ManifestError, 'shard header (alignment 512, 1 samples, number 5) disagrees with the manifest (alignment 512, 1 samples, number 1)', 'shards/shard-00001-a73b54fcd8e55ba0.pks', None),
+    'shard-header-size-mismatch': (TruncatedFileError, 'shard is 1536 bytes on disk but its header says 2048 (truncated)', 'shards/shard-00000-bd1810c75afd1316.pks', None),
+    'shard-is-a-folder': (NotAPackerFileError, 'shards/shard-00001-2dcae0495225d083.pks is not a regular file', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-listed-twice': (ManifestError, 'manifest shard 2 (shards/shard-00000-73b4d06bbb44b44d.pks) is not numbered after the shard before it (1); shards must be listed in increasing number order', 'manifest.json', None),
+    'shard-missing': (DatasetChangedError, 'shards/shard-00001-2dcae0495225d083.pks is missing: the dataset was replaced or deleted while in use, or the copy is incomplete', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-size-not-multiple': (ManifestError, 'manifest shard 1 size 1000 is not a multiple of the alignment 512', 'manifest.json', None),
+    'shard-truncated': (TruncatedFileError, 'is 924 bytes on disk but the manifest says 1024 (truncated)', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-version-2': (UnsupportedVersionError, 'shard format version 2 is not supported (this reader accepts [1]); upgrade packer', 'shards/shard-00000-01752482eaed4b87.pks', None),
+    'shards-not-increasing': (ManifestError, 'manifest shard 1 (shards/shard-00000-73b4d06bbb44b44d.pks) is not numbered after the shard before it (1); shards must be listed in increasing number order', 'manifest.json', None),
+    'symlink-escape': (UnsafePathError, "'shards/shard-00001-2dcae0495225d083.pks' resolves outside the dataset folder (to {invalid}/outside-the-dataset.pks)", '.', None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_VECTOR_ERRORS))
+def test_invalid_vectors_name_the_exact_error_file_and_sample(name: str) -> None:
+    folder = (VECTORS / "invalid" / name).resolve()
+    error, message, where, sample = INVALID_VECTOR_ERRORS[name]
+    with pytest.raises(PackerError) as caught:
+        with open_dataset(folder) as dataset:
+            for i in range(len(dataset)):
+                dataset.read(i)
+    assert type(caught.value) is error
+    assert caught.value.message == message.replace("{invalid}", str(VECTORS.resolve() / "invalid"))
+    assert caught.value.path is not None and os.path.relpath(caught.value.path, folder) == where
+    assert caught.value.sample == sample
+
+
+def _refusal(folder: Path) -> tuple[type, str, str | None]:
+    with pytest.raises(PackerError) as caught:
+        open_index(folder)
+    return type(caught.value), caught.value.message, caught.value.path
+
+
+def test_open_refuses_what_is_not_a_dataset_and_says_what_it_is(tmp_path: Path) -> None:
+    no_manifest = "no manifest.json: not a packer dataset"
+    staging = " (an unfinished build is here: finish it with `packer build --resume`)"
+    report = (f" (a build that packed nothing left {fmt.REPORT_NAME} here: it lists every rejected file "
+              f"and why)")
+    assert _refusal(tmp_path / "nope") == (NotAPackerFileError, "dataset folder does not exist", str(tmp_path / "nope"))
+    (tmp_path / "file").write_bytes(b"x")
+    assert _refusal(tmp_path / "file") == (
+        NotAPackerFileError, "not a dataset folder (expected a folder holding manifest.json)", str(tmp_path / "file"))
+    cases = {"empty": ([], no_manifest), "staging": ([".packer-build/"], no_manifest + staging),
+             "failed": ([fmt.REPORT_NAME], no_manifest + report),
+             "both": ([".packer-build/", fmt.REPORT_NAME], no_manifest + staging),
+             "report-folder": ([fmt.REPORT_NAME + "/"], no_manifest)}
+    for name, (entries, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for entry in entries:
+            if entry.endswith("/"):
+                (folder / entry).mkdir()
+            else:
+                (folder / entry).write_text("{}\n")
+        assert _refusal(folder) == (NotAPackerFileError, message, str(folder)), name
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / fmt.MANIFEST_NAME, "wb") as handle:
+        handle.truncate(fmt.MAX_MANIFEST_BYTES + 1)  # sparse: never read, refused by its size
+    assert _refusal(big) == (ManifestError, f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit",
+                             str(big / fmt.MANIFEST_NAME))
+    with open(big / fmt.MANIFEST_NAME, "r+b") as handle:
+        handle.truncate(fmt.MAX_MANIFEST_BYTES)
+    error, message, _ = _refusal(big)  # at the limit it is read (and is not a manifest)
+    assert (error, message) == (NotAPackerFileError, f"not a packer manifest (starts with {bytes(16)!r})")
+
+
+def _rewrite_index(folder: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Rewrite the index's columns and make the manifest's index entry (name, size, checksum) match."""
+    manifest = json.loads((folder / fmt.MANIFEST_NAME).read_text())
+    rows, columns = fmt.parse_column_file((folder / manifest["index"]["path"]).read_bytes(), fmt.INDEX_MAGIC)
+    columns = {key: np.array(value) for key, value in columns.items()}
+    change(columns)
+    data = b"".join(bytes(p) for p in fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns))
+    (folder / manifest["index"]["path"]).unlink()
+    digest = fmt.checksum(data)
+    manifest["index"] = {"path": fmt.index_file_name(digest), "size": len(data), "checksum": fmt.checksum_hex(digest)}
+    (folder / manifest["index"]["path"]).write_bytes(data)
+    (folder / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+@pytest.fixture
+def base3(tmp_path: Path) -> Path:
+    """A private copy of the base-align512 vector: cat/a.png, cat/b.jpg, dog/c.bmp in 2 shards."""
+    return Path(shutil.copytree(VECTORS / "valid" / "base-align512", tmp_path / "base3"))
+
+
+def _with_blob(column: str, pieces: list[bytes]) -> Callable[[dict[str, np.ndarray]], None]:
+    """Replace a variable-length column (keys, meta) and its offsets by ``pieces``."""
+
+    def change(columns: dict[str, np.ndarray]) -> None:
+        columns[column] = np.frombuffer(b"".join(pieces), dtype=np.uint8).copy()
+        columns[column[:-1] + "_offsets" if column == "keys" else "meta_offsets"] = np.cumsum(
+            [0] + [len(p) for p in pieces]).astype(np.uint64)
+
+    return change
+
+
+def test_index_labels_outside_the_class_list_name_the_first_one(base3: Path) -> None:
+    for labels, bad, label in [([0, 1, 2], 2, 2), ([0, -1, 1], 1, -1), ([1, 0, 5], 2, 5), ([0, 1, 1], None, None)]:
+        _rewrite_index(base3, lambda c: c.__setitem__("label", np.array(labels, dtype=np.int64)))
+        if bad is None:
+            assert open_index(base3).labels.tolist() == labels
+            continue
+        error, message, path = _refusal(base3)
+        assert (error, message) == (IndexMismatchError, f"has label {label} but the manifest lists 2 classes")
+        with pytest.raises(IndexMismatchError) as caught:
+            open_index(base3)
+        assert caught.value.sample == bad and Path(path).name == json.loads(
+            (base3 / fmt.MANIFEST_NAME).read_text())["index"]["path"]
+
+
+def test_a_one_byte_index_file_is_too_short_for_its_header(base3: Path) -> None:
+    manifest = json.loads((base3 / fmt.MANIFEST_NAME).read_text())
+    (base3 / manifest["index"]["path"]).unlink()
+    name = fmt.index_file_name(fmt.checksum(b"P"))
+    (base3 / name).write_bytes(b"P")
+    manifest["index"] = {"path": name, "size": 1, "checksum": fmt.checksum_hex(fmt.checksum(b"P"))}
+    (base3 / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    error, message, path = _refusal(base3)
+    assert (error, message, Path(path).name) == (
+        TruncatedFileError, "index file is 1 bytes, shorter than its 64-byte header", name)
+
+
+def test_find_matches_whole_keys_only(base3: Path) -> None:
+    """Keys that hold other keys: "a/z.png" inside "a/a/z.png", "111" overlapping "z1"."""
+    keys = ["a/a/z.png", "z1", "111"]
+    _rewrite_index(base3, _with_blob("keys", [k.encode() for k in keys]))
+    with open_index(base3) as index:
+        assert list(index.keys()) == keys
+        assert [index.find(k) for k in keys] == [0, 1, 2]
+        _rewrite_index(base3, _with_blob("keys", [b"a/a/z.png", b"a/z.png", b"111"]))
+    with open_index(base3) as index:
+        assert index.find("a/z.png") == 1 and index.find("a/a/z.png") == 0
+        for missing in ["z.png", "a/a", "pnga/z", "11", "1111", "a/z.pn", "", "\udc80", 7, None]:
+            with pytest.raises(KeyError) as caught:
+                index.find(missing)  # type: ignore[arg-type]
+            assert caught.value.args == (missing,)
+
+
+def test_keys_that_are_not_utf8_are_shown_with_replacement_characters(base3: Path) -> None:
+    _rewrite_index(base3, _with_blob("keys", [b"cat/\xff.png", b"cat/b.jpg", b"dog/c.bmp"]))
+    with open_index(base3) as index:
+        assert index.key(0) == "cat/\ufffd.png"
+
+
+def test_sample_numbers_are_checked_like_a_sequence(base3: Path, tmp_path: Path) -> None:
+    with open_index(base3) as index:
+        assert [index.key(i) for i in (-3, -1, 0, 2)] == ["cat/a.png", "dog/c.bmp", "cat/a.png", "dog/c.bmp"]
+        assert index.shard_of(-1) == 1 and index.shard_of(1) == 0
+        for bad in (3, -4, 10):
+            with pytest.raises(IndexError) as caught:
+                index.key(bad)
+            assert str(caught.value) == f"sample {bad} out of range for a dataset of 3 samples"
+    with open_index(VECTORS / "valid" / "empty") as index:
+        with pytest.raises(IndexError, match="^sample 0 out of range for a dataset of 0 samples$"):
+            index.key(0)
+
+
+def test_metadata_forms_and_refusals(base3: Path) -> None:
+    depth = fmt.MAX_JSON_DEPTH
+    deepest = ("[" * depth + "]" * depth).encode()
+    _rewrite_index(base3, _with_blob("meta", [b'{"a": 1}', b"", b"[1, 2]"]))
+    with open_index(base3) as index:
+        assert [index.metadata(i) for i in range(3)] == [{"a": 1}, {}, {"value": [1, 2]}]
+        assert index.metadata(-3) == {"a": 1}
+    _rewrite_index(base3, _with_blob("meta", [b"", deepest, b"[" + deepest + b"]"]))
+    with open_index(base3) as index:
+        assert index.metadata(1) == {"value": json.loads(deepest)}
+        with pytest.raises(IndexMismatchError) as caught:
+            index.metadata(-1)
+        assert (caught.value.message, caught.value.sample, caught.value.path) == (
+            f"holds metadata nested {depth + 1} levels deep; readers decode at most {depth}", 2, str(base3))
+    _rewrite_index(base3, _with_blob("meta", [b"", b"{not json", b""]))
+    with open_index(base3) as index:
+        with pytest.raises(IndexMismatchError) as caught:
+            index.metadata(1)
+        assert (caught.value.message, caught.value.sample, caught.value.path) == (
+            "holds metadata that is not JSON", 1, str(base3))
+
+
+def test_sample_info_is_exact() -> None:
+    with open_index(VECTORS / "valid" / "base-align512") as index:
+        info = index.sample_info(-1)
+        ix = index.index
+        assert info == {"index": 2, "key": "dog/c.bmp", "label": 1, "class": "dog", "shard": 1,
+                        "shard_path": index.manifest.shards[1].path, "offset": int(ix.offset[2]),
+                        "size": int(ix.size[2]), "checksum": fmt.checksum_hex(int(ix.checksum[2])),
+                        "width": int(ix.width[2]), "height": int(ix.height[2]), "channels": int(ix.channels[2]),
+                        "image_format": "bmp", "metadata": {}}
+        assert index.sample_info(0)["class"] == "cat"
+    with open_index(VECTORS / "valid" / "manifest-metadata") as index:  # no classes; labels 123456789, -1, 0, 7
+        assert [index.sample_info(i)["class"] for i in range(4)] == [None] * 4
+        assert index.sample_info(2)["metadata"] == {"caption": "ünicode ✓", "n": 3}
+    with open_index(VECTORS / "valid" / "unknown-fields") as index:  # image_format 200 is reserved
+        assert index.sample_info(0)["image_format"] == "unknown"
+
+
+def test_dataset_defaults_and_options() -> None:
+    folder = VECTORS / "valid" / "base-align512"
+    with Dataset(folder) as dataset:
+        assert (dataset.backend_name, dataset.verify_checksums, dataset.max_open_shards) == ("mmap", False, 64)
+    with open_dataset(folder, backend="pread", verify_checksums=True, max_open_shards=1) as dataset:
+        assert (dataset.backend_name, dataset.verify_checksums, dataset.max_open_shards) == ("pread", True, 1)
+        assert dataset.read(2) == bytes(Dataset(folder)[2])
+    with open_dataset(folder, max_open_shards=0) as dataset:
+        assert dataset.max_open_shards == 1
+
+
+def test_checksums_are_verified_only_when_asked() -> None:
+    folder = VECTORS / "invalid" / "sample-checksum-mismatch"
+    with open_dataset(folder) as dataset:
+        for i in range(len(dataset)):
+            dataset.read(i)  # the default trusts the index: no hashing on the hot path
+        damaged = [i for i in range(len(dataset)) if fmt.checksum(dataset.read(i)) != int(dataset.index.checksum[i])]
+        assert len(damaged) == 1
+        bad = damaged[0]
+        shard_path = dataset.manifest.shards[dataset.shard_of(bad)].path
+        offset = int(dataset.index.offset[bad])
+        assert list(dataset.iter_samples()) and len(dataset.read_batch([bad])) == 1
+    with open_dataset(folder, verify_checksums=True) as dataset:
+        calls = {"get": lambda: dataset.get(bad - len(dataset)), "batch": lambda: dataset.read_batch([bad - len(dataset)]),
+                 "iter": lambda: list(dataset.iter_samples([bad]))}
+        for name, call in calls.items():
+            with pytest.raises(ChecksumMismatchError) as caught:
+                call()
+            assert (caught.value.sample, caught.value.path) == (bad, shard_path), name
+            assert caught.value.offset == (offset if name == "get" else None), name
+
+
+def test_a_pickled_dataset_reopens_the_same_version(tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(VECTORS / "valid" / "base-align512", tmp_path / "ds"))
+    with open_dataset(folder, backend="pread", verify_checksums=True, max_open_shards=1) as dataset:
+        data = pickle.dumps(dataset)
+        expected = [dataset.read(i) for i in range(3)]
+    manifest = (folder / fmt.MANIFEST_NAME).read_bytes()
+    (folder / fmt.MANIFEST_NAME).unlink()  # the worker uses the manifest bytes it was sent
+    clone = pickle.loads(data)
+    assert (clone.path, clone.backend_name, clone.verify_checksums, clone.max_open_shards) == (folder, "pread", True, 1)
+    assert [clone.read(i) for i in range(3)] == expected
+    clone.close()
+    (folder / fmt.MANIFEST_NAME).write_bytes(manifest)
+    index_file = folder / json.loads(manifest)["index"]["path"]
+    index_bytes = index_file.read_bytes()
+    index_file.write_bytes(index_bytes[:-1] + bytes([index_bytes[-1] ^ 1]))
+    with pytest.raises(DatasetChangedError) as caught:
+        pickle.loads(data)
+    assert caught.value.path == str(folder)
+    assert caught.value.message.startswith("the dataset changed since it was opened in the parent process: ")
+    assert "index checksum mismatch" in caught.value.message
+    index_file.unlink()
+    with pytest.raises(DatasetChangedError) as caught:
+        pickle.loads(data)
+    assert caught.value.message.endswith("is missing: the dataset was replaced or deleted while in use, or the copy "
+                                         "is incomplete")
+
+
+def _mapped_shards(folder: Path) -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {Path(line.split()[-1]).name for line in maps if str(folder) in line and line.rstrip().endswith(".pks")}
+
+
+def test_open_shards_are_an_lru_of_the_asked_size(tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(VECTORS / "valid" / "align1", tmp_path / "ds"))  # 3 shards
+    with open_dataset(folder, max_open_shards=2) as dataset:
+        names = [Path(s.path).name for s in dataset.manifest.shards]
+        first = [dataset.index.shard.tolist().index(s) for s in range(3)]
+        for shard in (0, 1, 0, 2):  # shard 1 is the least recently used when shard 2 opens
+            assert bytes(dataset.get(first[shard]))
+        assert _mapped_shards(folder) == {names[0], names[2]}
+        assert dataset.shard(0) is dataset.shard(0)
+    assert _mapped_shards(folder) == set()
+
+
+def test_a_forked_child_opens_its_own_shards() -> None:
+    with open_dataset(VECTORS / "valid" / "base-align512") as dataset:
+        parents = dataset.shard(0)
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if it opened and then kept its own backend
+            ok = False
+            try:
+                mine = dataset.shard(0)
+                ok = mine is not parents and dataset.shard(0) is mine and bytes(dataset.get(0)) == dataset.read(0)
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert dataset.shard(0) is parents
+
+
+def test_batches_and_iteration_check_their_indices() -> None:
+    with open_dataset(VECTORS / "valid" / "base-align512") as dataset:
+        every = [dataset.read(i) for i in range(3)]
+        empty = dataset.read_batch([])
+        assert len(empty) == 0 and empty.data.dtype == np.uint8 and empty.data.shape == (0,)
+        assert empty.starts.dtype == np.int64 and empty.starts.shape == (0,) == empty.sizes.shape
+        assert empty.sizes.dtype == np.int64
+        batch = dataset.read_batch(np.array([[2, -3], [-1, 1]]))
+        assert [bytes(batch[j]) for j in range(4)] == [every[2], every[0], every[2], every[1]]
+        assert [bytes(b) for b, _ in dataset.iter_samples([-3, -1, 2])] == [every[0], every[2], every[2]]
+        for bad in ([3], [-4], [0, 3], [-4, 1], [-4, 3]):
+            with pytest.raises(IndexError, match=r"^batch holds an index outside 0\.\.2$"):
+                dataset.read_batch(bad)
+            with pytest.raises(IndexError, match=r"^indices hold a value outside 0\.\.2$"):
+                list(dataset.iter_samples(bad))
+        assert [label for _, label in dataset.iter_samples()] == [0, 0, 1]
+
+
+def test_iteration_over_a_one_sample_dataset(tmp_path: Path) -> None:
+    out = tmp_path / "one"
+    build(png_folder(tmp_path / "src", 1), out, BuildOptions(), workers=1, progress=False)
+    with open_dataset(out) as dataset:
+        assert [bytes(b) for b, _ in dataset.iter_samples([-1, 0])] == [dataset.read(0)] * 2
+
+
+# === codecs/tiles: the tiled window cutter and the reasons a JPEG stays untiled =====================
+
+import dataclasses  # noqa: E402
+import sys  # noqa: E402
+
+from packer.codecs import tiles as tiles_module  # noqa: E402
+
+
+def _jpeg_bytes(height: int, width: int, **options: Any) -> bytes:
+    rng = np.random.default_rng(3)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1) + rng.integers(0, 20, (height, width, 3))
+    buffer = _io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", **options)
+    return buffer.getvalue()
+
+
+def _with_comment(jpeg: bytes, size: int) -> bytes:
+    """``jpeg`` with a COM segment of ``size`` payload bytes right after SOI (a length >= 256 spans two bytes)."""
+    return jpeg[:2] + b"\xff\xfe" + struct.pack(">H", size + 2) + bytes(range(256)) * (size // 256) + bytes(size % 256) + jpeg[2:]
+
+
+def _frame(marker: int, precision: int = 8) -> bytes:
+    """SOI and a bare frame header: enough for the marker walk, not a decodable JPEG."""
+    return b"\xff\xd8\xff" + bytes([marker]) + struct.pack(">HB", 11, precision) + bytes(8)
+
+
+def _as_buffers(data: bytes) -> list[Any]:
+    return [data, bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)]
+
+
+def test_untiled_reason_reads_every_frame_kind() -> None:
+    expected = {0xC2: "progressive", 0xC6: "progressive", 0xC3: "lossless", 0xC7: "lossless",
+                **{m: "arithmetic" for m in (0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)}}
+    for marker, reason in expected.items():
+        assert tiles_module.untiled_reason(_frame(marker)) == reason, hex(marker)
+    assert tiles_module.untiled_reason(_frame(0xC0, 12)) == "12-bit"
+    assert tiles_module.untiled_reason(_frame(0xC1, 16)) == "16-bit"
+    for marker in (0xCC, 0xD0, 0xC0, 0xC4):  # DAC, RST0, an 8-bit baseline frame, DHT: no verdict from the header
+        assert tiles_module.untiled_reason(_frame(marker)) == "damaged or multi-scan", hex(marker)
+
+
+def test_untiled_reason_at_the_end_of_the_bytes() -> None:
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc2\x00\x02") == "progressive"  # a 4-byte segment at the end
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc0\x00\x11") == "damaged or multi-scan"  # no precision byte
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc0\x00\x11\x0c") == "12-bit"  # the precision is the last byte
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc2\x00") == "damaged or multi-scan"
+
+
+def test_untiled_reason_skips_long_segments_in_any_buffer() -> None:
+    progressive = _with_comment(_jpeg_bytes(16, 16, progressive=True), 300)
+    for data in _as_buffers(progressive):
+        assert tiles_module.untiled_reason(data) == "progressive", type(data)
+    twelve_bit = _with_comment(_frame(0xC0, 12), 700)
+    assert [tiles_module.untiled_reason(d) for d in _as_buffers(twelve_bit)] == ["12-bit"] * 4
+
+
+def test_untiled_reason_asks_the_transcoder_after_the_header() -> None:
+    baseline = _jpeg_bytes(24, 40)
+    for data in _as_buffers(baseline + b"trailing bytes"):
+        assert tiles_module.untiled_reason(data) == "data after the image"
+    assert tiles_module.untiled_reason(baseline[:200]) == "damaged or multi-scan"
+
+
+def test_transcoder_available_is_false_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.codecs as codecs_package
+
+    assert tiles_module.transcoder_available() is True  # the suite runs with the extension built
+    monkeypatch.delattr(codecs_package, "_jpegtiles", raising=False)
+    monkeypatch.setitem(sys.modules, "packer.codecs._jpegtiles", None)  # import now raises ImportError
+    assert tiles_module.transcoder_available() is False
+
+
+def _tiled(height: int, width: int) -> tuple[bytes, tiles_module.TileLayout]:
+    data = tiles_module.transcode(_jpeg_bytes(height, width, quality=90), max_pixels=10**8)
+    layout = tiles_module.read_layout(data)
+    assert layout is not None and layout.rows >= 2 and layout.columns >= 2
+    return data, layout
+
+
+def test_window_jpeg_reads_any_contiguous_buffer_by_bytes() -> None:
+    data, layout = _tiled(96, 160)
+    expected = tiles_module.window_jpeg(data, layout, 1, 2, 0, 2)
+    as_matrix = np.frombuffer(data, dtype=np.uint8).reshape(1, -1)
+    for buffer in _as_buffers(data)[1:] + [as_matrix]:
+        assert tiles_module.window_jpeg(buffer, layout, 1, 2, 0, 2) == expected, type(buffer)
+
+
+def test_window_jpeg_checks_the_marker_before_the_second_row() -> None:
+    """A table whose second row starts one byte late, with its first tile one byte shorter: the tile
+    still ends at a restart marker, only the marker before it can tell."""
+    data, layout = _tiled(96, 160)
+    starts, lengths = layout.starts.copy(), layout.lengths.copy()
+    first = layout.columns  # tile (row 1, column 0)
+    starts[first] += 1
+    lengths[first] -= 1
+    shifted = dataclasses.replace(layout, starts=starts, lengths=lengths)
+    with pytest.raises(ValueError) as caught:
+        tiles_module.window_jpeg(data, shifted, 0, layout.columns, 0, 2)
+    assert str(caught.value) == "the tile table does not match the JPEG's restart markers"
+
+
+def test_window_jpeg_of_a_window_wider_than_32767_pixels() -> None:
+    """JPEG dimensions are unsigned 16-bit: a 40,000-pixel-wide window is valid."""
+    x = np.arange(40_000)
+    pixels = np.tile(((x // 50) % 256).astype(np.uint8), (16, 1))
+    buffer = _io.BytesIO()
+    Image.fromarray(pixels, "L").save(buffer, "JPEG", quality=80)
+    data = tiles_module.transcode(buffer.getvalue(), max_pixels=10**9)
+    layout = tiles_module.read_layout(data)
+    assert layout is not None and layout.rows == 2
+    window, left, top = tiles_module.window_jpeg(data, layout, 0, layout.columns, 1, 2)
+    assert (left, top) == (0, layout.tile_height)
+    with Image.open(_io.BytesIO(bytes(window))) as image:
+        assert image.size == (40_000, 16 - layout.tile_height)
+    with Image.open(_io.BytesIO(data)) as whole:
+        assert np.array_equal(np.asarray(Image.open(_io.BytesIO(bytes(window)))), np.asarray(whole)[layout.tile_height:])
