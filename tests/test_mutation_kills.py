@@ -2038,6 +2038,13 @@ def test_find_matches_whole_keys_only(base3: Path) -> None:
             with pytest.raises(KeyError) as caught:
                 index.find(missing)  # type: ignore[arg-type]
             assert caught.value.args == (missing,)
+    _rewrite_index(base3, _with_blob("keys", [b"x", b"a/z.png", b"b/a/z.png"]))  # the false match comes last
+    with open_index(base3) as index:
+        assert [index.find(k) for k in ("x", "a/z.png", "b/a/z.png")] == [0, 1, 2]
+    with open_index(VECTORS / "valid" / "empty") as index:
+        for key in ("X", "XX", "a"):
+            with pytest.raises(KeyError):
+                index.find(key)
 
 
 def test_keys_that_are_not_utf8_are_shown_with_replacement_characters(base3: Path) -> None:
@@ -2174,6 +2181,17 @@ def test_open_shards_are_an_lru_of_the_asked_size(tmp_path: Path) -> None:
     assert _mapped_shards(folder) == set()
 
 
+def test_a_shard_cut_after_it_was_opened_names_its_file(tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(VECTORS / "valid" / "base-align512", tmp_path / "ds"))
+    with open_dataset(folder, backend="pread") as dataset:
+        shard = folder / dataset.manifest.shards[0].path
+        dataset.shard(0)
+        os.truncate(shard, 600)
+        with pytest.raises(TruncatedFileError) as caught:
+            dataset.read(1)
+        assert caught.value.path == str(shard.resolve())
+
+
 def test_a_forked_child_opens_its_own_shards() -> None:
     with open_dataset(VECTORS / "valid" / "base-align512") as dataset:
         parents = dataset.shard(0)
@@ -2199,6 +2217,9 @@ def test_batches_and_iteration_check_their_indices() -> None:
         assert empty.sizes.dtype == np.int64
         batch = dataset.read_batch(np.array([[2, -3], [-1, 1]]))
         assert [bytes(batch[j]) for j in range(4)] == [every[2], every[0], every[2], every[1]]
+        with open_dataset(VECTORS / "valid" / "base-align512", verify_checksums=True) as checked:
+            batch = checked.read_batch(np.array([[2, -3], [-1, 1]]))
+            assert [bytes(batch[j]) for j in range(4)] == [every[2], every[0], every[2], every[1]]
         assert [bytes(b) for b, _ in dataset.iter_samples([-3, -1, 2])] == [every[0], every[2], every[2]]
         for bad in ([3], [-4], [0, 3], [-4, 1], [-4, 3]):
             with pytest.raises(IndexError, match=r"^batch holds an index outside 0\.\.2$"):
