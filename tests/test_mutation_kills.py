@@ -2745,3 +2745,241 @@ def test_worker_share_keeps_indices_past_2_to_the_31() -> None:
         assert indices.dtype == dtype and indices.tolist() == [n - 1, 0, n - 2] and bounds.tolist() == [0, 2, 3]
         indices, bounds = pt._worker_share(_FakePlan(n, [[1]]), 1, 2)
         assert indices.tolist() == [] and bounds.tolist() == [0]
+
+
+# === imageinfo: exact rejections, the structure walkers' edges, buffers ===========================
+
+import warnings  # noqa: E402
+
+from packer import imageinfo as imageinfo_module  # noqa: E402
+
+
+def _rejection(data: Any, **options: Any) -> tuple[str, str, str | None]:
+    with pytest.raises(RejectedImageError) as caught:
+        probe_image(data, **options)
+    return caught.value.reason, caught.value.message, caught.value.path
+
+
+def _png(width: int, height: int) -> bytes:
+    buffer = _io.BytesIO()
+    Image.new("RGB", (width, height), (9, 8, 7)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_probe_limits_and_thin_images() -> None:
+    for width, height in [(1, 5), (5, 1), (1, 1)]:
+        assert probe_image(_png(width, height), max_pixels=width * height).width == width
+    assert _rejection(_png(30, 20), name="p.png", max_pixels=100) == (
+        "too-many-pixels", "image is 30x20 = 600 pixels; the limit (max_pixels) is 100", "p.png")
+    assert _rejection(b"", name="e.png") == ("empty-file", "the file is empty (0 bytes); expected image data", "e.png")
+    with pytest.raises(ValueError, match="^max_pixels must be at least 1, got 0$"):
+        probe_image(_png(1, 1), max_pixels=0)
+
+
+def test_probe_rejections_name_the_file() -> None:
+    big_ppm = b"P6\n20000 20000\n255\n" + bytes(10)
+    reason, message, path = _rejection(big_ppm, name="big.ppm")
+    assert (reason, path) == ("too-many-pixels", "big.ppm") and message.startswith("Pillow refused the image: ")
+    garbage = b"\xff\xd8\xff\xc0\x00\x03" + bytes(200) + b"\xff\xd9"
+    reason, message, path = _rejection(garbage, name="g.jpg")
+    assert path == "g.jpg" and message.startswith("starts with the JPEG signature but its header cannot be parsed: ")
+    assert reason == "decode-failed" and ": " in message[len("starts with the JPEG signature but its header cannot be parsed: "):]
+    import zlib
+
+    zero = bytearray(_png(3, 3))
+    zero[16:20] = (0).to_bytes(4, "big")  # IHDR width 0, its CRC fixed
+    zero[29:33] = zlib.crc32(bytes(zero[12:29])).to_bytes(4, "big")
+    assert _rejection(bytes(zero), name="z.png") == (
+        "not-an-image", "PNG header gives a zero width or height (or no pixel mode); expected at least 1x1 pixels",
+        "z.png")
+    assert _rejection(b"hello, plain text bytes", name="t.jpg", show_bytes=False) == (
+        "not-an-image", "expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image, found bytes that are not an image "
+        "(not quoted: the file lies outside the source folder)", "t.jpg")
+    # only the first 64 bytes are looked at: an HTML start that ends past them is just bytes
+    late_html = b" " * 51 + b"<!doctype html><html></html>"
+    assert _rejection(late_html)[1].endswith(f"found bytes starting {late_html[:16]!r}")
+    assert _rejection(b" " * 50 + b"<!doctype html>")[1].endswith("found an HTML page (a failed download?)")
+
+
+def test_full_validation_of_cut_pixel_data_is_truncated() -> None:
+    """A PNG whose IDAT holds half its zlib stream (chunk length and CRC fixed): the header is fine."""
+    import zlib
+
+    buffer = _io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buffer, "PNG")
+    png = buffer.getvalue()
+    at = png.index(b"IDAT") - 4
+    length = int.from_bytes(png[at:at + 4], "big")
+    half = png[at + 8:at + 8 + length][:length // 2]
+    chunk = struct.pack(">I", len(half)) + b"IDAT" + half + struct.pack(">I", zlib.crc32(b"IDAT" + half))
+    cut = png[:at] + chunk + png[at + 12 + length:]
+    assert probe_image(cut).width == 32
+    reason, message, path = _rejection(cut, name="c.png", validate="full")
+    assert (reason, path) == ("truncated", "c.png")
+    assert message.startswith("PNG pixel data ends early while decoding: OSError: image file is truncated"), message
+
+
+def _gif(*, global_table: bool = True, flags: int | None = None, local_flags: int = 0x00, stray: bytes = b"",
+         comment: bytes = b"", trailer: bool = True) -> bytes:
+    """A hand-made 1x1 GIF: header, optional global colour table, an optional comment extension,
+    one image (optional local table), LZW data, optional stray bytes, the trailer."""
+    if flags is None:
+        flags = 0x80 if global_table else 0x00
+    head = b"GIF89a" + struct.pack("<HH", 1, 1) + bytes([flags, 0, 0])
+    table = bytes(3 << ((flags & 7) + 1)) if flags & 0x80 else b""
+    extension = b"\x21\xfe" + bytes([len(comment)]) + comment + b"\x00" if comment else b""
+    local = bytes(3 << ((local_flags & 7) + 1)) if local_flags & 0x80 else b""
+    image = b"\x2c" + struct.pack("<HHHH", 0, 0, 1, 1) + bytes([local_flags]) + local + b"\x02\x02\x44\x01\x00"
+    return head + table + extension + image + stray + (b";" if trailer else b"")
+
+
+def _gif_truncated(frames: int, size: int) -> str:
+    return (f"GIF ends without its trailer byte (0x3B) after {frames} complete frame(s): expected the block structure "
+            f"to end with 0x3B within the file ({size} bytes): the file is truncated")
+
+
+def test_gif_walker_tables_extensions_and_stray_bytes() -> None:
+    problem = imageinfo_module._gif_problem
+    for data in [_gif(), _gif(global_table=False, local_flags=0x80), _gif(global_table=False, flags=0x01),
+                 _gif(local_flags=0x01), _gif(local_flags=0x81), _gif(stray=b"\x00"), _gif(stray=b"\x00\x07\x00"),
+                 _gif(comment=b"a,b;c")]:
+        assert problem(data) is None, data
+    for data, frames in [(_gif(trailer=False), 1), (_gif(global_table=False, flags=0x01, trailer=False), 1),
+                         (_gif(global_table=False, local_flags=0x80, trailer=False), 1)]:
+        assert problem(data) == _gif_truncated(frames, len(data)), data
+    commented = _gif(comment=b"x;y,z" * 10)
+    inside = commented.index(b"x;y")  # cut inside the comment: a 0x3B there is data, not the trailer
+    for cut in (inside + 3, inside + 20):
+        assert problem(commented[:cut]) == _gif_truncated(0, cut)
+    image = _gif().index(b"\x2c")
+    for cut in (image + 5, image + 9):  # inside the image descriptor
+        assert problem(_gif()[:cut]) == _gif_truncated(0, cut)
+    lzw_end = len(_gif()) - 1  # after the LZW sub-blocks' terminator, before the trailer
+    assert problem(_gif()[:lzw_end - 1]) == _gif_truncated(1, lzw_end - 1)  # a sub-block chain that runs out
+    assert problem(_gif()[:13]) == _gif_truncated(0, 13) if not (_gif()[10] & 0x80) else True
+    assert problem(b"GIF89a" + bytes(7)) == _gif_truncated(0, 13)
+    assert problem(b"GIF89a" + bytes(6)) == "GIF is 12 bytes, shorter than its 13-byte header: the file is truncated"
+
+
+def test_gif_plugin_warnings_are_not_shown(tmp_path: Path) -> None:
+    """A GIF whose screen is over Pillow's warning size (89 Mpx) but within the caller's limit."""
+    data = bytearray(_gif())
+    data[6:10] = struct.pack("<HH", 10_000, 10_000)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            probe_image(bytes(data), max_pixels=200_000_000)
+        except RejectedImageError:
+            pass
+    assert not [w for w in seen if issubclass(w.category, Image.DecompressionBombWarning)]
+
+
+def test_webp_png_and_tiff_cut_messages() -> None:
+    webp = _encoded("WEBP")
+    assert imageinfo_module._webp_problem(webp[:11]) == "WEBP is 11 bytes, shorter than its 12-byte RIFF header: truncated"
+    assert imageinfo_module._webp_problem(webp[:12]) == (
+        f"WEBP RIFF header says the file is {len(webp)} bytes, found 12: the file is truncated")
+    png = _png(4, 4)
+    assert imageinfo_module._png_problem(png[:12]) == (
+        "PNG has no IEND chunk: expected chunks up to IEND, but the file (12 bytes) ends after the signature: the file "
+        "is truncated")
+    idat = png.index(b"IDAT") - 4
+    assert imageinfo_module._png_problem(png[:idat + 8]) == (
+        f"PNG has no IEND chunk: expected chunks up to IEND, but the file ({idat + 8} bytes) ends after 'IDAT' at "
+        f"offset {idat}: the file is truncated")
+    cases = [
+        (b"II*\x00\x08\x00", "TIFF is 6 bytes, shorter than its 8-byte header: the file is truncated"),
+        (b"II+\x00\x08\x00\x00\x00\x10\x00\x00", "TIFF is 11 bytes, shorter than its 16-byte header: the file is truncated"),
+        (b"II*\x00\x64\x00\x00\x00", "TIFF header points to its first directory at offset 100, but the file has 8 bytes: "
+                                     "the file is truncated"),
+        (b"MM\x00*\x00\x00\x00\x08\x00\x05\x00\x00", "TIFF directory at offset 8 has 5 entries ending at byte 70, but "
+                                                     "the file has 12 bytes: the file is truncated"),
+        (b"II+\x00\x08\x00\x00\x00\x10" + bytes(7) + b"\x02" + bytes(7) + bytes(10),
+         "TIFF directory at offset 16 has 2 entries ending at byte 64, but the file has 34 bytes: the file is truncated"),
+        (b"II*\x00\x08\x00\x00\x00\x01\x00" + bytes(12), None),
+        (b"II*\x00\x07\x00\x00\x00\x00\x00", None),
+    ]
+    for data, expected in cases:
+        assert imageinfo_module._tiff_ifd_problem(data) == expected, data
+        if expected is not None:
+            assert _rejection(data, name="t.tif") == ("truncated", expected, "t.tif")
+
+
+def _tiff_with_strip_offsets_type(field_type: int) -> bytes:
+    buffer = _io.BytesIO()
+    Image.new("L", (8, 6), 5).save(buffer, "TIFF")
+    data = bytearray(buffer.getvalue())
+    assert data[:4] == b"II*\x00"
+    ifd = int.from_bytes(data[4:8], "little")
+    for k in range(int.from_bytes(data[ifd:ifd + 2], "little")):
+        entry = ifd + 2 + 12 * k
+        if int.from_bytes(data[entry:entry + 2], "little") == 273:
+            assert int.from_bytes(data[entry + 2:entry + 4], "little") in (3, 4)
+            data[entry + 2:entry + 4] = field_type.to_bytes(2, "little")
+    return bytes(data)
+
+
+def test_tiff_offsets_of_a_signed_type_are_refused_by_name() -> None:
+    assert _rejection(_tiff_with_strip_offsets_type(9), name="s.tif") == (
+        "decode-failed", "TIFF header field StripOffsets: expected type SHORT, LONG or LONG8, got SLONG", "s.tif")
+    buffer = _io.BytesIO()
+    Image.new("L", (8, 6), 5).save(buffer, "TIFF")
+    tiff = buffer.getvalue()
+    with Image.open(_io.BytesIO(tiff)) as img:
+        end = max(o + c for o, c in zip(img.tag_v2[273], img.tag_v2[279]))
+    assert _rejection(tiff[:end - 1], name="c.tif") == (
+        "truncated", f"TIFF image data extends to byte {end} (strip/tile offsets plus byte counts), found {end - 1} "
+                     f"bytes: the file is truncated", "c.tif")
+
+
+def _jpeg_with(segments: bytes, *, junk: int = 100, end: bool = True) -> bytes:
+    """A real JPEG with ``segments`` inserted after SOI, optionally without its end marker, then junk."""
+    jpeg = _jpeg_bytes(16, 16)
+    body = jpeg[2:-2] + (b"\xff\xd9" if end else b"")
+    return jpeg[:2] + segments + body + bytes(junk)
+
+
+def test_jpeg_walker_fill_bytes_and_markers_without_length() -> None:
+    problem = imageinfo_module._jpeg_problem
+    headers = [b"\xff\xff\xff\xfe\x00\x04ab", b"\xff\x01", b"\xff\xd0", b"\xff\xd7", b"\xff\xd8\x00\x04ab",
+               b"\xff\x01\xff\xff\xd3\xff\xfe\x00\x03x"]
+    for segments in headers:
+        assert problem(_jpeg_with(segments)) is None, segments  # the end marker is found after the scan starts
+        cut = _jpeg_with(segments, end=False)
+        assert problem(cut) == (f"JPEG has no end-of-image marker (FF D9) in its last 64 bytes, nor after the start of "
+                                f"its scan data: the file ({len(cut)} bytes) is truncated"), segments
+    # an FF D9 inside a header segment (a comment here, an EXIF thumbnail in practice) is not the end
+    comment = b"\xff\xfe\x00\x04\xff\xd9"
+    assert problem(_jpeg_with(comment, end=False)) is not None
+    jpeg = _jpeg_bytes(16, 16)
+    sos = jpeg.index(b"\xff\xda")
+    late_comment = jpeg[:sos] + comment + jpeg[sos:-2] + bytes(100)
+    assert problem(late_comment) is not None
+    scan_end = jpeg[:sos] + b"\xff\xda\x00\x02" + b"\xff\xd9" + bytes(100)  # an empty scan right before the end
+    assert problem(scan_end) is None
+
+
+def test_byte_view_flattens_any_contiguous_buffer() -> None:
+    data = bytes(range(12))
+    assert imageinfo_module.byte_view(data) is data
+    for buffer in (bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8).reshape(3, 4),
+                   np.frombuffer(data, dtype=np.int8), np.frombuffer(data, dtype=np.uint16),
+                   memoryview(data).cast("B", (2, 6))):
+        view = imageinfo_module.byte_view(buffer)
+        assert isinstance(view, memoryview) and view.format == "B" and view.ndim == 1, type(buffer)
+        assert view.tobytes() == data and list(view) == list(data)
+    strided = np.arange(24, dtype=np.uint8)[::2]
+    assert imageinfo_module.byte_view(strided) == strided.tobytes()
+
+
+def test_exception_descriptions_and_mode_channels() -> None:
+    assert imageinfo_module._describe(ValueError("bad thing")) == "ValueError: bad thing"
+    assert imageinfo_module._describe(EOFError()) == "EOFError"
+    assert [imageinfo_module._mode_channels(m) for m in ("L", "LA", "RGB", "RGBA", "I;16", "no-such-mode")] == [
+        1, 2, 3, 4, 1, 0]
+
+
+def test_plugin_factory_without_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(imageinfo_module._PIL_PLUGIN, fmt.ImageFormat.WEBP, "NO-SUCH-PLUGIN")
+    assert imageinfo_module.plugin_factory(fmt.ImageFormat.WEBP) is None
+    assert imageinfo_module.plugin_factory(fmt.ImageFormat.UNKNOWN) is None
