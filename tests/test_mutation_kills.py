@@ -2782,8 +2782,8 @@ def test_probe_rejections_name_the_file() -> None:
     assert (reason, path) == ("too-many-pixels", "big.ppm") and message.startswith("Pillow refused the image: ")
     garbage = b"\xff\xd8\xff\xc0\x00\x03" + bytes(200) + b"\xff\xd9"
     reason, message, path = _rejection(garbage, name="g.jpg")
-    assert path == "g.jpg" and message.startswith("starts with the JPEG signature but its header cannot be parsed: ")
-    assert reason == "decode-failed" and ": " in message[len("starts with the JPEG signature but its header cannot be parsed: "):]
+    assert (reason, path) == ("decode-failed", "g.jpg")
+    assert re.fullmatch(r"starts with the JPEG signature but its header cannot be parsed: SyntaxError: \S.*", message), message
     import zlib
 
     zero = bytearray(_png(3, 3))
@@ -2820,13 +2820,14 @@ def test_full_validation_of_cut_pixel_data_is_truncated() -> None:
 
 
 def _gif(*, global_table: bool = True, flags: int | None = None, local_flags: int = 0x00, stray: bytes = b"",
-         comment: bytes = b"", trailer: bool = True) -> bytes:
+         comment: bytes = b"", trailer: bool = True, lead: bytes = b"", table_end: int = 0) -> bytes:
     """A hand-made 1x1 GIF: header, optional global colour table, an optional comment extension,
     one image (optional local table), LZW data, optional stray bytes, the trailer."""
     if flags is None:
         flags = 0x80 if global_table else 0x00
     head = b"GIF89a" + struct.pack("<HH", 1, 1) + bytes([flags, 0, 0])
-    table = bytes(3 << ((flags & 7) + 1)) if flags & 0x80 else b""
+    table = (bytes((3 << ((flags & 7) + 1)) - 1) + bytes([table_end])) if flags & 0x80 else b""
+    table += lead
     extension = b"\x21\xfe" + bytes([len(comment)]) + comment + b"\x00" if comment else b""
     local = bytes(3 << ((local_flags & 7) + 1)) if local_flags & 0x80 else b""
     image = b"\x2c" + struct.pack("<HHHH", 0, 0, 1, 1) + bytes([local_flags]) + local + b"\x02\x02\x44\x01\x00"
@@ -2842,8 +2843,10 @@ def test_gif_walker_tables_extensions_and_stray_bytes() -> None:
     problem = imageinfo_module._gif_problem
     for data in [_gif(), _gif(global_table=False, local_flags=0x80), _gif(global_table=False, flags=0x01),
                  _gif(local_flags=0x01), _gif(local_flags=0x81), _gif(stray=b"\x00"), _gif(stray=b"\x00\x07\x00"),
-                 _gif(comment=b"a,b;c")]:
+                 _gif(comment=b"a,b;c"), _gif(table_end=0x2C, lead=b"\x00"), _gif(table_end=0x3B, lead=b"\x07")]:
         assert problem(data) is None, data
+    ends_in_stray = _gif(trailer=False, stray=b"\x00\x07")
+    assert problem(ends_in_stray) == _gif_truncated(1, len(ends_in_stray))
     for data, frames in [(_gif(trailer=False), 1), (_gif(global_table=False, flags=0x01, trailer=False), 1),
                          (_gif(global_table=False, local_flags=0x80, trailer=False), 1)]:
         assert problem(data) == _gif_truncated(frames, len(data)), data
@@ -2856,7 +2859,6 @@ def test_gif_walker_tables_extensions_and_stray_bytes() -> None:
         assert problem(_gif()[:cut]) == _gif_truncated(0, cut)
     lzw_end = len(_gif()) - 1  # after the LZW sub-blocks' terminator, before the trailer
     assert problem(_gif()[:lzw_end - 1]) == _gif_truncated(1, lzw_end - 1)  # a sub-block chain that runs out
-    assert problem(_gif()[:13]) == _gif_truncated(0, 13) if not (_gif()[10] & 0x80) else True
     assert problem(b"GIF89a" + bytes(7)) == _gif_truncated(0, 13)
     assert problem(b"GIF89a" + bytes(6)) == "GIF is 12 bytes, shorter than its 13-byte header: the file is truncated"
 
@@ -2897,7 +2899,9 @@ def test_webp_png_and_tiff_cut_messages() -> None:
         (b"II+\x00\x08\x00\x00\x00\x10" + bytes(7) + b"\x02" + bytes(7) + bytes(10),
          "TIFF directory at offset 16 has 2 entries ending at byte 64, but the file has 34 bytes: the file is truncated"),
         (b"II*\x00\x08\x00\x00\x00\x01\x00" + bytes(12), None),
-        (b"II*\x00\x07\x00\x00\x00\x00\x00", None),
+        (b"II*\x00\x08\x00\x00\x00\x00\x00", None),  # an empty directory ending exactly at the end
+        (b"II*\x00\x08\x00\x00\x00\x00", "TIFF header points to its first directory at offset 8, but the file has 9 "
+                                            "bytes: the file is truncated"),
     ]
     for data, expected in cases:
         assert imageinfo_module._tiff_ifd_problem(data) == expected, data
@@ -2983,3 +2987,139 @@ def test_plugin_factory_without_the_plugin(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(imageinfo_module._PIL_PLUGIN, fmt.ImageFormat.WEBP, "NO-SUCH-PLUGIN")
     assert imageinfo_module.plugin_factory(fmt.ImageFormat.WEBP) is None
     assert imageinfo_module.plugin_factory(fmt.ImageFormat.UNKNOWN) is None
+
+
+def test_jpeg_walker_fill_bytes_to_the_end() -> None:
+    data = b"\xff\xd8" + b"\xff" * 100
+    assert imageinfo_module._jpeg_problem(data) == (
+        "JPEG has no end-of-image marker (FF D9) in its last 64 bytes, nor after the start of its scan data: the file "
+        "(102 bytes) is truncated")
+
+
+def test_other_pillow_formats_are_checked_with_the_file_and_its_name() -> None:
+    buffer = _io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "PPM")
+    ppm = buffer.getvalue()
+    reason, message, path = _rejection(ppm[:-5], name="x.ppm")
+    assert (reason, path) == ("truncated", "x.ppm")
+    assert message.startswith("PPM pixel data ends early while decoding: ") and message.endswith(
+        f"(the file, {len(ppm) - 5} bytes, is truncated)"), message
+
+
+class _FakeImage:
+    """What _check_opened and the BMP/TIFF checks read from a Pillow image, set by hand: the values a
+    hostile header can make a plugin report."""
+
+    def __init__(self, **attributes: Any) -> None:
+        self.__dict__.update(attributes)
+
+
+def test_check_opened_refuses_sizes_and_modes_pillow_should_not_give() -> None:
+    png = _png(3, 3)
+    check = imageinfo_module._check_opened
+    for size in [(0, 5), (5, 0), (0, 0), (-1, 3), (3, -2)]:
+        with pytest.raises(RejectedImageError) as caught:
+            check(png, _FakeImage(size=size, mode="RGB", format="PNG"), "PNG", "x.png", "header", 100)
+        assert (caught.value.reason, caught.value.path) == ("not-an-image", "x.png")
+        assert caught.value.message == f"PNG header gives a size of {size[0]}x{size[1]}; expected at least 1x1 pixels"
+    for size in [(True, 3), (3, 2.0), (3, None)]:
+        with pytest.raises(imageinfo_module._BadField) as caught:
+            check(png, _FakeImage(size=size, mode="RGB", format="PNG"), "PNG", "x.png", "header", 100)
+        assert str(caught.value) == f"size: expected integer width and height, got {size[0]!r} x {size[1]!r}"
+    with pytest.raises(imageinfo_module._BadField, match=r"^mode: expected a Pillow mode name, got 5$"):
+        check(png, _FakeImage(size=(3, 3), mode=5, format="PNG"), "PNG", "x.png", "header", 100)
+    assert check(png, _FakeImage(size=(3, 3), mode="RGB", format="PNG"), "PNG", None, "header", 9).width == 3
+
+
+def test_a_check_that_trips_is_a_decode_failure_naming_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a field nobody validated")
+
+    monkeypatch.setattr(imageinfo_module, "_truncation_problem", broken)
+    assert _rejection(_png(3, 3), name="b.png") == (
+        "decode-failed", "PNG header cannot be checked: RuntimeError: a field nobody validated", "b.png")
+
+
+def _bmp(tile: Any) -> _FakeImage:
+    return _FakeImage(tile=tile)
+
+
+def test_bmp_pixel_array_check_cases() -> None:
+    problem = imageinfo_module._bmp_problem
+    view = bytes(80)
+
+    def needs(end: int, rows: int, stride: int, offset: int) -> str:
+        return (f"BMP pixel array needs {end} bytes ({rows} rows of {stride} bytes from offset {offset}), found 80: "
+                f"the file is truncated")
+
+    assert problem(view, _bmp([("raw", (0, 0, 4, 3), 54, ("BGR", 12, -1))])) == needs(90, 3, 12, 54)
+    assert problem(view, _bmp([("raw", (0, 2, 4, 5), 54, ("BGR", 12))])) == needs(90, 3, 12, 54)
+    assert problem(bytes(62), _bmp([("raw", (0, 0, 4, 3), 60, ("BGR", 1))])) == (
+        "BMP pixel array needs 63 bytes (3 rows of 1 bytes from offset 60), found 62: the file is truncated")
+    assert problem(view, _bmp([("raw", (0, 0, 4, 3), 0, ("BGR", 12))])) is None  # offset 0 is allowed
+    assert problem(view, _bmp([("raw", (0, 3, 4, 3), 90, ("BGR", 12))])) == needs(90, 0, 12, 90)  # no rows
+    for tiles in ([("raw", (0, 0, 4, 3), 54, ("BGR", 12)), ("raw", (0, 0, 4, 3), 54, ("BGR", 12))],
+                  [("bmp_rle", (0, 0, 4, 3), 54, ("BGR", 12))],
+                  [("raw", (0, 0, 4, 3), 200, "BGR")], [("raw", (0, 0, 4, 3), 200, ("BGR",))],
+                  [("raw", (0, 0, 4, 3), 200, ("BGR", "x"))], [("raw", (0, 0, 4, 3), 200, ("BGR", 0))], []):
+        assert problem(view, _bmp(tiles)) is None, tiles
+    assert problem(view, _FakeImage()) is None  # no tile attribute at all
+    refused = [((0, 0, 4, 3), -1, "pixel data offset: expected a non-negative integer, got -1"),
+               ((0, 0, 4, 3), 5.0, "pixel data offset: expected a non-negative integer, got 5.0"),
+               ((0, 0, 4), 54, "pixel array extent: expected 4 ordered integers, got (0, 0, 4)"),
+               ((0, 5, 4, 3), 54, "pixel array extent: expected 4 ordered integers, got (0, 5, 4, 3)"),
+               ((0, 0, 4.0, 3), 54, "pixel array extent: expected 4 ordered integers, got (0, 0, 4.0, 3)"),
+               ([0, 0, 4, 3], 54, "pixel array extent: expected 4 ordered integers, got [0, 0, 4, 3]")]
+    for extents, offset, message in refused:
+        with pytest.raises(imageinfo_module._BadField) as caught:
+            problem(view, _bmp([("raw", extents, offset, ("BGR", 12))]))
+        assert str(caught.value) == message
+
+
+class _Tags(dict):
+    """A TIFF tag directory as Pillow exposes it: values by tag, and their field types."""
+
+    def __init__(self, values: dict[int, Any], types: dict[int, int] | None) -> None:
+        super().__init__(values)
+        if types is not None:
+            self.tagtype = types
+
+
+def test_tiff_offset_fields_and_strip_or_tile_ends() -> None:
+    integers = imageinfo_module._tiff_integers
+    assert integers(_Tags({273: 5}, {273: 4}), 273) == (5,)
+    assert integers(_Tags({273: (0, 7)}, {273: 3}), 273) == (0, 7)
+    assert integers(_Tags({}, {}), 279) is None
+    for tags, message in [(_Tags({273: (5,)}, None), "StripOffsets: expected type SHORT, LONG or LONG8, got type None"),
+                          (_Tags({279: (5,)}, {279: 99}), "StripByteCounts: expected type SHORT, LONG or LONG8, got type 99"),
+                          (_Tags({324: ()}, {324: 16}), "TileOffsets: expected at least one value, got none"),
+                          (_Tags({325: (3, -1)}, {325: 4}), "TileByteCounts: expected non-negative integers, got -1"),
+                          (_Tags({273: (2.5,)}, {273: 4}), "StripOffsets: expected non-negative integers, got 2.5")]:
+        tag = next(iter(tags))
+        with pytest.raises(imageinfo_module._BadField) as caught:
+            integers(tags, tag)
+        assert str(caught.value) == message
+    tiff = imageinfo_module._tiff_problem
+    tiles = _Tags({324: (8, 40), 325: (30, 30)}, {324: 4, 325: 4})
+    assert tiff(bytes(70), _FakeImage(tag_v2=tiles)) is None
+    assert tiff(bytes(69), _FakeImage(tag_v2=tiles)) == (
+        "TIFF image data extends to byte 70 (strip/tile offsets plus byte counts), found 69 bytes: the file is truncated")
+    assert tiff(bytes(10), _FakeImage(tag_v2=_Tags({273: (8,)}, {273: 4}))) is None  # offsets without counts
+    with pytest.raises(imageinfo_module._BadField) as caught:
+        tiff(bytes(10), _FakeImage(tag_v2=_Tags({273: (8, 9), 279: (1,)}, {273: 4, 279: 4})))
+    assert str(caught.value) == ("StripOffsets: 2 values, but StripByteCounts has 1; expected one byte count per "
+                                 "offset")
+
+
+def test_pillow_plugins_loaded_on_demand_are_found(tmp_path: Path) -> None:
+    """In a fresh interpreter TIFF and WEBP are not registered until Pillow's plugins are loaded."""
+    import subprocess
+
+    import packer
+
+    code = ("from packer.imageinfo import plugin_factory; from packer.format import ImageFormat; "
+            "print(plugin_factory(ImageFormat.TIFF) is not None, plugin_factory(ImageFormat.WEBP) is not None)")
+    env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=60)
+    assert result.stdout.split() == ["True", "True"], result.stderr
