@@ -3123,3 +3123,21 @@ def test_pillow_plugins_loaded_on_demand_are_found(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                             timeout=60)
     assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+# === format: the manifest's limits and the round trip of a recorded pixel limit ====================
+
+def test_manifest_limits_are_checked_and_kept() -> None:
+    assert manifest_error(manifest_dict(limits="x")).message == "manifest field 'limits' must be an object, got a string"
+    assert manifest_error(manifest_dict(limits={"max_pixels": 0})).message == (
+        "manifest limits field 'max_pixels' = 0 outside 1..4611686018427387903")
+    assert manifest_error(manifest_dict(limits={"max_pixels": True})).message == (
+        "manifest limits field 'max_pixels' must be an integer, got a boolean")
+    for limits, expected in [({"max_pixels": 1}, 1), ({"max_pixels": 300_000_000}, 300_000_000), ({}, None)]:
+        manifest = fmt.parse_manifest(json.dumps(manifest_dict(limits=limits)).encode(), path=MANIFEST_PATH)
+        assert manifest.max_pixels == expected
+        again = fmt.parse_manifest(fmt.dump_manifest(manifest), path=MANIFEST_PATH)
+        assert again.max_pixels == expected
+        assert json.loads(fmt.dump_manifest(manifest)).get("limits") == ({"max_pixels": expected} if expected else None)
+    plain = fmt.parse_manifest(json.dumps(manifest_dict()).encode(), path=MANIFEST_PATH)
+    assert plain.max_pixels is None and "limits" not in json.loads(fmt.dump_manifest(plain))
