@@ -3141,3 +3141,67 @@ def test_manifest_limits_are_checked_and_kept() -> None:
         assert json.loads(fmt.dump_manifest(manifest)).get("limits") == ({"max_pixels": expected} if expected else None)
     plain = fmt.parse_manifest(json.dumps(manifest_dict()).encode(), path=MANIFEST_PATH)
     assert plain.max_pixels is None and "limits" not in json.loads(fmt.dump_manifest(plain))
+
+
+# === order: the one cursor every reader shares (EpochCursor, CursorReader) =========================
+
+from packer.order import CursorReader, EpochCursor, check_epoch  # noqa: E402
+
+
+def test_check_epoch_takes_non_negative_integers_only() -> None:
+    assert check_epoch(np.int64(3)) == 3 and type(check_epoch(np.int64(3))) is int and check_epoch(0) == 0
+    for bad in (True, False, 1.5, -1, "x", None):
+        with pytest.raises(OptionError) as caught:
+            check_epoch(bad)
+        assert caught.value.message == f"epoch must be a non-negative integer, got {bad!r}"
+
+
+def test_epoch_cursor_defaults_and_refusals() -> None:
+    read_order = ReadOrder(kind="random", seed=1, batch_size=2)
+    cursor = EpochCursor(read_order, 10)
+    assert (cursor.rank, cursor.world_size, cursor.count_samples, cursor.handed_out) == (0, 1, False, 0)
+    for options, message in [(dict(world_size=0), "world_size must be a positive integer, got 0"),
+                             (dict(rank=-1, world_size=2), "rank must be a non-negative integer, got -1"),
+                             (dict(rank=2, world_size=2), "rank 2 out of range for world_size 2"),
+                             (dict(rank=1), "rank 1 out of range for world_size 1")]:
+        with pytest.raises(OptionError) as caught:
+            EpochCursor(read_order, 10, **options)
+        assert caught.value.message == message
+    with pytest.raises(OptionError) as caught:
+        EpochCursor(read_order, -1)
+    assert caught.value.message == "num_samples must be a non-negative integer, got -1"
+    assert EpochCursor(read_order, 10, rank=1, world_size=2).rank == 1
+    with pytest.raises(OptionError) as caught:
+        cursor.consumed(batches=1, samples=2)
+    assert caught.value.message == "give batches or samples consumed, not both"
+
+
+class _Reader(CursorReader):
+    def __init__(self, cursor: EpochCursor) -> None:
+        self.cursor = cursor
+
+
+def test_epoch_cursor_positions_plans_and_states() -> None:
+    read_order = ReadOrder(kind="random", seed=4, batch_size=2)
+    cursor = EpochCursor(read_order, 12, rank=1, world_size=2)
+    reader = _Reader(cursor)
+    share = cursor.share()
+    assert reader.state_dict(samples_consumed=4) == read_order.state_dict(12, epoch=0, consumed=share.consumed_after_samples(4))
+    assert cursor.state_dict(samples=4) == reader.state_dict(samples_consumed=4)
+    assert cursor.state_dict(batches=1) == read_order.state_dict(12, epoch=0, consumed=share.consumed_after(1))
+    cursor.handed_out = 3
+    cursor.load_state_dict(read_order.state_dict(12, epoch=2, consumed=4))
+    assert (cursor.epoch, cursor.start, cursor.handed_out) == (2, 4, 0)
+
+    def same(plan: RankPlan, epoch: int, consumed: int) -> bool:
+        expected = read_order.plan(12, epoch=epoch, consumed=consumed, rank=1, world_size=2)
+        return plan.indices.tolist() == expected.indices.tolist() and plan.share == expected.share
+
+    assert same(cursor.plan(), 2, 4) and same(cursor.plan(epoch=2), 2, 4) and same(cursor.plan(epoch=3), 3, 0)
+    assert same(cursor.plan(start=6), 2, 6) and same(cursor.plan(epoch=5, start=2), 5, 2)
+    cursor.handed_out = 3
+    cursor.set_epoch(2)  # the loaded epoch: its position and count are kept
+    assert (cursor.epoch, cursor.start, cursor.handed_out) == (2, 4, 3)
+    cursor.set_epoch(3)  # another epoch starts at its beginning
+    assert (cursor.epoch, cursor.start, cursor.handed_out) == (3, 0, 0)
+    assert same(cursor.begin(), 3, 0)
