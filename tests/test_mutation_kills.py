@@ -3205,3 +3205,64 @@ def test_epoch_cursor_positions_plans_and_states() -> None:
     cursor.set_epoch(3)  # another epoch starts at its beginning
     assert (cursor.epoch, cursor.start, cursor.handed_out) == (3, 0, 0)
     assert same(cursor.begin(), 3, 0)
+
+
+# === build/commit: the report of an empty build, the recorded pixel limit ==========================
+
+def test_an_empty_build_reports_every_rejection_and_leaves_no_staging(tmp_path: Path) -> None:
+    import packer
+    from packer.imageinfo import DEFAULT_MAX_PIXELS
+
+    bad = tmp_path / "bad" / "a"
+    bad.mkdir(parents=True)
+    for i in (1, 0):
+        (bad / f"{i}.png").write_bytes(b"nope")
+    out = tmp_path / "out"
+    with pytest.raises(EmptySourceError) as caught:
+        build(tmp_path / "bad", out, BuildOptions(), workers=1, progress=False)
+    suffix = f"; every rejection is in {out / fmt.REPORT_NAME}"
+    assert caught.value.message.endswith(suffix) and str(caught.value).endswith(suffix)
+    assert caught.value.args == (str(caught.value),)
+    lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
+    summary = lines[0]
+    assert summary["error"] + suffix == str(caught.value)
+    assert {k: v for k, v in summary.items() if k not in ("error", "options")} == {
+        "type": "summary", "packed": 0, "rejected": 2, "source_kind": "folder", "tool": f"packer {packer.__version__}"}
+    assert summary["options"]["max_pixels"] == DEFAULT_MAX_PIXELS and summary["options"]["validate"] == "header"
+    assert [(line["type"], line["key"], line["reason"]) for line in lines[1:]] == [
+        ("rejected", "a/0.png", "not-an-image"), ("rejected", "a/1.png", "not-an-image")]
+    assert sorted(p.name for p in out.iterdir()) == [fmt.REPORT_NAME]  # no staging folder left to --resume
+    # over an existing dataset (--overwrite), the dataset keeps its own report
+    good = tmp_path / "good"
+    build(png_folder(tmp_path / "src", 2), good, BuildOptions(), workers=1, progress=False)
+    report = (good / fmt.REPORT_NAME).read_bytes()
+    with pytest.raises(EmptySourceError) as caught:
+        build(tmp_path / "bad", good, BuildOptions(), workers=1, progress=False, overwrite=True)
+    assert "every rejection is in" not in caught.value.message
+    assert (good / fmt.REPORT_NAME).read_bytes() == report
+
+
+def test_a_folder_in_place_of_the_report_is_refused_before_the_commit(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / fmt.REPORT_NAME).mkdir(parents=True)
+    with pytest.raises(BuildError) as caught:
+        build(png_folder(tmp_path / "src", 2), out, BuildOptions(), workers=1, progress=False)
+    assert (caught.value.message, caught.value.path) == (
+        f"{fmt.REPORT_NAME} is a folder, not a regular file; remove it and run again", str(out / fmt.REPORT_NAME))
+    assert not (out / fmt.MANIFEST_NAME).exists()
+
+
+def test_the_recorded_pixel_limit_is_the_largest_above_the_default(tmp_path: Path) -> None:
+    from packer.build.commit import recorded_max_pixels
+    from packer.imageinfo import DEFAULT_MAX_PIXELS
+
+    big = DEFAULT_MAX_PIXELS + 5
+    assert recorded_max_pixels() is None and recorded_max_pixels(None) is None
+    assert recorded_max_pixels(DEFAULT_MAX_PIXELS) is None and recorded_max_pixels(100, None) is None
+    assert recorded_max_pixels(big) == big and recorded_max_pixels(100, big, None, 7) == big
+    src = png_folder(tmp_path / "src", 2)
+    for limit, recorded in [(big, big), (DEFAULT_MAX_PIXELS, None), (1000, None)]:
+        out = tmp_path / f"ds-{limit}"
+        build(src, out, BuildOptions(max_pixels=limit), workers=1, progress=False)
+        with open_index(out) as index:
+            assert index.manifest.max_pixels == recorded
