@@ -3266,3 +3266,20 @@ def test_the_recorded_pixel_limit_is_the_largest_above_the_default(tmp_path: Pat
         build(src, out, BuildOptions(max_pixels=limit), workers=1, progress=False)
         with open_index(out) as index:
             assert index.manifest.max_pixels == recorded
+
+
+def test_the_build_report_keeps_listing_warnings_and_non_ascii_keys(tmp_path: Path) -> None:
+    from packer.classes import split_folder_warning
+
+    src = tmp_path / "src"
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        (src / split).mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(src / split / "ok.png")
+    (src / "val" / "ñandú.png").write_bytes(b"not an image")
+    out = tmp_path / "ds"
+    build(src, out, BuildOptions(), workers=1, progress=False)
+    text = (out / fmt.REPORT_NAME).read_text(encoding="utf-8")
+    summary, rejected = (json.loads(line) for line in text.splitlines())
+    assert summary["warnings"] == [split_folder_warning(["train", "val"])]
+    assert rejected["key"] == "val/ñandú.png" and "val/ñandú.png" in text  # UTF-8 as is, not \\u escapes
