@@ -3283,3 +3283,63 @@ def test_the_build_report_keeps_listing_warnings_and_non_ascii_keys(tmp_path: Pa
     summary, rejected = (json.loads(line) for line in text.splitlines())
     assert summary["warnings"] == [split_folder_warning(["train", "val"])]
     assert rejected["key"] == "val/ñandú.png" and "val/ñandú.png" in text  # UTF-8 as is, not \\u escapes
+
+
+# === build/plan: class lists, the file-size option, what a saved plan keeps ========================
+
+def test_build_options_class_lists(tmp_path: Path) -> None:
+    assert BuildOptions(classes=["b", "a"]).classes == ("b", "a")  # from JSON: a list becomes a tuple
+    assert BuildOptions(classes="dog,cat").classes == ("dog", "cat")  # names separated by commas
+    listed = tmp_path / "classes.txt"
+    listed.write_text("zebra\n\n  ant \n")
+    assert BuildOptions(classes=listed).classes == ("zebra", "ant") == BuildOptions(classes=str(listed)).classes
+    assert BuildOptions(classes=("x",)).classes == ("x",) and BuildOptions().classes is None
+    assert BuildOptions(classes=["b", "a"]).to_json()["classes"] == ["b", "a"]
+    assert "classes" not in BuildOptions().to_json()
+    for classes, message in [([], "classes: the class list is empty"), (["a", "a"], "classes: class 'a' is listed twice"),
+                             (("a", 3), "classes: class names must be non-empty strings, got 3")]:
+        with pytest.raises(OptionError) as caught:
+            BuildOptions(classes=classes).check()
+        assert caught.value.message == message
+
+
+def test_build_options_max_file_size_bounds() -> None:
+    for value in (0, -1, True, 1.5, fmt.MAX_FILE_SIZE):
+        with pytest.raises(OptionError) as caught:
+            BuildOptions(max_file_size=value).check()
+        assert caught.value.message == f"--max-file-size must be between 1 byte and 2^62, got {value}"
+    for value in (1, 2, fmt.MAX_FILE_SIZE - 1):
+        BuildOptions(max_file_size=value).check()
+
+
+def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> None:
+    from packer.classes import split_folder_warning
+
+    src = tmp_path / "src"
+    rng = np.random.default_rng(2)
+    for split in ("train", "val"):
+        (src / split).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(src / split / f"{i}.png")
+    listing = list_source(src, None)
+    plan = make_plan(listing, BuildOptions(shard_size=8192))
+    path = tmp_path / "plan.pkp"
+    save_plan(plan, path)
+    loaded = load_plan(path, src).listing
+    assert loaded.warnings == [split_folder_warning(["train", "val"])] == listing.warnings
+    assert loaded.label_type == listing.label_type
+    assert loaded.stamps.tolist() == listing.stamps.tolist() and len(loaded.stamps) == 4
+    assert loaded.stamps.dtype == np.uint64
+    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings")))  # a plan from before these fields
+    older = load_plan(path, src).listing
+    assert older.label_type == "str" and older.warnings == []
+
+
+def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    rows, columns = fmt.parse_column_file(path.read_bytes(), fmt.PLAN_MAGIC)
+    assert "stamps" in columns
+    kept = {name: np.array(column) for name, column in columns.items() if name != "stamps"}
+    path.write_bytes(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, kept)))
+    stamps = load_plan(path, src).listing.stamps
+    assert stamps.dtype == np.uint64 and stamps.shape == (0,)
