@@ -3247,3 +3247,8 @@ def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
     path.write_bytes(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, kept)))
     stamps = load_plan(path, src).listing.stamps
     assert stamps.dtype == np.uint64 and stamps.shape == (0,)
+
+
+def test_the_build_result_names_the_class_list(tmp_path: Path) -> None:
+    result = build(png_folder(tmp_path / "src", 4), tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    assert result.classes == ("cat", "dog") and result.sample_count == 4
