@@ -25,8 +25,8 @@ demo: venv
 test: venv
 	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about an
-# hour on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
+# Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about 75
+# minutes on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
 MUTATE ?=
 mutate: venv
 	$(PY) -m pip install --quiet -e ".[mutate]"
