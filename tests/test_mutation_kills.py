@@ -1385,7 +1385,7 @@ def _layout(folder: Path) -> dict[str, Any]:
 
 def _problem(kind: str, message: str, **where: Any) -> dict[str, Any]:
     found = {"kind": kind, "message": message, "sample": None, "shard": None, "key": None, "path": None,
-             "sample_range": None}
+             "field": None, "sample_range": None}
     found.update(where)
     return found
 
@@ -1422,7 +1422,7 @@ def test_verify_report_of_an_intact_dataset_is_exact(verify_base: Path) -> None:
     assert report.to_json() == {"ok": True, "path": str(verify_base), "samples": 9, "shards": 3,
                                 "samples_checked": 9, "shards_checked": 3, "bytes_read": 3584 + 4096 + 3584,
                                 "seconds": round(report.seconds, 6), "decoded": False,
-                                "damaged_sample_count": 0, "problems": []}
+                                "damaged_sample_count": 0, "fields": {}, "unlisted": 0, "problems": []}
     assert VerifyReport(path="x", ok=True, seconds=1.23456789).to_json()["seconds"] == 1.234568
 
 
@@ -1431,7 +1431,7 @@ def test_verify_problem_text_and_json_without_a_key_or_a_place() -> None:
     assert str(Problem(kind="structure", message="bad index")) == "[structure] bad index"
     assert Problem(kind="padding", message="m", sample=2, shard=0, key="a/b.png", path="shards/x.pks").to_json() == {
         "kind": "padding", "message": "m", "sample": 2, "shard": 0, "key": "a/b.png", "path": "shards/x.pks",
-        "sample_range": None}
+        "field": None, "sample_range": None}
 
 
 @pytest.mark.parametrize("chunk", [None, 700, 2400])
@@ -1680,7 +1680,7 @@ def test_verify_structure_problems_are_exact() -> None:
     assert 0 < report.seconds <= _time.monotonic() - before
     assert report.to_json() == {"ok": False, "path": str(vector), "samples": 0, "shards": 0, "samples_checked": 0,
                                 "shards_checked": 0, "bytes_read": 0, "seconds": round(report.seconds, 6),
-                                "decoded": True, "damaged_sample_count": 1,
+                                "decoded": True, "damaged_sample_count": 1, "fields": {}, "unlisted": 0,
                                 "problems": [_problem("structure", str(caught.value), sample=caught.value.sample,
                                                       path=caught.value.path)]}
 
@@ -1705,7 +1705,7 @@ def test_verify_decode_refuses_an_unknown_codec_as_structure(vds: Path) -> None:
         check_decodable({"name": "zstd-future"}, path=vds)
     assert report.to_json() == {"ok": False, "path": str(vds), "samples": 0, "shards": 0, "samples_checked": 0,
                                 "shards_checked": 0, "bytes_read": 0, "seconds": round(report.seconds, 6),
-                                "decoded": True, "damaged_sample_count": 0,
+                                "decoded": True, "damaged_sample_count": 0, "fields": {}, "unlisted": 0,
                                 "problems": [_problem("structure", caught.value.message, path=str(vds))]}
 
 
