@@ -33,10 +33,26 @@ from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, Not
                      PackerError, TruncatedFileError)
 from .files import open_dataset_file, read_capped
 
-__all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset"]
+__all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset", "as_sample_indices"]
 
 #: Shards kept open per process by default (each holds one fd and, for mmap, one mapping).
 DEFAULT_MAX_OPEN_SHARDS = 64
+
+
+def as_sample_indices(indices: Any) -> np.ndarray:
+    """``indices`` (a sequence, an array or a tensor of sample numbers) as an int64 array.
+
+    Raises:
+        TypeError: values that are not integers (``1.7`` would silently read sample 1, a bool
+            mask would read samples 0 and 1), or unsigned values past int64.
+    """
+    array = np.asarray(indices)
+    if array.size and array.dtype.kind not in "iu":
+        first = array.reshape(-1)[0]
+        raise TypeError(f"sample indices must be integers, got {array.dtype} values (e.g. {first!r})")
+    if array.size and array.dtype.kind == "u" and int(array.max()) > np.iinfo(np.int64).max:
+        raise TypeError(f"sample index {int(array.max())} is past int64")
+    return array.astype(np.int64, copy=False)
 
 
 def _read_manifest_bytes(root: Path) -> bytes:
@@ -446,7 +462,7 @@ class Dataset(DatasetIndex):
         chain. With another backend each chunk is read with ``read_batch``.
         """
         n = len(self)
-        order = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64)
+        order = np.arange(n, dtype=np.int64) if indices is None else as_sample_indices(indices)
         if order.size and (order.min() < -n or order.max() >= n):
             raise IndexError(f"indices hold a value outside 0..{n - 1}")
         ix = self.index
@@ -472,7 +488,7 @@ class Dataset(DatasetIndex):
         Samples ``i, i+1, ...`` in the same shard are contiguous on disk (aligned padding between
         them), so a run is one aligned block: one ``read_into`` call, no per-sample syscalls.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_sample_indices(indices).reshape(-1)
         n = len(self)
         if idx.size == 0:
             empty = np.zeros(0, dtype=np.int64)

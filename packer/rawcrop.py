@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .codecs import raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view
+from .dataset import as_sample_indices
 from .errors import IndexMismatchError
 
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
@@ -112,7 +113,7 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
     Raises:
         IndexMismatchError: an index row disagrees with the raw layout (size or offset).
     """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = as_sample_indices(indices).reshape(-1)
     sample = shape[0] * shape[1] * shape[2]
     if out is None:
         out = np.empty((len(idx), *shape), dtype=np.uint8)
@@ -192,7 +193,7 @@ def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarr
     Raises:
         ValueError: a negative seed, epoch, index or count.
     """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = as_sample_indices(indices).reshape(-1)
     if seed < 0 or epoch < 0 or count < 0 or (idx.size and idx.min() < 0):
         raise ValueError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
                          f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")

@@ -111,7 +111,7 @@ from . import format as fmt
 from .classes import check_classes
 from .codecs import check_decodable, dataset_max_pixels, keeps_source_geometry
 from .imageinfo import DEFAULT_MAX_PIXELS
-from .dataset import Dataset, DatasetIndex, open_dataset
+from .dataset import Dataset, DatasetIndex, as_sample_indices, open_dataset
 from .decode import decode_image  # imported before the workers fork, so they share its pages
 from .rawcrop import raw_shape_of, read_raw_batch
 from .order import (DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SAMPLES, DEFAULT_WINDOW, CursorReader, EpochCursor, Position,
@@ -845,7 +845,7 @@ class PackedDataset(torch_data.Dataset):
         plan = self._plan
         if plan is None or self._fields == DEFAULT_FIELDS:
             return self._pairs(indices)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_sample_indices(indices).reshape(-1)
         n = len(self.dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
@@ -880,7 +880,7 @@ class PackedDataset(torch_data.Dataset):
     def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None) -> list[tuple[Any, Any]]:
         """``(image, label)`` of each index; with ``geometries`` (a list), each sample's crop is
         appended to it, in order (fused transforms only)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_sample_indices(indices).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset
         n = len(dataset)
@@ -957,7 +957,7 @@ class PackedDataset(torch_data.Dataset):
         Returns:
             ``(images, labels)`` as ``collate`` returns them, or a dict batch with ``fields=``.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = as_sample_indices(indices).reshape(-1)
         n = len(self.dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
@@ -1541,7 +1541,7 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
         """
         dataset = self.dataset
         pipeline = self._pipeline
-        images = _raw_fast_batch(dataset, pipeline, np.asarray(indices, dtype=np.int64))
+        images = _raw_fast_batch(dataset, pipeline, as_sample_indices(indices))
         if images is not None:  # raw pixels: one gather (+ one batched crop), as PackedDataset
             labels = [pipeline.label(dataset, i) for i in indices.tolist()]
             try:

@@ -402,3 +402,16 @@ def test_export_refuses_samples_whose_side_files_would_collide(tmp_path: Path) -
     with pytest.raises(OptionError, match="share the side-file key 'img/a'"):
         export(tmp_path / "out", tmp_path / "exported")
     assert not (tmp_path / "exported").exists()
+
+
+def test_sample_indices_must_be_integers(built: tuple[Path, Path]) -> None:
+    """1.7 must not silently read sample 1, nor a bool mask samples 0 and 1."""
+    with open_dataset(built[1]) as ds:
+        for bad in ([1.7], np.array([True, False]), ["1"]):
+            with pytest.raises(TypeError, match="sample indices must be integers"):
+                ds.read_batch(bad)
+            with pytest.raises(TypeError, match="sample indices must be integers"):
+                list(ds.iter_samples(bad))
+        with pytest.raises(TypeError, match="past int64"):
+            ds.read_batch(np.array([2**64 - 1], dtype=np.uint64))
+        assert len(ds.read_batch(np.array([1, 2], dtype=np.uint32))) == 2 and len(ds.read_batch([])) == 0
