@@ -598,10 +598,6 @@ def multi_hot(ids: np.ndarray, num_classes: int, dtype: Any = np.float32) -> np.
     return vector
 
 
-def specs_to_json(specs: Sequence[FieldSpec]) -> list[dict[str, Any]]:
-    return [spec.to_json() for spec in specs]
-
-
 def specs_from_json(document: Sequence[Mapping[str, Any]]) -> tuple[FieldSpec, ...]:
     """Declarations saved by the builder (plan header): trusted, but checked all the same."""
     return tuple(_declaration(dict(item), error=OptionError, where="saved field", build=True) for item in document)

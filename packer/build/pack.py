@@ -260,15 +260,14 @@ def _append_file(target: Any, source_path: str, length: int) -> None:
             copied += n
 
 
-def _join_segments(target: Path, parts: Sequence[tuple[str, int]], *, segment_paths_owned: bool = True) -> int:
+def _join_segments(target: Path, parts: Sequence[tuple[str, int]]) -> int:
     """Append segment files 1.. to segment 0's file ``target`` (in the kernel); returns the length."""
     position = parts[0][1]
     with open(target, "r+b") as handle:
         for path, length in parts[1:]:
             handle.seek(position)
             _append_file(handle, path, length)
-            if segment_paths_owned:
-                os.unlink(path)
+            os.unlink(path)
             position += length
     return position
 
