@@ -83,18 +83,24 @@ _SLOW_BUILD = ("sigkill_cli_from_outside", "concurrent_cli_builds", "listing_rep
 #: that build many datasets (test_hostile, test_reliability_*, test_dataloader) would make one
 #: module take hours here. They still run in `make test`.
 GROUPS = (
-    Group("format", ("packer/format.py",), ("tests/test_format.py", "tests/test_vectors.py")),
+    Group("format", ("packer/format.py",), ("tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
+                                            "tests/test_mutation_kills_format.py")),
     Group("order", ("packer/order.py",), ("tests/test_order.py",)),
     Group("atomic", ("packer/build/atomic.py",), ("tests/test_reliability_build.py",), skip=_SLOW_BUILD),
-    Group("records", ("packer/build/records.py", "packer/build/commit.py"), ("tests/test_build.py",),
-          skip=_SLOW_BUILD),
-    Group("plan", ("packer/build/plan.py",), ("tests/test_build.py",), skip=_SLOW_BUILD),
+    Group("records", ("packer/build/records.py", "packer/build/commit.py"),
+          ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
+    Group("plan", ("packer/build/plan.py",),
+          ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
     Group("imageinfo", ("packer/imageinfo.py",), ("tests/test_imageinfo.py",)),
-    Group("verify", ("packer/verify.py",), ("tests/test_verify.py",)),
-    Group("dataset", ("packer/dataset.py",), ("tests/test_backends.py", "tests/test_format.py", "tests/test_vectors.py"),
-          skip=("vectors_regenerate",)),
+    Group("verify", ("packer/verify.py",),
+          ("tests/test_verify.py", "tests/test_verify_fields.py", "tests/test_mutation_kills_verify.py")),
+    Group("dataset", ("packer/dataset.py",),
+          ("tests/test_backends.py", "tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
+           "tests/test_mutation_kills_readers.py"), skip=("vectors_regenerate",)),
     Group("tiles", ("packer/codecs/tiles.py",), ("tests/test_tiles.py",)),
-    Group("torch", ("packer/torch.py",), ("tests/test_torch.py", "tests/test_resume.py"), only=_TORCH_STATE),
+    Group("torch", ("packer/torch.py",),
+          ("tests/test_torch.py", "tests/test_resume.py", "tests/test_torch_fields.py",
+           "tests/test_mutation_kills_readers.py"), only=_TORCH_STATE),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 

@@ -1,0 +1,5 @@
+"""Mutation kill tests for packer/build/commit.py, records.py and plan.py: builds with declared fields.
+
+Written after the declared fields (SPEC §14) landed: each pins down behaviour that a surviving
+mutant of `scripts/mutate.py` changed. `tests/test_mutation_kills.py` holds the ones from before.
+"""

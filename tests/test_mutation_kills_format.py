@@ -1,0 +1,5 @@
+"""Mutation kill tests for packer/format.py: field declarations, columns, field shards, the manifest.
+
+Written after the declared fields (SPEC §14) landed: each pins down behaviour that a surviving
+mutant of `scripts/mutate.py` changed. `tests/test_mutation_kills.py` holds the ones from before.
+"""
