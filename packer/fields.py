@@ -484,7 +484,10 @@ def _encode_array(spec: FieldSpec, value: object) -> bytes:
             fast = np.array(value)
         except (ValueError, TypeError):
             fast = None
-        if fast is not None and fast.dtype.kind in "iuf" and _shape_fits(fast.shape, spec.shape):
+        # numpy turns true/false among numbers into 1/0, so a list holding a boolean takes the
+        # slow path, which refuses it for a numeric field ("holds a boolean")
+        if (fast is not None and fast.dtype.kind in "iuf" and _shape_fits(fast.shape, spec.shape)
+                and not (type(value) is list and _holds_bool(value))):
             if target.kind == "f":
                 with np.errstate(over="ignore", invalid="ignore"):
                     stored = fast.astype(target)
@@ -502,6 +505,8 @@ def _encode_array(spec: FieldSpec, value: object) -> bytes:
         array = np.array(value)
     except (ValueError, TypeError):
         raise FieldValueError(f"field {spec.name!r} expects {expected}, got a ragged nested list") from None
+    if target.kind != "b" and type(value) is list and array.dtype.kind in "iuf" and _holds_bool(value):
+        raise FieldValueError(f"field {spec.name!r} expects {expected}, holds a boolean")
     if array.dtype.kind not in "biuf" or spec.dtype == "bool":
         # strings, None, mixed: keep the original items, so the message quotes what is wrong
         array = np.empty(array.shape, dtype=object)
@@ -537,6 +542,18 @@ def _encode_array(spec: FieldSpec, value: object) -> bytes:
             raise FieldValueError(f"field {spec.name!r}: a value overflows {spec.dtype}")
         return stored.tobytes()
     return np.asarray(array, dtype=target).tobytes()
+
+
+def _holds_bool(value: list) -> bool:
+    """Whether nested lists ``value`` hold a ``bool`` anywhere."""
+    stack = [value]
+    while stack:
+        for item in stack.pop():
+            if type(item) is list:
+                stack.append(item)
+            elif type(item) is bool:
+                return True
+    return False
 
 
 def _nested_items(value: Any, shape: tuple[int, ...]) -> Any:

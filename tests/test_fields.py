@@ -99,6 +99,9 @@ def test_array_values_round_trip_with_shape_and_dtype() -> None:
     ("count=uint8", 300, "outside the uint8 range"),
     ("count=int32", 1.5, "holds a number"),
     ("count=int32", True, "holds a boolean"),
+    ("boxes=float32[N,4]", [[True, 2, 3, 4]], "holds a boolean"),   # numpy would read true as 1
+    ("count=int32[3]", [1, False, 2], "holds a boolean"),
+    ("score=float32[2]", [True, 2.5], "holds a boolean"),
     ("score=float16", 1e10, "overflows float16"),
     ("caption=text", 5, "is text, got an integer"),
 ])
