@@ -3,9 +3,12 @@
 A user is never locked in: the stored bytes of a ``passthrough`` build are the source files,
 written back verbatim, so folder -> packer -> folder reproduces every file byte for byte.
 
-Names. A sample's path is its key, or for a key without a folder part (a WebDataset or
-manifest key like ``000123.jpg``) ``<class>/<key>``, the class being its class name, or its
-integer label, or ``unlabeled`` for -1. A key packed under the escaped form of a name that was
+Names. A sample's path is its key when the key's first folder is the sample's class (a
+folder build: ``cat/001.jpg``), else ``<class>/<key>``: a WebDataset or manifest key like
+``000123.jpg``, and a manifest key whose folder is not its label (``images/0001.jpg``, label
+``dog``, goes to ``dog/images/0001.jpg``, so rebuilding the folder gives the same labels). The
+class is its class name, or its integer label; a sample without a label (-1) keeps a key that
+has a folder, and goes under ``unlabeled/`` otherwise. A key packed under the escaped form of a name that was
 not UTF-8 (``packer.names``) is written under the original bytes. Keys that would leave the
 output (absolute, ``..``, empty parts) are skipped and counted, never written.
 
@@ -111,28 +114,37 @@ def select_samples(dataset: object, *, classes: list[str] | None = None, samples
     return np.flatnonzero(keep)
 
 
-def sample_path(key: str, label: int, classes: tuple[str, ...], escaped: bool) -> bytes | None:
-    """The relative path (bytes) sample ``key`` is written under, or None if it would leave OUT."""
+def sample_path(key: str, label: int, classes: tuple[str, ...], escaped: bool, *,
+                class_folders: bool = True) -> bytes | None:
+    """The relative path (bytes) sample ``key`` is written under, or None if it would leave OUT.
+
+    ``class_folders``: the path must name the class (folder and tar targets); a WebDataset's
+    ``.cls`` member holds the label, so there a key that has a folder keeps it as it is.
+    """
     name = unescape_key(key, escaped)
     parts = name.split(b"/")
     if name.startswith(b"/") or any(p in (b"", b".", b"..") for p in parts) or b"\x00" in name:
         return None
-    if len(parts) == 1:
-        folder = (classes[label] if classes and 0 <= label < len(classes)
-                  else "unlabeled" if label == -1 else str(label))
-        if folder in ("", ".", "..") or "/" in folder:
-            return None
-        return folder.encode("utf-8") + b"/" + name
-    return name
+    folder = (classes[label] if classes and 0 <= label < len(classes)
+              else "unlabeled" if label == -1 else str(label))
+    # A folder build's keys start with their class folder (compared in the key's own, escaped
+    # spelling, as the class name is); any other key is put under its class, or a rebuild of the
+    # exported folder would take the key's first folder as the class.
+    if len(parts) > 1 and (not class_folders or label == -1 or key.split("/", 1)[0] == folder):
+        return name
+    if folder in ("", ".", "..") or "/" in folder:
+        return None
+    return folder.encode("utf-8") + b"/" + name
 
 
-def _samples(ds: object, rows: np.ndarray) -> Iterator[tuple[int, bytes | None, bytes, dict]]:
+def _samples(ds: object, rows: np.ndarray, class_folders: bool = True
+             ) -> Iterator[tuple[int, bytes | None, bytes, dict]]:
     classes = ds.classes  # type: ignore[attr-defined]
     for i in rows.tolist():
         meta = ds.metadata(i)  # type: ignore[attr-defined]
         key = ds.key(i)  # type: ignore[attr-defined]
         label = int(ds.labels[i])  # type: ignore[attr-defined]
-        path = sample_path(key, label, classes, bool(meta.get(ESCAPED_FIELD)))
+        path = sample_path(key, label, classes, bool(meta.get(ESCAPED_FIELD)), class_folders=class_folders)
         yield label, path, ds.read(i), meta  # type: ignore[attr-defined]
 
 
@@ -169,7 +181,7 @@ def _side_files(ds: Any, i: int, key: bytes, meta_json: Any) -> list[tuple[bytes
     return files
 
 
-def _check_side_keys(ds: Any, rows: np.ndarray) -> None:
+def _check_side_keys(ds: Any, rows: np.ndarray, class_folders: bool) -> None:
     """Refuse an export whose samples' side files would collide (``a.1.jpg`` and ``a.2.jpg``)."""
     if not ds.fields:
         return
@@ -177,7 +189,8 @@ def _check_side_keys(ds: Any, rows: np.ndarray) -> None:
     classes = ds.classes
     for i in rows.tolist():
         meta = ds.metadata(i)
-        path = sample_path(ds.key(i), int(ds.labels[i]), classes, bool(meta.get(ESCAPED_FIELD)))
+        path = sample_path(ds.key(i), int(ds.labels[i]), classes, bool(meta.get(ESCAPED_FIELD)),
+                           class_folders=class_folders)
         if path is None:
             continue
         key = _side_key(path)
@@ -227,7 +240,7 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
             raise OptionError("this dataset was built with --normalize-formats: some payloads are PNGs converted "
                               "from the source files, so there is nothing to export verbatim")
         rows = select_samples(ds, classes=classes, samples=samples, keys=keys)
-        _check_side_keys(ds, rows)
+        _check_side_keys(ds, rows, class_folders=to != "webdataset")
         result = ExportResult(0, 0, 0, 0)
         if to == "folder":
             _to_folder(ds, rows, out_path, result)
@@ -280,7 +293,7 @@ def _to_webdataset(ds: object, rows: np.ndarray, out: Path, per_shard: int, resu
     archive = None
     temp = final = None
     try:
-        for i, (label, path, data, meta) in zip(rows.tolist(), _samples(ds, rows)):
+        for i, (label, path, data, meta) in zip(rows.tolist(), _samples(ds, rows, class_folders=False)):
             if path is None:
                 result.skipped_unsafe += 1
                 continue

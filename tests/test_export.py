@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +13,13 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
+import packer
 from packer.build import build
 from packer.build.plan import BuildOptions
 from packer.cli import _register, cli
 from packer.errors import OptionError, OutputExistsError
 from packer.export import export
+from packer.fields import parse_field_option
 
 OPTIONS = BuildOptions(shard_size=16 << 10, seed=1)
 
@@ -65,7 +69,45 @@ def test_round_trip_through_tar_and_webdataset(source: Path, tmp_path: Path) -> 
         assert any(n.endswith(".cls") for n in archive.getnames())
     build(tmp_path / "wds", tmp_path / "ds-wds", OPTIONS, workers=2, progress=False)
     export(tmp_path / "ds-wds", tmp_path / "back-wds")
-    assert tree(tmp_path / "back-wds") == tree(source)
+    # A .cls member holds the integer label only, so the WebDataset build has labels 0 (cat) and
+    # 1 (dog) without names: each file goes back under its label's folder, and a folder build of
+    # the export gives every file its label again.
+    label_of = {b"cat": b"0", b"dog": b"1"}
+    assert tree(tmp_path / "back-wds") == {label_of[path.split(b"/")[0]] + b"/" + path: data
+                                           for path, data in tree(source).items()}
+
+
+def test_a_manifest_key_whose_folder_is_not_its_label_goes_under_its_class(tmp_path: Path) -> None:
+    """images/0.png labelled dog must come back as dog/images/0.png: a folder build of the export
+    would otherwise take ``images`` as every sample's class."""
+    (tmp_path / "images").mkdir()
+    rows = []
+    for i, label in enumerate(["dog", "cat", "dog"]):
+        Image.new("RGB", (3, 3), (i, 0, 0)).save(tmp_path / "images" / f"{i}.png")
+        rows.append({"path": f"images/{i}.png", "label": label})
+    rows.append({"path": "cat/x.png", "label": "cat"})          # already under its class: kept
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (3, 3), (0, 0, 200)).save(tmp_path / "cat" / "x.png")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    build(tmp_path / "rows.jsonl", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    export(tmp_path / "ds", tmp_path / "back")
+    assert sorted(tree(tmp_path / "back")) == [b"cat/images/1.png", b"cat/x.png", b"dog/images/0.png",
+                                               b"dog/images/2.png"]
+    build(tmp_path / "back", tmp_path / "again", OPTIONS, workers=1, progress=False)
+    first, again = packer.open_dataset(tmp_path / "ds"), packer.open_dataset(tmp_path / "again")
+    labels = {first.get(i).tobytes(): first.classes[first.labels[i]] for i in range(len(first))}
+    assert labels == {again.get(i).tobytes(): again.classes[again.labels[i]] for i in range(len(again))}
+
+
+def test_an_unlabelled_key_keeps_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (3, 3)).save(tmp_path / "images" / "0.png")
+    Image.new("RGB", (3, 3), (9, 9, 9)).save(tmp_path / "1.png")
+    (tmp_path / "rows.csv").write_text("path,caption\nimages/0.png,a\n1.png,b\n")
+    build(tmp_path / "rows.csv", tmp_path / "ds", replace(OPTIONS, fields=(parse_field_option("caption=text"),)),
+          workers=1, progress=False)
+    export(tmp_path / "ds", tmp_path / "back")
+    assert sorted(p for p in tree(tmp_path / "back") if p.endswith(b".png")) == [b"images/0.png", b"unlabeled/1.png"]
 
 
 def test_non_utf8_name_goes_back_to_its_bytes(tmp_path: Path) -> None:

@@ -369,7 +369,8 @@ def test_export_writes_fields_as_side_files_that_rebuild_the_same_values(built: 
     result = export(out, exported, to=target)
     assert result.samples == 8
     if target == "folder":
-        assert (exported / "img" / "0.mask.png").is_file() and (exported / "img" / "0.json").is_file()
+        # label 0 or 1 without class names: each sample goes under its label's folder
+        assert (exported / "0" / "img" / "0.mask.png").is_file() and (exported / "0" / "img" / "0.json").is_file()
         source = exported
     else:
         source = exported / "shard-000000.tar"
@@ -380,7 +381,13 @@ def test_export_writes_fields_as_side_files_that_rebuild_the_same_values(built: 
         assert len(after) == len(before)
         for i in range(len(after)):
             key = after.key(i)
-            j = before.find(key)
+            if target == "folder":
+                folder, key = key.split("/", 1)
+                j = before.find(key)
+                assert after.classes[after.labels[i]] == folder == str(before.labels[j])
+            else:
+                j = before.find(key)
+                assert after.labels[i] == before.labels[j]  # from the .cls member
             for spec in before.fields:
                 if spec.kind == "image":
                     assert after.field_bytes(spec.name, i).tobytes() == before.field_bytes(spec.name, j).tobytes()
