@@ -19,7 +19,7 @@ from packer.build.archives import expand_braces, list_any_source, sniff_containe
 from packer.build.plan import BuildOptions
 from packer.build.run import finish
 from packer.dataset import open_dataset
-from packer.errors import SourceError
+from packer.errors import EmptySourceError, SourceError
 from packer.names import ESCAPED_FIELD, unescape_key
 
 OPTIONS = BuildOptions(shard_size=12 << 10, seed=3)
@@ -291,6 +291,84 @@ def test_parquet_huggingface_layout(tmp_path: Path) -> None:
     build(tmp_path / "plain.bin", tmp_path / "ds2", OPTIONS, workers=1, progress=False, label_field="cls")
     with open_dataset(tmp_path / "ds2") as ds:
         assert ds.classes == ("cat", "dog", "emu") and ds.key(0).startswith("plain/")
+
+
+def test_a_webdataset_whose_keys_have_folders_is_recognised_by_its_shared_keys(tmp_path: Path) -> None:
+    """``a/000.jpg`` then ``a/000.cls``: the first member alone looks like a class folder, the
+    label member sharing its key says samples (a tar of class folders would give class ``a``)."""
+    files = {}
+    for i in range(4):
+        files[f"a/{i:03d}.jpg"] = jpeg(i)
+        files[f"a/{i:03d}.cls"] = str(i % 2).encode()
+    write_tar(tmp_path / "shard.tar", files)
+    build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert packed(tmp_path / "ds") == {f"a/{i:03d}.jpg": (jpeg(i), str(i % 2)) for i in range(4)}
+    # a class folder holding a stray text file stays a tar of class folders
+    write_tar(tmp_path / "classes.tar", {"cat/notes.txt": b"hello", **FILES})
+    result = build(tmp_path / "classes.tar", tmp_path / "ds2", OPTIONS, workers=1, progress=False)
+    assert packed(tmp_path / "ds2") == EXPECTED and [r.key for r in result.rejected] == ["cat/notes.txt"]
+
+
+@pytest.mark.parametrize("member, body, label, message", [
+    ("cls", b"7", 7, None),
+    ("cls", b" 007\n", 7, None),                  # zero-padded, surrounding space: int() reads it so
+    ("cls", b"-3", -3, None),
+    ("cls", b"9223372036854775807", (1 << 63) - 1, None),
+    ("cls", b"9223372036854775808", None, "does not fit in a signed 64-bit integer"),
+    ("cls", b"9" * 5000, None, "does not fit in a signed 64-bit integer"),
+    ("cls", b"1_0", None, "looks like an integer but is not plain ASCII digits"),
+    ("cls", "\u0663".encode(), None, "looks like an integer but is not plain ASCII digits"),
+    ("cls", b"", None, "the .cls member is empty"),
+    ("json", b'{"label": 4}', 4, None),
+    ("json", b'{"label": null}', -1, None),
+    ("json", b'{"other": 1}', -1, None),
+    ("json", b'{"label": 3.0}', None, "is 3.0: expected an integer or a class name"),
+    ("json", b'{"label": true}', None, "is true: expected an integer or a class name"),
+    ("json", b'{"label": ""}', None, 'is "": expected an integer or a class name'),
+    ("json", b'{"label": 123456789012345678901234}', None, "does not fit in a signed 64-bit integer"),
+])
+def test_webdataset_labels_are_read_strictly(tmp_path: Path, member: str, body: bytes, label: int | None,
+                                             message: str | None) -> None:
+    """A label is an integer as written or refused by name (``bad-label``): never a traceback, a
+    float turned into no label, or a boolean into one."""
+    write_tar(tmp_path / "shard.tar", {"000.jpg": jpeg(0), f"000.{member}": body, "001.jpg": jpeg(1),
+                                       "001.cls": b"1"})
+    result = build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    labels = {key: int(value) for key, (_, value) in packed(tmp_path / "ds").items()}
+    if message is None:
+        assert labels == {"000.jpg": label, "001.jpg": 1} and not result.rejected
+    else:
+        assert labels == {"001.jpg": 1}
+        [rejection] = result.rejected
+        assert (rejection.key, rejection.reason) == ("000.jpg", "bad-label") and message in rejection.message
+
+
+def test_webdataset_mixing_integer_and_name_labels_names_one_of_each(tmp_path: Path) -> None:
+    write_tar(tmp_path / "shard.tar", {"000.jpg": jpeg(0), "000.cls": b"5", "001.jpg": jpeg(1), "001.cls": b"owl"})
+    with pytest.raises(SourceError, match=r"labels mix integers \(first: 5\) and class names \(first: 'owl'\)"):
+        build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+
+
+def test_parquet_labels_booleans_are_two_classes_and_floats_are_refused(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    keys = list(FILES)[:4]
+    pq.write_table(pa.table({"img": pa.array([FILES[k] for k in keys]), "label": pa.array([True, False, None, True])}),
+                   tmp_path / "bool.parquet")
+    build(tmp_path / "bool.parquet", tmp_path / "b", OPTIONS, workers=1, progress=False)
+    with open_dataset(tmp_path / "b") as ds:
+        assert sorted((ds.key(i), int(ds.labels[i])) for i in range(len(ds))) == [
+            ("bool/000000000", 1), ("bool/000000001", 0), ("bool/000000002", -1), ("bool/000000003", 1)]
+    pq.write_table(pa.table({"img": pa.array([FILES[k] for k in keys[:2]]), "label": pa.array([1.5, 2.0])}),
+                   tmp_path / "float.parquet")
+    with pytest.raises(EmptySourceError, match="no packable members"):
+        build(tmp_path / "float.parquet", tmp_path / "f", OPTIONS, workers=1, progress=False)
+    report = [json.loads(line) for line in (tmp_path / "f" / "build-report.jsonl").read_text().splitlines()][1:]
+    assert [(r["key"], r["reason"]) for r in report] == [("float/000000000", "bad-label"),
+                                                         ("float/000000001", "bad-label")]
+    assert "holds '1.5' (float): expected an integer or a class name" in report[0]["message"]
+    summary = json.loads((tmp_path / "f" / "build-report.jsonl").read_text().splitlines()[0])
+    assert (summary["source_kind"], summary["rejected"]) == ("parquet", 2)
 
 
 def test_cli_build_from_archives(tmp_path: Path) -> None:

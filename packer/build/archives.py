@@ -65,7 +65,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 import numpy as np
 import xxhash
 
-from ..errors import EmptySourceError, MissingDependencyError, OptionError, SourceError
+from ..errors import MissingDependencyError, OptionError, SourceError
 from ..names import ESCAPED_FIELD, escape_name, is_utf8
 from .members import RAW, ZIP_METHODS, MemberTable, container_stat
 from ..fields import FieldSpec
@@ -73,7 +73,8 @@ from .fieldvalues import FieldRowBuilder
 from .sidefiles import (IMAGE_EXTENSIONS, MAX_TEXT_MEMBER_BYTES, TEXT_EXTENSIONS, SideMember, assemble_sample,
                         read_limit, split_key)
 from .coco import list_coco, looks_like_coco
-from .sources import ListingBuilder, Rejection, SourceListing, list_source, select_rows
+from .sources import (ListingBuilder, Rejection, SourceListing, empty_source_error, list_source, loose_int,
+                      select_rows)
 
 __all__ = ["ARCHIVE_KINDS", "SOURCE_KINDS", "list_any_source", "list_tar", "list_zip", "list_webdataset",
            "expand_braces", "sniff_container", "DEFAULT_MAX_MEMBER_SIZE", "MAX_EXPANSION", "IMAGE_EXTENSIONS"]
@@ -250,8 +251,16 @@ def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
 
 
 def _looks_like_webdataset(path: Path, kind: str) -> bool:
-    """The first members are files at the top level, or label/metadata members sit beside images."""
-    files = 0
+    """Whether a tar holds samples (WebDataset) rather than class folders or class tars.
+
+    Among the first 64 files: a label/metadata member (``.cls``, ``.json``, ``.txt``) at the top
+    level, or one sharing its key with another member (``a/000.jpg`` beside ``a/000.cls``: keys
+    may have folders), says samples; an inner tar says class tars. Without either signal, files
+    all at the top level are samples and files in folders are class folders (``cat/001.jpg``).
+    """
+    files, top_level = 0, True
+    meta_keys: set[str] = set()
+    other_keys: set[str] = set()
     with contextlib.ExitStack() as stack:
         if kind != "tar":  # peeking into a compressed tar means decompressing its start: cheap enough
             stream = stack.enter_context(_decompressor(path, kind.split(".")[1]))
@@ -264,17 +273,24 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
                 continue
             files += 1
             name = member.name.lstrip("./")
-            suffix = name.rsplit("/", 1)[-1].split(".", 1)[1].rsplit(".", 1)[-1].lower() \
-                if "." in name.rsplit("/", 1)[-1] else ""
+            folder, _, base = name.rpartition("/")
+            stem, _, rest = base.partition(".")
+            suffix = rest.rsplit(".", 1)[-1].lower() if rest else ""
+            key = f"{folder}/{stem}" if folder else stem
             if suffix in _META_EXTENSIONS:
-                return True
-            if "/" in name:
-                return False
-            if suffix == "tar" or _is_tar_header(_peek(archive, member)):
-                return False
+                if not folder or key in other_keys:
+                    return True
+                meta_keys.add(key)
+            else:
+                if suffix == "tar" or (not folder and _is_tar_header(_peek(archive, member))):
+                    return False
+                if key in meta_keys:
+                    return True
+                other_keys.add(key)
+            top_level = top_level and not folder
             if files >= 64:
                 break
-    return files > 0
+    return files > 0 and top_level
 
 
 def _peek(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -301,7 +317,8 @@ class _Listing:
         self.crc = array("I")
         self.hashes = array("Q")
         self.class_ids: dict[str, int] = {}
-        self.label_kinds: set[str] = set()
+        #: "int" and/or "name" -> the first label of that kind (for the message when they mix)
+        self.label_kinds: dict[str, str] = {}
         self.containers: list[str] = []
         self.stats: list[tuple[int, int]] = []
         self.fixed_classes: tuple[str, ...] = ()  # class names a source declares (HF ClassLabel)
@@ -312,7 +329,7 @@ class _Listing:
         return len(self.containers) - 1
 
     def class_id(self, name: str) -> int:
-        self.label_kinds.add("name")
+        self.label_kinds.setdefault("name", name)
         return self.class_ids.setdefault(name, len(self.class_ids))
 
     def add(self, key: str, size: int, label: int, container: int, offset: int, stored: int,
@@ -341,7 +358,8 @@ class _Listing:
 
     def finish(self, root: Path, kind: str) -> SourceListing:
         if len(self.label_kinds) > 1:
-            raise SourceError("labels mix integers (.cls) and class names; use one kind", path=root)
+            raise SourceError(f"labels mix integers (first: {self.label_kinds['int']}) and class names (first: "
+                              f"{self.label_kinds['name']!r}); use one kind", path=root)
         classes: tuple[str, ...] = self.fixed_classes
         labels = np.frombuffer(self.out.labels, dtype=np.int64).copy()
         if "name" in self.label_kinds:
@@ -353,6 +371,8 @@ class _Listing:
             labels[named] = remap[labels[named]]
         self.out.labels = array("q", labels.tobytes())
         listing = self.out.finish(root, kind, classes)
+        if "int" in self.label_kinds and not classes:
+            listing.label_type = "int"  # .cls / .json / column integers, kept as written
         listing.members = MemberTable(
             tuple(self.containers), tuple(self.stats),
             np.frombuffer(self.container, dtype=np.uint32).copy(), np.frombuffer(self.offset, dtype=np.uint64).copy(),
@@ -369,8 +389,8 @@ class _Listing:
                     np.full(count, RAW, dtype=np.uint8), np.zeros(count, dtype=np.uint32))
         listing = _drop_duplicates(listing, np.frombuffer(self.hashes, dtype=np.uint64))
         if len(listing) == 0:
-            raise EmptySourceError(f"the archive holds no packable members ({len(listing.rejected)} rejected)",
-                                   path=root)
+            raise empty_source_error("the archive holds no packable members", listing.rejected, path=root,
+                                     source_kind=kind)
         return listing
 
 
@@ -712,23 +732,64 @@ def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return handle.read() if handle is not None else b""
 
 
-def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> int:
+#: The build report's reason for a WebDataset sample whose label cannot be read.
+LABEL_REJECTION = "bad-label"
+_INT64 = range(-(1 << 63), 1 << 63)
+_CLS_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> tuple[int | None, str]:
     """A WebDataset sample's label: its ``.cls`` member (an integer or a class name), else the
-    ``label_field`` of its ``.json`` object; -1 without either."""
+    ``label_field`` of its ``.json`` object; -1 without either (or with a JSON ``null``).
+
+    Returns ``(label, "")``, or ``(None, why)`` for a label that cannot be read: read the way a
+    manifest's labels are (``sources._LabelReader``), plain ASCII digits or a name, never a
+    guess (``" 1_0"``, ``3.0``, ``true`` and an empty ``.cls`` are refused, not turned into 10,
+    3, 1 or the class ``""``).
+    """
     if cls_text is not None:
-        try:
-            value = int(cls_text)
-        except ValueError:
-            return out.class_id(cls_text)
-        out.label_kinds.add("int")
-        return value
+        if not cls_text:
+            return None, "the .cls member is empty"
+        if not _CLS_INTEGER.fullmatch(cls_text):
+            if loose_int(cls_text):
+                return None, (f"the .cls member {cls_text!r} looks like an integer but is not plain ASCII digits "
+                              f"('_', '+' or non-ASCII digits): packer reads labels strictly; fix the member")
+            return out.class_id(cls_text), ""
+        # ASCII digits (zero-padded too, as WebDataset readers' int() takes them), bounded before
+        # int() so a megabyte of digits costs nothing
+        value = int(cls_text) if len(cls_text) <= 21 else None
+        if value is None or value not in _INT64:
+            return None, f"the .cls label {cls_text[:40]} does not fit in a signed 64-bit integer"
+        out.label_kinds.setdefault("int", str(value))
+        return value, ""
     value = document.get(label_field) if isinstance(document, dict) else None
-    if isinstance(value, bool) or value is None:
-        return -1
-    if isinstance(value, int):
-        out.label_kinds.add("int")
-        return value
-    return out.class_id(value) if isinstance(value, str) else -1
+    if value is None:
+        return -1, ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in _INT64:
+            return None, f"the .json label {label_field!r} ({value}) does not fit in a signed 64-bit integer"
+        out.label_kinds.setdefault("int", str(value))
+        return value, ""
+    if isinstance(value, str) and value:
+        return out.class_id(value), ""
+    return None, (f"the .json label {label_field!r} is {json.dumps(value)[:80]}: expected an integer or a "
+                  f"class name (or null for none)")
+
+
+def _parquet_label(label: object, out: _Listing, column: str) -> tuple[int | None, str]:
+    """A Parquet row's label: an integer (a boolean column gives 0/1), a class name, or -1 for
+    null; ``(None, why)`` for anything else (a float, bytes, a list), never a guessed class."""
+    if label is None:
+        return -1, ""
+    if isinstance(label, int):  # bool included: a boolean label column is two classes, 0 and 1
+        if label not in _INT64:
+            return None, f"the label column {column!r} holds {label}, which does not fit in a signed 64-bit integer"
+        out.label_kinds.setdefault("int", str(int(label)))
+        return int(label), ""
+    if isinstance(label, str) and label:
+        return out.class_id(label), ""
+    return None, (f"the label column {column!r} holds {str(label)[:80]!r} ({type(label).__name__}): expected "
+                  f"an integer or a class name")
 
 
 def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
@@ -770,8 +831,11 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
         out.reject(split_key(first)[0], "not-an-image", "a WebDataset sample without an image member "
                                                         f"(extensions {', '.join(split_key(n)[1] for n, _, _ in sample)})")
         return
-    label = _label(cls_text, document, out, label_field)
+    label, why = _label(cls_text, document, out, label_field)
     name, member = image
+    if label is None:
+        out.reject(name, LABEL_REJECTION, why)
+        return
     if not is_utf8(os.fsencode(member.name)):
         meta[ESCAPED_FIELD] = True
     encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
@@ -791,11 +855,15 @@ def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]],
         return
     image = parts.image
     assert image is not None  # set unless the sample is rejected
+    label, why = _label(parts.cls_text, parts.json_object, out, label_field)
+    if label is None:
+        out.reject(image.name, LABEL_REJECTION, why)
+        return
     meta = dict(parts.metadata)
     if not is_utf8(os.fsencode(image.handle.name)):
         meta[ESCAPED_FIELD] = True
     encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
-    out.add(image.name, image.size, _label(parts.cls_text, parts.json_object, out, label_field), container,
+    out.add(image.name, image.size, label, container,
             image.handle.offset_data, image.size, meta=encoded, field_values=parts.values,
             field_members={name: (container, m.handle.offset_data, m.size) for name, m in parts.field_members.items()})
 
@@ -975,13 +1043,10 @@ def list_parquet(files: list[Path], *, progress: Callable[[int], None] | None = 
                         if len(data) > max_member_size:
                             out.reject(key, "oversize-member", f"{len(data)} bytes, over the limit of {max_member_size}")
                             continue
-                        if label is None or isinstance(label, bool):
-                            value_label = -1
-                        elif isinstance(label, int):
-                            value_label = label
-                            out.label_kinds.add("int")
-                        else:
-                            value_label = out.class_id(str(label))
+                        value_label, why = _parquet_label(label, out, label_column)
+                        if value_label is None:
+                            out.reject(key, LABEL_REJECTION, why)
+                            continue
                         sink.write(data)
                         out.add(key, len(data), value_label, container, position, len(data))
                         position += len(data)

@@ -327,5 +327,6 @@ def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] 
         if root is None and any(r.reason == "missing" for r in listing.rejected):
             hints.append(f"file_name paths are relative to --root (default: the annotation file's folder "
                          f"{path.parent}); pass the image folder, e.g. --root train2017/")
-        raise empty_source_error("the COCO file lists no usable image", listing.rejected, path=path, hints=hints)
+        raise empty_source_error("the COCO file lists no usable image", listing.rejected, path=path, hints=hints,
+                                 source_kind="coco")
     return listing

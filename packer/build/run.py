@@ -259,8 +259,8 @@ def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root
                                 image_column=image_column)
         except EmptySourceError as exc:
             if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
-                record_empty_build(out_path, exc, options.to_json(), source_kind="manifest" if
-                                   source_path.is_file() else "folder")
+                record_empty_build(out_path, exc, options.to_json(), source_kind=getattr(exc, "source_kind", None)
+                                   or ("manifest" if source_path.is_file() else "folder"))
             raise
         logger.info("planned %d shard(s) for %d file(s) (%d rejected while listing)", plan.shard_count,
                     len(plan.listing), len(plan.listing.rejected))

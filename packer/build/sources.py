@@ -83,6 +83,8 @@ REJECTION_REASONS = {
     "undecodable-name": "a file name that is not valid UTF-8",
     "not-a-file": "a device, socket or FIFO",
     "bad-manifest-row": "a manifest row without a usable path or label",
+    "bad-label": ("a WebDataset sample whose .cls or .json label is not an integer in the signed 64-bit range "
+                  "spelled in plain ASCII digits, nor a class name"),
     "bad-metadata": "a manifest row whose metadata is not a JSON object of finite values",
     "unknown-class": "a class folder or label that is not in the class list given (--classes)",
     # archive sources (build/archives.py)
@@ -653,7 +655,7 @@ class _LabelReader:
             if self.label_type == "int":
                 return None, "bad-manifest-row", (f"label {label!r} is not an integer (--label-type int: plain "
                                                   f"ASCII digits with an optional '-', nothing else)")
-            if _loose_int(label):
+            if loose_int(label):
                 return None, "bad-manifest-row", (
                     f"label {label!r} looks like an integer but is not plain ASCII digits (spaces, '_', '+', "
                     f"leading zeros or non-ASCII digits): packer reads labels strictly; fix the row, or pass "
@@ -881,13 +883,15 @@ def rejection_summary(rejected: Sequence[Rejection], *, top: int = 3) -> str:
 
 
 def empty_source_error(what: str, rejected: list[Rejection], *, path: Path,
-                       hints: Sequence[str] = ()) -> EmptySourceError:
-    """An EmptySourceError naming the top rejection reasons, carrying the rejections for the report."""
+                       hints: Sequence[str] = (), source_kind: str | None = None) -> EmptySourceError:
+    """An EmptySourceError naming the top rejection reasons, carrying the rejections (and the
+    source kind, when it is not a folder or manifest) for the report."""
     summary = rejection_summary(rejected)
     fresh = [hint for hint in hints if hint not in summary]  # the example row may already say it
     fix = f"; to fix: {'; '.join(fresh)}" if fresh else ""
     error = EmptySourceError(f"{what} ({summary}){fix}", path=path)
     error.rejected = list(rejected)  # type: ignore[attr-defined]  (the build writes them to its report)
+    error.source_kind = source_kind  # type: ignore[attr-defined]
     return error
 
 
@@ -959,7 +963,7 @@ def _strict_int(text: str) -> int | None:
     return int(text)
 
 
-def _loose_int(text: str) -> bool:
+def loose_int(text: str) -> bool:
     """True when Python's ``int()`` would read ``text`` (spaces, ``_``, ``+``, Unicode digits)."""
     try:
         int(text)

@@ -25,7 +25,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
         return "labels: none (no label column: every sample's label is -1; the declared fields are the targets)"
     if summary.get("label_type") == "int" and not class_count:
         why = " (auto: every label is a plain integer)" if asked == "auto" else ""
-        return f"labels: integers as written in the manifest{why}"
+        where = {"webdataset": "the .cls/.json members", "parquet": "the label column"}.get(
+            summary.get("source_kind"), "the manifest")
+        return f"labels: integers as written in {where}{why}"
     source = "folder names" if summary.get("source_kind") == "folder" else "label strings, sorted"
     why = " (auto: labels are not all integers)" if asked == "auto" and summary.get("source_kind") == "manifest" else ""
     return (f"labels: {class_count} classes{fixed or ' from ' + source}{why}, class-list checksum {checksum}; "
