@@ -480,3 +480,12 @@ def test_limits_max_pixels_of_one_is_accepted() -> None:
     doc = manifest_doc()
     doc["limits"] = {"max_pixels": 1}
     assert fmt.parse_manifest(json.dumps(doc).encode()).max_pixels == 1
+
+
+def test_shard_count_cap_is_inclusive_and_names_the_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[R36] at most MAX_SHARDS entries (the real cap, 2^24, needs a manifest of ~50 MB of `0,`)."""
+    monkeypatch.setattr(fmt, "MAX_SHARDS", 2)
+    assert len(fmt.parse_manifest(json.dumps(manifest_doc()).encode()).shards) == 2  # exactly at the cap
+    doc = manifest_doc()
+    doc["shards"] = [None] * 3
+    assert refusal(doc).message == "manifest lists 3 shards, over the 2 limit"
