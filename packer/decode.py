@@ -85,7 +85,8 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         data: the encoded image; any C-contiguous buffer works, including zero-copy slices of
             a memory-mapped shard (memoryview, numpy uint8 array).
         image_format: an ``ImageFormat`` value saying which decoder to use (the ``image_format``
-            index column); ``None`` or ``ImageFormat.UNKNOWN`` detects it from the magic bytes.
+            index column); ``None``, ``ImageFormat.UNKNOWN`` or a reserved value (39-254, a newer
+            writer's format) detects it from the magic bytes.
         name: the sample's name or key, used in error messages.
         max_pixels: refuse (before allocating) an image whose header declares more than this
             many pixels: the decompression-bomb guard, the same default as ``packer build``.
@@ -104,7 +105,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes",
                           path=path)
-    if image_format is None or image_format == ImageFormat.UNKNOWN:
+    if image_format is None or image_format == ImageFormat.UNKNOWN or _reserved(image_format):
         image_format = detect_format(view)
     if image_format == ImageFormat.JPEG:
         return _decode_jpeg(view, path, max_pixels)
@@ -126,6 +127,12 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         f"unknown image_format {image_format}; decodable values are 1 to 6 and 8 to 38 (jpeg, png, "
         f"webp, gif, bmp, tiff, and the formats of packer.pillowformats), 255 (other), or None to detect "
         f"the format", path=path)
+
+
+def _reserved(image_format: int) -> bool:
+    """A stored value this version has no name for (39-254, reserved for new formats): SPEC §5
+    says a reader treats it like 0 and sniffs the bytes, so a newer writer's dataset still reads."""
+    return 0 <= image_format <= 255 and image_format not in ImageFormat.NAMES
 
 
 def decode_jpeg_rgb(data: ImageBytes, *, name: str = "", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
@@ -187,7 +194,7 @@ def decode_as_stored(data: ImageBytes, image_format: int | None = None, *, name:
     view = byte_view(data)
     if len(view) == 0:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes", path=path)
-    if image_format is None or image_format == ImageFormat.UNKNOWN:
+    if image_format is None or image_format == ImageFormat.UNKNOWN or _reserved(image_format):
         image_format = detect_format(view)
     if image_format in (ImageFormat.UNKNOWN, ImageFormat.RAW) or image_format not in ImageFormat.NAMES:
         raise DecodeError(f"cannot decode image_format {image_format} as a stored image", path=path)

@@ -382,12 +382,27 @@ def test_wrong_format_hint_is_a_decode_error() -> None:
     (b"", None, "0 bytes"),
     (b"hello, world", None, "expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image"),
     (b"\x00" * 12, ImageFormat.RAW, "raw"),
-    (b"\xff\xd8\xff\xd9", 99, "unknown image_format 99"),
+    (b"\xff\xd8\xff\xd9", 300, "unknown image_format 300"),
 ])
 def test_undecodable_inputs(data: bytes, image_format: int | None, fragment: str) -> None:
     err = decode_error(data, image_format, name="s")
     assert fragment in str(err)
     assert err.path == "s"
+
+
+@pytest.mark.parametrize("reserved", [39, 200, 254])
+def test_reserved_image_format_values_are_sniffed_like_unknown(reserved: int) -> None:
+    """SPEC §5: a value a newer writer may use (39-254) is read like 0, not refused."""
+    from packer.decode import decode_as_stored
+    pixels = noise(4, 5, 3)
+    png = encode(Image.fromarray(pixels), "PNG")
+    assert np.array_equal(decode_image(png, reserved), pixels)
+    mask = encode(Image.fromarray(noise(3, 2, 1)[:, :, 0], mode="L"), "PNG")
+    assert np.array_equal(decode_as_stored(mask, reserved), noise(3, 2, 1)[:, :, 0])
+    jpeg = encode(Image.fromarray(pixels), "JPEG")
+    assert decode_image(jpeg, reserved).shape == (4, 5, 3)
+    with pytest.raises(DecodeError, match="expected a JPEG, PNG, WEBP, GIF, BMP or TIFF image"):
+        decode_image(b"hi", reserved, name="s")
 
 
 def test_error_without_name_has_no_prefix() -> None:
