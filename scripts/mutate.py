@@ -227,10 +227,12 @@ def table(groups: list[Group]) -> int:
     equivalent = load_equivalent()
     rows, left = [], 0
     used_equivalent: set[str] = set()
+    killed_equivalent: list[str] = []
     for group in groups:
         for module, codes in results(group).items():
             counted = {n: c for n, c in codes.items() if n not in equivalent}
             used_equivalent |= set(codes) & set(equivalent)
+            killed_equivalent += [n for n, c in codes.items() if n in equivalent and c in KILLED]
             killed = sum(c in KILLED for c in counted.values())
             survived = [n for n, c in counted.items() if c in SURVIVED]
             untested = [n for n, c in counted.items() if c in NO_TESTS]
@@ -251,7 +253,12 @@ def table(groups: list[Group]) -> int:
                                                     for g in groups for m in g.modules)) - used_equivalent)
     for name in stale:
         print(f"warning: {name} is listed as equivalent but is no longer a mutant (source changed?)")
-    print(f"\nkill rate = killed / (mutants - equivalent - not run); survivors' diffs: .mutate/<group>/survivors.txt")
+    # Names are numbered within their function: an edit above a listed mutant renumbers it, and
+    # the entry then names another mutant. A test that kills an "equivalent" mutant shows it.
+    for name in sorted(killed_equivalent):
+        print(f"warning: {name} is listed as equivalent but a test kills it (renumbered by an edit? "
+              f"check its diff with `mutmut show` in .mutate/<group>/)")
+    print("\nkill rate = killed / (mutants - equivalent - not run); survivors' diffs: .mutate/<group>/survivors.txt")
     return left
 
 
