@@ -495,3 +495,47 @@ def test_named_integer_values_out_of_range_are_refused_at_open(tmp_path: Path) -
     with pytest.raises(ManifestError, match="unique strings"):
         open_index(out)
     shutil.rmtree(out)
+
+
+# --- text that is not Unicode: JSON's unpaired surrogate escapes ------------------------------
+
+def test_unpaired_surrogate_escapes_are_rejections_not_crashes(tmp_path: Path) -> None:
+    """``"\\ud800"`` is valid JSON syntax but not text: as a class name, a key or a value no report
+    or manifest could hold it (a build crashed with UnicodeEncodeError while writing them)."""
+    from packer.build.strictjson import lone_surrogate, parse_strict_json
+    assert parse_strict_json('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}  # a pair is one character
+    assert parse_strict_json('{"a": "\\\\ud800"}') == {"a": "\\ud800"}  # an escaped backslash, not an escape
+    for text in ('{"label": "\\ud800x"}', '{"k\\udfff": 1}', '{"m": [{"deep": "\\udc00"}]}', '"\\ud83d"'):
+        with pytest.raises(ValueError, match="holds an unpaired surrogate escape"):
+            parse_strict_json(text)
+    assert lone_surrogate({"a": ["ok", {"b": "c"}]}) is None
+    assert lone_surrogate({"a": ["ok", {"b\ud800": "c"}]}) == "b\ud800"
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (src / name).write_bytes(jpeg(1))
+    manifest = src / "m.jsonl"
+    manifest.write_text('{"path": "a.jpg", "label": "\\ud800x"}\n{"path": "b.jpg", "label": "dog"}\n', "utf-8")
+    result = build(manifest, tmp_path / "out", BuildOptions(), workers=1)
+    assert result.sample_count == 1
+    assert [(r.key, r.reason) for r in result.rejected] == [("m.jsonl:1", "bad-manifest-row")]
+    assert "unpaired surrogate" in result.rejected[0].message
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.classes == ("dog",)
+
+
+def test_coco_names_with_unpaired_surrogates(tmp_path: Path) -> None:
+    images = [{"id": 100, "file_name": "a\ud800.jpg"}, {"id": 101, "file_name": "000000000001.jpg"}]
+    path, root = coco_source(tmp_path / "src", images=images, annotations=[])
+    listing = list_coco(path, root)
+    assert [(r.key, r.reason) for r in listing.rejected] == [("images[0]", "undecodable-name")]
+    assert listing.rejected[0].message == "file_name 'a\\ud800.jpg' holds an unpaired surrogate escape (not a file name)"
+    assert [listing.key(i) for i in range(len(listing))] == ["000000000001.jpg"]
+    result = build(path, tmp_path / "out", BuildOptions(), root=root, workers=1)  # the report can be written
+    assert result.sample_count == 1
+    path, root = coco_source(tmp_path / "src2", categories=[{"id": 1, "name": "dog\udfff"}])
+    with pytest.raises(SourceError) as caught:
+        list_coco(path, root)
+    assert caught.value.message == ("categories[0] name 'dog\\udfff' holds an unpaired surrogate escape "
+                                    "(not Unicode text)")

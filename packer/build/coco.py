@@ -65,6 +65,7 @@ from ..errors import SourceError
 from ..fields import MAX_VALUE_BYTES, FieldSpec
 from .fieldvalues import FieldRowBuilder
 from .sources import ListingBuilder, SourceListing, check_row_file, drop_duplicate_keys, empty_source_error
+from .strictjson import lone_surrogate
 
 __all__ = ["COCO_FIELDS", "list_coco", "looks_like_coco", "coco_categories", "ANNOTATION_REJECTION"]
 
@@ -130,6 +131,16 @@ def _is_int(value: object) -> bool:
     return type(value) is int and _INT64[0] <= value <= _INT64[1]
 
 
+def _file_name_text(name: str) -> bool:
+    """Whether ``name`` can be written out: UTF-8, or escaped raw bytes (``\\udc80``-``\\udcff``, as
+    ``os.fsdecode`` spells a byte that is not UTF-8); any other surrogate is no name at all."""
+    try:
+        name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _describe(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -167,6 +178,9 @@ def _categories(entries: list[Any], path: Path) -> list[tuple[int, str]]:
                 or not entry["name"]:
             raise SourceError(f"categories[{number}] must be an object with an integer 'id' and a non-empty "
                               f"string 'name', got {_describe(entry)}", path=path)
+        if lone_surrogate(entry["name"]) is not None:  # it would become a class name no file can hold
+            raise SourceError(f"categories[{number}] name {entry['name']!r} holds an unpaired surrogate escape "
+                              f"(not Unicode text)", path=path)
         if entry["id"] in by_id:
             raise SourceError(f"categories[{number}]: id {entry['id']} repeats (category ids must be unique)",
                               path=path)
@@ -250,6 +264,9 @@ def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] 
                 or not entry["file_name"]:
             unusable[row] = (where, "bad-manifest-row", f"an image needs an integer 'id' (int64) and a non-empty "
                                                         f"string 'file_name', got {_describe(entry)}")
+        elif not _file_name_text(entry["file_name"]):
+            unusable[row] = (where, "undecodable-name", f"file_name {entry['file_name']!r} holds an unpaired "
+                                                        f"surrogate escape (not a file name)")
         elif entry["id"] in row_of:
             unusable[row] = (entry["file_name"], "duplicate-entry",
                              f"image id {entry['id']} repeats images[{row_of[entry['id']]}] (its annotations go there)")

@@ -78,11 +78,9 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
     if not live:
         # No dataset: the caller writes the build report (``record_empty_build``) so the names survive.
         raise empty_source_error(f"every one of the {len(listing)} listed source files was rejected; nothing "
-                                 f"to pack", list(listing.rejected) + [Rejection(**r) for h in headers
-                                                                       for r in h["rejected"]], path=out)
+                                 f"to pack", rejected, path=out)
     columns, shards, source = assemble_index(listing, [headers[i] for i in live], [records[i] for i in live])
     fields = _field_declarations(listing, [headers[i] for i in live])
-    rejected = list(listing.rejected) + [Rejection(**r) for h in headers for r in h["rejected"]]
     options = plan.options
     codec = get_codec(options.codec)
     build_info = {

@@ -222,7 +222,9 @@ def _plan_header(plan: BuildPlan) -> bytes:
         header["members"] = members_header(plan.listing.members)
     if plan.listing.fields is not None:  # the final declarations (a classes field's names)
         header["fields"] = [spec.to_json() for spec in plan.listing.fields.specs]
-    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # ASCII with \u escapes: a rejected key may hold a lone surrogate (a COCO file_name escaping a
+    # non-UTF-8 byte), which strict UTF-8 encoding refuses; json.loads gives back the same str.
+    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def save_plan(plan: BuildPlan, path: Path) -> int:

@@ -9,8 +9,9 @@ as NaN, and hostile nesting is refused before ``json.loads`` could end the build
 from __future__ import annotations
 
 import json
+import re
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "parse_strict_json"]
+__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "parse_strict_json", "lone_surrogate"]
 
 #: Deepest bracket nesting accepted in source JSON (rows nested deeper are rejected unparsed).
 MAX_JSON_DEPTH = 64
@@ -52,6 +53,39 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: A ``\uD800``-``\uDFFF`` escape: the only way JSON text read as UTF-8 can hold a surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(value: object) -> str | None:
+    """The first string (key or value) in ``value`` that is not Unicode text, else None.
+
+    JSON may spell an unpaired surrogate (``"\\ud800"``); ``json.loads`` returns it in a ``str``
+    that cannot be written as UTF-8 (a report, a manifest, a file name), so sources refuse it.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
 def parse_strict_json(text: str | bytes) -> object:
-    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to infinity (``1e400``)."""
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    """``json.loads`` that refuses NaN, Infinity, numbers that overflow to infinity (``1e400``)
+    and strings holding an unpaired surrogate escape (``"\\ud800"``: not Unicode text)."""
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    raw = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    if _SURROGATE_ESCAPE.search(raw):  # escaped pairs (an emoji) are fine: only then look closer
+        bad = lone_surrogate(value)
+        if bad is not None:
+            raise ValueError(f"string {bad!r} holds an unpaired surrogate escape (not Unicode text)")
+    return value
