@@ -48,7 +48,7 @@ DEPTH_CASES = [b"", b"1", b'"x"', b"[]", b"{}", b"[[1],[2,[3]]]", b'{"a": {"b": 
                b"[" * 70 + b"]" * 70, b'{"k": "v|~^"}', b"| ~ ^ ]", b'"unterminated [[['  ]
 
 
-@pytest.mark.parametrize("data", DEPTH_CASES, ids=[repr(d)[:24] for d in DEPTH_CASES])
+@pytest.mark.parametrize("data", DEPTH_CASES, ids=[f"depth{i}" for i in range(len(DEPTH_CASES))])
 def test_json_nesting_depth_matches_a_byte_walk(data: bytes) -> None:
     assert fmt.json_nesting_depth(data) == reference_depth(data)
     assert type(fmt.json_nesting_depth(data)) is int
@@ -207,7 +207,7 @@ def test_field_class_numbers_out_of_range_name_the_sample(spec: FieldSpec, value
 
 @pytest.mark.parametrize("spec, values", [
     (LABELS, [[0, 1], [2, 0], [1, 2]]), (BOX_LABELS, [[0, 1], [], [1]]), (TAGS, [[0, 2], [], [1]]),
-    (BOX_LABELS, [[], []]), (TAGS, [[], [], []])])
+    (BOX_LABELS, [[], []]), (TAGS, [[], [], []])], ids=["fixed", "variable", "sets", "no-boxes", "no-tags"])
 def test_field_class_numbers_in_range_pass(spec: FieldSpec, values: list[Any]) -> None:
     columns = field_columns(spec, values)
     found = validate_fields(spec, columns, len(values))
@@ -322,7 +322,7 @@ def test_more_shards_than_samples_is_refused_first() -> None:
     assert error.message == "manifest lists 2 shards for 1 samples; every shard holds at least one sample"
 
 
-@pytest.mark.parametrize("counts, total", [([1, 1], 3), ([2, 2], 3), ([1, 3], 5)])
+@pytest.mark.parametrize("counts, total", [([1, 1], 3), ([2, 2], 3), ([1, 3], 5)], ids=["ones", "twos", "mixed"])
 def test_counts_that_cannot_add_up_are_refused_before_a_bad_entry(counts: list[int], total: int) -> None:
     """The pre-scan sums the raw counts: a bad path in an entry is not reached (R18 before R19)."""
     doc = manifest_doc()
@@ -423,7 +423,8 @@ def one_shard_manifest(*, alignment: int, size: int, count: int, number: int) ->
 
 
 @pytest.mark.parametrize("alignment, size, count, number", [
-    (1, 1, 1, 0), (1, fmt.MAX_FILE_SIZE, fmt.MAX_SAMPLES, fmt.MAX_SHARD_NUMBER), (4096, 4096, 7, 12345)])
+    (1, 1, 1, 0), (1, fmt.MAX_FILE_SIZE, fmt.MAX_SAMPLES, fmt.MAX_SHARD_NUMBER), (4096, 4096, 7, 12345)],
+    ids=["smallest", "largest", "typical"])
 def test_valid_shard_entries_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, alignment: int, size: int,
                                                  count: int, number: int) -> None:
     """Every valid entry, limits included, is built by the inlined checks, not by the slow path
@@ -446,7 +447,7 @@ def test_valid_shard_entries_take_the_fast_path(monkeypatch: pytest.MonkeyPatch,
     ("path", 5, "manifest shard 0 field 'path' must be a string, got an integer"),
     ("size", 513, "manifest shard 0 size 513 is not a multiple of the alignment 512"),
     ("size", 1025, "manifest shard 0 size 1025 is not a multiple of the alignment 512"),
-])
+], ids=["size-str", "count-str", "checksum-int", "path-int", "size-513", "size-1025"])
 def test_mistyped_shard_entries_are_named_not_crashed_on(member: str, value: Any, message: str) -> None:
     doc = manifest_doc()
     doc["shards"][0][member] = value
@@ -469,7 +470,7 @@ def test_repeated_top_shard_number_is_an_ordering_error() -> None:
     ([], "manifest field 'limits' must be an object, got an array"),
     ({"max_pixels": 0}, f"manifest limits field 'max_pixels' = 0 outside 1..{fmt.MAX_FILE_SIZE}"),
     ({"max_pixels": "9"}, "manifest limits field 'max_pixels' must be an integer, got a string"),
-])
+], ids=["array", "zero", "string"])
 def test_limits_refusals(limits: Any, message: str) -> None:
     doc = manifest_doc()
     doc["limits"] = limits
