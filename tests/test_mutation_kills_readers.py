@@ -293,3 +293,296 @@ def test_read_batch_runs_and_padding_per_backend(reader_datasets: dict[str, Path
                 assert [bytes(batch[j]) for j in range(2)] == [(src / "img" / f"{i}.png").read_bytes() for i in (1, 0)]
                 gap = batch.data[sizes[0]:offsets[1] - offsets[0]]
                 assert gap.size and not gap.any()  # the alignment padding between them is in the block, zeros
+
+
+# --- torch -----------------------------------------------------------------------------------------
+# The sampler/reader state of packer/torch.py (the "torch" scope of scripts/mutate.py): orders, rank
+# and worker dealing, positions and state dicts, compared with references built from packer.order's
+# functions. One small dataset: 14 PNGs in 3 shards (alignment 512), so byte blocks (index_blocks)
+# differ from sample-count blocks. torch is imported inside the tests: the file imports without it.
+
+from types import SimpleNamespace  # noqa: E402
+
+from packer.order import (DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, deal, epoch_order, index_blocks,  # noqa: E402
+                          uniform_blocks)
+
+TORCH_COUNT = 14
+
+
+@pytest.fixture(scope="module")
+def torch_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import make_sample
+
+    root = tmp_path_factory.mktemp("torch-state")
+    make_sample.make_image_folder(root / "src", classes=2, per_class=TORCH_COUNT // 2, seed=21, min_size=10,
+                                  max_size=14, formats=("png",))
+    build(root / "src", root / "ds", BuildOptions(shard_size=4096, alignment=512), workers=1, progress=False)
+    with open_dataset(root / "ds") as ds:  # what the tests below rely on
+        ix = ds.index
+        assert len(ds) == TORCH_COUNT and ix.shard.tolist() == [0] * 7 + [1] * 4 + [2] * 3
+        assert len({ds.read(i) for i in range(TORCH_COUNT)}) == TORCH_COUNT
+    return root / "ds"
+
+
+def _torch_pt() -> Any:
+    pytest.importorskip("torch")  # packer.torch raises MissingDependencyError without it, not ImportError
+    import packer.torch
+
+    return packer.torch
+
+
+def _torch_ids(folder: Path) -> Callable[[Any], list[int]]:
+    """Sample indices of raw payloads (``decode=False``), told apart by their bytes."""
+    with open_dataset(folder) as ds:
+        by_payload = {ds.read(i): i for i in range(len(ds))}
+    return lambda payloads: [by_payload[bytes(t.numpy())] for t in payloads]
+
+
+def _torch_blocks(folder: Path, block_bytes: int) -> np.ndarray:
+    with open_dataset(folder) as ds:
+        ix = ds.index
+        return index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
+
+
+def _torch_batches(*, order: str = "random", seed: int = 0, epoch: int = 0, consumed: int = 0, rank: int = 0,
+                   world_size: int = 1, batch_size: int = 1, drop_last: bool = False, blocks: Any = None,
+                   window: int = DEFAULT_WINDOW, count: int = TORCH_COUNT) -> list[list[int]]:
+    """The reference: ``deal(epoch_order(...))`` cut into the rank's batches."""
+    if order == "block" and blocks is None:
+        blocks = uniform_blocks(count)
+    global_order = epoch_order(order, count, seed=seed, epoch=epoch, blocks=blocks, window=window)
+    plan = deal(global_order, consumed=consumed, rank=rank, world_size=world_size, batch_size=batch_size,
+                drop_last=drop_last, sort_steps=order == "block")
+    return [plan.batch(k).tolist() for k in range(plan.num_batches)]
+
+
+def _torch_in_worker(monkeypatch: pytest.MonkeyPatch, worker: int | None, num_workers: int = 0) -> None:
+    import torch.utils.data as torch_data
+
+    info = None if worker is None else SimpleNamespace(id=worker, num_workers=num_workers)
+    monkeypatch.setattr(torch_data, "get_worker_info", lambda: info)
+
+
+def _torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_torch_samplers_deal_the_reference_order(torch_folder: Path) -> None:
+    pt = _torch_pt()
+    byte_blocks = _torch_blocks(torch_folder, 1024)
+    cases = [  # (sampler options, reference options besides the batch size)
+        (dict(order="random", seed=3, rank=1, world_size=3), dict(order="random", seed=3, rank=1, world_size=3)),
+        (dict(order="sequential", rank=2, world_size=4, drop_last=True),
+         dict(order="sequential", rank=2, world_size=4, drop_last=True)),
+        (dict(order="block", seed=2, block_bytes=1024, window=2, rank=0, world_size=2),
+         dict(order="block", seed=2, blocks=byte_blocks, window=2, rank=0, world_size=2)),
+        (dict(order="block", seed=2, block_samples=3, window=1, rank=1, world_size=2),
+         dict(order="block", seed=2, blocks=uniform_blocks(TORCH_COUNT, 3), window=1, rank=1, world_size=2)),
+        (dict(order="block", seed=5),
+         dict(order="block", seed=5, blocks=_torch_blocks(torch_folder, DEFAULT_BLOCK_BYTES))),
+    ]
+    dataset = pt.PackedDataset(torch_folder, decode=False)
+    for options, reference in cases:
+        for epoch in (0, 2):
+            for batch_size in (None, 3):
+                sampler = pt.PackedSampler(dataset, batch_size=batch_size, **options)
+                sampler.set_epoch(epoch)
+                expected = _torch_batches(epoch=epoch, batch_size=batch_size or 1, **reference)
+                flat = [i for batch in expected for i in batch]
+                assert list(sampler) == flat, (options, epoch, batch_size)
+                assert len(sampler) == len(flat)
+            batches = pt.PackedBatchSampler(dataset, batch_size=3, **options)
+            batches.set_epoch(epoch)
+            expected = _torch_batches(epoch=epoch, batch_size=3, **reference)
+            assert list(batches) == expected and len(batches) == len(expected), (options, epoch)
+            assert list(batches.sampler) == [i for batch in expected for i in batch]
+
+
+def test_torch_iterable_deals_batches_to_ranks_and_workers(torch_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pt = _torch_pt()
+    ids = _torch_ids(torch_folder)
+    byte_blocks = _torch_blocks(torch_folder, 1024)
+    cases = [
+        (dict(order="block", seed=4, block_bytes=1024, window=2, rank=1, world_size=2),
+         dict(order="block", seed=4, blocks=byte_blocks, window=2, rank=1, world_size=2)),
+        (dict(order="random", seed=7, rank=0, world_size=3, drop_last=True),
+         dict(order="random", seed=7, rank=0, world_size=3, drop_last=True)),
+        (dict(order="sequential", rank=2, world_size=3), dict(order="sequential", rank=2, world_size=3)),
+    ]
+    for options, reference in cases:
+        for worker, num_workers in [(None, 0), (0, 2), (1, 2), (2, 3)]:
+            _torch_in_worker(monkeypatch, worker, num_workers)
+            batches = pt.PackedIterableDataset(torch_folder, batch_size=2, decode=False, **options)
+            samples = pt.PackedIterableDataset(torch_folder, batch_size=2, decode=False, batched=False, **options)
+            for epoch in (0, 3):
+                batches.set_epoch(epoch)
+                samples.set_epoch(epoch)
+                expected = _torch_batches(epoch=epoch, batch_size=2, **reference)
+                mine = expected if worker is None else expected[worker::num_workers]
+                assert [ids(images) for images, _ in batches] == mine, (options, worker, epoch)
+                assert [ids([image])[0] for image, _ in samples] == [i for batch in mine for i in batch]
+                assert len(batches) == len(expected) and len(samples) == sum(map(len, expected))
+
+
+def test_torch_resume_positions_across_readers(torch_folder: Path) -> None:
+    """Saved after some batches of one configuration, loaded into another: the rest of that epoch."""
+    pt = _torch_pt()
+    ids = _torch_ids(torch_folder)
+    dataset = pt.PackedDataset(torch_folder, decode=False)
+    byte_blocks = _torch_blocks(torch_folder, 1024)
+    for order, blocks, drop_last in [("random", None, False), ("block", byte_blocks, True), ("sequential", None, True)]:
+        settings = dict(order=order, seed=6, drop_last=drop_last, block_bytes=1024, window=2)
+        reference = dict(order=order, seed=6, drop_last=drop_last, blocks=blocks, window=2, epoch=1)
+        first = pt.PackedBatchSampler(dataset, batch_size=2, rank=1, world_size=2, **settings)
+        first.set_epoch(1)
+        it = iter(first)
+        taken = [next(it) for _ in range(2)]
+        assert taken == _torch_batches(batch_size=2, rank=1, world_size=2, **reference)[:2]
+        state = first.state_dict()
+        assert (state["epoch"], state["consumed"], state["order"], state["seed"]) == (1, 8, order, 6)
+        assert state == first.state_dict(batches_consumed=2) == first.sampler.state_dict(samples_consumed=4)
+        resumed = pt.PackedBatchSampler(dataset, batch_size=3, **settings)  # another batch size and world size
+        resumed.load_state_dict(state)
+        assert (resumed.epoch, resumed.start) == (1, 8)
+        rest = _torch_batches(batch_size=3, consumed=8, **reference)
+        assert list(resumed) == rest and len(resumed) == len(rest), order
+        resumed.set_epoch(1)  # the loaded epoch keeps the position
+        assert list(resumed) == rest
+        samples = pt.PackedSampler(dataset, rank=1, world_size=3, **settings)
+        samples.load_state_dict(state)
+        flat = [i for batch in _torch_batches(consumed=8, rank=1, world_size=3, **reference) for i in batch]
+        assert list(samples) == flat and len(samples) == len(flat)
+        iterable = pt.PackedIterableDataset(torch_folder, batch_size=4, decode=False, **settings)
+        iterable.load_state_dict(state)
+        assert [ids(images) for images, _ in iterable] == _torch_batches(batch_size=4, consumed=8, **reference)
+        assert len(iterable) == len(_torch_batches(batch_size=4, consumed=8, **reference))
+        iterable.set_epoch(2)  # another epoch starts at its beginning
+        assert iterable.start == 0
+        assert [ids(images) for images, _ in iterable] == _torch_batches(batch_size=4, **{**reference, "epoch": 2})
+        resumed.set_epoch(3)
+        assert list(resumed) == _torch_batches(batch_size=3, **{**reference, "epoch": 3})
+
+
+def test_torch_loader_refusals_are_exact(torch_folder: Path) -> None:
+    pt = _torch_pt()
+    dataset = pt.PackedDataset(torch_folder, decode=False)
+    with pytest.raises(OptionError) as caught:
+        pt.PackedDataLoader(dataset, sampler=pt.PackedSampler(dataset, batch_size=3), batch_size=2)
+    assert caught.value.message == ("the PackedSampler was given batch_size=3 but the DataLoader's batch_size is 2: "
+                                    "give both the same, or leave the sampler's out")
+    for sampler in (pt.PackedSampler(dataset, batch_size=2), pt.PackedSampler(dataset)):  # agreeing, or unsized
+        assert pt.PackedDataLoader(dataset, sampler=sampler, batch_size=2).state_dict()["consumed"] == 0
+
+
+def test_torch_iterable_with_fields_counts_what_it_handed_out(torch_folder: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dict samples (``fields=``) take another path through ``__iter__``: it counts the same way."""
+    pt = _torch_pt()
+    expected = _torch_batches(seed=1, batch_size=3)
+    for batched in (True, False):
+        dataset = pt.PackedIterableDataset(torch_folder, batch_size=3, decode=False, order="random", seed=1,
+                                           batched=batched, fields=("index", "label"))
+        it = iter(dataset)
+        taken = [next(it) for _ in range(4)]
+        if batched:
+            assert [batch["index"].tolist() for batch in taken] == expected[:4]
+            assert dataset.state_dict() == dataset.state_dict(batches_consumed=4)
+            assert dataset.state_dict()["consumed"] == 12
+        else:
+            assert [sample["index"] for sample in taken] == [i for batch in expected for i in batch][:4]
+            assert dataset.state_dict() == dataset.state_dict(samples_consumed=4)
+            assert dataset.state_dict()["consumed"] == 3  # one whole batch
+        list(it)
+        assert dataset.state_dict()["consumed"] == TORCH_COUNT
+    _torch_in_worker(monkeypatch, 1, 2)  # a worker's own state counts its own items
+    for batched, items in ((True, 2), (False, 5)):
+        dataset = pt.PackedIterableDataset(torch_folder, batch_size=3, decode=False, seed=1, batched=batched,
+                                           fields=("index",))
+        it = iter(dataset)
+        for _ in range(items):
+            next(it)
+        assert dataset.state_dict()["worker_items"] == items
+
+
+def test_torch_set_epoch_moves_the_seeded_crops(torch_folder: Path) -> None:
+    """A loop that moves only the sampler (the DistributedSampler habit) moves the dataset's crops too."""
+    pt = _torch_pt()
+    from packer.transforms import RandomResizedCrop
+
+    crop = RandomResizedCrop(8, seed=3)
+    dataset = pt.PackedDataset(torch_folder, decode=crop)
+    for epoch, reader in enumerate([pt.PackedSampler(dataset), pt.PackedBatchSampler(dataset, batch_size=2),
+                                    pt.PackedDataLoader(dataset, sampler=pt.PackedSampler(dataset), batch_size=2)], 1):
+        reader.set_epoch(epoch)
+        assert crop.epoch == epoch and reader.epoch == epoch
+    moved = RandomResizedCrop(8, seed=3)
+    iterable = pt.PackedIterableDataset(torch_folder, batch_size=4, order="sequential", decode=moved)
+    iterable.set_epoch(5)
+    assert moved.epoch == 5
+    at_five = RandomResizedCrop(8, seed=3)
+    at_five.set_epoch(5)
+    reference = pt.PackedDataset(torch_folder, decode=at_five)
+    images, _ = next(iter(iterable))
+    assert _torch_equal(images, pt.collate(reference.__getitems__([0, 1, 2, 3]))[0])
+    at_zero = pt.PackedDataset(torch_folder, decode=RandomResizedCrop(8, seed=3))
+    assert not _torch_equal(images, pt.collate(at_zero.__getitems__([0, 1, 2, 3]))[0])  # the epoch matters
+    fields = RandomResizedCrop(8, seed=3)
+    pt.PackedIterableDataset(torch_folder, batch_size=4, decode=fields, fields=("image", "index")).set_epoch(2)
+    assert fields.epoch == 2
+
+
+def test_torch_iterable_fields_pass_the_reader_options(torch_folder: Path) -> None:
+    """With ``fields=`` the samples come from a PackedDataset given every decoding option."""
+    pt = _torch_pt()
+    options = dict(layout="HWC", transform=lambda t: t[:2, :3] + 1, target_transform=lambda y: y + 10)
+    fields = ("image", "label", "index")
+    reference = pt.PackedDataset(torch_folder, fields=fields, **options)
+    for batched in (True, False):
+        dataset = pt.PackedIterableDataset(torch_folder, batch_size=3, order="random", seed=2, fields=fields,
+                                           batched=batched, **options)
+        got = list(dataset)
+        samples = got if not batched else [dict(image=batch["image"][j], label=int(batch["label"][j]),
+                                                index=int(batch["index"][j]))
+                                           for batch in got for j in range(len(batch["index"]))]
+        order = [i for batch in _torch_batches(seed=2, batch_size=3) for i in batch]
+        assert [int(sample["index"]) for sample in samples] == order
+        for sample in samples:
+            expected = reference[int(sample["index"])]
+            assert sample["label"] == expected["label"] and sample["label"] >= 10
+            assert sample["image"].shape == (2, 3, 3) and _torch_equal(sample["image"], expected["image"])
+
+
+def test_torch_iterable_collate_fn_is_for_dict_samples_only(torch_folder: Path) -> None:
+    pt = _torch_pt()
+    ids = _torch_ids(torch_folder)
+    custom = lambda samples: {"custom": len(samples)}  # noqa: E731
+    plain = pt.PackedIterableDataset(torch_folder, batch_size=3, order="random", seed=2, decode=False,
+                                     collate_fn=custom)
+    assert [ids(images) for images, _ in plain] == _torch_batches(seed=2, batch_size=3)  # unused for (image, label)
+    for fields in (["image", "label"], ("image", "label")):
+        assert isinstance(next(iter(pt.PackedIterableDataset(torch_folder, batch_size=3, fields=fields,
+                                                             collate_fn=custom))), tuple)
+    dicts = pt.PackedIterableDataset(torch_folder, batch_size=3, order="random", seed=2, fields=("index",),
+                                     collate_fn=custom)
+    assert list(dicts) == [{"custom": len(batch)} for batch in _torch_batches(seed=2, batch_size=3)]
+
+
+def test_torch_readers_report_their_order_settings(torch_folder: Path) -> None:
+    """``read_order`` is every setting the reader was given (a reader built from it reads the same blocks)."""
+    pt = _torch_pt()
+    from packer.order import ReadOrder
+
+    settings = dict(order="block", seed=2, block_bytes=1024, window=3, drop_last=True)
+    expected = dict(kind="block", seed=2, block_bytes=1024, window=3, drop_last=True)
+    dataset = pt.PackedDataset(torch_folder, decode=False)
+    assert pt.PackedSampler(dataset, **settings).read_order == ReadOrder(batch_size=1, **expected)
+    assert pt.PackedSampler(dataset, batch_size=4, **settings).read_order == ReadOrder(batch_size=4, **expected)
+    batches = pt.PackedBatchSampler(dataset, batch_size=3, **settings)
+    assert batches.read_order == batches.sampler.read_order == ReadOrder(batch_size=3, **expected)
+    iterable = pt.PackedIterableDataset(torch_folder, batch_size=3, decode=False, **settings)
+    assert iterable.read_order == ReadOrder(batch_size=3, **expected)
+    rebuilt = pt.PackedSampler(dataset, batch_size=3, order="block", seed=2, window=3, drop_last=True,
+                               block_bytes=batches.read_order.block_bytes)
+    assert list(rebuilt) == list(batches.sampler)
