@@ -101,9 +101,18 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                              initargs=(plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid())) as pool:
         pending: set[Future[Any]] = set()
         # The first submit forks the workers: with SIGINT blocked meanwhile, a Ctrl-C cannot reach
-        # a worker before its initializer ignores it (it would print its own traceback); the
-        # build process gets the signal once it is unblocked, inside the try below.
+        # a worker before its initializer ignores it (it would print its own traceback). The
+        # mask is per thread, so another thread of this process (the pool's manager, a progress
+        # bar) can still take the signal, and Python then raises KeyboardInterrupt in the main
+        # thread wherever it is, e.g. inside an at-fork hook that prints and swallows it (the build
+        # then ran to the end). So the signal is also only recorded while forking, and raised
+        # inside the try below, where the workers are stopped.
         blocked = hasattr(signal, "pthread_sigmask")
+        interrupted: list[int] = []
+        # (only the main thread may set handlers; None: a handler not set from Python, kept)
+        record = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None
+        if record:
+            previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         if blocked:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
@@ -113,14 +122,15 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                 else:
                     pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
                                    for k in range(segments[shard]))
-        except BaseException:
+        finally:
             if blocked:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-            raise
+            if record:
+                signal.signal(signal.SIGINT, previous)
         finished: dict[int, list[Any]] = {}  # shard -> its packed segments, until all are in
         try:
-            if blocked:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            if interrupted:
+                raise KeyboardInterrupt
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
                 _drain(progress_queue, progress)
