@@ -277,3 +277,95 @@ def test_resume_property(n: int, world: int, batch: int, drop_last: bool, kind: 
             assert np.array_equal(np.sort(remaining), np.sort(np.concatenate([tail, wrap])))
     else:
         assert consumed == n and len(remaining) == 0
+
+
+# --- the shared cursor every reader delegates to (EpochCursor, CursorReader) ---------------------
+
+from packer.errors import OptionError  # noqa: E402
+from packer.order import CursorReader, EpochCursor, Position, check_epoch  # noqa: E402
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0, "2", None])
+def test_check_epoch_refuses_what_is_not_a_non_negative_integer(bad: object) -> None:
+    with pytest.raises(OptionError) as caught:
+        check_epoch(bad)
+    assert str(caught.value) == f"epoch must be a non-negative integer, got {bad!r}"
+    assert check_epoch(0) == 0 and check_epoch(np.int64(3)) == 3
+
+
+def _batches(plan) -> list[list[int]]:
+    return [plan.batch(k).tolist() for k in range(plan.num_batches)]
+
+
+def test_epoch_cursor_defaults_and_argument_errors() -> None:
+    order = ReadOrder("sequential", batch_size=2)
+    cursor = EpochCursor(order, 10)
+    assert (cursor.rank, cursor.world_size, cursor.count_samples, cursor.handed_out) == (0, 1, False, 0)
+    assert (cursor.epoch, cursor.start, cursor.num_samples) == (0, 0, 10)
+    assert _batches(cursor.plan()) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # all of it: rank 0 of 1
+    cases = [({"world_size": 0}, "world_size must be a positive integer, got 0"),
+             ({"rank": -1}, "rank must be a non-negative integer, got -1"),
+             ({"rank": 2, "world_size": 2}, "rank 2 out of range for world_size 2"),
+             ({"num_samples": -3}, "num_samples must be a non-negative integer, got -3")]
+    for changes, message in cases:
+        kwargs = {"rank": 0, "world_size": 1, **changes}
+        num_samples = kwargs.pop("num_samples", 10)
+        with pytest.raises(OptionError) as caught:
+            EpochCursor(order, num_samples, **kwargs)
+        assert str(caught.value) == message
+    rank1 = EpochCursor(order, 10, rank=1, world_size=2).plan()
+    assert rank1.indices.tolist() == deal(np.arange(10), rank=1, world_size=2, batch_size=2).indices.tolist()
+    assert _batches(rank1)[:2] == [[2, 3], [6, 7]]
+
+
+def test_epoch_cursor_counts_handed_out_items_and_resets_per_epoch() -> None:
+    order = ReadOrder("sequential", batch_size=2)
+    cursor = EpochCursor(order, 10)
+    cursor.handed_out = 2  # two batches of this iteration were handed out
+    assert cursor.consumed() == 4 and cursor.state_dict()["consumed"] == 4
+    assert cursor.consumed(samples=5) == 4 and cursor.consumed(batches=3) == 6
+    assert cursor.state_dict(samples=6)["consumed"] == 6 and cursor.state_dict(batches=1)["consumed"] == 2
+    with pytest.raises(OptionError) as caught:
+        cursor.consumed(batches=1, samples=2)
+    assert str(caught.value) == "give batches or samples consumed, not both"
+    samples = EpochCursor(order, 10, count_samples=True)
+    samples.handed_out = 5  # five samples: two whole batches
+    assert samples.consumed() == 4
+    cursor.set_epoch(0)  # the same epoch: the count stands
+    assert cursor.handed_out == 2
+    cursor.set_epoch(1)  # another epoch starts from nothing handed out
+    assert (cursor.handed_out, cursor.epoch, cursor.start) == (0, 1, 0)
+    cursor.handed_out = 1
+    cursor.load_state_dict(cursor.state_dict())
+    assert cursor.handed_out == 0 and cursor.start == 2
+
+
+def test_epoch_cursor_plans_from_the_loaded_position_only_in_its_epoch() -> None:
+    order = ReadOrder("random", seed=5, batch_size=2)
+    cursor = EpochCursor(order, 12)
+    saved = EpochCursor(order, 12)
+    saved.set_epoch(3)
+    cursor.load_state_dict(saved.state_dict(batches=2))  # epoch 3, 4 samples consumed
+    assert (cursor.epoch, cursor.start) == (3, 4)
+    full = epoch_order(order.kind, 12, seed=5, epoch=3).tolist()
+    assert cursor.plan().indices.tolist() == full[4:]
+    assert cursor.plan(epoch=3, start=0).indices.tolist() == full
+    assert cursor.plan(epoch=4).indices.tolist() == epoch_order(order.kind, 12, seed=5, epoch=4).tolist()
+    assert cursor.plan(start=6).indices.tolist() == full[6:]
+    cursor.set_epoch(3)  # selecting the loaded epoch keeps the position
+    assert cursor.start == 4
+    cursor.set_epoch(4)
+    assert (cursor.epoch, cursor.start) == (4, 0)
+    cursor.set_epoch(3)  # back to 3: its saved position is gone, it starts at 0
+    assert cursor.start == 0
+
+
+def test_cursor_reader_state_dict_passes_samples_consumed() -> None:
+    class Reader(CursorReader):
+        def __init__(self) -> None:
+            self.cursor = EpochCursor(ReadOrder("sequential", batch_size=2), 10, position=Position())
+
+    reader = Reader()
+    assert reader.state_dict(samples_consumed=5)["consumed"] == 4
+    assert reader.state_dict(batches_consumed=1)["consumed"] == 2
+    assert reader.state_dict()["consumed"] == 0
