@@ -25,7 +25,7 @@ demo: venv
 test: venv
 	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about 75
+# Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about 80
 # minutes on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
 MUTATE ?=
 mutate: venv
