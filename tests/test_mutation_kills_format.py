@@ -20,27 +20,11 @@ from packer.fields import FieldSpec
 # --- JSON helpers: nesting depth and strict-JSON values ---------------------------------------
 
 def reference_depth(data: bytes) -> int:
-    """Depth by walking the bytes, skipping strings (with escapes), never below zero."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in data:
-        char = chr(byte)
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-            continue
-        if char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
+    """The least limit the build's own walker (``strictjson.json_depth_ok``, written separately
+    for source rows) accepts: the deepest nesting, strings skipped, never below zero."""
+    from packer.build.strictjson import json_depth_ok
+    text = data.decode("latin-1")
+    return next(limit for limit in range(len(text) + 1) if json_depth_ok(text, limit))
 
 
 DEPTH_CASES = [b"", b"1", b'"x"', b"[]", b"{}", b"[[1],[2,[3]]]", b'{"a": {"b": [1, {"c": 2}]}}',

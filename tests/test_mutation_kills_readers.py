@@ -19,6 +19,7 @@ from packer import format as fmt
 from packer.build import BuildOptions, build
 from packer.dataset import as_sample_indices, open_dataset
 from packer.errors import ChecksumMismatchError, DecodeError, IndexMismatchError, OptionError
+from test_verify_fields import rewrite_index
 
 # --- dataset ---------------------------------------------------------------------------------------
 # Two small datasets built once: "fields" (6 samples in 2 shards, alignment 64, a text, an array and
@@ -69,21 +70,6 @@ def _reader_copy(folder: Path, tmp_path: Path) -> Path:
 def _reader_edit_manifest(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
     document = json.loads((folder / fmt.MANIFEST_NAME).read_text("utf-8"))
     change(document)
-    (folder / fmt.MANIFEST_NAME).write_text(json.dumps(document), "utf-8")
-
-
-def _reader_rewrite_index(folder: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
-    """``change`` edits writable copies of the index columns; name, size and checksum are made to match."""
-    document = json.loads((folder / fmt.MANIFEST_NAME).read_text("utf-8"))
-    old = folder / document["index"]["path"]
-    rows, columns = fmt.parse_column_file(old.read_bytes(), fmt.INDEX_MAGIC)
-    columns = {name: np.array(column) for name, column in columns.items()}
-    change(columns)
-    data = b"".join(bytes(p) for p in fmt.encode_column_file(fmt.INDEX_MAGIC, rows, columns))
-    old.unlink()
-    digest = fmt.checksum(data)
-    (folder / fmt.index_file_name(digest)).write_bytes(data)
-    document["index"] = {"path": fmt.index_file_name(digest), "size": len(data), "checksum": fmt.checksum_hex(digest)}
     (folder / fmt.MANIFEST_NAME).write_text(json.dumps(document), "utf-8")
 
 
@@ -183,7 +169,7 @@ def test_sample_info_fields_are_exact_and_json_ready(reader_datasets: dict[str, 
 def test_sample_info_names_an_unknown_field_image_format(reader_datasets: dict[str, Path], tmp_path: Path) -> None:
     """A reserved image_format value (39-254) is not refused: ``sample_info`` calls it unknown."""
     copy = _reader_copy(reader_datasets["fields"], tmp_path)
-    _reader_rewrite_index(copy, lambda columns: columns["f_mask__format"].__setitem__(1, 200))
+    rewrite_index(copy, lambda columns: columns["f_mask__format"].__setitem__(1, 200))
     with open_dataset(copy) as ds:
         assert ds.sample_info(1)["fields"]["mask"]["format"] == "unknown"
         assert ds.sample_info(0)["fields"]["mask"]["format"] == "png"
@@ -196,7 +182,7 @@ def test_text_that_is_not_utf8_is_a_typed_error(reader_datasets: dict[str, Path]
     def damage(columns: dict[str, np.ndarray]) -> None:
         columns["f_caption"][int(columns["f_caption__offsets"][last])] = 0xFF
 
-    _reader_rewrite_index(copy, damage)
+    rewrite_index(copy, damage)
     message = "field 'caption' holds bytes that are not UTF-8 (invalid start byte)"
     with open_dataset(copy) as ds:
         with pytest.raises(IndexMismatchError) as caught:
