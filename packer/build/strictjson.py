@@ -55,6 +55,7 @@ def _finite_float(text: str) -> float:
 
 #: A ``\uD800``-``\uDFFF`` escape: the only way JSON text read as UTF-8 can hold a surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
 
 
 def lone_surrogate(value: object) -> str | None:
@@ -83,8 +84,8 @@ def parse_strict_json(text: str | bytes) -> object:
     """``json.loads`` that refuses NaN, Infinity, numbers that overflow to infinity (``1e400``)
     and strings holding an unpaired surrogate escape (``"\\ud800"``: not Unicode text)."""
     value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    raw = text if isinstance(text, str) else text.decode("utf-8", "replace")
-    if _SURROGATE_ESCAPE.search(raw):  # escaped pairs (an emoji) are fine: only then look closer
+    pattern = _SURROGATE_ESCAPE if isinstance(text, str) else _SURROGATE_ESCAPE_BYTES  # no decode per row
+    if pattern.search(text):  # escaped pairs (an emoji) are fine: only then look closer
         bad = lone_surrogate(value)
         if bad is not None:
             raise ValueError(f"string {bad!r} holds an unpaired surrogate escape (not Unicode text)")
