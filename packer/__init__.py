@@ -18,10 +18,10 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
         from . import dataset
         return getattr(dataset, name)
     if name == "build_dataset":
-        from .build import build
+        from .writer import build
         return build
     if name == "append_dataset":
-        from .build.append import append
+        from .writer.append import append
         return append
     if name == "verify_dataset":
         from .verify import verify

@@ -104,8 +104,8 @@ def warm(paths: list[Path]) -> None:
 
 def ensure_dataset(out: Path, samples: int, size_kb: int, codec: str) -> Path:
     """Build (or reuse) the benchmark dataset; returns its folder."""
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
 
     stamp = {"samples": samples, "size_kb": size_kb, "codec": codec, "version": 1}
     dataset = out / f"ds-{codec.replace(':', '_').replace(',', '_').replace('=', '')}"

@@ -89,8 +89,8 @@ def make_coco(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
 
 
 def ensure_packed(instances: Path, images_dir: Path, out: Path, workers: int) -> Path:
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
 
     if not (out / "manifest.json").exists():
         build(instances, out, BuildOptions(), root=images_dir, workers=max(workers, 1), overwrite=True,

@@ -92,15 +92,15 @@ def make_synthetic_dataset(out: Path, num_samples: int, payload: bytes, *, align
     """Write a dataset of ``num_samples`` copies of ``payload`` straight in the packer format.
 
     No source folder and no per-file build: shard files are written from a tiled buffer and the
-    index is committed with ``packer.build.commit.commit_dataset`` (which validates it). Labels are
+    index is committed with ``packer.writer.commit.commit_dataset`` (which validates it). Labels are
     ``i % classes``. A complete dataset already at ``out`` with the same count is reused.
 
     Returns:
         ``out``.
     """
     from packer import format as fmt
-    from packer.build.commit import commit_dataset
-    from packer.build.staging import STAGING_DIR
+    from packer.writer.commit import commit_dataset
+    from packer.writer.staging import STAGING_DIR
     from packer.imageinfo import probe_image
 
     out = Path(out)

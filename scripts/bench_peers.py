@@ -98,8 +98,8 @@ SMALL_CODEC = "jpeg:max_size=256,side=shorter,quality=90"
 
 def ensure_packed(src: Path, out: Path, count: int, workers: int, codec: str = "passthrough"
                   ) -> tuple[Path, float | None]:
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
 
     manifest = out / "manifest.json"
     if manifest.exists():
@@ -517,7 +517,8 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
 
     from packer.dataset import open_dataset
     from packer.codecs.tiles import cut_window, window_margin
-    from packer.transforms import RandomResizedCrop, _dct_scale
+    from packer.transforms import RandomResizedCrop
+    from packer.transforms.fused import _dct_scale
     transform = RandomResizedCrop(224, resize_backend="torch")
     dataset = open_dataset(packed)
     rng = np.random.default_rng(0)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.build.plan import BuildOptions, make_plan, save_plan
-from packer.build.sources import SourceListing
+from packer.writer.plan import BuildOptions, make_plan, save_plan
+from packer.sources.listing import SourceListing
 
 
 def synthetic_listing(entries: int, classes: int = 1000, seed: int = 0) -> SourceListing:

@@ -80,8 +80,8 @@ def ensure_images(root: Path, count: int, size: int) -> None:
 
 def ensure_packed(src: Path, out: Path, codec: str, workers: int) -> Path:
     if not (out / "manifest.json").exists():
-        from packer.build import build
-        from packer.build.plan import BuildOptions
+        from packer.writer import build
+        from packer.writer.plan import BuildOptions
         build(src, out, BuildOptions(codec=codec, shard_size=256 << 20), workers=workers, progress=False)
     return out
 

@@ -45,8 +45,8 @@ def timed(command: list[str] | str, *, shell: bool = False) -> float:
 
 def timed_build(source: Path | str, out: Path, workers: int) -> float:
     """``packer build`` through the library, in this process (no interpreter start-up in the time)."""
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
 
     start = time.perf_counter()
     build(source, out, BuildOptions(), workers=workers, overwrite=True, progress=False)

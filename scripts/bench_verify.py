@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import make_sample  # noqa: E402
 from pagecache import evict  # noqa: E402
 
-from packer.build import build  # noqa: E402
+from packer.writer import build  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.verify import CHUNK_SIZE, verify  # noqa: E402
 
 

@@ -351,8 +351,8 @@ def run_pytest(timeout: float, gpu: bool) -> dict[str, Any]:
 def build_datasets(work: Path, raw_gb: float, jpegs: int, size: int) -> dict[str, Any]:
     import make_sample
 
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
     from packer.dataset import open_dataset
 
     work.mkdir(parents=True, exist_ok=True)
@@ -522,8 +522,8 @@ def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
     import numpy as np
     from PIL import Image
 
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
     from packer.dataset import open_dataset
     from packer.gpu import GpuRawBatches
 

@@ -8,7 +8,7 @@ Usage::
 
 Inputs are fixed byte strings (PNG with stored deflate blocks, BMP, GIF and a baseline JPEG
 written out in hex), so the vectors do not depend on the Pillow or zlib version. Valid vectors are
-built with ``packer.build.run.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
+built with ``packer.writer.run.build`` (one worker); invalid vectors are a copy of ``valid/base-align512``
 (or, for the ``fields-*`` ones, of ``valid/fields``) damaged in exactly one way. After a damage to the index or a shard header, the file is re-hashed,
 renamed and the manifest updated, so that the only defect is the one the vector is about (except
 the vectors that are about a stale size or checksum). Every invalid vector is opened here once and
@@ -39,10 +39,10 @@ if str(REPO) not in sys.path:  # run as a script from a checkout
 
 import packer  # noqa: E402
 from packer import format as fmt  # noqa: E402
-from packer.build import build  # noqa: E402
-from packer.build.commit import commit_dataset  # noqa: E402
-from packer.build.staging import LOCK_NAME, STAGING_DIR  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.commit import commit_dataset  # noqa: E402
+from packer.writer.staging import LOCK_NAME, STAGING_DIR  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 
 __all__ = ["generate", "compare_trees", "read_everything", "VALID", "INVALID", "FIELD_INVALID", "main"]
 
@@ -316,7 +316,7 @@ def make_empty(out: Path, tmp: Path) -> None:
                    build_info={"note": "written by scripts/make_vectors.py, not by a build"}, rejected=[],
                    history=[])
     _write_json(out / "expected.json", {
-        "description": "zero samples, zero shards: a valid dataset (written with packer.build.commit.commit_dataset)",
+        "description": "zero samples, zero shards: a valid dataset (written with packer.writer.commit.commit_dataset)",
         "source": "none", "options": {}, "classes": [], "sample_count": 0, "alignment": 4096, "samples": []})
 
 

@@ -65,14 +65,15 @@ class Group:
         return not self.only or any(fnmatch.fnmatch(name, pattern) for pattern in self.only)
 
 
-#: The sampler/reader state of packer/torch.py: orders, rank split, positions, state dicts (the
+#: The sampler/reader state of packer/torch/: orders, rank split, positions, state dicts (the
 #: decoding and collation around them belong to the readers, not to the resumable state).
 _TORCH_STATE = tuple(f"packer.torch.{name}__mutmut_*" for name in (
-    "x_resolve_rank", "x__blocks_of", "x__sampler_cursor", "x__worker_share", "xǁPackedSamplerǁ*",
-    "xǁPackedBatchSamplerǁ*", "xǁPackedDataLoaderǁ*", "xǁ_SharedPositionǁ*", "xǁPackedIterableDatasetǁ__init__",
-    "xǁPackedIterableDatasetǁ_dataset_blocks", "xǁPackedIterableDatasetǁ__getstate__",
-    "xǁPackedIterableDatasetǁ__len__", "xǁPackedIterableDatasetǁstate_dict",
-    "xǁPackedIterableDatasetǁload_state_dict", "xǁPackedIterableDatasetǁ__iter__"))
+    "runtime.x_resolve_rank", "epochs.x__blocks_of", "epochs.x__sampler_cursor", "iterable.x__worker_share",
+    "samplers.xǁPackedSamplerǁ*", "samplers.xǁPackedBatchSamplerǁ*", "loader.xǁPackedDataLoaderǁ*",
+    "iterable.xǁ_SharedPositionǁ*", "iterable.xǁPackedIterableDatasetǁ__init__",
+    "iterable.xǁPackedIterableDatasetǁ_dataset_blocks", "iterable.xǁPackedIterableDatasetǁ__getstate__",
+    "iterable.xǁPackedIterableDatasetǁ__len__", "iterable.xǁPackedIterableDatasetǁstate_dict",
+    "iterable.xǁPackedIterableDatasetǁload_state_dict", "iterable.xǁPackedIterableDatasetǁ__iter__"))
 
 _SLOW_BUILD = ("sigkill_cli_from_outside", "concurrent_cli_builds", "listing_reports_progress_every",
                "disk_full_real_tmpfs")
@@ -86,10 +87,10 @@ GROUPS = (
     Group("format", ("packer/format.py",), ("tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
                                             "tests/test_mutation_kills_format.py")),
     Group("order", ("packer/order.py",), ("tests/test_order.py",)),
-    Group("atomic", ("packer/build/atomic.py",), ("tests/test_reliability_build.py",), skip=_SLOW_BUILD),
-    Group("records", ("packer/build/records.py", "packer/build/commit.py"),
+    Group("atomic", ("packer/writer/atomic.py",), ("tests/test_reliability_build.py",), skip=_SLOW_BUILD),
+    Group("records", ("packer/writer/records.py", "packer/writer/commit.py"),
           ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
-    Group("plan", ("packer/build/plan.py",),
+    Group("plan", ("packer/writer/plan.py",),
           ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
     Group("imageinfo", ("packer/imageinfo.py",), ("tests/test_imageinfo.py",)),
     Group("verify", ("packer/verify.py",),
@@ -98,7 +99,8 @@ GROUPS = (
           ("tests/test_backends.py", "tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
            "tests/test_mutation_kills_readers.py"), skip=("vectors_regenerate",)),
     Group("tiles", ("packer/codecs/tiles.py",), ("tests/test_tiles.py",)),
-    Group("torch", ("packer/torch.py",),
+    Group("torch", ("packer/torch/runtime.py", "packer/torch/epochs.py", "packer/torch/samplers.py",
+                    "packer/torch/loader.py", "packer/torch/iterable.py"),
           ("tests/test_torch.py", "tests/test_resume.py", "tests/test_torch_fields.py",
            "tests/test_mutation_kills_readers.py"), only=_TORCH_STATE),
 )

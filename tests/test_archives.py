@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import build
-from packer.build import archives
-from packer.build.archives import expand_braces, list_any_source, sniff_container
-from packer.build.plan import BuildOptions
-from packer.build.run import finish
+from packer.writer import build
+from packer.sources import tar as tar_source
+from packer.sources.detect import expand_braces, list_any_source
+from packer.sources.sniff import sniff_container
+from packer.writer.plan import BuildOptions
+from packer.writer.run import finish
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, SourceError
 from packer.names import ESCAPED_FIELD, unescape_key
@@ -169,7 +170,7 @@ def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:
 
 def test_compressed_bomb_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
-    monkeypatch.setattr(archives, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
+    monkeypatch.setattr(tar_source, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
     with pytest.raises(SourceError, match="decompression bomb"):
         build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
 
@@ -410,7 +411,7 @@ def test_cut_archives_fail_cleanly(tmp_path: Path, kind: str) -> None:
 
 
 def test_append_from_a_compressed_archive(tmp_path: Path) -> None:
-    from packer.build.append import append
+    from packer.writer.append import append
 
     first = dict(list(FILES.items())[:9])
     rest = dict(list(FILES.items())[9:])

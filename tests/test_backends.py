@@ -15,13 +15,13 @@ import pytest
 from PIL import Image
 
 import packer.backends.direct as direct
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset
 from packer.backends.buffers import aligned_empty, buffer_address
 from packer.backends.direct import DIRECT_BLOCK, DirectShard
 from packer.errors import DirectIOUnsupportedError
 from packer.errors import MisalignedRecordError, OffsetOutOfBoundsError, TruncatedFileError
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 BACKENDS = ("mmap", "pread", "direct")
 CODECS = ("passthrough", "jpeg:max_size=24", "raw:size=20x18")

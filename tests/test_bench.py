@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 from packer.bench import (HEADROOM, BenchOptions, BenchResult, advise, child_pids,
                           format_report, process_cpu_seconds, run_bench, run_queue_seconds)
-from packer.build import build
+from packer.writer import build
 from packer.cli import _register, cli
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 _register()
 

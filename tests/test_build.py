@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OutputExistsError, SourceError
-from packer.build.plan import BuildOptions, plan_shards
+from packer.writer.plan import BuildOptions, plan_shards
 
 
 def write_images(root: Path, classes: dict[str, int], *, seed: int = 0, size: int = 24) -> list[Path]:
@@ -190,7 +190,7 @@ def test_manifest_duplicates_are_found_by_hash_then_key(source: Path, tmp_path: 
 
 
 def test_symlinked_folders_are_listed_once_not_exponentially(tmp_path: Path) -> None:
-    from packer.build.sources import list_image_folder
+    from packer.sources.folder import list_image_folder
 
     root = tmp_path / "src"
     write_images(root, {"a": 1})
@@ -209,7 +209,7 @@ def test_symlinked_folders_are_listed_once_not_exponentially(tmp_path: Path) -> 
 
 def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path: Path, monkeypatch) -> None:
     """Fewer shards than workers: shards are packed as parallel segments, joined in order."""
-    import packer.build.pack as build_module
+    import packer.writer.pack as build_module
 
     (source / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")  # a rejection inside a segment
     options = BuildOptions(shard_size=1 << 30)  # one shard
@@ -229,7 +229,7 @@ def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path
 
 
 def test_gather_blob_in_chunks_matches_python() -> None:
-    from packer.build.sources import gather_blob
+    from packer.sources.blobs import gather_blob
 
     rng = np.random.default_rng(0)
     pieces = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 9, 50)]
@@ -244,7 +244,7 @@ def test_gather_blob_in_chunks_matches_python() -> None:
 
 
 def test_a_failing_segmented_build_leaves_no_segment_files(source: Path, tmp_path: Path, monkeypatch) -> None:
-    import packer.build.pack as build_module
+    import packer.writer.pack as build_module
     from packer.errors import BuildError
 
     (source / "dog" / "broken.jpg").write_bytes(b"not an image")
@@ -273,7 +273,7 @@ def test_hostile_manifest_rows_are_rejected_not_crashing(source: Path, tmp_path:
 
 
 def test_listing_reports_progress_every_ten_thousand_entries(tmp_path: Path) -> None:
-    from packer.build.sources import list_source
+    from packer.sources.detect import list_source
 
     root = tmp_path / "src" / "only"
     root.mkdir(parents=True)
@@ -288,9 +288,9 @@ def test_spec_lists_every_rejection_reason() -> None:
     """SPEC §10.3 names every reason the builder can write, and no other."""
     import re
 
-    from packer.build.sources import REJECTION_REASONS
+    from packer.sources import REJECTION_REASONS
 
     spec = (Path(__file__).resolve().parents[1] / "formats" / "SPEC.md").read_text("utf-8")
     section = spec[spec.index("### 10.3"):spec.index("### 10.4")]
-    listed = section[section.index("(`packer.build.sources.REJECTION_REASONS`:"):section.index("`message` is for people")]
+    listed = section[section.index("(`packer.sources.REJECTION_REASONS`:"):section.index("`message` is for people")]
     assert set(re.findall(r"`([a-z-]+)`", listed)) == set(REJECTION_REASONS)

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
-from packer.build.plan import BuildOptions
-from packer.build.sources import list_manifest
+from packer.writer import build
+from packer.writer.plan import BuildOptions
+from packer.sources.manifest import list_manifest
 from packer.classes import check_classes, load_class_list
 from packer.cli import cli, _register
 from packer.dataset import open_index
@@ -71,7 +71,7 @@ def test_val_missing_a_class_keeps_train_labels_with_classes_from(tmp_path: Path
 
 
 def test_append_keeps_a_fixed_class_list(tmp_path: Path) -> None:
-    from packer.build.append import append
+    from packer.writer.append import append
 
     write_images(tmp_path / "train", {"cat": 1, "dog": 1})
     write_images(tmp_path / "more", {"dog": 2, "wolf": 1})

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from packer.build import build
+from packer.writer import build
 from packer.cli import _register, cli
 from packer.dataset import open_dataset, open_index
 from packer.inspect.grid import CAPTION_HEIGHT
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 _register()
 

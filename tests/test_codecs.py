@@ -11,7 +11,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from packer.build import build
+from packer.writer import build
 from packer.codecs import (JpegCodec, RawCodec, get_codec, merge_codec_options, parse_codec_spec,
                            raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view)
 from packer.dataset import open_dataset, open_index
@@ -19,7 +19,7 @@ from packer.decode import decode_image
 from packer.errors import BuildError, ManifestError, OptionError
 from packer.format import ImageFormat, align_up
 from packer.imageinfo import probe_image
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 
 def _smooth_rgb(height: int, width: int, seed: int = 0) -> np.ndarray:

@@ -25,10 +25,10 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset
 from packer.errors import DatasetChangedError
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = BuildOptions(shard_size=24 << 10)

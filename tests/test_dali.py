@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from packer.build import build
+from packer.writer import build
 from packer.dali import PackedBatchIterator, PackedBatchSource, PackedSampleSource
 from packer.dataset import open_dataset
 from packer.errors import DatasetChangedError, OptionError
 from packer.order import ReadOrder
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 BATCH = 4
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dali import PackedBatchIterator, PackedBatchSource, PackedSampleSource
 from packer.dataset import Dataset, open_dataset
 from packer.errors import DecodeError, OptionError

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
-from packer.build import build  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning"),

@@ -34,12 +34,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import packer.build.atomic as atomic
+import packer.writer.atomic as atomic
 from packer import format as fmt
-from packer.build import build
-from packer.build.append import append
-from packer.build.plan import BuildOptions
-from packer.build.staging import PLAN_NAME, RECORD_DIR, STAGING_DIR
+from packer.writer import build
+from packer.writer.append import append
+from packer.writer.plan import BuildOptions
+from packer.writer.staging import PLAN_NAME, RECORD_DIR, STAGING_DIR
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def test_resumed_and_split_builds_commit_in_order(tmp_path: Path, monkeypatch: p
     build(src, out, OPTIONS, workers=1, progress=False, plan_only=True)
     build(src, out, OPTIONS, workers=1, progress=False, part=(0, 2))
     build(src, out, OPTIONS, workers=1, progress=False, part=(1, 2))
-    from packer.build import finish
+    from packer.writer import finish
 
     finish(out, src)
     assert violations(tracer.events, out) == []

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 import packer
-from packer.build import build
-from packer.build.plan import BuildOptions
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 from packer.cli import _register, cli
 from packer.errors import OptionError, OutputExistsError
 from packer.export import export

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import open_dataset, open_index
 from packer.errors import (CorruptHeaderError, IndexMismatchError, ManifestError, OptionError,
                            OverlappingRecordsError, UnsafePathError)
@@ -267,7 +267,7 @@ def test_resume_keeps_field_values(built: tuple[Path, Path], tmp_path: Path) -> 
 
 
 def test_append_refuses_a_dataset_with_fields(built: tuple[Path, Path]) -> None:
-    from packer.build.append import append
+    from packer.writer.append import append
 
     with pytest.raises(OptionError, match="append does not support datasets with declared fields"):
         append(built[1], built[0])

@@ -16,12 +16,12 @@ import pytest
 from packer import gpu
 from packer.backends import kvikio as kvikio_backend
 from packer.backends.runs import RunPlan, plan_runs
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset
 from packer.errors import (GpuPathError, IndexMismatchError, ManifestError, MissingDependencyError,
                            OffsetOutOfBoundsError, OptionError, TruncatedFileError)
 from packer.order import ReadOrder
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 torch = pytest.importorskip("torch")
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from packer import gpu
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import open_dataset
 from packer.errors import OptionError
 

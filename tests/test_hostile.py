@@ -28,10 +28,10 @@ from PIL import Image
 
 from packer import errors as E
 from packer import format as fmt
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset, open_index
 from packer.errors import PackerError
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 REPO = Path(__file__).resolve().parents[1]
 #: Allocation budget for refusing a crafted dataset: far below what any stored count would ask for.

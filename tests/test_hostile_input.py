@@ -27,8 +27,8 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
-from packer.build.plan import BuildOptions
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 from packer.dataset import open_index
 from packer.errors import (EmptySourceError, IndexMismatchError, OptionError, PackerError,
                            SourceError)
@@ -977,8 +977,8 @@ def test_staging_files_planted_or_damaged_never_hang_resume(tmp_path, planted):
     elif planted == "record-garbage":
         record.write_bytes(b"PKPLAN\0\0" + b"\xff" * 200)
     else:
-        from packer.build.plan import load_plan
-        from packer.build.records import read_record, write_record
+        from packer.writer.plan import load_plan
+        from packer.writer.records import read_record, write_record
         plan = load_plan(staging / "plan.pkp", src)
         write_record(record, {"plan": fmt.checksum_hex(plan.fingerprint), "sample_count": 1, "rejected": [],
                               "path": "../../../etc/passwd", "size": 1}, {name: [0] for name in

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset, open_index
 from packer.inspect.grid import CAPTION_HEIGHT, contact_sheet, pick_samples
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 from packer.inspect.summary import format_summary, summarize
 
 
@@ -120,7 +120,7 @@ def test_summary_is_fast_on_a_million_samples(tmp_path: Path) -> None:
     import time
 
     from packer import format as fmt
-    from packer.build.commit import commit_dataset
+    from packer.writer.commit import commit_dataset
 
     n, shards, alignment = 1_000_000, 10, 4096
     per = n // shards

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import open_dataset, open_index
 from packer.errors import OptionError
 from packer.fields import parse_field_option

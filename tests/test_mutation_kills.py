@@ -491,13 +491,13 @@ from pathlib import Path  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
-from packer.build import build, finish  # noqa: E402
-from packer.build.atomic import fsync_dir, write_atomic  # noqa: E402
-from packer.build.plan import (DEFAULT_SHARD_SIZE, BuildOptions, load_plan, make_plan, plan_shards,  # noqa: E402
+from packer.writer import build, finish  # noqa: E402
+from packer.writer.atomic import fsync_dir, write_atomic  # noqa: E402
+from packer.writer.plan import (DEFAULT_SHARD_SIZE, BuildOptions, load_plan, make_plan, plan_shards,  # noqa: E402
                                save_plan)
-from packer.build.records import RECORD_COLUMNS, read_record, record_path, write_record  # noqa: E402
-from packer.build.sources import list_source  # noqa: E402
-from packer.build.staging import PLAN_NAME, STAGING_DIR  # noqa: E402
+from packer.writer.records import RECORD_COLUMNS, read_record, record_path, write_record  # noqa: E402
+from packer.sources.detect import list_source  # noqa: E402
+from packer.writer.staging import PLAN_NAME, STAGING_DIR  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
 from packer.errors import BuildError, EmptySourceError, OptionError  # noqa: E402
 
@@ -699,7 +699,7 @@ def test_build_options_are_checked_by_name(changes: dict[str, Any], message: str
     assert caught.value.message == message
 
 
-from packer.build.plan import DEFAULT_MAX_FILE_SIZE  # noqa: E402
+from packer.writer.plan import DEFAULT_MAX_FILE_SIZE  # noqa: E402
 
 
 def test_build_options_edges_are_accepted() -> None:
@@ -1048,7 +1048,7 @@ def test_write_atomic_reports_the_real_error_after_the_rename(tmp_path: Path, mo
     FileNotFoundError from cleaning up a temp file that no longer exists."""
     import errno
 
-    import packer.build.atomic as atomic_module
+    import packer.writer.atomic as atomic_module
 
     def broken_fsync_dir(path: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -1071,7 +1071,7 @@ def test_report_lines_are_canonical_json(tmp_path: Path) -> None:
 
 
 def test_commit_refuses_a_bad_index_and_writes_nothing(tmp_path: Path) -> None:
-    from packer.build.commit import commit_dataset
+    from packer.writer.commit import commit_dataset
 
     out = tmp_path / "ds"
     out.mkdir()
@@ -1085,7 +1085,7 @@ def test_commit_refuses_a_bad_index_and_writes_nothing(tmp_path: Path) -> None:
 def test_commit_io_errors_are_build_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import packer.build.commit as commit_module
+    import packer.writer.commit as commit_module
 
     src, out = png_folder(tmp_path / "src", 4), tmp_path / "ds"
     real = commit_module.write_atomic
@@ -1219,7 +1219,7 @@ def test_make_plan_edges(tmp_path: Path) -> None:
 def test_plan_consistency_edges(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from packer.build.sources import select_rows
+    from packer.sources.listing import select_rows
 
     path, src = _saved_plan(tmp_path, shard_starts=np.array([0, 3, 3, 6]))
     assert load_plan(path, src).shard_starts.tolist() == [0, 3, 3, 6]  # an empty planned shard is tolerated
@@ -2742,9 +2742,9 @@ class _FakePlan:
 def test_worker_share_keeps_indices_past_2_to_the_31() -> None:
     pt = _torch()
     for n, dtype in [(2**31 - 1, np.int32), (2**31 + 8, np.int64), (2**32 + 8, np.int64)]:
-        indices, bounds = pt._worker_share(_FakePlan(n, [[n - 1, 0], [5], [n - 2]]), 0, 2)
+        indices, bounds = pt.iterable._worker_share(_FakePlan(n, [[n - 1, 0], [5], [n - 2]]), 0, 2)
         assert indices.dtype == dtype and indices.tolist() == [n - 1, 0, n - 2] and bounds.tolist() == [0, 2, 3]
-        indices, bounds = pt._worker_share(_FakePlan(n, [[1]]), 1, 2)
+        indices, bounds = pt.iterable._worker_share(_FakePlan(n, [[1]]), 1, 2)
         assert indices.tolist() == [] and bounds.tolist() == [0]
 
 
@@ -3158,7 +3158,7 @@ def test_a_folder_in_place_of_the_report_is_refused_before_the_commit(tmp_path: 
 
 
 def test_the_recorded_pixel_limit_is_the_largest_above_the_default(tmp_path: Path) -> None:
-    from packer.build.commit import recorded_max_pixels
+    from packer.writer.commit import recorded_max_pixels
     from packer.imageinfo import DEFAULT_MAX_PIXELS
 
     big = DEFAULT_MAX_PIXELS + 5

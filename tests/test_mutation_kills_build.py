@@ -17,10 +17,10 @@ from PIL import Image
 
 from packer import __version__
 from packer import format as fmt
-from packer.build import BuildOptions, build
-from packer.build.commit import _report_lines, record_empty_build
-from packer.build.sources import Rejection
-from packer.build.staging import STAGING_DIR
+from packer.writer import BuildOptions, build
+from packer.writer.commit import _report_lines, record_empty_build
+from packer.sources.listing import Rejection
+from packer.writer.staging import STAGING_DIR
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError
 
@@ -135,7 +135,7 @@ def test_an_empty_build_report_for_any_error(tmp_path: Path) -> None:
 
 
 def test_commit_checks_the_declared_fields_columns(field_build: tuple[Path, Path], tmp_path: Path) -> None:
-    from packer.build.commit import commit_dataset
+    from packer.writer.commit import commit_dataset
     from packer.errors import CorruptHeaderError
 
     _, out = field_build
@@ -163,7 +163,7 @@ def test_commit_checks_the_declared_fields_columns(field_build: tuple[Path, Path
 
 def test_append_refuses_a_source_with_declared_fields(tmp_path: Path) -> None:
     """A COCO source always declares fields; an append cannot store them (the dataset is left as it was)."""
-    from packer.build.append import append
+    from packer.writer.append import append
     from packer.errors import BuildError
 
     (tmp_path / "src").mkdir()
@@ -197,10 +197,10 @@ def test_source_probes_are_16_listed_files_spread_evenly(tmp_path: Path) -> None
 
 
 def test_finish_build_without_cleanup_keeps_staging_and_unreferenced_files(tmp_path: Path) -> None:
-    from packer.build.commit import finish_build
-    from packer.build.plan import load_plan
-    from packer.build.records import record_path
-    from packer.build.staging import PLAN_NAME
+    from packer.writer.commit import finish_build
+    from packer.writer.plan import load_plan
+    from packer.writer.records import record_path
+    from packer.writer.staging import PLAN_NAME
 
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
@@ -221,7 +221,7 @@ def test_finish_build_without_cleanup_keeps_staging_and_unreferenced_files(tmp_p
 # --- records: what a shard record must hold to be trusted ---------------------------------------------
 
 def test_a_record_is_trusted_only_with_a_well_formed_header(tmp_path: Path) -> None:
-    from packer.build.records import read_record, record_columns, record_path, write_record
+    from packer.writer.records import read_record, record_columns, record_path, write_record
     from packer.fields import FieldSpec
 
     out = tmp_path / "ds"
@@ -273,7 +273,7 @@ def test_option_refusals_name_the_option() -> None:
 def test_a_plan_that_is_not_a_regular_file_is_refused_by_name(tmp_path: Path) -> None:
     import os
 
-    from packer.build.plan import load_plan
+    from packer.writer.plan import load_plan
     from packer.errors import BuildError
 
     (tmp_path / "plan.pkp").mkdir()
@@ -288,8 +288,8 @@ def test_a_plan_that_is_not_a_regular_file_is_refused_by_name(tmp_path: Path) ->
 def test_a_rejected_key_that_is_not_utf8_survives_the_saved_plan(tmp_path: Path) -> None:
     """A COCO ``file_name`` "x\\udcff.jpg" (the file b"x\\xff.jpg") rejected while listing: the plan
     saves and loads it (it used to fail with UnicodeEncodeError), and the report holds its bytes."""
-    from packer.build.archives import list_any_source
-    from packer.build.plan import load_plan, make_plan, save_plan
+    from packer.sources.detect import list_any_source
+    from packer.writer.plan import load_plan, make_plan, save_plan
 
     root = tmp_path / "src"
     (root / "images").mkdir(parents=True)

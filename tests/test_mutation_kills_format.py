@@ -22,7 +22,7 @@ from packer.fields import FieldSpec
 def reference_depth(data: bytes) -> int:
     """The least limit the build's own walker (``strictjson.json_depth_ok``, written separately
     for source rows) accepts: the deepest nesting, strings skipped, never below zero."""
-    from packer.build.strictjson import json_depth_ok
+    from packer.sources.strictjson import json_depth_ok
     text = data.decode("latin-1")
     return next(limit for limit in range(len(text) + 1) if json_depth_ok(text, limit))
 

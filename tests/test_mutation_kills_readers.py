@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import as_sample_indices, open_dataset
 from packer.errors import ChecksumMismatchError, DecodeError, IndexMismatchError, OptionError
 from test_verify_fields import rewrite_index

@@ -22,7 +22,7 @@ from PIL import Image
 
 import packer.verify as verify_module
 from packer import format as fmt
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import open_index
 from packer.decode import decode_as_stored, decode_image
 from packer.errors import DecodeError

@@ -16,11 +16,11 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
-from packer.build.pack import pack_planned_shard
-from packer.build.plan import BuildOptions, load_plan, plan_shards
-from packer.build.records import read_record, record_path
-from packer.build.staging import PLAN_NAME, STAGING_DIR
+from packer.writer import build
+from packer.writer.pack import pack_planned_shard
+from packer.writer.plan import BuildOptions, load_plan, plan_shards
+from packer.writer.records import read_record, record_path
+from packer.writer.staging import PLAN_NAME, STAGING_DIR
 from packer.dataset import open_index
 from packer.errors import RejectedImageError
 from packer.imageinfo import ImageFormat, probe_image

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import build
-from packer.build.plan import BuildOptions
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 from packer.dataset import open_dataset
 from packer.decode import decode_image
 from packer.errors import DecodeError, RejectedImageError

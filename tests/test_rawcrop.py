@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer.build import build  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.errors import DecodeError  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.rawcrop import (AGREEMENT_MAX_ABS, AGREEMENT_MEAN_ABS, RRC_DRAWS,  # noqa: E402

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer.build import build  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.errors import OptionError  # noqa: E402
 from packer.gpu import GpuRawBatches  # noqa: E402
 from packer.order import ReadOrder  # noqa: E402
@@ -136,7 +136,7 @@ def _no_per_sample(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the per-sample path ran on a raw dataset")
 
-    monkeypatch.setattr(packer_torch._Pipeline, "pixels", refuse)
+    monkeypatch.setattr(packer_torch.pipeline._Pipeline, "pixels", refuse)
 
 
 @pytest.mark.parametrize("order", ["sequential", "random"])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import build
-from packer.build.plan import BuildOptions
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 from packer.errors import DecodeError, PackerError
 
 torch = pytest.importorskip("torch")

@@ -27,18 +27,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import packer.build.commit as commit_module
-import packer.build.pack as pack_module
-import packer.build.records as records_module
-import packer.build.run as run_module
-import packer.build.staging as staging_module
+import packer.writer.commit as commit_module
+import packer.writer.pack as pack_module
+import packer.writer.records as records_module
+import packer.writer.run as run_module
+import packer.writer.staging as staging_module
 from packer import format as fmt
-from packer.build import build
-from packer.build.staging import build_lock
+from packer.writer import build
+from packer.writer.staging import build_lock
 from packer.dataset import open_dataset
 from packer.errors import (BuildError, BuildLockedError, NotAPackerFileError, OutputExistsError,
                            PackerError)
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 OPTIONS = BuildOptions(shard_size=16 << 10)
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def sources(tmp_path_factory) -> dict[str, Any]:
 # --- deterministic kill points ---------------------------------------------------------------------
 
 def _kill_targets() -> dict[str, tuple[Any, str, str]]:
-    import packer.build.sources as sources_module
+    import packer.sources.folder as sources_module
     return {
         "listing": (sources_module, "_sorted_entries", "before"),   # reading a folder while listing
         "pack-file": (pack_module, "_load_and_check", "before"),   # mid-shard: temp partly written
@@ -275,7 +275,7 @@ def _finished_shard_inodes(out: Path) -> dict[str, int]:
     plan_path = out / staging_module.STAGING_DIR / staging_module.PLAN_NAME
     if not plan_path.exists():
         return {}
-    from packer.build.plan import load_plan
+    from packer.writer.plan import load_plan
     plan = load_plan(plan_path, out)
     found = {}
     for shard in range(plan.shard_count):
@@ -423,8 +423,8 @@ class _FullDisk:
 def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     import builtins
 
-    import packer.build.atomic as atomic_module
-    import packer.build.plan as plan_module
+    import packer.writer.atomic as atomic_module
+    import packer.writer.plan as plan_module
     left = [budget]
     real_open = builtins.open
 

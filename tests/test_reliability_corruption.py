@@ -26,10 +26,10 @@ import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_dataset
 from packer.errors import PackerError
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 
 verify_module = pytest.importorskip("packer.verify")
 

@@ -18,11 +18,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, DataLoader  # noqa: E402
 
-from packer.build import build  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.errors import OptionError  # noqa: E402
-from packer.torch import (PackedBatchSampler, PackedDataLoader, PackedDataset, PackedIterableDataset,  # noqa: E402
-                          PackedSampler, collate)
+from packer.torch import PackedBatchSampler, PackedDataLoader, PackedDataset, PackedIterableDataset, PackedSampler, collate
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning"),
               pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")]

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from packer.build.append import append
-from packer.build import build, finish
+from packer.writer.append import append
+from packer.writer import build, finish
 from packer.cli import _register, cli
 from packer.dataset import open_dataset
 from packer.errors import BuildError
-from packer.build.plan import BuildOptions, make_plan
+from packer.writer.plan import BuildOptions, make_plan
 
 from test_build import dataset_files, write_images
 
@@ -149,8 +149,8 @@ def test_plan_only_then_parts(source: Path, tmp_path: Path) -> None:
 
 def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: Path, tmp_path: Path,
                                                                         monkeypatch) -> None:
-    import packer.build.append as append_module
-    from packer.build.staging import STAGING_DIR
+    import packer.writer.append as append_module
+    from packer.writer.staging import STAGING_DIR
     from packer.errors import OutputExistsError
 
     ds_path = tmp_path / "ds"
@@ -172,8 +172,8 @@ def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: 
         finish(ds_path, new)
     # a plan from an append that was killed (no chance to clean up) is refused too
     monkeypatch.undo()
-    import packer.build.plan as plan_module
-    listing = __import__("packer.build.sources", fromlist=["list_source"]).list_source(new)
+    import packer.writer.plan as plan_module
+    listing = __import__("packer.sources.detect", fromlist=["list_source"]).list_source(new)
     plan = plan_module.make_plan(listing, OPTIONS, first_shard_number=9)
     (ds_path / STAGING_DIR / "done").mkdir(parents=True)
     plan_module.save_plan(plan, ds_path / STAGING_DIR / "plan.pkp")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.build import BuildOptions, build
-from packer.build import sources
-from packer.build.archives import list_any_source
-from packer.build.coco import coco_categories, list_coco
+from packer.writer import BuildOptions, build
+from packer.sources import folder as sources
+from packer.sources.detect import list_any_source
+from packer.sources.coco import coco_categories, list_coco
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OptionError, SourceError
 
@@ -502,7 +502,7 @@ def test_named_integer_values_out_of_range_are_refused_at_open(tmp_path: Path) -
 def test_unpaired_surrogate_escapes_are_rejections_not_crashes(tmp_path: Path) -> None:
     """``"\\ud800"`` is valid JSON syntax but not text: as a class name, a key or a value no report
     or manifest could hold it (a build crashed with UnicodeEncodeError while writing them)."""
-    from packer.build.strictjson import lone_surrogate, parse_strict_json
+    from packer.sources.strictjson import lone_surrogate, parse_strict_json
     assert parse_strict_json('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}  # a pair is one character
     assert parse_strict_json('{"a": "\\\\ud800"}') == {"a": "\\ud800"}  # an escaped backslash, not an escape
     for text in ('{"label": "\\ud800x"}', '{"k\\udfff": 1}', '{"m": [{"deep": "\\udc00"}]}', '"\\ud83d"'):

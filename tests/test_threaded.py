@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer.build import build  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.order import ReadOrder  # noqa: E402
 from packer.threaded import ThreadedLoader  # noqa: E402
 from packer.torch import PackedDataset, collate  # noqa: E402

@@ -18,10 +18,10 @@ from PIL import Image
 import packer
 import packer.codecs
 from packer.codecs import tiles
-from packer.build import build
+from packer.writer import build
 from packer.codecs import TiledCodec, get_codec
 from packer.errors import MissingDependencyError, OptionError
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 from packer.codecs.tiles import WINDOW_MARGIN, read_layout, transcode, window_jpeg, window_margin
 from packer.transforms import CenterCrop, RandomResizedCrop
 from packer.verify import verify
@@ -322,7 +322,7 @@ def test_random_resized_crop_decodes_only_the_window(monkeypatch: pytest.MonkeyP
         sizes.append(len(data))
         return real(data, *args, **kwargs)
 
-    monkeypatch.setattr("packer.transforms.simplejpeg.decode_jpeg", spy)
+    monkeypatch.setattr("packer.transforms.fused.simplejpeg.decode_jpeg", spy)
     transform = RandomResizedCrop(64, scale=(0.08, 0.2))
     for seed in range(10):
         transform(tiled, 1, np.random.default_rng(seed))

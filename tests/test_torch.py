@@ -12,11 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer.build import build  # noqa: E402
+from packer.writer import build  # noqa: E402
 from packer.decode import decode_image  # noqa: E402
-from packer.build.plan import BuildOptions  # noqa: E402
-from packer.torch import (PackedBatchSampler, PackedDataset, PackedIterableDataset, PackedSampler,  # noqa: E402
-                          collate, resolve_rank)
+from packer.writer.plan import BuildOptions  # noqa: E402
+from packer.torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, PackedSampler, collate, resolve_rank
 
 
 @pytest.fixture(scope="module")
@@ -293,8 +292,8 @@ def test_block_read_ahead_asks_for_whole_blocks(same_size: Path) -> None:
 def test_getitems_checks_range_and_never_aliases_repeated_samples(tmp_path) -> None:
     from PIL import Image
 
-    from packer.build import build
-    from packer.build.plan import BuildOptions
+    from packer.writer import build
+    from packer.writer.plan import BuildOptions
     from packer.torch import PackedDataset
 
     rng = np.random.default_rng(0)

@@ -15,12 +15,11 @@ from PIL import Image
 
 torch = pytest.importorskip("torch")
 
-from packer.build import BuildOptions, build  # noqa: E402
+from packer.writer import BuildOptions, build  # noqa: E402
 from packer.dataset import open_dataset  # noqa: E402
 from packer.errors import IndexMismatchError, OptionError  # noqa: E402
 from packer.threaded import ThreadedLoader  # noqa: E402
-from packer.torch import (MAX_MULTI_HOT, PackedBatchSampler, PackedDataLoader, PackedDataset,  # noqa: E402
-                          PackedIterableDataset, PackedSampler, PaddedCollate, collate)
+from packer.torch import MAX_MULTI_HOT, PackedBatchSampler, PackedDataLoader, PackedDataset, PackedIterableDataset, PackedSampler, PaddedCollate, collate
 from packer.transforms import CenterCrop, RandomResizedCrop  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning"),

@@ -15,8 +15,8 @@ from PIL import Image
 
 from packer.errors import DecodeError
 from packer.format import ImageFormat
-from packer.transforms import (FAST_SCALES, CenterCrop, RandomResizedCrop, _dct_scale,
-                               center_crop_box, normalize_on_gpu, random_resized_crop_params)
+from packer.transforms import FAST_SCALES, CenterCrop, RandomResizedCrop, center_crop_box, normalize_on_gpu, random_resized_crop_params
+from packer.transforms.fused import _dct_scale
 
 
 def photo(width: int, height: int, seed: int = 0) -> np.ndarray:

@@ -19,7 +19,7 @@ from PIL import Image
 
 torch = pytest.importorskip("torch")
 
-from packer.build import BuildOptions, build  # noqa: E402
+from packer.writer import BuildOptions, build  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.rawcrop import AGREEMENT_MAX_ABS, crop_resize_batch  # noqa: E402
 from packer.torch import PackedDataset, collate  # noqa: E402

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from packer import format as fmt
-from packer.build import build
-from packer.build.plan import BuildOptions
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 from packer.cli import _register, cli
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, NotAPackerFileError, OptionError

@@ -18,9 +18,9 @@ from PIL import Image
 
 import packer
 import packer.verify as verify_module
-from packer.build import build
+from packer.writer import build
 from packer.dataset import open_index
-from packer.build.plan import BuildOptions
+from packer.writer.plan import BuildOptions
 from packer.verify import PROBLEM_KINDS, Problem, VerifyReport, verify
 
 VECTORS = Path(__file__).resolve().parents[1] / "formats" / "vectors"

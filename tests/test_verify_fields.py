@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import packer.verify as verify_module
 from packer import format as fmt
-from packer.build import BuildOptions, build
+from packer.writer import BuildOptions, build
 from packer.dataset import open_index
 from packer.verify import PROBLEM_KINDS, verify
 from test_fields import FIELDS, _make_source

@@ -26,7 +26,7 @@ def append_command(dataset: Path, source: Path, root: Path | None, workers: int 
     Existing shards are never rewritten; readers of the previous version are unaffected. New class
     names get new label ids; existing ids never change. `packer inspect` shows the history.
     """
-    from ..build.append import append
+    from ..writer.append import append
 
     configure_logging(quiet=quiet, verbose=verbose)
 

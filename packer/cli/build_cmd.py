@@ -9,7 +9,7 @@ import click
 from . import cli, configure_logging, echo, emit_json, run_command
 from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, path_type, quiet_option, verbose_option, root_option,
                       seed_option, workers_option)
-from ..build.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
+from ..writer.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
 from ..imageinfo import DEFAULT_MAX_PIXELS
 
 
@@ -129,7 +129,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
     (`--classes-from TRAIN_OUT` for val), or a class missing from one split shifts every label
     after it.
     """
-    from ..build.run import build, finish, parse_part
+    from ..writer.run import build, finish, parse_part
     from ..classes import classes_of, load_class_list
     from ..codecs import merge_codec_options
     from ..errors import OptionError

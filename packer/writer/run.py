@@ -18,9 +18,9 @@ from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsErro
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
-from .archives import list_any_source
+from ..sources import list_any_source
 from ..names import source_name
-from .members import check_unchanged
+from ..sources.members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
 __all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]

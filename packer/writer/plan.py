@@ -27,10 +27,10 @@ from ..imageinfo import DEFAULT_MAX_PIXELS
 from .atomic import write_atomic
 from ..classes import load_class_list
 from ..errors import BuildError, DatasetChangedError, FormatError, OptionError, PackerError
-from .members import members_columns, members_from_columns, members_header
+from ..sources.members import members_columns, members_from_columns, members_header
 from ..fields import FieldSpec, check_declarations, parse_field_option, specs_from_json
-from .fieldvalues import FieldTable
-from .sources import Rejection, SourceListing, check_label_type
+from ..sources.fieldvalues import FieldTable
+from ..sources import Rejection, SourceListing, check_label_type
 
 __all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
            "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE"]

@@ -1,101 +1,5 @@
-"""Fused decode transforms: stored image bytes to a cropped, resized uint8 HWC array in one step.
-
-The two transforms every image-classification recipe uses, done the fast way on the CPU:
-
-* ``RandomResizedCrop(size=224)`` (training): torchvision's ``RandomResizedCrop`` followed by
-  ``RandomHorizontalFlip``, same sampling rule for the crop box.
-* ``CenterCrop(size=224, resize=256)`` (evaluation): torchvision's ``Resize(256)`` followed by
-  ``CenterCrop(224)``.
-
-Both are *decode transforms*: ``transform(data, image_format, rng) -> numpy.ndarray`` of shape
-``(size, size, 3)``, dtype ``uint8``, RGB, taking the stored bytes (any buffer: a zero-copy
-``memoryview`` of a memory-mapped shard is fine) and a ``numpy.random.Generator``. The result is
-a deterministic function of the bytes and the generator's state. Pass ``out=`` to write straight
-into a slot of a batch array (for instance ``batch[k]`` of an ``(N, size, size, 3)`` array whose
-``torch.from_numpy(...).permute(0, 3, 1, 2)`` is an NCHW tensor in channels-last memory format,
-the layout convolutions on a GPU prefer).
-
-How a JPEG is handled (everything else goes through ``packer.decode.decode_image``, i.e.
-Pillow, then the same crop and resize):
-
-1. ``simplejpeg.decode_jpeg_header`` gives width and height (about 1 us).
-2. The crop box is chosen in the original image's coordinates.
-3. The image is decoded with DCT-domain downscaling: libjpeg-turbo can produce the image at
-   M/8 of its size for M = 1..8 while decoding, nearly for free. The smallest scale from
-   ``FAST_SCALES`` (1/8, 1/4, 1/2 or 1) is picked whose decoded crop is still at least as large
-   as the output, so quality never drops below a full decode followed by a downscale.
-4. The crop box, mapped to the decoded image, is resized to the output size, antialiased
-   bilinear (what torchvision does): with torch's uint8 kernel when torch is loaded (every
-   DataLoader worker), else Pillow's ``Image.resize(size, BILINEAR, box=...)`` whose fractional
-   box makes crop and resize one pass. See ``RESIZE_BACKENDS``.
-5. A horizontal flip, when drawn, mirrors the small result (``torch.flip`` or
-   ``Image.transpose``), then the pixels are copied once into ``out`` if given.
-
-CMYK/YCCK JPEGs and JPEGs that simplejpeg's strict mode refuses take the ``decode_image`` path.
-EXIF orientation and colour profiles are not applied (see ``packer.decode``).
-
-Why these choices: the measurements behind each (decoder flags, DCT scales, resize backend, flip)
-are in ``docs/design-notes.md``, "Fused decode"; rerun them with
-``scripts/bench_peers.py --choices``.
-
-Region (partial) JPEG decoding. libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``
-still entropy-decode every block above and beside a crop, which is most of the work, and neither
-simplejpeg nor Pillow exposes them. Datasets built with ``--codec tiled`` (``packer.codecs.tiles``)
-store JPEGs losslessly rewritten with a restart marker after every 16-pixel tile, so step 3
-becomes: cut the tiles under the crop (widened by ``packer.codecs.tiles.window_margin``) out as a small
-JPEG and decode only that. The crop's pixels are exactly a full decode's (with the torch resize
-the result is identical; Pillow's resize weights shift by at most one level). Any restart
-interval makes libjpeg-turbo use its slower Huffman decoder (~10-20 % per pixel), but a random
-crop's window is about 46 % of a 500x375 image, so decoding costs ~0.55x of a full decode on
-average (``scripts/bench_peers.py``: 0.67 ms against 1.2-1.5 ms; the whole transform 1.04 ms
-against 1.6-2.0 ms). The window is cut by ``packer.codecs.tiles.cut_window`` (compiled when
-``packer.codecs._jpegtiles`` is installed: 20 us instead of ~150 us in Python). ``CenterCrop`` decodes the whole image either way (its box is most of the image, and
-its exact resize-then-crop rule needs the whole image's size).
-
-Raw pixels (``--codec raw`` datasets). Both transforms also take already decoded ``(H, W, 3)``
-uint8 pixels in place of ``data`` (``packer.torch`` passes a raw sample's pixels, reshaped from
-the index), and crop, resize and flip them exactly as a decoded image. For a whole batch,
-``transform.batch(images, indices, out=...)`` does the same in one vectorised pass
-(``packer.rawcrop``): all boxes drawn with numpy, one antialiased bilinear resample over the
-batch; ``PackedDataset.__getitems__`` and ``packer.threaded.ThreadedLoader`` use it for raw
-datasets. Its pixels agree with the per-sample path within ``rawcrop.AGREEMENT_MAX_ABS`` grey
-levels. With ``seed=`` the boxes are a function of ``(seed, epoch, index)`` on both paths (the
-readers' ``set_epoch`` sets the transform's epoch too: packer's samplers, the iterable dataset,
-the threaded and GPU loaders); without
-it, each process draws from its own generator as below.
-
-Geometry: boxes, keypoints and masks follow the crop. ``transform.geometry(width, height, index)``
-is the crop and flip a sample gets (a ``CropGeometry``: the source box its output pixels are
-resampled from, with half-pixel centres as in every resize here), ``decode_with_geometry`` and
-``batch_with_geometry`` return the pixels together with the geometry of that very decode (a JPEG
-decoded at a reduced DCT scale is resampled from its box rounded to whole decoded pixels, and
-the geometry says so). ``CropGeometry.map_boxes`` / ``map_points`` / ``resample_nearest`` move
-``xyxy`` boxes (clipped; dropped when nothing of them, or less than ``min_box_visibility`` of
-their area, is left), keypoints (visibility 0 outside the output) and second images (nearest
-neighbour: a label map keeps its labels, a 16-bit depth map its depths) exactly as the pixels
-moved. ``packer.torch.PackedDataset(geometry=...)`` applies them per sample.
-
-Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
-worker shared memory) and convert on the device, as ``normalize_on_gpu`` does::
-
-    from torch.utils.data import DataLoader
-    from packer.torch import PackedBatchSampler, PackedDataset, collate
-    from packer.transforms import RandomResizedCrop, normalize_on_gpu
-
-    dataset = PackedDataset(path, decode=RandomResizedCrop(224), layout="HWC")
-    sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=8,
-                        pin_memory=True, persistent_workers=True)
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for images, labels in loader:    # images: (256, 224, 224, 3) uint8, pinned
-            x = normalize_on_gpu(images, device="cuda")  # (256, 3, 224, 224) float32,
-            loss = criterion(model(x), labels.cuda(non_blocking=True))  # channels-last
-
-Without an ``rng`` argument (the DataLoader path above) each process uses its own generator,
-seeded from ``torch.initial_seed()``: DataLoader workers get distinct, reproducible streams
-under ``torch.manual_seed``, as with torchvision's transforms.
-"""
+"""The fused decode transforms: ``RandomResizedCrop`` and ``CenterCrop`` turn stored bytes into a
+cropped, resized uint8 HWC array in one step (the package docstring says how)."""
 
 from __future__ import annotations
 
@@ -103,42 +7,30 @@ import math
 import mmap
 import os
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 import simplejpeg
 from PIL import Image
 
-from .decode import PILLOW_JPEG_COLORSPACES, decode_image
-from .errors import DecodeError
-from .format import ImageFormat
-from .imageinfo import byte_view, detect_format
-from .codecs.tiles import cut_window, window_margin
-from .rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
-
-if TYPE_CHECKING:  # torch is optional: imported lazily by normalize_on_gpu only
-    import torch
-
-__all__ = [
-    "RandomResizedCrop",
-    "CenterCrop",
-    "CropGeometry",
-    "DEFAULT_MIN_VISIBILITY",
-    "FAST_SCALES",
-    "RESIZE_BACKENDS",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "random_resized_crop_params",
-    "center_crop_box",
-    "normalize_on_gpu",
-]
+from ..codecs.tiles import cut_window, window_margin
+from ..decode import PILLOW_JPEG_COLORSPACES, decode_image
+from ..errors import DecodeError
+from ..format import ImageFormat
+from ..imageinfo import byte_view, detect_format
+from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
+from .geometry import (
+    DEFAULT_MIN_VISIBILITY,
+    Box,
+    CropGeometry,
+    Size,
+    _output_size,
+    center_crop_box,
+    random_resized_crop_params,
+)
 
 #: Anything with the buffer protocol: bytes, bytearray, memoryview, a 1-D numpy uint8 array.
 ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
-#: An output size: one int for a square, or ``(height, width)``.
-Size = Union[int, Sequence[int]]
-
 #: DCT-domain scales (numerators over 8) that decode faster than a full decode: libjpeg-turbo
 #: has SIMD inverse DCTs for 8x8, 4x4, 2x2 and 1x1 only, so 3/8 and 5/8..7/8 cost more.
 FAST_SCALES = (1, 2, 4, 8)
@@ -149,104 +41,16 @@ FAST_SCALES = (1, 2, 4, 8)
 #: fraction of a grey level of it on average. ``auto``: torch when the process has already
 #: imported it (every DataLoader worker has), else Pillow; torch is never imported just for this.
 RESIZE_BACKENDS = ("auto", "pil", "torch")
-#: ImageNet channel statistics in 0..255 units (torchvision's values times 255).
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
 _BILINEAR = Image.Resampling.BILINEAR
 _FLIP = Image.Transpose.FLIP_LEFT_RIGHT
+
+
 # For the Pillow path, where the whole stored image is resized: reduce by an integer factor with
 # a box filter first while the remaining factor stays >= 3 (the value Pillow's documentation
 # calls indistinguishable from a fair resize; large images resize ~2x faster). Deliberately not
 # codecs.resize.REDUCING_GAP (2.0): that one bounds a DCT-domain pre-reduction before a Lanczos
 # resize at build time, where the speed/quality trade-off was measured separately.
 _BOX_REDUCING_GAP = 3.0
-
-# (top, left, height, width) in original pixel coordinates.
-Box = tuple[int, int, int, int]
-
-
-def _output_size(size: Size) -> tuple[int, int]:
-    if isinstance(size, (int, np.integer)):
-        height = width = int(size)
-    else:
-        dims = tuple(int(s) for s in size)
-        if len(dims) != 2:
-            raise ValueError(f"size must be an int or (height, width), got {size!r}")
-        height, width = dims
-    if height < 1 or width < 1:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return height, width
-
-
-def random_resized_crop_params(width: int, height: int, rng: np.random.Generator, *,
-                               scale: tuple[float, float] = (0.08, 1.0),
-                               ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
-    """Pick a random crop box the way torchvision's ``RandomResizedCrop.get_params`` does.
-
-    Up to ten tries draw an area fraction uniformly from ``scale`` and an aspect ratio
-    log-uniformly from ``ratio``; the first box that fits is placed uniformly at random. If none
-    fits, the whole image is cropped centrally to the nearest allowed aspect ratio.
-
-    Args:
-        width: image width in pixels.
-        height: image height in pixels.
-        rng: the random generator (the only source of randomness).
-        scale: range of the crop's area as a fraction of the image's.
-        ratio: range of the crop's width / height.
-
-    Returns:
-        ``(top, left, crop_height, crop_width)`` in pixels.
-    """
-    area = width * height
-    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_low, log_high))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return top, left, h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w = width
-        h = int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        h = height
-        w = int(round(h * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-def center_crop_box(width: int, height: int, size: tuple[int, int],
-                    resize: int) -> tuple[float, float, float, float]:
-    """The box that ``Resize(resize)`` then ``CenterCrop(size)`` keep, in original coordinates.
-
-    Follows torchvision: the shorter side becomes ``resize`` and the longer one
-    ``int(resize * long / short)``; the crop starts at ``int(round((resized - crop) / 2))``.
-
-    Args:
-        width: image width in pixels.
-        height: image height in pixels.
-        size: the crop's ``(height, width)`` in resized pixels.
-        resize: the shorter side after resizing.
-
-    Returns:
-        ``(left, top, right, bottom)`` as floats, in original pixels.
-    """
-    if width <= height:
-        new_width, new_height = resize, int(resize * height / width)
-    else:
-        new_width, new_height = int(resize * width / height), resize
-    crop_height, crop_width = size
-    top = int(round((new_height - crop_height) / 2.0))
-    left = int(round((new_width - crop_width) / 2.0))
-    scale_x, scale_y = width / new_width, height / new_height
-    return (left * scale_x, top * scale_y, (left + crop_width) * scale_x,
-            (top + crop_height) * scale_y)
 
 
 def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -> int:
@@ -256,144 +60,6 @@ def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -
         if m * box_width >= 8 * out_width and m * box_height >= 8 * out_height:
             return m
     return 8
-
-
-#: ``CropGeometry.map_boxes``' default: a box is kept when any of its area is left in the output.
-DEFAULT_MIN_VISIBILITY = 0.0
-
-
-@dataclass(frozen=True)
-class CropGeometry:
-    """Where one output of a fused transform comes from: the source box resampled to the output, and the flip.
-
-    Coordinates are continuous pixel coordinates with half-pixel centres, the convention of every
-    resize in this module (torch's ``align_corners=False``, Pillow's ``box=``, ``packer.rawcrop``):
-    pixel ``(x, y)`` covers ``[x, x + 1) x [y, y + 1)`` and its centre is ``(x + 0.5, y + 0.5)``.
-    A source point ``(x, y)`` lands at output point
-    ``u = (x - left) * out_width / (right - left)``, ``v = (y - top) * out_height / (bottom - top)``,
-    then ``u -> out_width - u`` when flipped; output pixel ``(c, r)``'s centre is the image of
-    source point ``(left + (c + 0.5) * (right - left) / out_width, ...)`` (``c`` counted before the
-    flip). Box corners, keypoints and mask pixels all go through this one mapping, so they land
-    where the image's pixels land.
-
-    Attributes:
-        box: ``(left, top, right, bottom)`` in source pixels: the region the output's pixels
-            were resampled from (fractional for ``CenterCrop``, and for a JPEG decoded at a
-            reduced DCT scale).
-        flip: whether the output was mirrored horizontally.
-        size: the output's ``(height, width)``.
-        source_size: the source image's ``(width, height)``: the main image that ``box`` is in.
-    """
-
-    box: tuple[float, float, float, float]
-    flip: bool
-    size: tuple[int, int]
-    source_size: tuple[int, int]
-
-    @property
-    def scale(self) -> tuple[float, float]:
-        """Output pixels per source pixel, ``(x, y)``."""
-        left, top, right, bottom = self.box
-        return self.size[1] / (right - left), self.size[0] / (bottom - top)
-
-    def map_xy(self, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Source coordinates to output coordinates (arrays of any shape; float64)."""
-        scale_x, scale_y = self.scale
-        u = (np.asarray(x, dtype=np.float64) - self.box[0]) * scale_x
-        v = (np.asarray(y, dtype=np.float64) - self.box[1]) * scale_y
-        if self.flip:
-            u = self.size[1] - u
-        return u, v
-
-    def map_boxes(self, boxes: Any, min_visibility: float = DEFAULT_MIN_VISIBILITY) -> tuple[np.ndarray, np.ndarray]:
-        """``xyxy`` boxes in source pixels to output pixels, clipped, with the rule for dropping them.
-
-        Each box's corners are mapped (``map_xy``; a flip swaps ``x1`` and ``x2`` so that
-        ``x1 <= x2`` still holds), then clipped to ``[0, out_width] x [0, out_height]``. A box is
-        **kept** when its clipped width and height are both positive and its clipped area is at
-        least ``min_visibility`` times its mapped (unclipped) area. So with the default 0 a box is
-        dropped exactly when nothing of it is left in the output; a box with no area to start
-        with (``x2 <= x1`` or ``y2 <= y1``) or a NaN coordinate is always dropped.
-
-        Args:
-            boxes: ``(N, 4)`` ``(x1, y1, x2, y2)`` in source pixels (any numeric dtype).
-            min_visibility: the fraction of a box's area that must stay in the output, 0..1.
-
-        Returns:
-            ``(mapped, keep)``: all ``N`` mapped, clipped boxes (float64 on float64 input, else
-            float32) and the ``(N,)`` bool mask of those kept.
-        """
-        array = np.asarray(boxes)
-        values = array.astype(np.float64).reshape(-1, 4)
-        u1, v1 = self.map_xy(values[:, 0], values[:, 1])
-        u2, v2 = self.map_xy(values[:, 2], values[:, 3])
-        if self.flip:
-            u1, u2 = u2, u1
-        height, width = self.size
-        area = (u2 - u1) * (v2 - v1)
-        x1, x2 = np.clip(u1, 0, width), np.clip(u2, 0, width)
-        y1, y2 = np.clip(v1, 0, height), np.clip(v2, 0, height)
-        with np.errstate(invalid="ignore"):  # NaN coordinates compare false: dropped
-            keep = (x2 > x1) & (y2 > y1) & ((x2 - x1) * (y2 - y1) >= min_visibility * area)
-        mapped = np.stack([x1, y1, x2, y2], axis=1).astype(_coordinate_dtype(array.dtype))
-        return mapped, keep
-
-    def map_points(self, points: Any) -> np.ndarray:
-        """Keypoints ``(..., 2)`` ``(x, y)`` or ``(..., 3)`` ``(x, y, visibility)`` to output pixels.
-
-        Points that land outside ``[0, out_width) x [0, out_height)`` get visibility 0 (a
-        visibility already 0 stays 0); their coordinates are mapped all the same. Without a
-        visibility column nothing marks them: their coordinates are outside that range. A flip
-        mirrors the coordinates; it does not swap left/right keypoint identities (a left eye
-        becomes a point on the right of the image, still called the left eye).
-
-        Returns:
-            The mapped points, same shape (float64 on float64 input, else float32).
-        """
-        array = np.asarray(points)
-        if array.ndim < 1 or array.shape[-1] not in (2, 3):
-            raise ValueError(f"points must have 2 or 3 values in their last axis, got shape {array.shape}")
-        values = array.astype(np.float64)
-        u, v = self.map_xy(values[..., 0], values[..., 1])
-        values[..., 0], values[..., 1] = u, v
-        if array.shape[-1] == 3:
-            height, width = self.size
-            outside = ~((u >= 0) & (u < width) & (v >= 0) & (v < height))
-            values[..., 2] = np.where(outside, 0, values[..., 2])
-        return values.astype(_coordinate_dtype(array.dtype))
-
-    def resample_nearest(self, image: np.ndarray) -> np.ndarray:
-        """A second image of the same scene (a mask, a depth map) cropped, resized and flipped like the main one.
-
-        Nearest neighbour: each output pixel takes the source pixel under its centre, so no new
-        value appears (a label map keeps its label set, a 16-bit depth map its depths: no
-        averaged "flying" depths across an object's edge), whatever the dtype. An image whose
-        size is not the main image's is taken to cover the same scene: the box is scaled by the
-        ratio of the sizes (a half-resolution mask works).
-
-        Args:
-            image: ``(h, w)`` or ``(h, w, c)`` array of any dtype.
-
-        Returns:
-            ``(out_height, out_width[, c])``, C-contiguous, same dtype.
-        """
-        rows, columns = image.shape[0], image.shape[1]
-        left, top, right, bottom = self.box
-        source_width, source_height = self.source_size
-        fx, fy = columns / source_width, rows / source_height
-        out_height, out_width = self.size
-        x = (left + (np.arange(out_width) + 0.5) * (right - left) / out_width) * fx
-        y = (top + (np.arange(out_height) + 0.5) * (bottom - top) / out_height) * fy
-        column_index = np.clip(np.floor(x).astype(np.int64), 0, columns - 1)
-        row_index = np.clip(np.floor(y).astype(np.int64), 0, rows - 1)
-        if self.flip:
-            column_index = column_index[::-1]
-        return np.ascontiguousarray(image.take(row_index, axis=0).take(column_index, axis=1))
-
-
-def _coordinate_dtype(dtype: np.dtype) -> np.dtype:
-    """Mapped coordinates are fractional: float64 stays float64, everything else becomes float32."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
 class DecodeTransform:
@@ -982,73 +648,3 @@ class CenterCrop(DecodeTransform):
 
     def _repr_fields(self) -> dict[str, Any]:
         return {"size": self.size, "resize": self.resize, **super()._repr_fields()}
-
-
-def normalize_on_gpu(images: Any, mean: Sequence[float] = IMAGENET_MEAN,
-                     std: Sequence[float] = IMAGENET_STD, *, device: Any = "cuda",
-                     dtype: Any = None, channels_last: bool = True, layout: str | None = None) -> "torch.Tensor":
-    """Turn a uint8 batch (NHWC or NCHW) into a normalised float NCHW tensor on ``device``.
-
-    The copy to the device moves uint8 (a quarter of float32's bytes); the conversion, the
-    subtraction and the division then run on the device. The result is NCHW in channels-last
-    memory format (a free permute of NHWC), which cuDNN convolutions prefer under AMP.
-
-    Args:
-        images: ``(N, H, W, 3)`` or ``(N, 3, H, W)`` uint8 torch tensor or numpy array (pin it
-            for async copies): ``PackedDataset``'s default ``layout="CHW"`` batches and the
-            ``HWC`` batches of the fused decode transforms both work.
-        mean: per-channel mean in 0..255 units (default: ImageNet's).
-        std: per-channel standard deviation in 0..255 units (default: ImageNet's).
-        device: where to compute, e.g. ``"cuda"`` or ``"cpu"``.
-        dtype: result dtype (default ``torch.float32``; ``torch.float16``/``bfloat16`` work).
-        channels_last: keep channels-last memory format; False returns a contiguous NCHW tensor.
-        layout: ``"NHWC"`` or ``"NCHW"``; by default the axis of size 3 says which (a batch with
-            3 at both places, e.g. 3-pixel-wide images, must say).
-
-    Returns:
-        ``(N, 3, H, W)`` tensor of ``(x - mean) / std``.
-
-    Raises:
-        MissingDependencyError: torch is not installed.
-        OptionError: not a 4-D batch with 3 channels, or an ambiguous / unknown ``layout``.
-
-    Example:
-        >>> for images, labels in loader:
-        ...     x = normalize_on_gpu(images, device="cuda", dtype=torch.bfloat16)
-    """
-    from .errors import OptionError
-
-    try:
-        import torch
-    except ImportError as exc:
-        from .errors import MissingDependencyError
-        raise MissingDependencyError("normalize_on_gpu needs torch: pip install 'packer[torch]'") \
-            from exc
-    if isinstance(images, np.ndarray):
-        images = torch.from_numpy(images)
-    shape = tuple(images.shape)
-    if layout is None:
-        if len(shape) == 4 and shape[-1] == 3 and shape[1] != 3:
-            layout = "NHWC"
-        elif len(shape) == 4 and shape[1] == 3 and shape[-1] != 3:
-            layout = "NCHW"
-        elif len(shape) == 4 and shape[1] == 3 == shape[-1]:
-            raise OptionError(f"batch of shape {shape} could be NHWC or NCHW: pass layout='NHWC' or 'NCHW'")
-        else:
-            raise OptionError(f"expected an (N, H, W, 3) or (N, 3, H, W) batch, got shape {shape}")
-    if layout not in ("NHWC", "NCHW"):
-        raise OptionError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-    channel_axis = 3 if layout == "NHWC" else 1
-    if len(shape) != 4 or shape[channel_axis] != 3:
-        raise OptionError(f"expected an {'(N, H, W, 3)' if layout == 'NHWC' else '(N, 3, H, W)'} batch "
-                          f"for layout {layout!r}, got shape {shape}")
-    if layout == "NCHW":  # the same NHWC memory path below: a free view for channels-last inputs
-        images = images.permute(0, 2, 3, 1)
-    on_device = images.to(device, non_blocking=True)
-    x = on_device.permute(0, 3, 1, 2).float()
-    mean_t = torch.tensor(mean, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
-    std_t = torch.tensor(std, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
-    x = ((x - mean_t) / std_t).to(dtype or torch.float32)
-    if channels_last:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x.contiguous()

@@ -26,9 +26,9 @@ from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
-from .archives import list_any_source
+from ..sources import list_any_source
 from .run import check_output_outside_source, check_workers, run_shards
-from .sources import Rejection, SourceListing, select_rows
+from ..sources import Rejection, SourceListing, select_rows
 from .staging import APPEND_SPOOL_DIR, PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
 __all__ = ["append", "options_from_manifest"]

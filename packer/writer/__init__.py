@@ -2,7 +2,7 @@
 
 The build is split in steps that any scheduler can run (see ``--part`` and ``--finish``):
 
-1. **plan** (``plan``, one process): list the source (``sources``), compute the shard plan, save
+1. **plan** (``plan``, one process): list the source (``packer.sources``), compute the shard plan, save
    it to ``OUT/.packer-build/plan.pkp``. The plan is a pure function of the listing and the options.
 2. **pack shards** (``pack``; any number of processes, machines or Ray tasks, see ``engines``):
    each planned shard is packed by one task that reads its files, checks them (``imageinfo``),

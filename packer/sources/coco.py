@@ -64,8 +64,10 @@ import xxhash
 from ..errors import SourceError
 from ..fields import MAX_VALUE_BYTES, FieldSpec
 from .fieldvalues import FieldRowBuilder
-from .sources import ListingBuilder, SourceListing, check_row_file, drop_duplicate_keys, empty_source_error
+
 from .strictjson import lone_surrogate
+from .listing import ListingBuilder, SourceListing, drop_duplicate_keys, empty_source_error
+from .manifest import check_row_file
 
 __all__ = ["COCO_FIELDS", "list_coco", "looks_like_coco", "coco_categories", "ANNOTATION_REJECTION"]
 

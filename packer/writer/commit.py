@@ -21,11 +21,11 @@ from ..codecs import get_codec
 from ..errors import BuildError
 from .atomic import fsync_dir, write_atomic
 from ..fields import IMAGE_COLUMNS
-from .fieldvalues import specs_with_shards
+from ..sources.fieldvalues import specs_with_shards
 from .plan import BuildPlan
 from .records import read_record, record_path
-from .blobs import gather_blob
-from .sources import Rejection, SourceListing, empty_source_error
+from ..sources.blobs import gather_blob
+from ..sources import Rejection, SourceListing, empty_source_error
 from .staging import STAGING_DIR, io_error
 
 __all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "recorded_max_pixels",

@@ -24,11 +24,11 @@ from ..imageinfo import probe_image
 from .atomic import fsync_dir
 from ..names import source_name
 from ..pillowformats import normalize_to_png
-from .members import MemberReader
+from ..sources.members import MemberReader
 from .plan import BuildOptions, BuildPlan
-from .fieldvalues import FIELD_REJECTION
+from ..sources.fieldvalues import FIELD_REJECTION
 from .records import read_record, record_columns, record_path, write_record
-from .sources import Rejection, file_stamp
+from ..sources import Rejection, file_stamp
 from .staging import STAGING_DIR, TEMP_DIR, io_error
 
 __all__ = ["ProgressSink", "SegmentResult", "segment_count", "pack_segment", "assemble_shard",
