@@ -31,7 +31,7 @@ used (a TIFF StripByteCounts stored as a DOUBLE NaN, a RATIONAL or ASCII text is
 ``decode-failed``, never a ``ValueError``). As a second line of defence, any exception Pillow or a
 check raises for hostile bytes becomes a per-file ``RejectedImageError``: for any input,
 ``probe_image`` returns an ``ImageInfo`` or raises ``RejectedImageError``, nothing else
-(tests/test_fuzz_headers.py mutates every header field of every format to hold this).
+(tests/images/test_header_fuzzing.py mutates every header field of every format to hold this).
 
 Pillow's global decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) does not decide:
 plugins are called directly, and ``max_pixels`` is the only pixel limit. The few plugins that

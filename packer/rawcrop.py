@@ -32,7 +32,7 @@ Agreement with the per-sample path (``RandomResizedCrop``/``CenterCrop`` called 
 pixels, which uses torch's uint8 kernel or Pillow): the same boxes, and pixels that differ only by
 rounding. torch's and Pillow's uint8 kernels round the intermediate row pass to integers and use
 fixed-point weights; this kernel keeps the intermediate in float32. Tested bound
-(``tests/test_rawcrop.py``): every pixel within ``AGREEMENT_MAX_ABS`` grey levels, mean
+(``tests/readers/test_rawcrop.py``): every pixel within ``AGREEMENT_MAX_ABS`` grey levels, mean
 absolute difference under ``AGREEMENT_MEAN_ABS``.
 """
 

@@ -67,7 +67,7 @@ failed or ran out of time (never a silent pass):
 
 ``--dry-run`` runs every section host-side (``device="cpu"``, a fake kvikio writing into CPU
 tensors, CPU stand-ins for nvJPEG and several GPUs, DALI on the CPU where it is installed) on tiny
-datasets; ``tests/test_gpu_check.py`` runs it in CI. Partial results are printed as they come;
+datasets; ``tests/gpu/test_gpu_check.py`` runs it in CI. Partial results are printed as they come;
 the table is printed last and everything is written to ``$OUT/gpu_check.json`` when ``$OUT`` is
 set (or ``--json PATH``). Each section runs only while the time budget (default 420 s) allows.
 """
@@ -245,7 +245,7 @@ class CpuJpegDecoder:
                 for t in inputs]
 
 
-# --- verdicts (pure functions: tests/test_gpu_check.py checks them) -------------------------------
+# --- verdicts (pure functions: tests/gpu/test_gpu_check.py checks them) -------------------------------
 
 def pytest_verdict(summary: str, rc: Any, gpu: bool) -> str:
     """``"ok"``, or why the ``pytest -m gpu`` run fails the check (a skip counts on a GPU machine)."""
@@ -328,7 +328,7 @@ def environment(work: Path, gpu: bool) -> dict[str, Any]:
 def run_pytest(timeout: float, gpu: bool) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     # A dry run checks the mechanism on the GPU tests' own module; a GPU run takes every gpu test.
-    where = str(REPO / "tests") if gpu else str(REPO / "tests" / "test_gpu.py")
+    where = str(REPO / "tests") if gpu else str(REPO / "tests" / "gpu" / "test_gpu.py")
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", where]
     start = time.perf_counter()
     try:

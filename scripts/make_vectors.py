@@ -1159,7 +1159,7 @@ def _write_readme(out: Path) -> None:
     lines = [
         "# Test vectors (generated: do not edit)",
         "",
-        "Produced by `python scripts/make_vectors.py` from fixed input bytes; `tests/test_vectors.py`",
+        "Produced by `python scripts/make_vectors.py` from fixed input bytes; `tests/format/test_vectors.py`",
         "regenerates them and compares the trees byte for byte, then reads every vector. See",
         "formats/SPEC.md section 12.",
         "",

@@ -43,7 +43,7 @@ WORK = REPO / ".mutate"
 EQUIVALENT_FILE = REPO / "scripts" / "mutate_equivalent.txt"
 
 #: Tests every group runs: the ones written to kill mutants, and the commit-order checks.
-COMMON_TESTS = ("tests/test_mutation_survivors.py", "tests/test_mutation_kills.py", "tests/test_durability_order.py")
+COMMON_TESTS = ("tests/project/test_mutation_survivors.py", "tests/project/test_mutation_kills.py", "tests/writer/test_durability_order.py")
 
 
 @dataclass(frozen=True)
@@ -84,25 +84,25 @@ _SLOW_BUILD = ("sigkill_cli_from_outside", "concurrent_cli_builds", "listing_rep
 #: that build many datasets (test_hostile, test_reliability_*, test_dataloader) would make one
 #: module take hours here. They still run in `make test`.
 GROUPS = (
-    Group("format", ("packer/format.py",), ("tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
-                                            "tests/test_mutation_kills_format.py")),
-    Group("order", ("packer/order.py",), ("tests/test_order.py",)),
-    Group("atomic", ("packer/writer/atomic.py",), ("tests/test_reliability_build.py",), skip=_SLOW_BUILD),
+    Group("format", ("packer/format.py",), ("tests/format/test_format.py", "tests/format/test_vectors.py", "tests/format/test_fields.py",
+                                            "tests/format/test_format_mutation_kills.py")),
+    Group("order", ("packer/order.py",), ("tests/order/test_order.py",)),
+    Group("atomic", ("packer/writer/atomic.py",), ("tests/writer/test_interrupted_builds.py",), skip=_SLOW_BUILD),
     Group("records", ("packer/writer/records.py", "packer/writer/commit.py"),
-          ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
+          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_writer_mutation_kills.py"), skip=_SLOW_BUILD),
     Group("plan", ("packer/writer/plan.py",),
-          ("tests/test_build.py", "tests/test_sources_fields.py", "tests/test_mutation_kills_build.py"), skip=_SLOW_BUILD),
-    Group("imageinfo", ("packer/imageinfo.py",), ("tests/test_imageinfo.py",)),
+          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_writer_mutation_kills.py"), skip=_SLOW_BUILD),
+    Group("imageinfo", ("packer/imageinfo.py",), ("tests/images/test_imageinfo.py",)),
     Group("verify", ("packer/verify.py",),
-          ("tests/test_verify.py", "tests/test_verify_fields.py", "tests/test_mutation_kills_verify.py")),
+          ("tests/verify/test_verify.py", "tests/verify/test_verify_fields.py", "tests/verify/test_verify_mutation_kills.py")),
     Group("dataset", ("packer/dataset.py",),
-          ("tests/test_backends.py", "tests/test_format.py", "tests/test_vectors.py", "tests/test_fields.py",
-           "tests/test_mutation_kills_readers.py"), skip=("vectors_regenerate",)),
-    Group("tiles", ("packer/codecs/tiles.py",), ("tests/test_tiles.py",)),
+          ("tests/readers/test_backends.py", "tests/format/test_format.py", "tests/format/test_vectors.py", "tests/format/test_fields.py",
+           "tests/readers/test_readers_mutation_kills.py"), skip=("vectors_regenerate",)),
+    Group("tiles", ("packer/codecs/tiles.py",), ("tests/codecs/test_tiles.py",)),
     Group("torch", ("packer/torch/runtime.py", "packer/torch/epochs.py", "packer/torch/samplers.py",
                     "packer/torch/loader.py", "packer/torch/iterable.py"),
-          ("tests/test_torch.py", "tests/test_resume.py", "tests/test_torch_fields.py",
-           "tests/test_mutation_kills_readers.py"), only=_TORCH_STATE),
+          ("tests/torch/test_torch.py", "tests/torch/test_resume.py", "tests/torch/test_torch_fields.py",
+           "tests/readers/test_readers_mutation_kills.py"), only=_TORCH_STATE),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 

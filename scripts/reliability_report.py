@@ -2,8 +2,8 @@
 
     python scripts/reliability_report.py [--json]
 
-Runs ``tests/test_reliability_build.py``, ``test_reliability_corruption.py``, ``test_hostile.py``,
-``test_hostile_input.py``, ``test_fuzz_headers.py``, ``test_messy_folder.py`` and
+Runs ``tests/writer/test_interrupted_builds.py``, ``test_corruption.py``, ``test_crafted_inputs.py``,
+``test_no_crash_hang_or_exhaustion.py``, ``test_header_fuzzing.py``, ``test_messy_folder.py`` and
 ``test_concurrent_readers.py`` with pytest (``-s``, so each suite's
 summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
 Exit status: pytest's.
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = ["tests/test_reliability_build.py", "tests/test_reliability_corruption.py", "tests/test_hostile.py",
-          "tests/test_hostile_input.py", "tests/test_fuzz_headers.py", "tests/test_messy_folder.py",
-          "tests/test_concurrent_readers.py"]
+SUITES = ["tests/writer/test_interrupted_builds.py", "tests/verify/test_corruption.py", "tests/hostile/test_crafted_inputs.py",
+          "tests/hostile/test_no_crash_hang_or_exhaustion.py", "tests/images/test_header_fuzzing.py", "tests/sources/test_messy_folder.py",
+          "tests/readers/test_concurrent_readers.py"]
 #: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
 _SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
                       r"hostile input trials|header fuzzing trials|"

@@ -52,7 +52,7 @@ _TABLE_HEADER = struct.Struct(">8sBBHHI")  # signature, version, reserved, colum
 #: edge libjpeg-turbo repeats the edge sample instead, so the outermost decoded pixel of a window
 #: (that is not the image's edge) can differ from a full decode. One pixel for that, one for
 #: rounding the crop box to whole pixels: ``window_margin(m)`` converts to source pixels at a
-#: DCT scale of m/8. tests/test_tiles.py checks every chroma subsampling at every scale, and that
+#: DCT scale of m/8. tests/codecs/test_tiles.py checks every chroma subsampling at every scale, and that
 #: without the margin pixels do change.
 WINDOW_MARGIN = 2
 

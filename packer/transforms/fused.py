@@ -227,7 +227,7 @@ class DecodeTransform:
         The batched path for ``--codec raw`` datasets: every box drawn with numpy, one
         vectorised antialiased bilinear resample over the batch, written into ``out``. Pixels
         agree with calling this transform on each sample within ``rawcrop.AGREEMENT_MAX_ABS``
-        grey levels (``tests/test_rawcrop.py``); with ``seed=`` the boxes and flips are exactly
+        grey levels (``tests/readers/test_rawcrop.py``); with ``seed=`` the boxes and flips are exactly
         the per-sample path's, a function of ``(seed, epoch, index)``.
 
         Args:
@@ -504,7 +504,7 @@ class DecodeTransform:
         Returns ``(pixels, box in decoded pixels, the window's origin in source pixels)``, or
         None for an ordinary JPEG, a box that needs every tile, or a window that fails to decode
         (the caller decodes the whole image).
-        The pixels inside the box are exactly a full decode's (tests/test_tiles.py): the window
+        The pixels inside the box are exactly a full decode's (tests/codecs/test_tiles.py): the window
         is widened by the chroma upsampling's reach and, for Pillow's resize (which filters
         across the box's edges), by the resampling filter's reach as well.
         """

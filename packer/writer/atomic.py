@@ -26,7 +26,7 @@ def write_atomic(path: Path, pieces: Iterable[Any]) -> int:
     Readers see the old file or the whole new one, never a part: the bytes go to a temp name
     unique to this process beside ``path``, are fsynced, then renamed over it, and the folder is
     fsynced so that the rename itself survives a power cut (the order is checked by
-    tests/test_durability_order.py). On any error (a full disk) the temp file is removed and
+    tests/writer/test_durability_order.py). On any error (a full disk) the temp file is removed and
     nothing else changes.
     """
     hasher = fmt.Hasher()
