@@ -5,6 +5,10 @@ and ``inspect`` ask it; nobody else computes an offset by hand. The normative de
 ``formats/SPEC.md``; the "reader requirements" list there maps one to one onto the checks here
 (each check is tagged with its requirement id, e.g. ``[R7]``).
 
+Why one module of ~1,100 lines (the house guide is ~700): it is the model of the bytes (STYLE.md
+"One module owns the bytes"), kept in step with SPEC.md rule by rule; split across files, the
+layout math, the header structs and the checks that tag each rule would drift apart.
+
 All integers are little-endian. A dataset is a folder::
 
     manifest.json                         commit record, written last

@@ -14,6 +14,11 @@ the next chunk so the kernel reads ahead while this one is hashed), and each chu
 Nothing is read twice, so on a disk the pass runs at the disk's speed: xxh3 hashes several
 GB/s per core. Shards are spread over worker processes when there are several.
 
+Why ~800 lines in one module (the house guide is ~700): the shard scan, the field-value checks,
+the problem list and the worker pool share private task and result types that travel to forked
+workers together; the field-value checks (``_check_field_values`` and the ``_bad_*`` helpers)
+are what moves out first if the module grows.
+
 Declared fields (formats/SPEC.md §14) are checked too. An image field's shards (masks, depth
 maps) get exactly the pass main shards get (size, header against the manifest, whole-file
 checksum, every payload's checksum, zero padding, with ``decode=True`` a decode keeping the
