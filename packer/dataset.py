@@ -32,6 +32,7 @@ from . import fields as fieldspec
 from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, OptionError,
                      PackerError, TruncatedFileError)
 from .files import open_dataset_file, read_capped
+from .remote.url import is_url, parse_url
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset", "as_sample_indices"]
 
@@ -87,7 +88,13 @@ class DatasetIndex:
         index: the ``IndexColumns`` (numpy views of the mapped index file).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, manifest_bytes: bytes | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, manifest_bytes: bytes | None = None,
+                 remote: Any = None) -> None:
+        #: The dataset URL (``s3://...``) of a dataset in object storage, else None.
+        self.url: str | None = None
+        self._remote: Any = None
+        if is_url(path):
+            path, manifest_bytes = self._open_url(str(path), manifest_bytes, remote)
         self.path = Path(path)
         self._manifest_bytes = manifest_bytes if manifest_bytes is not None else _read_manifest_bytes(self.path)
         self.manifest = fmt.parse_manifest(self._manifest_bytes, path=self.path / fmt.MANIFEST_NAME)
@@ -114,6 +121,25 @@ class DatasetIndex:
                                      f"{len(self.manifest.classes)} classes", path=real, sample=bad)
         self._shard_firsts = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
         np.cumsum([s.sample_count for s in self.manifest.shards], out=self._shard_firsts[1:])
+        if self._remote is not None:
+            self._remote.attach(self.index)
+
+    def _open_url(self, text: str, manifest_bytes: bytes | None, remote: Any) -> tuple[str, bytes | None]:
+        """A ``file://`` URL is its folder; another URL is fetched into the node cache
+        (``packer.remote``), whose generation folder then reads like a dataset folder."""
+        url = parse_url(text)
+        if url.scheme == "file":
+            return url.local_path, manifest_bytes
+        from .remote import open_remote  # lazy: the transports load only for a URL
+
+        self._remote = open_remote(url.text, remote, manifest_bytes=manifest_bytes)
+        self.url = url.text
+        return str(self._remote.root), self._remote.manifest_bytes
+
+    @property
+    def location(self) -> str:
+        """Where the dataset is: its URL, or its folder."""
+        return self.url or str(self.path)
 
     # --- tables ---
     def __len__(self) -> int:
@@ -329,10 +355,15 @@ class Dataset(DatasetIndex):
     """A dataset with payload access: ``get(i)`` / ``read_batch(indices)`` over a backend."""
 
     def __init__(self, path: str | os.PathLike[str], *, backend: str = "mmap", verify_checksums: bool = False,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, manifest_bytes: bytes | None = None) -> None:
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, manifest_bytes: bytes | None = None,
+                 remote: Any = None) -> None:
         check_backend_name(backend)  # before anything is mapped or hashed
-        super().__init__(path, manifest_bytes=manifest_bytes)
-        self.backend_name = backend
+        if is_url(path) and backend not in ("mmap", "pread") and parse_url(str(path)).scheme != "file":
+            raise OptionError(f"backend {backend!r} reads local files; a dataset URL is read through the node "
+                              f"cache (backend 'mmap' or 'pread')")
+        super().__init__(path, manifest_bytes=manifest_bytes, remote=remote)
+        # A URL's shards are read through packer.remote's cache extents ("remote" is no local backend).
+        self.backend_name = "remote" if self._remote is not None else backend
         self.verify_checksums = verify_checksums
         self.max_open_shards = max(1, max_open_shards)
         self._open: OrderedDict[int, ShardBackend] = OrderedDict()
@@ -340,13 +371,16 @@ class Dataset(DatasetIndex):
 
     # --- pickling: manifest bytes + options, a few KB ---
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": str(self.path), "manifest": self._manifest_bytes, "backend": self.backend_name,
-                "verify": self.verify_checksums, "max_open": self.max_open_shards}
+        return {"path": self.url or str(self.path), "manifest": self._manifest_bytes,
+                "backend": "mmap" if self._remote is not None else self.backend_name,
+                "verify": self.verify_checksums, "max_open": self.max_open_shards,
+                "remote": None if self._remote is None else self._remote.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         try:
             Dataset.__init__(self, state["path"], backend=state["backend"], verify_checksums=state["verify"],
-                             max_open_shards=state["max_open"], manifest_bytes=state["manifest"])
+                             max_open_shards=state["max_open"], manifest_bytes=state["manifest"],
+                             remote=state.get("remote"))
         except DatasetChangedError:
             raise
         except PackerError as exc:
@@ -366,25 +400,48 @@ class Dataset(DatasetIndex):
             self._open.move_to_end(key)
             return backend
         entry = self.manifest.shards[number] if field is None else self.field_spec(field).shards[number]
-        fd, real = open_dataset_file(self.path, entry.path, entry.size)
-        try:
-            head = os.pread(fd, fmt.SHARD_HEADER_SIZE, 0)
-            header = fmt.ShardHeader.parse(head, path=real, actual_size=entry.size)
-            expected_number = entry.number
-            if (header.alignment != self.manifest.alignment or header.sample_count != entry.sample_count
-                    or header.shard_number != expected_number):  # [R38]
-                raise ManifestError(
-                    f"shard header (alignment {header.alignment}, {header.sample_count} samples, number "
-                    f"{header.shard_number}) disagrees with the manifest (alignment {self.manifest.alignment}, "
-                    f"{entry.sample_count} samples, number {expected_number})", path=real)
-            backend = open_backend(self.backend_name, fd, real, entry.size)
-        finally:
-            os.close(fd)
+        if self._remote is not None:
+            head, where = self._remote.shard_header(field or "", number)
+            self._check_shard_header(head, where, entry)
+            backend = self._remote.open_shard(field or "", number)
+        else:
+            fd, real = open_dataset_file(self.path, entry.path, entry.size)
+            try:
+                self._check_shard_header(os.pread(fd, fmt.SHARD_HEADER_SIZE, 0), real, entry)
+                backend = open_backend(self.backend_name, fd, real, entry.size)
+            finally:
+                os.close(fd)
         self._open[key] = backend
         while len(self._open) > self.max_open_shards:
             _, old = self._open.popitem(last=False)
             old.close()
         return backend
+
+    def _check_shard_header(self, head: bytes, where: str, entry: fmt.ShardEntry) -> None:
+        header = fmt.ShardHeader.parse(head, path=where, actual_size=entry.size)
+        expected_number = entry.number
+        if (header.alignment != self.manifest.alignment or header.sample_count != entry.sample_count
+                or header.shard_number != expected_number):  # [R38]
+            raise ManifestError(
+                f"shard header (alignment {header.alignment}, {header.sample_count} samples, number "
+                f"{header.shard_number}) disagrees with the manifest (alignment {self.manifest.alignment}, "
+                f"{entry.sample_count} samples, number {expected_number})", path=where)
+
+    # --- planned reads (a dataset in object storage prefetches them; a local one needs nothing) ---
+    def plan_reads(self, indices: Any) -> None:
+        """This process will read samples ``indices`` in this order (the readers say so at the start
+        of an epoch): a dataset in object storage fetches what comes next ahead of the reads."""
+        if self._remote is not None:
+            self._remote.plan(as_sample_indices(indices).reshape(-1) % max(len(self), 1))
+
+    def reads_advanced(self, position: int) -> None:
+        """The reader has handed out ``position`` samples of its planned order."""
+        if self._remote is not None:
+            self._remote.advance(int(position))
+
+    def remote_stats(self) -> dict[str, int] | None:
+        """This process's transfer counters for a dataset in object storage (None for a folder)."""
+        return None if self._remote is None else self._remote.stats()
 
     def _locate(self, i: int) -> tuple[int, int, int]:
         i = self._check(i)
@@ -505,6 +562,8 @@ class Dataset(DatasetIndex):
             # Whole pages when the layout allows (the tail padding is in the file, zeros): page-sized
             # reads into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
             runs = plan_runs(ix, idx, round_to=PAGE if self.manifest.alignment % PAGE == 0 else 1)
+            if self._remote is not None:
+                self._remote.ensure(runs.unique)  # the batch's missing extents, fetched in parallel
             data = self._read_runs(runs)
         batch = Batch(data=data, starts=runs.starts, sizes=runs.batch_sizes)
         if self.verify_checksums:
@@ -537,24 +596,32 @@ class Dataset(DatasetIndex):
         for backend in self._open.values():
             backend.close()
         self._open.clear()
+        if self._remote is not None:
+            self._remote.close()
         super().close()
 
 
-def open_index(path: str | os.PathLike[str]) -> DatasetIndex:
+def open_index(path: str | os.PathLike[str], *, remote: Any = None) -> DatasetIndex:
     """Validate a dataset's manifest and index without touching its shards.
+
+    ``path`` may be a dataset URL (``remote`` as for ``open_dataset``).
 
     Raises:
         PackerError: a typed error naming the file and what is wrong.
     """
-    return DatasetIndex(path)
+    return DatasetIndex(path, remote=remote)
 
 
 def open_dataset(path: str | os.PathLike[str], *, backend: str = "mmap", verify_checksums: bool = False,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS) -> Dataset:
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, remote: Any = None) -> Dataset:
     """Open a dataset for reading.
 
     Args:
-        path: the dataset folder (holding ``manifest.json``).
+        path: the dataset folder (holding ``manifest.json``), or its URL: ``s3://``, ``gs://``,
+            ``az://``, ``https://`` (read-only) or ``file://`` (see ``packer.remote`` and
+            docs/guides/object-storage.md).
+        remote: for a URL, ``packer.remote.RemoteOptions`` (or a dict of its fields): endpoint,
+            transport, node cache folder and bound, request sizes, retries.
         backend: ``"mmap"`` (default, zero-copy, shared pages), ``"pread"``, ``"direct"`` (O_DIRECT),
             ``"kvikio"`` (GPUDirect Storage; ``read_into`` accepts CUDA buffers, see ``packer.gpu``).
         verify_checksums: check every sample's xxh3 on read (about 20 GB/s).
@@ -563,4 +630,5 @@ def open_dataset(path: str | os.PathLike[str], *, backend: str = "mmap", verify_
     Raises:
         PackerError: a typed error naming the file and what is wrong.
     """
-    return Dataset(path, backend=backend, verify_checksums=verify_checksums, max_open_shards=max_open_shards)
+    return Dataset(path, backend=backend, verify_checksums=verify_checksums, max_open_shards=max_open_shards,
+                   remote=remote)

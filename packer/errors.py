@@ -23,7 +23,11 @@ class                     exit   raised when
 ``GpuPathError``          3      a GPU path refused work it was asked to do: kvikio/cuFile
                                  cannot open a shard, or the GPU JPEG decoder (nvJPEG) failed
                                  with ``cpu_fallback="error"``
-``DatasetChangedError``   3      the dataset was replaced while it was being read
+``DatasetChangedError``   3      the dataset was replaced while it was being read (locally, or
+                                 a new manifest generation in object storage)
+``RemoteStoreError``      3      object storage failed for good: a permanent answer (404, 403)
+                                 or transient failures past the retries or deadline; names the
+                                 object and the byte range
 ========================  =====  ==============================================================
 
 Rules: a library function never lets a ``ValueError``, ``KeyError``, ``IndexError`` or a numpy
@@ -63,6 +67,7 @@ __all__ = [
     "RejectedImageError",
     "DirectIOUnsupportedError",
     "GpuPathError",
+    "RemoteStoreError",
 ]
 
 
@@ -216,6 +221,12 @@ class DecodeError(PackerError):
     """An image's bytes could not be decoded."""
 
     exit_code = 1
+
+
+class RemoteStoreError(PackerError):
+    """Object storage could not deliver (or store) an object or a range, after its retries."""
+
+    exit_code = 3
 
 
 class MissingDependencyError(PackerError):

@@ -21,6 +21,8 @@ LAYERS = {
     "format": 2, "order": 2,
     "files": 3, "pillowformats": 3,
     "imageinfo": 4, "backends": 4,
+    # object storage: URLs, transports, the node cache (below the reader that opens URLs)
+    "remote": 5,
     # bytes to pixels
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it

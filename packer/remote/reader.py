@@ -1,0 +1,560 @@
+"""A dataset URL opened at one manifest generation: index in the node cache, shards read as extents.
+
+``RemoteFiles`` is what ``packer.dataset.Dataset`` holds for a URL. Opening fetches the manifest
+(the generation is its xxh3) and the index into the node cache, where ``DatasetIndex`` maps and
+validates them exactly as a local dataset's. Shard bytes come through ``RemoteShard`` (the
+``ShardBackend`` protocol: ``read_into`` / ``view``), which reads checked extent files of the
+cache and fetches a missing extent on demand (one process per node fetches it: a record lock).
+
+Reads are planned from the order: ``plan(indices)`` hands over the sample order this process
+will read (the samplers, the iterable dataset and ``ThreadedLoader`` do it), and a pool of
+``in_flight`` threads fetches the extents in first-need order, adjacent ones coalesced into
+range GETs of up to ``request_bytes``, never more than ``lookahead_bytes`` ahead of the reader,
+each extent once. Every extent is checked sample by sample against the index's xxh3 before it
+enters the cache; a bad range is fetched again once, then ``ChecksumMismatchError`` names the
+sample. The generation is pinned: a forked or unpickled worker whose store now holds another
+manifest raises ``DatasetChangedError`` instead of mixing generations.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import ChecksumMismatchError, DatasetChangedError, ManifestError, RemoteStoreError
+from .cache import LockFile, evict, write_atomic
+from .extents import ExtentTable, FetchPlan, coalesce, plan_extents
+from .options import RemoteOptions
+from .store import Store, store_for
+from .url import DatasetURL, object_key
+
+__all__ = ["RemoteFiles", "RemoteShard", "dataset_key"]
+
+#: Extent files kept mapped per process (least recently used are unmapped first).
+_MAPPED_EXTENTS = 1024
+#: With a bounded cache, the cache is rescanned after this many insertions by one process (other
+#: processes' insertions are seen then).
+_RESCAN_EVERY = 32
+
+
+def dataset_key(url: DatasetURL, options: RemoteOptions) -> str:
+    """The cache folder name of a dataset URL: the xxh3 of the URL and endpoint (no credential)."""
+    return fmt.checksum_hex(fmt.checksum(f"{url.text}\n{options.endpoint_url or ''}".encode()))
+
+
+def _family_dir(family: str) -> str:
+    return "main" if not family else "field-" + family.encode("utf-8").hex()
+
+
+class _ProcessState:
+    """Everything that belongs to one process: threads, lock descriptors, mappings, plans."""
+
+    def __init__(self, options: RemoteOptions) -> None:
+        self.lock = threading.Lock()
+        self.prefetch_pool = ThreadPoolExecutor(options.in_flight, thread_name_prefix="packer-prefetch")
+        self.demand_pool = ThreadPoolExecutor(options.in_flight, thread_name_prefix="packer-fetch")
+        self.lock_files: dict[tuple[str, int], LockFile] = {}
+        self.inflight: dict[tuple[str, int], Future[None]] = {}
+        self.maps: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
+        self.plans: dict[str, FetchPlan] = {}
+        self.plan_bytes: dict[str, np.ndarray] = {}
+        self.cursor: dict[str, int] = {}
+        self.progress: dict[str, int] = {}
+        self.position: dict[str, int] = {}
+        self.usage = -1
+        self.inserts = 0
+        self.downloads = 0
+        self.downloaded_bytes = 0
+        self.refetched = 0
+
+    def close(self) -> None:
+        self.prefetch_pool.shutdown(wait=True, cancel_futures=True)
+        self.demand_pool.shutdown(wait=True, cancel_futures=True)
+        for lock in self.lock_files.values():
+            lock.close()
+        self.lock_files.clear()
+        self.maps.clear()
+
+
+class RemoteFiles:
+    """A dataset URL at one generation (see the module docstring).
+
+    Args:
+        url: the dataset URL.
+        options: transport, cache and prefetch options.
+        manifest_bytes: the manifest a parent process opened (a worker pins its generation).
+
+    Raises:
+        DatasetChangedError: ``manifest_bytes`` given and the store holds another manifest.
+        RemoteStoreError: the manifest or index could not be fetched (names the object).
+        PackerError: the manifest or index is invalid (as for a local dataset).
+    """
+
+    def __init__(self, url: DatasetURL, options: RemoteOptions, *, manifest_bytes: bytes | None = None) -> None:
+        self.url = url
+        self.options = options
+        current = self.store.read_object(fmt.MANIFEST_NAME)
+        if len(current) > fmt.MAX_MANIFEST_BYTES:  # [R30]
+            raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit",
+                                path=f"{url}/{fmt.MANIFEST_NAME}")
+        if manifest_bytes is not None and current != manifest_bytes:
+            raise DatasetChangedError(
+                f"the dataset has a new manifest generation ({_generation(current)}) since it was opened at "
+                f"generation {_generation(manifest_bytes)}; refusing to mix generations: open it again",
+                path=url.text)
+        self.manifest_bytes = current
+        self.generation = _generation(current)
+        self.manifest = fmt.parse_manifest(current, path=f"{url}/{fmt.MANIFEST_NAME}")
+        self.cache_root = options.cache_root / "v1"
+        self.root = self.cache_root / dataset_key(url, options) / self.generation
+        self._fetch_index()
+        self._index: Any = None
+        self._tables: dict[str, ExtentTable] = {}
+        self._pid = os.getpid()
+        self._state: _ProcessState | None = None
+
+    @property
+    def store(self) -> Store:
+        return store_for(self.url, self.options)
+
+    # --- opening: manifest and index into the cache ---
+    def _fetch_index(self) -> None:
+        entry = self.manifest.index
+        target = self.root / object_key("", entry.path, where=self.url.text)
+        manifest_copy = self.root / fmt.MANIFEST_NAME
+        if target.is_file() and target.stat().st_size == entry.size and manifest_copy.is_file():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = os.open(self.root / "open.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process per node downloads the index
+            if not (target.is_file() and target.stat().st_size == entry.size):
+                data = b""
+                for _attempt in range(2):  # a damaged download is fetched again once
+                    data = self.store.read_object(entry.path)
+                    if len(data) == entry.size and fmt.checksum(data) == entry.checksum:
+                        break
+                else:
+                    raise fmt.ChecksumMismatchError(
+                        f"the index fetched twice does not match the manifest (size {len(data)}, expected "
+                        f"{entry.size}; checksum {fmt.checksum_hex(fmt.checksum(data))}, expected "
+                        f"{fmt.checksum_hex(entry.checksum)})", path=f"{self.url}/{entry.path}")
+                write_atomic(target, [data])
+            if not manifest_copy.is_file():
+                write_atomic(manifest_copy, [self.manifest_bytes])
+        finally:
+            os.close(lock)
+
+    def attach(self, index: Any) -> None:
+        """Give the validated index columns (``DatasetIndex.index``) the extents are cut from."""
+        self._index = index
+
+    # --- extents ---
+    def table(self, family: str = "") -> ExtentTable:
+        table = self._tables.get(family)
+        if table is None:
+            ix, manifest = self._index, self.manifest
+            if not family:
+                sizes = np.array([e.size for e in manifest.shards], dtype=np.int64)
+                table = plan_extents(ix.shard, ix.offset, ix.size, sizes, manifest.alignment, self.options.extent_bytes)
+            else:
+                spec = manifest.field(family)
+                columns = ix.field_columns
+                sizes = np.array([e.size for e in spec.shards], dtype=np.int64)
+                table = plan_extents(ix.shard, columns[spec.image_column("offset")], columns[spec.image_column("size")],
+                                     sizes, manifest.alignment, self.options.extent_bytes)
+            self._tables[family] = table
+        return table
+
+    def _entries(self, family: str) -> Any:
+        return self.manifest.shards if not family else self.manifest.field(family).shards
+
+    def _sample_columns(self, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ix = self._index
+        if not family:
+            return ix.offset, ix.size, ix.checksum
+        spec = self.manifest.field(family)
+        columns = ix.field_columns
+        return (columns[spec.image_column("offset")], columns[spec.image_column("size")],
+                columns[spec.image_column("checksum")])
+
+    def _extent_path(self, family: str, extent: int) -> Path:
+        table = self.table(family)
+        return (self.root / "extents" / _family_dir(family) / str(int(table.shard[extent]))
+                / f"{int(table.start[extent])}-{int(table.end[extent])}")
+
+    def _local(self) -> _ProcessState:
+        if self._pid != os.getpid() or self._state is None:
+            # A forked child: the parent's threads, lock descriptors and plans are not ours.
+            self._pid = os.getpid()
+            self._state = _ProcessState(self.options)
+        return self._state
+
+    def _lock_file(self, state: _ProcessState, family: str, shard: int) -> LockFile:
+        lock = state.lock_files.get((family, shard))
+        if lock is None:
+            lock = state.lock_files[(family, shard)] = LockFile(
+                self.root / "locks" / f"{_family_dir(family)}-{shard}.lock")
+        return lock
+
+    # --- shard headers ---
+    def shard_header(self, family: str, number: int) -> tuple[bytes, str]:
+        """The first ``SHARD_HEADER_SIZE`` bytes of a shard (cached), and the shard's URL."""
+        entry = self._entries(family)[number]
+        where = f"{self.url}/{entry.path}"
+        path = self.root / "headers" / f"{_family_dir(family)}-{number}"
+        try:
+            return path.read_bytes(), where
+        except FileNotFoundError:
+            pass
+        size = min(fmt.SHARD_HEADER_SIZE, entry.size)
+        head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
+        write_atomic(path, [head])
+        return head, where
+
+    def open_shard(self, family: str, number: int) -> "RemoteShard":
+        return RemoteShard(self, family, number, self._entries(family)[number])
+
+    # --- reading an extent ---
+    def extent_view(self, family: str, extent: int) -> memoryview:
+        """The checked bytes of ``extent`` (a read-only mapping of its cache file), fetched if missing."""
+        state = self._local()
+        key = (family, extent)
+        view = state.maps.get(key)
+        if view is not None:
+            state.maps.move_to_end(key)
+            return view
+        self._note_need(state, family, extent)
+        for _attempt in range(3):  # evicted by another process between fetch and map: fetch again
+            view = self._map(self._extent_path(family, extent))
+            if view is not None:
+                break
+            self._fetch_now(family, extent)
+        else:
+            raise RemoteStoreError(f"extent {extent} left the cache as soon as it entered (cache_bytes "
+                                   f"{self.options.cache_bytes} is too small for the read-ahead)", path=self.url.text)
+        with state.lock:
+            state.maps[key] = view
+            while len(state.maps) > _MAPPED_EXTENTS:
+                state.maps.popitem(last=False)
+        return view
+
+    @staticmethod
+    def _map(path: Path) -> memoryview | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ))
+        finally:
+            os.close(fd)
+
+    def _fetch_now(self, family: str, extent: int) -> None:
+        """Fetch ``extent`` unless another thread or process is: then wait for it."""
+        state = self._local()
+        key = (family, extent)
+        with state.lock:
+            future = state.inflight.get(key)
+            mine = future is None
+            if mine:
+                future = state.inflight[key] = Future()
+        assert future is not None
+        if not mine:
+            future.result()
+            return
+        table = self.table(family)
+        ordinal = int(table.ordinal[extent])
+        lock = self._lock_file(state, family, int(table.shard[extent]))
+        try:
+            lock.acquire(ordinal)  # blocks while another process of the node fetches it
+            try:
+                if not self._extent_path(family, extent).exists():
+                    self._download(state, family, [extent])
+            finally:
+                lock.release(ordinal)
+            future.set_result(None)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            with state.lock:
+                state.inflight.pop(key, None)
+
+    def _download(self, state: _ProcessState, family: str, extents: list[int]) -> None:
+        """One range GET for adjacent ``extents`` (locked by this process), checked, then cached."""
+        table = self.table(family)
+        entry = self._entries(family)[int(table.shard[extents[0]])]
+        start, end = int(table.start[extents[0]]), int(table.end[extents[-1]])
+        data = memoryview(self.store.read_range(entry.path, start, end, what=f"shard {entry.path}")).cast("B")
+        written = 0
+        for extent in extents:
+            lo, hi = int(table.start[extent]), int(table.end[extent])
+            piece = data[lo - start:hi - start]
+            bad = self._first_bad_sample(family, extent, piece)
+            if bad is not None:  # fetched again once, alone
+                with state.lock:
+                    state.refetched += 1
+                piece = memoryview(self.store.read_range(entry.path, lo, hi, what=f"shard {entry.path}")).cast("B")
+                bad = self._first_bad_sample(family, extent, piece)
+                if bad is not None:
+                    raise self._damage(family, extent, bad, entry.path)
+            written += write_atomic(self._extent_path(family, extent), [piece])
+        with state.lock:
+            state.downloads += len(extents)
+            state.downloaded_bytes += written
+        self._account(state, written)
+
+    def _first_bad_sample(self, family: str, extent: int, piece: memoryview) -> int | None:
+        table = self.table(family)
+        offsets, sizes, checksums = self._sample_columns(family)
+        first, stop, base = int(table.first[extent]), int(table.stop[extent]), int(table.start[extent])
+        for i, offset, size, expected in zip(range(first, stop), offsets[first:stop].tolist(),
+                                             sizes[first:stop].tolist(), checksums[first:stop].tolist()):
+            if fmt.checksum(piece[offset - base:offset - base + size]) != expected:
+                return i
+        return None
+
+    def _damage(self, family: str, extent: int, sample: int, relative: str) -> Exception:
+        try:
+            now = self.store.read_object(fmt.MANIFEST_NAME)
+        except RemoteStoreError:
+            now = self.manifest_bytes
+        if now != self.manifest_bytes:
+            return DatasetChangedError(
+                f"the dataset has a new manifest generation ({_generation(now)}) since it was opened at "
+                f"generation {self.generation}; refusing to mix generations: open it again", path=self.url.text)
+        offsets, sizes, _ = self._sample_columns(family)
+        table = self.table(family)
+        return ChecksumMismatchError(
+            f"{'sample' if not family else f'field {family!r}'} bytes fetched twice from the store do not match "
+            f"the index checksum (range {int(table.start[extent])}-{int(table.end[extent])}; the stored object "
+            f"is damaged)", path=f"{self.url}/{relative}", sample=sample, offset=int(offsets[sample]))
+
+    # --- planned reads ---
+    def plan(self, indices: Any, family: str = "") -> None:
+        """This process will read ``indices`` in this order: prefetch their extents in first-need order."""
+        state = self._local()
+        table = self.table(family)
+        plan = FetchPlan(table, np.asarray(indices, dtype=np.int64).reshape(-1))
+        with state.lock:
+            state.plans[family] = plan
+            state.plan_bytes[family] = np.cumsum((table.end - table.start)[plan.sequence])
+            state.cursor[family] = 0
+            state.progress[family] = 0
+            state.position[family] = 0
+        self._pump(state, family)
+
+    def advance(self, position: int, family: str = "") -> None:
+        """The reader has reached sample ``position`` of its plan: let the prefetcher move on."""
+        state = self._local()
+        plan = state.plans.get(family)
+        if plan is None:
+            return
+        with state.lock:
+            state.position[family] = max(state.position[family], position)
+            state.progress[family] = max(state.progress[family], plan.rank_of_sample(position))
+        self._pump(state, family)
+
+    def _note_need(self, state: _ProcessState, family: str, extent: int) -> None:
+        plan = state.plans.get(family)
+        if plan is None or plan.first_need[extent] < 0:
+            return
+        with state.lock:
+            state.progress[family] = max(state.progress[family], int(plan.first_need[extent]))
+        self._pump(state, family)
+
+    def _pump(self, state: _ProcessState, family: str) -> None:
+        """Submit range GETs for the next extents of the plan, within ``lookahead_bytes``."""
+        plan = state.plans.get(family)
+        if plan is None:
+            return
+        table = self.table(family)
+        lookahead = self.options.lookahead_bytes
+        with state.lock:
+            cursor, progress = state.cursor[family], state.progress[family]
+            cursor = max(cursor, progress)
+            cumulative = state.plan_bytes[family]
+            before = int(cumulative[progress - 1]) if progress > 0 else 0
+            picked: list[int] = []
+            while cursor < len(plan.sequence) and int(cumulative[cursor]) - before <= lookahead:
+                extent = int(plan.sequence[cursor])
+                cursor += 1
+                if (family, extent) in state.inflight or self._extent_path(family, extent).exists():
+                    continue
+                picked.append(extent)
+                state.inflight[(family, extent)] = Future()
+            state.cursor[family] = cursor
+        for group in coalesce(table, picked, self.options.request_bytes):
+            state.prefetch_pool.submit(self._prefetch_job, state, family, group)
+
+    def _prefetch_job(self, state: _ProcessState, family: str, group: list[int]) -> None:
+        table = self.table(family)
+        locked: list[int] = []
+        try:
+            for extent in group:  # never wait here: an extent another process fetches is skipped
+                lock = self._lock_file(state, family, int(table.shard[extent]))
+                if lock.acquire(int(table.ordinal[extent]), blocking=False):
+                    if self._extent_path(family, extent).exists():
+                        lock.release(int(table.ordinal[extent]))
+                    else:
+                        locked.append(extent)
+            for run in _contiguous(locked):
+                self._download(state, family, run)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever needs these extents
+            error = exc
+        finally:
+            for extent in locked:
+                self._lock_file(state, family, int(table.shard[extent])).release(int(table.ordinal[extent]))
+        with state.lock:
+            futures = [state.inflight.pop((family, extent), None) for extent in group]
+        for future in futures:
+            if future is None:
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def ensure(self, indices: np.ndarray, family: str = "") -> None:
+        """Make the extents of ``indices`` present, fetching the missing ones in parallel."""
+        state = self._local()
+        table = self.table(family)
+        extents = np.unique(table.of_sample[np.asarray(indices, dtype=np.int64)]).tolist()
+        missing = [e for e in extents if (family, e) not in state.maps]
+        if len(missing) <= 1:
+            return
+        for extent in missing:
+            self._note_need(state, family, extent)
+        missing = [e for e in missing if not self._extent_path(family, e).exists()]
+        if missing:
+            for future in [state.demand_pool.submit(self._fetch_now, family, e) for e in missing]:
+                future.result()
+
+    # --- the cache bound ---
+    def _account(self, state: _ProcessState, added: int) -> None:
+        bound = self.options.cache_bytes
+        if not bound:
+            return
+        with state.lock:
+            state.inserts += 1
+            state.usage = -1 if state.usage < 0 or state.inserts % _RESCAN_EVERY == 0 else state.usage + added
+            over = state.usage < 0 or state.usage > bound
+        if over:
+            total, _removed = evict(self.cache_root, bound, lambda path, mtime: self._evict_rank(state, path, mtime))
+            with state.lock:
+                state.usage = total
+
+    def _evict_rank(self, state: _ProcessState, path: Path, mtime: float) -> tuple[float, ...]:
+        """Eviction order (lowest first): other datasets and generations (oldest first); extents
+        this process's order no longer needs; then those needed latest. Never: in flight, or
+        needed within the read-ahead window."""
+        try:
+            relative = path.relative_to(self.root)
+        except ValueError:
+            return (0.0, mtime)
+        parts = relative.parts  # extents/<family>/<shard>/<start>-<end>
+        family = next((f for f in list(state.plans) + [""] if _family_dir(f) == parts[1]), None)
+        if family is None or len(parts) != 4:
+            return (1.0, mtime)
+        table = self.table(family)
+        extent = table.find(int(parts[2]), int(parts[3].split("-")[0]))
+        if extent < 0:
+            return (1.0, mtime)
+        if (family, extent) in state.inflight:
+            return (float("inf"),)
+        plan = state.plans.get(family)
+        if plan is None:
+            return (2.0, mtime)
+        rank = int(plan.first_need[extent])
+        if rank < 0 or int(plan.last_need[extent]) < state.position.get(family, 0):
+            return (2.0, mtime)  # not needed again in this pass
+        progress = state.progress.get(family, 0)
+        if rank <= state.cursor.get(family, 0) or rank <= progress:
+            return (float("inf"),)  # in use or about to be
+        return (3.0, -float(rank))  # needed latest goes first
+
+    # --- bookkeeping ---
+    def stats(self) -> dict[str, int]:
+        """This process's counters: extents and bytes downloaded, GETs sent, retries, re-fetches."""
+        state = self._local()
+        store = self.store
+        return {"downloads": state.downloads, "downloaded_bytes": state.downloaded_bytes,
+                "requests": store.requests, "retried": store.retried, "refetched": state.refetched}
+
+    def close(self) -> None:
+        if self._state is not None and self._pid == os.getpid():
+            self._state.close()
+        self._state = None
+
+
+def _contiguous(extents: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for extent in sorted(extents):
+        if runs and runs[-1][-1] + 1 == extent:
+            runs[-1].append(extent)
+        else:
+            runs.append([extent])
+    return runs
+
+
+def _generation(manifest_bytes: bytes) -> str:
+    return fmt.checksum_hex(fmt.checksum(manifest_bytes))
+
+
+class RemoteShard:
+    """``ShardBackend`` of one shard in object storage: bytes come from checked cache extents."""
+
+    def __init__(self, files: RemoteFiles, family: str, number: int, entry: fmt.ShardEntry) -> None:
+        self.files = files
+        self.family = family
+        self.number = number
+        self.path = f"{files.url}/{entry.path}"
+        self.size = entry.size
+
+    def read_into(self, offset: int, out: Any) -> None:
+        target = memoryview(out).cast("B")
+        total = target.nbytes
+        table = self.files.table(self.family)
+        done = 0
+        while done < total:
+            at = offset + done
+            extent = table.find(self.number, at)
+            if extent < 0:  # header or trailing padding (zeros by the format): not a sample byte
+                lo, hi = int(table.shard_extents[self.number]), int(table.shard_extents[self.number + 1])
+                later = table.start[lo:hi][table.start[lo:hi] > at]
+                step = min(total - done, (int(later[0]) - at) if len(later) else total - done)
+                target[done:done + step] = bytes(step)
+                done += step
+                continue
+            view = self.files.extent_view(self.family, extent)
+            base = int(table.start[extent])
+            step = min(total - done, int(table.end[extent]) - at)
+            target[done:done + step] = view[at - base:at - base + step]
+            done += step
+
+    def view(self, offset: int, size: int) -> memoryview:
+        table = self.files.table(self.family)
+        extent = table.find(self.number, offset)
+        if extent >= 0 and offset + size <= int(table.end[extent]):
+            base = int(table.start[extent])
+            return self.files.extent_view(self.family, extent)[offset - base:offset - base + size]
+        buffer = bytearray(size)
+        self.read_into(offset, buffer)
+        return memoryview(buffer)
+
+    def close(self) -> None:
+        pass

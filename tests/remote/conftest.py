@@ -1,0 +1,154 @@
+"""Fixtures of the object-storage tests: a real S3 server (moto) on 127.0.0.1 behind a seeded fault
+proxy (``scripts/loopback_s3.py``), buckets, datasets uploaded there, and a guard that fails any
+connection to an address outside the loopback range while these tests run."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+pytest.importorskip("s3fs", reason="the [remote] extra is not installed")
+pytest.importorskip("moto", reason="moto[server] (the dev extra) is not installed")
+
+from helpers import write_images  # noqa: E402
+
+from packer.remote import RemoteOptions  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "loopback_s3.py"
+_GUARD = {"on": False}
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    # Every socket connection of this process (and of its forked DataLoader workers) while a remote
+    # test runs must go to the loopback range: a test that would reach any other address fails.
+    if _GUARD["on"] and event == "socket.connect":
+        address = args[1]
+        if isinstance(address, tuple) and address and isinstance(address[0], str) and not _loopback(address[0]):
+            raise ConnectionRefusedError(f"a remote test tried to connect to {address!r}: only 127.0.0.0/8 is allowed")
+
+
+sys.addaudithook(_audit)
+
+
+def check_loopback(url: str) -> str:
+    """``url`` if its host is on the loopback range (every endpoint a test uses passes here)."""
+    host = urlsplit(url).hostname or ""
+    if not _loopback(host):
+        raise AssertionError(f"test endpoint {url} is not on 127.0.0.0/8")
+    return url
+
+
+class LoopbackS3:
+    """The running server: the proxy endpoint (what packer uses), moto's own, and the proxy's controls."""
+
+    def __init__(self, proxy: str, direct: str) -> None:
+        self.proxy = check_loopback(proxy)
+        self.direct = check_loopback(direct)
+
+    def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.proxy + path, data=data, method="POST" if data is not None else "GET")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def configure(self, **settings: Any) -> None:
+        self._call("/__proxy__/config", settings)
+
+    def reset(self) -> None:
+        self._call("/__proxy__/reset", {})
+
+    def log(self) -> list[dict[str, Any]]:
+        return self._call("/__proxy__/log")
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket=name)
+
+
+@pytest.fixture(scope="session")
+def loopback_s3() -> Iterator[LoopbackS3]:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env=env)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the loopback S3 server did not start")
+        endpoints = json.loads(line)
+        yield LoopbackS3(endpoints["proxy"], endpoints["direct"])
+    finally:
+        process.stdin.close()  # type: ignore[union-attr]
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Dummy credentials (never a real chain), no instance-metadata lookups, and the connect guard."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "AZURE_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    _GUARD["on"] = True
+    try:
+        yield
+    finally:
+        _GUARD["on"] = False
+
+
+@pytest.fixture
+def s3(loopback_s3: LoopbackS3, request: pytest.FixtureRequest) -> Iterator[LoopbackS3]:
+    """The server with a clean proxy (no faults, no latency) and a fresh bucket named ``s3.bucket``."""
+    import zlib
+
+    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, seed=0, methods=["GET"])
+    loopback_s3.reset()
+    loopback_s3.bucket = f"t{zlib.crc32(request.node.nodeid.encode()):08x}"  # type: ignore[attr-defined]
+    loopback_s3.create_bucket(loopback_s3.bucket)  # type: ignore[attr-defined]
+    yield loopback_s3
+    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0)
+
+
+def options_for(server: LoopbackS3, cache: Path, **changes: Any) -> RemoteOptions:
+    """RemoteOptions reaching the proxy (checked loopback), with fast retries for tests."""
+    settings: dict[str, Any] = dict(endpoint_url=check_loopback(server.proxy), region="us-east-1",
+                                    cache_dir=str(cache), backoff_s=0.01, timeout_s=5.0, deadline_s=30.0,
+                                    extent_bytes=64 << 10, request_bytes=256 << 10)
+    settings.update(changes)
+    return RemoteOptions(**settings)
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local dataset of 3 classes x 40 JPEGs in several shards (built once per session)."""
+    from packer.writer import BuildOptions, build
+
+    root = tmp_path_factory.mktemp("remote-src")
+    write_images(root / "src", {"cat": 40, "dog": 40, "eel": 40}, size=40)
+    build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10), workers=1)
+    return root / "ds"
