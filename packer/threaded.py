@@ -201,6 +201,8 @@ class ThreadedLoader:
             self._decode.set_epoch(self._epoch)  # seeded crops follow the loader's epoch
         plan = self.plan()
         self._yielded = 0
+        reads = self.dataset.dataset  # a dataset in object storage fetches the rank's order ahead
+        reads.plan_reads(plan.indices)
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"packer-{os.getpid()}")
         pending: deque[Future] = deque()
         try:
@@ -210,6 +212,7 @@ class ThreadedLoader:
                     indices = plan.batch(submitted)
                     pending.append(pool.submit(self._load, indices, self._batch_buffer(len(indices))))
                     submitted += 1
+                reads.reads_advanced(int(plan.batch_bounds[submitted]))
                 batch = pending.popleft().result()  # a failed batch raises here, in order
                 self._yielded = k + 1
                 yield batch

@@ -172,7 +172,13 @@ def make_handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
             finally:
                 upstream.close()
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+        def _serve(self) -> None:
+            try:
+                self._forward()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up on a slow or truncated answer
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _serve
 
     return Handler
 

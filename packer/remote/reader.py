@@ -216,10 +216,17 @@ class RemoteFiles:
             return path.read_bytes(), where
         except FileNotFoundError:
             pass
-        size = min(fmt.SHARD_HEADER_SIZE, entry.size)
-        head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
-        write_atomic(path, [head])
-        return head, where
+        lock = os.open(self.root / "open.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process per node fetches it
+            if path.is_file():
+                return path.read_bytes(), where
+            size = min(fmt.SHARD_HEADER_SIZE, entry.size)
+            head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
+            write_atomic(path, [head])
+            return head, where
+        finally:
+            os.close(lock)
 
     def open_shard(self, family: str, number: int) -> "RemoteShard":
         return RemoteShard(self, family, number, self._entries(family)[number])

@@ -54,6 +54,16 @@ def _seeded_crops(source: Any) -> Any:
     return decode if isinstance(decode, DecodeTransform) and getattr(decode, "seed", None) is not None else None
 
 
+def _planned_dataset(source: Any) -> Any:
+    """The ``packer.dataset.Dataset`` under ``source`` (a ``PackedDataset`` or a dataset), or None:
+    the reader tells it the order it will read (``plan_reads``), which a dataset in object storage
+    prefetches; a sample count has none."""
+    for candidate in (source, getattr(source, "dataset", None)):
+        if hasattr(candidate, "plan_reads") and hasattr(candidate, "reads_advanced"):
+            return candidate
+    return None
+
+
 class _FollowsEpoch:
     """``set_epoch`` also moves the dataset's seeded crops: a loop that moves only the sampler
     (the DistributedSampler habit) would otherwise train every epoch on epoch 0's crops."""

@@ -228,11 +228,13 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         indices, bounds = _worker_share(self.cursor.begin(), worker, num_workers)  # the epoch order is freed here
         _release_free_heap()
+        self.dataset.plan_reads(indices)  # a dataset in object storage fetches this worker's order ahead
         count = len(bounds) - 1
         skip, self._skip_batches = min(self._skip_batches, count), 0  # a worker state loaded for this worker
         self.cursor.handed_out = skip if self.batched else int(bounds[skip])
         for k in range(skip, count):
             batch = indices[bounds[k]:bounds[k + 1]]
+            self.dataset.reads_advanced(int(bounds[k]))
             if self.read_ahead:
                 self._prepare(batch)
                 if k + 1 < count:  # the kernel fetches the next batch's blocks while this one decodes

@@ -9,7 +9,7 @@ import torch.utils.data as torch_data
 
 from ..errors import OptionError
 from ..order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader
-from .epochs import _FollowsEpoch, _sampler_cursor, _seeded_crops
+from .epochs import _FollowsEpoch, _planned_dataset, _sampler_cursor, _seeded_crops
 
 #: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
 _YIELD_CHUNK = 4096
@@ -42,6 +42,7 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
         #: The DataLoader batch size this sampler was told, or None.
         self.batch_size = batch_size
         self._crops = _seeded_crops(data_source)
+        self._reads = _planned_dataset(data_source)
         self.cursor = _sampler_cursor(data_source, order=order, seed=seed, rank=rank, world_size=world_size,
                                       batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
                                       block_bytes=block_bytes, window=window, block_samples=block_samples,
@@ -52,7 +53,11 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         indices = self.cursor.begin().indices
+        if self._reads is not None:  # this rank's order: a dataset in object storage fetches ahead of it
+            self._reads.plan_reads(indices)
         for begin in range(0, len(indices), _YIELD_CHUNK):
+            if self._reads is not None:
+                self._reads.reads_advanced(begin)
             chunk = indices[begin:begin + _YIELD_CHUNK].tolist()
             for i in chunk:
                 self.cursor.handed_out += 1
@@ -96,6 +101,7 @@ class PackedBatchSampler(_FollowsEpoch, CursorReader, torch_data.BatchSampler):
         settings = dict(order=order, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
                         block_bytes=block_bytes, window=window, block_samples=block_samples)
         self._crops = _seeded_crops(data_source)
+        self._reads = _planned_dataset(data_source)
         self.cursor = _sampler_cursor(data_source, batch_size=batch_size, count_samples=False, **settings)
         self.sampler = PackedSampler(data_source, batch_size=batch_size, **settings)
         self.sampler.cursor.position = self.cursor.position  # one position for both
@@ -107,6 +113,11 @@ class PackedBatchSampler(_FollowsEpoch, CursorReader, torch_data.BatchSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self.cursor.begin()
+        if self._reads is not None:  # this rank's order: a dataset in object storage fetches ahead of it
+            self._reads.plan_reads(plan.indices)
         for k in range(plan.num_batches):
             self.cursor.handed_out += 1
-            yield plan.batch(k).tolist()
+            batch = plan.batch(k)
+            if self._reads is not None:
+                self._reads.reads_advanced(int(plan.batch_bounds[k]))
+            yield batch.tolist()
