@@ -447,7 +447,7 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     timed = source.batch_bytes[options.warmup:options.warmup + options.batches]
     payload = int(sum(timed))
     result = BenchResult(
-        dataset=str(Path(path)), num_samples=len(dataset), loader=loader,
+        dataset=getattr(dataset, 'location', str(path)), num_samples=len(dataset), loader=loader,
         options=asdict(options), workers=workers, cores=cores, samples=samples,
         batches=options.batches, payload_bytes=payload, seconds=round(seconds, 6),
         samples_per_s=round(samples / seconds, 3), mb_per_s=round(payload / seconds / 1e6, 3),

@@ -239,6 +239,27 @@ class _ShardResult:
     field: str = ""
 
 
+def _verify_url(url: str, **options: Any) -> "VerifyReport":
+    """A dataset in object storage: its objects are copied raw into a temporary folder of the node
+    cache (``packer.remote.upload.mirror``), checked there like a folder, and reported by URL."""
+    import tempfile
+
+    from .remote.options import RemoteOptions
+    from .remote.upload import mirror
+    from .remote.url import parse_url
+
+    settings = RemoteOptions()
+    settings.cache_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="verify-", dir=settings.cache_root) as folder:
+        mirror(parse_url(url), settings, folder)
+        report = verify(folder, **options)
+    report.path = url
+    report.problems = [dataclasses.replace(problem, path=url + str(problem.path)[len(folder):])
+                       if problem.path and str(problem.path).startswith(folder) else problem
+                       for problem in report.problems]
+    return report
+
+
 def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int | None = None,
            progress: bool = False, max_pixels: int | None = None) -> VerifyReport:
     """Check a dataset completely: structure, every shard and sample checksum, padding, headers.
@@ -262,7 +283,12 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
         MissingDependencyError: ``decode=True`` but an image decoder is not installed.
     """
     from .dataset import open_index  # lazy: keep `import packer.verify` light
+    from .remote.url import is_url, parse_url
 
+    if is_url(path) and parse_url(str(path)).scheme == "file":
+        path = parse_url(str(path)).local_path
+    elif is_url(path):
+        return _verify_url(str(path), decode=decode, workers=workers, progress=progress, max_pixels=max_pixels)
     started = time.monotonic()
     root = Path(path)
     try:

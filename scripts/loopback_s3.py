@@ -155,7 +155,9 @@ def make_handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
                 for key, value in response.getheaders():
                     if key.lower() not in _HOP and key.lower() != "content-length":
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer has no body but announces the object's length
+                length = response.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
                 self.end_headers()
                 if self.command == "HEAD":
                     return

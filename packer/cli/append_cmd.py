@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
-from .options import json_option, path_type, quiet_option, verbose_option, root_option, seed_option, workers_option
+from .options import json_option, location_type, path_type, quiet_option, verbose_option, root_option, seed_option, workers_option
 
 
 @cli.command("append")
-@click.argument("dataset", type=path_type(exists=True, file_okay=False))
+@click.argument("dataset", type=location_type(exists=True, file_okay=False))
 @click.argument("source", type=path_type(exists=True))
 @root_option()
 @workers_option()

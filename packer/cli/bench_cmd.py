@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from . import cli, echo, emit_json, run_command
-from .options import POSITIVE_FLOAT, json_option, path_type, seed_option, workers_option
+from .options import POSITIVE_FLOAT, json_option, location_type, path_type, seed_option, workers_option
 from ..bench import DECODE_MODES, HEADROOM, LOADERS, READERS, BenchOptions
 from ..order import ORDERS
 
 
 @cli.command("bench")
-@click.argument("dataset", type=path_type())
+@click.argument("dataset", type=location_type())
 @click.option("--batch-size", "-b", default=256, show_default=True, type=click.IntRange(min=1))
 @workers_option(minimum=0, short=True,
                 help="DataLoader worker processes (default: the cores this process may use).")

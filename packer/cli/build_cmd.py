@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
-from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, path_type, quiet_option, verbose_option, root_option,
+from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, root_option,
                       seed_option, workers_option)
 from ..writer.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
 from ..imageinfo import DEFAULT_MAX_PIXELS
@@ -36,7 +36,7 @@ def describe_labels(summary: dict, class_count: int) -> str:
 
 @cli.command("build")
 @click.argument("source", type=path_type())
-@click.argument("out", type=path_type())
+@click.argument("out", type=location_type())
 @root_option("Folder that manifest paths (and a COCO file's image file_name) are relative to (default: the "
              "manifest's folder).")
 @click.option("--shard-size", default="512M", show_default=True, type=SIZE,

@@ -7,12 +7,13 @@ from pathlib import Path
 import click
 
 from . import EXIT_OK, cli, emit_json, run_command
+from .options import location_type
 
 __all__ = ["export_command"]
 
 
 @cli.command("export")
-@click.argument("dataset", type=click.Path(exists=True, path_type=Path))
+@click.argument("dataset", type=location_type(exists=True))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--to", "target", type=click.Choice(["folder", "tar", "webdataset"]), default="folder",
               show_default=True, help="A folder of class folders, one tar, or WebDataset shards.")

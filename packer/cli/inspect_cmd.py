@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from . import cli, echo, emit_json, run_command, terminal_safe
-from .options import json_option, max_pixels_option, path_type, seed_option
+from .options import json_option, max_pixels_option, location_type, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
@@ -130,7 +130,7 @@ def _overlay(text: str | None) -> str | None:
 
 
 @cli.command("inspect")
-@click.argument("dataset", type=path_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True))
 @json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
@@ -168,7 +168,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     if grid is None and (boxes is not None or mask is not None or box_normalized or box_format != "xyxy"):
         raise click.UsageError("--boxes, --mask, --box-format and --box-normalized draw on the contact sheet: "
                                "they need --grid")
-    if dataset.is_file() and dataset.name == "manifest.json":
+    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
         dataset = dataset.parent
 
     def body() -> int:

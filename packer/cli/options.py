@@ -61,6 +61,33 @@ class PathType(click.Path):
         return super().convert(value, param, ctx)
 
 
+class LocationType(PathType):
+    """A dataset folder or a dataset URL (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``):
+    a URL stays a string (checked by ``packer.remote.parse_url``), a folder is a ``pathlib.Path``."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ..remote.url import is_url, parse_url
+
+        if is_url(value):
+            from ..errors import OptionError
+
+            try:
+                url = parse_url(value)
+            except OptionError as exc:
+                self.fail(exc.message, param, ctx)
+            if url.scheme == "file":
+                return super().convert(url.local_path, param, ctx)
+            return url.text
+        return super().convert(value, param, ctx)
+
+
+def location_type(**kwargs: Any) -> LocationType:
+    """A ``LocationType`` (a folder as ``pathlib.Path``, or a dataset URL as a string)."""
+    from pathlib import Path
+
+    return LocationType(path_type=Path, **kwargs)
+
+
 def path_type(**kwargs: Any) -> PathType:
     """A ``PathType`` yielding ``pathlib.Path`` (the arguments of ``click.Path``)."""
     from pathlib import Path

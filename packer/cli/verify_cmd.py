@@ -8,13 +8,13 @@ from typing import Any
 import click
 
 from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command, terminal_safe
-from .options import json_option, max_pixels_option, path_type, quiet_option, verbose_option, workers_option
+from .options import json_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
 
 
 @cli.command("verify")
-@click.argument("dataset", type=path_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True))
 @click.option("--decode", is_flag=True, help="Also decode every image (slow: milliseconds per image).")
 @max_pixels_option(default=None, help="With --decode: refuse images with more pixels than this (default: "
                    "the limit the dataset was built with).")
@@ -33,7 +33,7 @@ def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bo
 
     configure_logging(quiet=quiet, verbose=verbose)
 
-    if dataset.is_file() and dataset.name == "manifest.json":
+    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
         dataset = dataset.parent
 
     def body() -> int:

@@ -50,8 +50,8 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
     """
     from ..dataset import open_index
 
-    root = Path(path)
-    with open_index(root) as index:
+    with open_index(path) as index:
+        root = index.path  # a URL's generation folder in the node cache holds its manifest and index
         manifest = index.manifest
         ix = index.index
         count = len(index)

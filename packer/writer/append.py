@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..dataset import open_index
+from ..remote.url import is_url, parse_url
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
@@ -68,7 +69,8 @@ def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceL
 
 
 def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
-           workers: int | None = None, seed: int | None = None, progress: bool = False) -> BuildResult:
+           workers: int | None = None, seed: int | None = None, progress: bool = False, remote: Any = None,
+           resume: bool = False) -> BuildResult:
     """Append the images of ``source`` to ``dataset`` as new shards (the library form of ``packer append``).
 
     The build options of the dataset (alignment, shard size, codec, validation, shuffle, a fixed
@@ -79,6 +81,13 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     Raises:
         BuildError, EmptySourceError, BuildLockedError, PackerError (a damaged dataset).
     """
+    if is_url(dataset) and parse_url(str(dataset)).scheme != "file":
+        from .remote_out import append_to_url  # a new generation built locally, then uploaded (manifest last)
+
+        return append_to_url(str(dataset), source, remote=remote, resume=resume, root=root, workers=workers,
+                             seed=seed, progress=progress)
+    if is_url(dataset):
+        dataset = parse_url(str(dataset)).local_path
     started = time.monotonic()
     out = Path(dataset)
     check_workers(workers)

@@ -10,10 +10,12 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .. import format as fmt
+from ..remote.url import is_url, parse_url
 from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, SourceError
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
@@ -177,8 +179,12 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
           on_error: str = "skip", root: str | os.PathLike[str] | None = None,
           part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
           address: str | None = None, source_kind: str = "auto", label_field: str = "label",
-          image_column: str | None = None, progress: bool = False) -> BuildResult | None:
+          image_column: str | None = None, progress: bool = False, remote: Any = None) -> BuildResult | None:
     """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
+
+    ``out`` may be a dataset URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``file://``): the build
+    packs into a staging folder of the node cache, then uploads it, the manifest last
+    (``packer.writer.remote_out``; ``remote`` takes ``packer.remote.RemoteOptions``).
 
     Args:
         source: an ImageFolder-layout folder, a ``.csv``/``.jsonl`` manifest, or an archive
@@ -206,6 +212,16 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     Raises:
         SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError.
     """
+    if is_url(out):
+        if parse_url(str(out)).scheme == "file":
+            out = parse_url(str(out)).local_path
+        else:
+            from .remote_out import build_to_url
+
+            return build_to_url(source, str(out), options, remote=remote, overwrite=overwrite, resume=resume,
+                                workers=workers, on_error=on_error, root=root, part=part, plan_only=plan_only,
+                                engine=engine, address=address, source_kind=source_kind, label_field=label_field,
+                                image_column=image_column, progress=progress)
     started = time.monotonic()
     source_path, out_path = Path(source), Path(out)
     if on_error not in ("skip", "fail"):

@@ -46,7 +46,7 @@ def test_transient_faults_give_a_bit_identical_stream(s3, small_dataset, tmp_pat
         assert _stream(remote, order) == expect
     faults = {entry["fault"] for entry in s3.log() if entry["fault"]}
     if rate > 0.1:  # most kinds were injected (a seeded draw), and still the same bytes
-        assert len(faults) >= 4, faults
+        assert len(faults) >= 3, faults
 
 
 def test_a_permanent_failure_names_the_shard_and_range(s3, small_dataset, tmp_path):

@@ -1,0 +1,88 @@
+"""``packer build SRC URL`` and ``packer append URL SRC``: pack in a local staging folder, then upload.
+
+The staging folder lives in the node cache (``<cache>/uploads/<dataset key>/build|append``), so a
+killed run can be continued with ``resume=True``: the local build resumes as it does for a folder,
+and the upload skips every object already in the store (``packer.remote.upload``). The manifest
+goes up last: until then the URL holds the previous generation or nothing that opens.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .. import format as fmt
+from ..errors import OptionError, OutputExistsError
+from ..remote.options import RemoteOptions, as_remote_options
+from ..remote.reader import dataset_key
+from ..remote.store import store_for
+from ..remote.upload import upload_dataset
+from ..remote.url import DatasetURL, parse_url
+
+__all__ = ["build_to_url", "append_to_url", "staging_folder"]
+
+_BASE = ".packer-remote-base"  # the generation an append's staging folder extends
+
+
+def staging_folder(url: DatasetURL, options: RemoteOptions, kind: str) -> Path:
+    return options.cache_root / "uploads" / dataset_key(url, options) / kind
+
+
+def _writable(text: str) -> DatasetURL:
+    url = parse_url(text)
+    if url.read_only:
+        raise OptionError(f"{url.scheme}:// URLs are read-only; build to s3://, gs:// or az://")
+    return url
+
+
+def build_to_url(source: Any, out: str, options: Any, *, remote: Any = None, overwrite: bool = False,
+                 resume: bool = False, **build_kwargs: Any) -> Any:
+    """Build ``source`` into a staging folder, then upload it to ``out`` (see the module docstring)."""
+    from .run import build
+
+    url = _writable(out)
+    settings = as_remote_options(remote)
+    store = store_for(url, settings)
+    if not overwrite and not resume and store.head(fmt.MANIFEST_NAME) is not None:
+        raise OutputExistsError("a dataset is already here; pass --overwrite to replace it, --resume to finish "
+                                "an interrupted upload, or use `packer append`", path=url.text)
+    staging = staging_folder(url, settings, "build")
+    if not resume:
+        shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    result = build(source, staging, options, resume=resume and staging.exists(), overwrite=False, **build_kwargs)
+    if result is None:  # --part / --plan-only: nothing to upload yet
+        return None
+    upload_dataset(staging, url, settings, overwrite=overwrite or resume)
+    shutil.rmtree(staging, ignore_errors=True)
+    return result
+
+
+def append_to_url(dataset: str, source: Any, *, remote: Any = None, resume: bool = False, **append_kwargs: Any) -> Any:
+    """Append ``source`` to the dataset at URL ``dataset``: the new generation is built next to a copy of
+    the current manifest and index, and its new shards, index and manifest are uploaded (manifest last)."""
+    from ..remote.reader import RemoteFiles
+    from .append import append
+
+    url = _writable(dataset)
+    settings = as_remote_options(remote)
+    files = RemoteFiles(url, settings)
+    staging = staging_folder(url, settings, "append")
+    marker = staging / _BASE
+    done = (resume and marker.is_file() and marker.read_text() == files.generation
+            and (staging / fmt.MANIFEST_NAME).is_file()
+            and (staging / fmt.MANIFEST_NAME).read_bytes() != files.manifest_bytes)
+    result = None
+    if not done:
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / fmt.SHARD_DIR).mkdir(parents=True)
+        index_path = files.manifest.index.path
+        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(files.root / index_path, staging / index_path)
+        (staging / fmt.MANIFEST_NAME).write_bytes(files.manifest_bytes)
+        marker.write_text(files.generation)
+        result = append(staging, source, **append_kwargs)
+    upload_dataset(staging, url, settings, expect_manifest=files.manifest_bytes)
+    shutil.rmtree(staging, ignore_errors=True)
+    return result

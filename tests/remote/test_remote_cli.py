@@ -1,0 +1,84 @@
+"""``packer build | append | inspect | verify | export | bench`` with a dataset URL, and uploads
+that are killed: the previous generation (or nothing that opens) stays, and a rerun continues."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import options_for
+from helpers import write_images
+
+import packer
+from packer.cli import _register, cli
+from packer.errors import PackerError, RemoteStoreError
+from packer.remote.upload import upload_dataset
+from packer.remote.url import parse_url
+
+_register()
+
+
+@pytest.fixture
+def cli_env(s3, tmp_path, monkeypatch):
+    """The CLI reaches the loopback server through the standard variable; the node cache is per test."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.proxy)
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "node-cache"))
+    return s3
+
+
+def _run(*args: str) -> dict:
+    result = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_build_inspect_verify_export_bench_append_through_a_url(cli_env, tmp_path):
+    s3 = cli_env
+    write_images(tmp_path / "src", {"a": 12, "b": 12})
+    write_images(tmp_path / "more", {"a": 3, "c": 4}, seed=9)
+    url = f"s3://{s3.bucket}/train"
+    _run("build", str(tmp_path / "src"), url, "--shard-size", "32K", "--workers", "1", "--quiet")
+    assert _run("inspect", url)["samples"] == 24
+    report = _run("verify", url)
+    assert report["ok"] and report["path"] == url
+    exported = tmp_path / "exported"
+    result = CliRunner().invoke(cli, ["export", url, str(exported)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert len([p for p in exported.rglob("*") if p.is_file()]) >= 24
+    bench = CliRunner().invoke(cli, ["bench", url, "--json"], catch_exceptions=False)
+    assert bench.exit_code == 0, bench.output
+    _run("append", url, str(tmp_path / "more"), "--quiet")
+    with packer.open_dataset(url, remote=options_for(s3, tmp_path / "c2")) as dataset:
+        assert len(dataset) == 28 and "c" in dataset.classes  # a/000-002 are already there
+        assert all(len(dataset.get(i)) > 0 for i in range(len(dataset)))
+
+
+def test_building_over_a_dataset_needs_overwrite(cli_env, tmp_path):
+    write_images(tmp_path / "src", {"a": 4})
+    url = f"s3://{cli_env.bucket}/ds"
+    _run("build", str(tmp_path / "src"), url, "--quiet")
+    result = CliRunner().invoke(cli, ["build", str(tmp_path / "src"), url, "--quiet"])
+    assert result.exit_code == 2 and "already" in result.output
+
+
+def test_a_killed_upload_leaves_the_previous_dataset_and_a_rerun_continues(s3, small_dataset, tmp_path):
+    url = parse_url(f"s3://{s3.bucket}/ds")
+    options = options_for(s3, tmp_path / "cache", retries=1)
+    s3.configure(fault_rate=1.0, faults=["500"], methods=["PUT"])
+    with pytest.raises(RemoteStoreError, match="upload"):
+        upload_dataset(small_dataset, url, options)
+    with pytest.raises(PackerError):  # nothing that opens
+        packer.open_dataset(url.text, remote=options)
+    s3.configure(fault_rate=0.5, seed=4)  # killed part-way: some objects made it
+    with pytest.raises(RemoteStoreError):
+        for _ in range(3):
+            upload_dataset(small_dataset, url, options)
+            s3.configure(fault_rate=1.0)
+    s3.configure(fault_rate=0.0)
+    report = upload_dataset(small_dataset, url, options)
+    assert report.skipped and report.uploaded[-1] == "manifest.json"  # continued, the manifest last
+    with packer.open_dataset(url.text, remote=options) as dataset, packer.open_dataset(small_dataset) as local:
+        assert [bytes(dataset.get(i)) for i in range(len(local))] == [bytes(local.get(i)) for i in range(len(local))]
