@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 from ..errors import DatasetChangedError, MissingDependencyError, PackerError, RemoteStoreError
@@ -164,8 +165,9 @@ class ObstoreTransport:
         root = f"{url.scheme}://{url.bucket}/"
         # packer retries (one policy for every transport): object_store's own retries are off.
         self.store = from_url(root, config=config or None, client_options=client_options,
-                              retry_config={"max_retries": 0, "retry_timeout": options.deadline_s,
-                                            "backoff": {"init_backoff": 0.01, "max_backoff": 0.01, "base": 2}})
+                              retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline_s),
+                                            "backoff": {"init_backoff": timedelta(milliseconds=10),
+                                                        "max_backoff": timedelta(milliseconds=10), "base": 2}})
 
     def _classify(self, exc: Exception) -> Exception:
         from obstore import exceptions as errors
