@@ -84,7 +84,7 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     if is_url(dataset) and parse_url(str(dataset)).scheme != "file":
         from .remote_out import append_to_url  # a new generation built locally, then uploaded (manifest last)
 
-        return append_to_url(str(dataset), source, remote=remote, resume=resume, root=root, workers=workers,
+        return append_to_url(append, str(dataset), source, remote=remote, resume=resume, root=root, workers=workers,
                              seed=seed, progress=progress)
     if is_url(dataset):
         dataset = parse_url(str(dataset)).local_path

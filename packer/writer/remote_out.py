@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import format as fmt
 from ..errors import OptionError, OutputExistsError
@@ -36,11 +36,10 @@ def _writable(text: str) -> DatasetURL:
     return url
 
 
-def build_to_url(source: Any, out: str, options: Any, *, remote: Any = None, overwrite: bool = False,
-                 resume: bool = False, **build_kwargs: Any) -> Any:
-    """Build ``source`` into a staging folder, then upload it to ``out`` (see the module docstring)."""
-    from .run import build
-
+def build_to_url(build: Callable[..., Any], source: Any, out: str, options: Any, *, remote: Any = None,
+                 overwrite: bool = False, resume: bool = False, **build_kwargs: Any) -> Any:
+    """Build ``source`` with ``build`` (``packer.writer.run.build``, passed in: no import cycle) into a
+    staging folder, then upload it to ``out`` (see the module docstring)."""
     url = _writable(out)
     settings = as_remote_options(remote)
     store = store_for(url, settings)
@@ -59,11 +58,11 @@ def build_to_url(source: Any, out: str, options: Any, *, remote: Any = None, ove
     return result
 
 
-def append_to_url(dataset: str, source: Any, *, remote: Any = None, resume: bool = False, **append_kwargs: Any) -> Any:
+def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, remote: Any = None, resume: bool = False,
+                  **append_kwargs: Any) -> Any:
     """Append ``source`` to the dataset at URL ``dataset``: the new generation is built next to a copy of
     the current manifest and index, and its new shards, index and manifest are uploaded (manifest last)."""
     from ..remote.reader import RemoteFiles
-    from .append import append
 
     url = _writable(dataset)
     settings = as_remote_options(remote)

@@ -218,7 +218,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         else:
             from .remote_out import build_to_url
 
-            return build_to_url(source, str(out), options, remote=remote, overwrite=overwrite, resume=resume,
+            return build_to_url(build, source, str(out), options, remote=remote, overwrite=overwrite, resume=resume,
                                 workers=workers, on_error=on_error, root=root, part=part, plan_only=plan_only,
                                 engine=engine, address=address, source_kind=source_kind, label_field=label_field,
                                 image_column=image_column, progress=progress)

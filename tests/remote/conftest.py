@@ -126,7 +126,8 @@ def s3(loopback_s3: LoopbackS3, request: pytest.FixtureRequest) -> Iterator[Loop
     """The server with a clean proxy (no faults, no latency) and a fresh bucket named ``s3.bucket``."""
     import zlib
 
-    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, seed=0, methods=["GET"])
+    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, seed=0, methods=["GET"], slow_s=0.3,
+                          faults=["reset", "500", "503", "429", "truncate", "slow"])
     loopback_s3.reset()
     loopback_s3.bucket = f"t{zlib.crc32(request.node.nodeid.encode()):08x}"  # type: ignore[attr-defined]
     loopback_s3.create_bucket(loopback_s3.bucket)  # type: ignore[attr-defined]
