@@ -440,25 +440,23 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
             typed[is_name] = _TYPED_BAD
             value[is_name] = len(messages) - 1
     is_int = kinds == INT_LABEL
-    if raw.declared_numbering and is_int.any():
+    typed[is_int] = _TYPED_INT
+    value[is_int] = values[is_int]
+    integers = typed == _TYPED_INT  # from the source's integers and from text read as one
+    if raw.declared_numbering and integers.any():
         # the source numbers its classes (ClassLabel): integer k is its k-th name
-        inside = is_int & (values >= 0) & (values < len(declared))
+        inside = integers & (value >= 0) & (value < len(declared))
         declared_ids = np.array([intern(name) for name in declared], dtype=np.int64)
+        value[inside] = declared_ids[value[inside]] if len(declared) else 0
         typed[inside] = _TYPED_NAME
-        value[inside] = declared_ids[values[inside]] if len(declared) else 0
-        outside = is_int & ~inside
-        for row in np.flatnonzero(outside & keep).tolist():
+        for row in np.flatnonzero(integers & ~inside & keep).tolist():
             keep[row] = False
-            rows.append((row, "unknown-class", f"label {int(values[row])} is outside the {len(declared)} class names "
+            rows.append((row, "unknown-class", f"label {int(value[row])} is outside the {len(declared)} class names "
                                                f"the source declares (ClassLabel)"))
-    elif is_int.any():
-        typed[is_int] = _TYPED_INT
-        value[is_int] = values[is_int]
-        if options.label_type == "str":  # every label a class name: 3 is "3"
-            for integer in np.unique(values[is_int & keep]).tolist():
-                where = is_int & (values == integer)
-                typed[where] = _TYPED_NAME
-                value[where] = intern(str(integer))
+    elif integers.any() and options.label_type == "str":  # every label a class name: 3 is "3"
+        distinct, inverse = np.unique(value[integers], return_inverse=True)
+        value[integers] = np.array([intern(str(integer)) for integer in distinct.tolist()], dtype=np.int64)[inverse]
+        typed[integers] = _TYPED_NAME
     for row in np.flatnonzero((typed == _TYPED_BAD) & keep).tolist():
         keep[row] = False
         rows.append((row, "bad-label", messages[int(value[row])]))

@@ -200,7 +200,10 @@ def _folder_or_manifest(source: str, door: DoorOptions) -> RawListing:
     if path.is_file():
         handle, _ = open_user_file(path, what="the source", error=SourceError)  # never blocks on a FIFO
         with handle:
-            head = handle.read(8)
+            head = handle.read(1024)
+        if len(head) == 1024 and not head.strip(b"\x00"):
+            raise SourceError("the source is an empty tar archive (only its end-of-archive blocks): nothing to pack",
+                              path=path)
         if any(head.startswith(magic) for magic in COMPRESSIONS):
             raise SourceError("the source is a compressed stream, but not a tar packer can read (nor a manifest)",
                               path=path)

@@ -53,6 +53,9 @@ def _peek(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 
 #: A compressed stream may expand past MAX_EXPANSION times only below this size.
 _BOMB_FLOOR = 1 << 30
+#: Reads at the end of a stream after which tarfile is stopped: its stream mode skips a member by
+#: reading, and past the end it would read nothing forever toward a size a header lied about.
+_READS_PAST_END = 8
 _BLOCK = 512
 
 
@@ -62,6 +65,7 @@ class _Tee(io.RawIOBase):
     def __init__(self, source: IO[bytes], sink: IO[bytes], raw: IO[bytes], path: Path) -> None:
         self.source, self.sink, self.raw, self.path = source, sink, raw, path
         self.count = 0
+        self.ended = 0
 
     def readable(self) -> bool:
         return True
@@ -69,6 +73,11 @@ class _Tee(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         data = self.source.read(len(buffer))
         n = len(data)
+        if not n:
+            self.ended += 1
+            if self.ended > _READS_PAST_END:
+                raise SourceError("the compressed tar ends inside a member: a header claims more bytes than the "
+                                  "archive holds", path=self.path)
         buffer[:n] = data
         self.sink.write(data)
         self.count += n
@@ -265,10 +274,13 @@ def _list_tar(path: Path, door: DoorOptions) -> RawListing:
 
 
 class _Chain(io.RawIOBase):
-    """``head`` then the rest of ``handle``: a member whose first block was already read."""
+    """``head`` then the rest of ``handle``: a member whose first block was already read. Reading
+    on at its end is an error, not an endless run of empty reads (tarfile's stream mode skips a
+    member by reading, and would spin forever past the end toward a size a header lied about)."""
 
     def __init__(self, head: bytes, handle: IO[bytes]) -> None:
         self.head, self.handle = head, handle
+        self.ended = 0
 
     def readable(self) -> bool:
         return True
@@ -280,6 +292,10 @@ class _Chain(io.RawIOBase):
             self.head = self.head[n:]
             return n
         data = self.handle.read(len(buffer))
+        if not data:
+            self.ended += 1
+            if self.ended > _READS_PAST_END:
+                raise tarfile.ReadError("the class tar ends inside a member: a header claims more bytes than it holds")
         buffer[:len(data)] = data
         return len(data)
 

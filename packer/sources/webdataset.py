@@ -39,12 +39,19 @@ class _Limited(io.RawIOBase):
 
     def __init__(self, stream: Any, limit: int) -> None:
         self.stream, self.left = stream, limit
+        self.ended = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if not self.left:  # the peek is over (tarfile would otherwise read nothing forever, skipping a member)
+            raise tarfile.ReadError("the peek's budget is spent")
         data = self.stream.read(min(len(buffer), self.left))
+        if not data:
+            self.ended += 1
+            if self.ended > 8:  # the same guard as the listing's (tar._READS_PAST_END)
+                raise tarfile.ReadError("the stream ends inside a member")
         self.left -= len(data)
         buffer[:len(data)] = data
         return len(data)
@@ -75,12 +82,15 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
     meta_keys: set[str] = set()
     other_keys: set[str] = set()
     with contextlib.ExitStack() as stack:
-        if kind != "tar":  # peeking into a compressed tar means decompressing its start: bounded
-            stream = stack.enter_context(decompressor(path, kind.split(".")[1]))
-            limited = io.BufferedReader(_Limited(stream, _PEEK_BYTES), 1 << 16)
-            archive = stack.enter_context(tarfile.open(fileobj=limited, mode="r|"))
-        else:
-            archive = stack.enter_context(tarfile.open(path, mode="r:"))
+        try:
+            if kind != "tar":  # peeking into a compressed tar means decompressing its start: bounded
+                stream = stack.enter_context(decompressor(path, kind.split(".")[1]))
+                limited = io.BufferedReader(_Limited(stream, _PEEK_BYTES), 1 << 16)
+                archive = stack.enter_context(tarfile.open(fileobj=limited, mode="r|"))
+            else:
+                archive = stack.enter_context(tarfile.open(path, mode="r:"))
+        except tarfile.ReadError:  # no first member to peek at: the listing says what is wrong
+            return False
         for member in _peeked_members(archive):
             if not member.isfile():
                 continue
@@ -112,7 +122,7 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
 MAX_SAMPLE_MEMBERS = 1024
 #: At most this many bytes of one sample's text members are read while listing; a member past it is
 #: not read (a field that needs it rejects the sample; metadata without it is ``unused-member``).
-MAX_SAMPLE_READ_BYTES = 64 << 20
+MAX_SAMPLE_READ_BYTES = 32 << 20
 
 
 def list_webdataset(shards: list[Path], door: DoorOptions = DoorOptions()) -> RawListing:

@@ -37,6 +37,9 @@ def list_zip(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     container = out.add_container(str(path.resolve()))
     with archive:
         for info in archive.infolist():
+            if not info.filename:
+                out.reject("(empty name)", "bad-manifest-row", "a zip member with an empty name")
+                continue
             if info.is_dir():
                 continue
             name = _member_name(info.filename, out)
