@@ -50,7 +50,6 @@ distinct label string) become Python objects.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -62,7 +61,7 @@ from ..fields import MAX_VALUE_BYTES, FieldSpec
 from .archive_listing import ARCHIVE_KINDS, DEFAULT_MAX_MEMBER_SIZE, MAX_EXPANSION
 from .blobs import gather_blob
 from .detect import list_raw
-from .labels import check_label_type, loose_int
+from .labels import STRICT_INT, check_label_type, loose_int
 from .listing import (INT_LABEL, NAME_LABEL, TEXT_LABEL, DoorOptions, RawListing, Rejection, SourceListing,
                       empty_source_error)
 from .members import RAW, member_spans
@@ -80,7 +79,6 @@ NEW_CLASSES = ("reject", "extend")
 _RATIO_FLOOR = 1 << 20
 #: The members of one container may expand past ``MAX_EXPANSION`` times its size only by this much.
 _TOTAL_FLOOR = 1 << 30
-_STRICT_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
 _INT64 = range(-(1 << 63), 1 << 63)
 
 
@@ -377,7 +375,7 @@ def _type_text(text: str, label_type: str, names_given: bool) -> tuple[int, int 
         return _TYPED_BAD, 0, f"label {text[:80]!r} {problem}"
     if label_type == "str" or (label_type == "auto" and names_given):
         return _TYPED_NAME, text, ""
-    if _STRICT_INT.match(text):
+    if STRICT_INT.match(text):
         integer = int(text) if len(text) <= 20 else None
         if integer is None or integer not in _INT64:
             return _TYPED_BAD, 0, f"label {text[:40]} does not fit in a signed 64-bit integer"

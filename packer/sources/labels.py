@@ -27,14 +27,8 @@ def check_label_type(label_type: str) -> str:
     return label_type
 
 
-_STRICT_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
-
-
-def _strict_int(text: str) -> int | None:
-    """The integer ``text`` spells in plain ASCII digits (``-12``), else None (``" 1 "``, ``"1_000"``)."""
-    if len(text) > 20 or not _STRICT_INT.match(text):
-        return None
-    return int(text)
+#: An integer label spelled strictly: plain ASCII digits, an optional ``-``, no leading zeros.
+STRICT_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
 
 
 def loose_int(text: str) -> bool:

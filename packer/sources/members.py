@@ -1,7 +1,7 @@
 """Where each listed member of an archive source lives, and reading it back by offset in any worker.
 
 A folder source needs no table: a key is a path. An archive source (tar, tar of tars, zip,
-WebDataset shards: ``build/archives.py``) is listed once, in one pass, into this flat table, so
+WebDataset shards: ``sources/tar.py``, ``zip.py``, ``webdataset.py``) is listed once, in one pass, into this flat table, so
 that packing workers read members **in parallel, by offset** (``os.pread``), without opening
 the archive's index or decompressing anything but the member itself:
 

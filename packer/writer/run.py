@@ -200,7 +200,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
 
     Args:
         source: an ImageFolder-layout folder, a ``.csv``/``.jsonl`` manifest, or an archive
-            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``build/archives.py``).
+            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``packer/sources/``).
         out: the output folder.
         options: everything that changes the output bytes.
         workers: processes packing shards (default: available cores). Output is identical for any value.
