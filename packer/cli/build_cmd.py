@@ -94,8 +94,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--classes-from", "classes_from", type=click.Path(path_type=Path), default=None,
               help="Use the class list of an existing dataset (e.g. the train split when building val).")
 @click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
-              help="Manifest labels: int (plain ASCII integers), str (class names, sorted), auto (integers "
-                   "when every label is one, class names when none is; a mix is an error).")
+              help="How labels written as text are read, for every kind of source (CSV cells, WebDataset "
+                   ".cls/.json, Parquet strings): int (plain ASCII integers), str (class names), auto "
+                   "(integers when every label is one, class names when none is; a mix is an error).")
 @click.option("--field", "field_specs", multiple=True, metavar="NAME=TYPE[@SOURCE]",
               help="Declare a per-sample field (repeatable): TYPE is a dtype (float32), a shaped array "
                    "(float32[4], float32[N,4] for a variable count), classes (multi-label), text or image "

@@ -179,6 +179,11 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
     if not len(selected):
         raise empty_source_error(raw.empty_what, rejected, path=raw.empty_path or raw.root,
                                  hints=raw.empty_hints, source_kind=raw.kind)
+    if len(selected) == len(raw):  # nothing rejected (the common case): the door's arrays as they are
+        return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=raw.key_blob,
+                             key_offsets=raw.key_offsets, sizes=raw.sizes, labels=labels, meta_blob=raw.meta_blob,
+                             meta_offsets=raw.meta_offsets, rejected=rejected, label_type=label_type,
+                             warnings=list(raw.warnings), stamps=raw.stamps, members=raw.members, fields=raw.fields)
     keys, key_offsets = gather_blob(raw.key_blob, raw.key_offsets, selected)
     meta, meta_offsets = gather_blob(raw.meta_blob, raw.meta_offsets, selected)
     return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=keys, key_offsets=key_offsets,

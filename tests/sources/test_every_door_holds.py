@@ -395,13 +395,21 @@ def test_source_detection_walks_a_1200_level_folder_without_recursion(tmp_path: 
         subprocess.run(["rm", "-rf", str(src / "a" / "d")], check=True)
 
 
-def test_nothing_in_packer_walks_a_tree_recursively() -> None:
+#: Walks that remain, each with the reason its depth is not the user's to choose.
+WALKS_ALLOWED = {
+    "packer/remote/cache.py": "the node cache's own layout (dataset/generation/extents), written by packer",
+}
+
+
+def test_nothing_in_packer_walks_a_users_tree_recursively() -> None:
     """The class of the bug above: no os.walk, Path.walk or rglob in packer (the walks that recurse
-    per level, or are easy to point at a user's tree); every walk is an explicit stack."""
+    per level, or are easy to point at a user's tree); every walk of a user's tree is an explicit
+    stack. A walk of a tree packer itself lays out is listed in ``WALKS_ALLOWED`` with its reason."""
     offenders = []
     for path in sorted((REPO / "packer").rglob("*.py")):
-        text = path.read_text("utf-8")
+        relative = path.relative_to(REPO).as_posix()
+        text = path.read_text("utf-8").replace("ast.walk(", "")
         for needle in ("os.walk(", ".rglob(", ".walk("):
-            if needle in text.replace("ast.walk(", ""):
-                offenders.append(f"{path.relative_to(REPO)}: {needle}")
+            if needle in text and relative not in WALKS_ALLOWED:
+                offenders.append(f"{relative}: {needle}")
     assert not offenders
