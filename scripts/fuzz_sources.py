@@ -488,6 +488,9 @@ def run_case(case: Case, out: Path) -> str:
     with open_dataset(out, verify_checksums=True) as dataset:  # the dataset opens and reads back
         for row in range(len(dataset)):
             dataset.read(row)
+            json.dumps(dataset.metadata(row), allow_nan=False)  # strict JSON, Unicode text
+            for spec in dataset.fields:
+                dataset.value(spec.name, row)
         assert len(dataset) == result.sample_count
     return "packed"
 

@@ -26,7 +26,7 @@ from ..names import ESCAPED_FIELD, is_utf8
 from .archive_listing import _META_EXTENSIONS, _META_LIMIT, _Listing
 from .listing import DoorOptions, RawListing, RawListingBuilder
 from .sidefiles import IMAGE_EXTENSIONS, SideMember, assemble_sample, read_limit, split_key
-from .strictjson import MAX_JSON_DEPTH, json_depth_ok
+from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 from .tar import _archive_errors, _peek, _Spooled, all_file_members, decompressor, is_tar_header
 
 
@@ -265,9 +265,9 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
                                                      f"{MAX_JSON_DEPTH} levels (ignored)")
                 continue
             try:
-                obj = json.loads(data)
-            except (ValueError, RecursionError):  # a member nested 100,000 deep must not end the build
-                out.reject(name, "bad-manifest-row", "the .json member is not JSON (ignored)")
+                obj = parse_strict_json(data)  # as side files: no NaN, no 1e400, no lone surrogate
+            except (ValueError, RecursionError) as exc:
+                out.reject(name, "bad-manifest-row", f"the .json member is not strict JSON ({str(exc)[:80]}; ignored)")
                 continue
             document = meta["json"] = obj
         else:
