@@ -162,8 +162,7 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
     rows: list[tuple[int, str, str]] = []  # (row, reason, message) of the rows the contract rejects
     declared = _checked_declared(raw)
     _duplicates(raw, keep, rows)
-    if raw.members is not None and raw.member_bounds is not None:
-        _member_bounds(raw, keep, rows)
+    _member_bounds(raw, keep, rows)
     _sizes(raw, options, keep, rows)
     classes, labels, label_type = _labels(raw, options, declared, keep, rows)
     rejected = list(raw.rejected) + [Rejection(raw.key(row), reason, message) for row, reason, message in sorted(rows)]
@@ -214,8 +213,10 @@ def _checked_declared(raw: RawListing) -> tuple[str, ...]:
             raise SourceError(f"the source declares a class name that {problem}: {name!r}", path=raw.root)
     if len(set(names)) != len(names):
         seen: set[str] = set()
-        repeated = sorted({name for name in names if name in seen or seen.add(name)})  # type: ignore[func-returns-value]
-        raise SourceError(f"the source declares class names more than once ({', '.join(map(repr, repeated[:5]))}): "
+        repeated: set[str] = set()
+        for name in names:
+            (repeated if name in seen else seen).add(name)
+        raise SourceError(f"the source declares class names more than once ({', '.join(map(repr, sorted(repeated)[:5]))}): "
                           f"two classes would share one name and be merged", path=raw.root)
     return names
 
@@ -260,9 +261,9 @@ def _duplicates(raw: RawListing, keep: np.ndarray, rows: list[tuple[int, str, st
 def _member_bounds(raw: RawListing, keep: np.ndarray, rows: list[tuple[int, str, str]]) -> None:
     """Each member inside its region, none overlapping another, none (and no container) a bomb."""
     members, bounds = raw.members, raw.member_bounds
-    assert members is not None and bounds is not None
+    if members is None or bounds is None:  # a listing of files: no member has bounds to check
+        return
     sizes = [int(size) for size, _ in members.container_stats]
-    region_container = np.array([c for c, _, _ in bounds.regions], dtype=np.int64)
     region_start = np.array([start for _, start, _ in bounds.regions], dtype=np.uint64)
     region_end = np.array([sizes[c] if end < 0 else end for c, _, end in bounds.regions], dtype=np.uint64)
     tables = [("", members, bounds.row_region)] + [
