@@ -12,12 +12,12 @@ list gives the same checksum on every machine; reordering or renaming any class 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import ClassListMismatchError, OptionError
+from .files import read_user_file, read_user_json
 from .format import class_list_checksum
 
 __all__ = ["SPLIT_NAMES", "class_list_checksum", "check_classes", "load_class_list", "classes_of",
@@ -63,23 +63,18 @@ def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, 
     if not isinstance(spec, (str, os.PathLike)):
         return _checked(list(spec), "classes")
     path = Path(spec)
-    if path.is_file():
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(MAX_CLASS_FILE_BYTES + 1)
-            if len(data) > MAX_CLASS_FILE_BYTES:
-                raise OptionError(f"--classes {path}: over {MAX_CLASS_FILE_BYTES} bytes (is it a manifest?)")
-            text = data.decode("utf-8-sig")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise OptionError(f"--classes {path}: cannot read the class list ({exc})") from None
+    if path.exists() and not path.is_dir():  # a file (a FIFO or a device is refused, never read)
+        what = "--classes"
         if path.suffix.lower() == ".json":
-            try:
-                names = json.loads(text)
-            except (ValueError, RecursionError) as exc:
-                raise OptionError(f"--classes {path}: not JSON ({exc})") from None
+            names = read_user_json(path, what=what, cap=MAX_CLASS_FILE_BYTES)
             if not isinstance(names, list):
                 raise OptionError(f"--classes {path}: expected a JSON list of class names")
             return _checked(names, f"--classes {path}")
+        data = read_user_file(path, what=what, cap=MAX_CLASS_FILE_BYTES)
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise OptionError(f"--classes {path}: cannot read the class list (not UTF-8: {exc.reason})") from None
         return _checked([line.strip() for line in text.splitlines() if line.strip()], f"--classes {path}")
     text = os.fspath(spec)
     if "," not in text and ("/" in text or text.endswith((".txt", ".json"))):

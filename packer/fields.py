@@ -618,15 +618,3 @@ def multi_hot(ids: np.ndarray, num_classes: int, dtype: Any = np.float32) -> np.
 def specs_from_json(document: Sequence[Mapping[str, Any]]) -> tuple[FieldSpec, ...]:
     """Declarations saved by the builder (plan header): trusted, but checked all the same."""
     return tuple(_declaration(dict(item), error=OptionError, where="saved field", build=True) for item in document)
-
-
-def load_schema_file(path: str) -> tuple[FieldSpec, ...]:
-    """``--fields schema.json``: a JSON array of declarations or ``--field`` strings."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except OSError as exc:
-        raise OptionError(f"--fields {path}: cannot read it ({exc.strerror})") from None
-    except ValueError as exc:
-        raise OptionError(f"--fields {path}: not JSON ({exc})") from None
-    return parse_fields_schema(document, where=f"--fields {path}")

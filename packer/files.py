@@ -1,9 +1,12 @@
-"""Opening the files of a dataset: inside its folder, regular files only, reads bounded by a cap.
+"""Opening files packer did not write itself: a dataset's files (inside its folder), and every file a
+user names (``--fields``, ``--classes``, a manifest, a COCO file): regular files only, reads bounded
+by a cap, JSON depth checked without recursion.
 
 Every reader of a dataset file (the index and shards at open, ``verify``, the manifest, the
-informational build report) goes through here, so a symlink out of the folder, a FIFO or device
-planted in place of a file, or a file far larger than it should be is refused the same way
-everywhere, with a typed error, and never hangs or exhausts memory.
+informational build report) and of a user-named file goes through here, so a symlink out of the
+folder, a FIFO or device planted in place of a file (``--fields /dev/zero``), a file far larger
+than it should be, or JSON nested ten thousand levels deep is refused the same way everywhere,
+with a typed error, and never hangs, exhausts memory or ends in a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
-from .errors import DatasetChangedError, NotAPackerFileError, TruncatedFileError, UnsafePathError
+import numpy as np
+
+from .errors import (DatasetChangedError, NotAPackerFileError, OptionError, PackerError, TruncatedFileError,
+                     UnsafePathError)
 
 __all__ = ["open_inside", "open_dataset_file", "read_capped", "open_nonblocking", "read_fd_capped",
-           "iter_json_lines", "MAX_REPORT_BYTES", "MAX_REPORT_LINE"]
+           "iter_json_lines", "MAX_REPORT_BYTES", "MAX_REPORT_LINE", "open_user_file", "read_user_file",
+           "read_user_json", "json_depth_exceeds", "MAX_USER_FILE_BYTES", "MAX_USER_JSON_DEPTH"]
 
 #: How much of an informational JSON-lines file (the build report) is read: it lists every
 #: rejected file, so it may be large, but it is streamed line by line and never trusted.
@@ -198,3 +205,126 @@ def iter_json_lines(root: str | os.PathLike[str], relative: str, *, must_contain
                 continue
             if isinstance(entry, dict):
                 yield entry
+
+
+# --- files a user names --------------------------------------------------------------------------------
+
+#: Default cap on a small file a user names (``--fields``, ``--classes``): far above any real one.
+MAX_USER_FILE_BYTES = 64 << 20
+#: Deepest JSON nesting accepted in a file a user names (a schema, a class list, a COCO document).
+MAX_USER_JSON_DEPTH = 64
+
+
+def open_user_file(path: str | os.PathLike[str], *, what: str,
+                   error: type[PackerError] = OptionError) -> tuple[IO[bytes], os.stat_result]:
+    """Open a file a user named, for reading: a regular file or a typed refusal, never a hang.
+
+    A FIFO (which would block the open or the read), a device (``/dev/zero``: endless), a
+    folder or a socket is refused before a byte is read.
+
+    Args:
+        what: how the user named it, for messages (``"--fields schema.json"``).
+        error: the ``PackerError`` class to raise (``OptionError`` for an option's file,
+            ``SourceError`` for a source).
+
+    Returns:
+        ``(handle, stat)``: a binary file object (close it) and the ``fstat`` of what was opened.
+
+    Raises:
+        ``error``: missing, unreadable, or not a regular file.
+    """
+    try:
+        fd, info = open_nonblocking(path)
+    except FileNotFoundError:
+        raise error(f"{what}: no such file", path=path) from None
+    except OSError as exc:
+        raise error(f"{what}: cannot open it ({exc.strerror or exc})", path=path) from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a regular file")
+        raise error(f"{what}: {kind}, not a regular file", path=path)
+    return os.fdopen(fd, "rb"), info
+
+
+def read_user_file(path: str | os.PathLike[str], *, what: str, cap: int = MAX_USER_FILE_BYTES,
+                   error: type[PackerError] = OptionError) -> bytes:
+    """The bytes of a file a user named: a regular file of at most ``cap`` bytes (``open_user_file``).
+
+    Raises:
+        ``error``: not a regular file, unreadable, or larger than ``cap`` (even if it grows while read).
+    """
+    handle, info = open_user_file(path, what=what, error=error)
+    with handle:
+        if info.st_size > cap:
+            raise error(f"{what}: {info.st_size} bytes, over the {cap} bytes such a file may hold", path=path)
+        try:
+            data = read_fd_capped(handle.fileno(), cap, info.st_size)
+        except OSError as exc:
+            raise error(f"{what}: cannot read it ({exc.strerror or exc})", path=path) from None
+    if data is None:
+        raise error(f"{what}: grew past {cap} bytes while it was read", path=path)
+    return data
+
+
+def json_depth_exceeds(data: bytes, limit: int, *, chunk: int = 4 << 20) -> bool:
+    """True when the arrays/objects of JSON text ``data`` nest deeper than ``limit`` (no parse, no
+    recursion; brackets inside strings do not count).
+
+    Scans ``chunk`` bytes at a time with numpy, carrying the state across chunks (inside a
+    string or not, a pending run of backslashes, the depth), so a 500 MB COCO file costs a few
+    arrays of one chunk, not eight bytes per byte of the file. (In text that is not JSON a
+    backslash outside a string may be read as an escape: such text fails to parse anyway.)
+    """
+    depth = 0
+    in_string = 0
+    backslashes = 0  # the run of backslashes that ended the previous chunk
+    for start in range(0, len(data), chunk):
+        codes = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
+        count = len(codes)
+        is_bs = codes == 0x5C
+        quotes = np.flatnonzero(codes == 0x22)
+        if len(quotes) and (backslashes or is_bs.any()):
+            last_other = np.maximum.accumulate(np.where(is_bs, -1, np.arange(count)))
+            before = quotes - 1
+            prior = np.where(before >= 0, last_other[np.maximum(before, 0)], -1)
+            run = before - prior + np.where(prior < 0, backslashes, 0)  # backslashes right before each quote
+            quotes = quotes[run % 2 == 0]  # unescaped quotes toggle "inside a string"
+        brackets = np.flatnonzero((codes == 0x5B) | (codes == 0x7B) | (codes == 0x5D) | (codes == 0x7D))
+        if len(brackets):
+            if len(quotes) or in_string:
+                # quotes before each bracket (+ the carried state): odd means the bracket is in a string
+                inside = (np.searchsorted(quotes, brackets) + in_string) % 2 == 1
+                brackets = brackets[~inside]
+            steps = np.where((codes[brackets] == 0x5B) | (codes[brackets] == 0x7B), 1, -1)
+            if len(steps):
+                running = np.cumsum(steps, dtype=np.int64) + depth
+                if int(running.max()) > limit:
+                    return True
+                depth = int(running[-1])
+        in_string = (in_string + len(quotes)) % 2
+        others = np.flatnonzero(~is_bs)
+        tail = count - 1 - int(others[-1]) if len(others) else count  # backslashes ending this chunk
+        backslashes = tail + backslashes if tail == count else tail
+    return False
+
+
+def read_user_json(path: str | os.PathLike[str], *, what: str, cap: int = MAX_USER_FILE_BYTES,
+                   error: type[PackerError] = OptionError, max_depth: int = MAX_USER_JSON_DEPTH) -> Any:
+    """The JSON value of a file a user named: read by ``read_user_file``, its nesting checked
+    (``json_depth_exceeds``) before ``json.loads`` is asked to parse it.
+
+    Raises:
+        ``error``: the file's problems, not UTF-8, nested deeper than ``max_depth``, not JSON.
+    """
+    data = read_user_file(path, what=what, cap=cap, error=error)
+    if json_depth_exceeds(data, max_depth):
+        raise error(f"{what}: nests arrays or objects deeper than {max_depth} levels", path=path)
+    try:
+        return json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{what}: not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except RecursionError:  # json_depth_exceeds counts what json nests: kept as a second guard
+        raise error(f"{what}: nests arrays or objects too deeply", path=path) from None
+    except ValueError as exc:
+        raise error(f"{what}: not JSON ({exc})", path=path) from None

@@ -3,8 +3,10 @@
     python scripts/reliability_report.py [--json]
 
 Runs ``tests/writer/test_interrupted_builds.py``, ``test_corruption.py``, ``test_crafted_inputs.py``,
-``test_no_crash_hang_or_exhaustion.py``, ``test_header_fuzzing.py``, ``test_messy_folder.py`` and
-``test_concurrent_readers.py`` with pytest (``-s``, so each suite's
+``test_no_crash_hang_or_exhaustion.py``, ``test_header_fuzzing.py``, ``test_messy_folder.py``,
+``test_concurrent_readers.py``, and the source doors' suites (``test_every_door_holds.py``: issue 25's
+examples; ``test_every_door_matrix.py``: every door against the folder path; ``test_fuzz_sources.py``:
+a bounded structure-aware fuzzing run) with pytest (``-s``, so each suite's
 summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
 Exit status: pytest's.
 """
@@ -22,10 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SUITES = ["tests/writer/test_interrupted_builds.py", "tests/verify/test_corruption.py", "tests/hostile/test_crafted_inputs.py",
           "tests/hostile/test_no_crash_hang_or_exhaustion.py", "tests/images/test_header_fuzzing.py", "tests/sources/test_messy_folder.py",
-          "tests/readers/test_concurrent_readers.py"]
+          "tests/readers/test_concurrent_readers.py", "tests/sources/test_every_door_holds.py",
+          "tests/sources/test_every_door_matrix.py", "tests/sources/test_fuzz_sources.py"]
 #: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
 _SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
-                      r"hostile input trials|header fuzzing trials|"
+                      r"hostile input trials|header fuzzing trials|source fuzzing|door matrix|"
                       r"readers during \d+ overwrite rebuilds): (.*)$")
 _RESULT = re.compile(r"^=*\s*(.*\d+ (?:passed|failed).*?)\s*=*$")
 

@@ -22,7 +22,8 @@ def describe_labels(summary: dict, class_count: int) -> str:
     if summary.get("source_kind") == "coco":
         return "labels: none (-1); the objects' categories are the 'labels' field (0..C-1 by ascending COCO id)"
     if summary.get("label_type") == "none":
-        return "labels: none (no label column: every sample's label is -1; the declared fields are the targets)"
+        targets = "; the declared fields are the targets" if options.get("fields") else ""
+        return f"labels: none (no sample has a label: every sample's label is -1{targets})"
     if summary.get("label_type") == "int" and not class_count:
         why = " (auto: every label is a plain integer)" if asked == "auto" else ""
         where = {"webdataset": "the .cls/.json members", "parquet": "the label column"}.get(
@@ -93,8 +94,9 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--classes-from", "classes_from", type=click.Path(path_type=Path), default=None,
               help="Use the class list of an existing dataset (e.g. the train split when building val).")
 @click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
-              help="Manifest labels: int (plain ASCII integers), str (class names, sorted), auto (integers "
-                   "when every label is one, class names when none is; a mix is an error).")
+              help="How labels written as text are read, for every kind of source (CSV cells, WebDataset "
+                   ".cls/.json, Parquet strings): int (plain ASCII integers), str (class names), auto "
+                   "(integers when every label is one, class names when none is; a mix is an error).")
 @click.option("--field", "field_specs", multiple=True, metavar="NAME=TYPE[@SOURCE]",
               help="Declare a per-sample field (repeatable): TYPE is a dtype (float32), a shaped array "
                    "(float32[4], float32[N,4] for a variable count), classes (multi-label), text or image "
@@ -153,11 +155,13 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
         except OptionError as exc:
             raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
                               f"jpeg options, --size is a raw option)") from None
-        from ..fields import check_declarations, load_schema_file, parse_field_option
+        from ..fields import check_declarations, parse_field_option, parse_fields_schema
+        from ..files import read_user_json
 
         declared = [parse_field_option(text) for text in field_specs]
-        if fields_file is not None:
-            declared += list(load_schema_file(str(fields_file)))
+        if fields_file is not None:  # bounded, a regular file, its depth checked before parsing
+            schema = read_user_json(fields_file, what="--fields")
+            declared += list(parse_fields_schema(schema, where=f"--fields {fields_file}"))
         check_declarations(declared)
         options = BuildOptions(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle,
                                seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,

@@ -1,21 +1,45 @@
-"""Sources: every kind of input ``packer build`` takes, listed into one flat listing.
+"""Sources: every kind of input ``packer build`` takes, and the one contract they all go through.
 
-TODO contract docstring
+**The contract** (``contract.py``). A *door* is a function ``(source, DoorOptions) -> RawListing``
+(``listing.py``): it only lists. Every entry with its label as written (a class name, an
+integer, text that is one or the other, or none), the class names the source itself declares
+(empty class folders, a ``ClassLabel`` list), where an archive member lives and the byte range
+it must stay inside, field values, and the entries it could not list, each with a reason. A door
+never receives the class list, ``--label-type``, the unlabeled rule or the size limits:
+``list_source(source, SourceOptions)`` hands the door its ``DoorOptions`` and applies every rule
+to what comes back, in one place (``apply_contract``): declared names unique, duplicates, member
+bounds and overlaps, decompression bombs, per-sample size limits, the label type, the class list
+(given, extended by ``append``, the source's own, or derived and sorted), unlabeled samples, and
+the empty-source error. The ``SourceListing`` it returns (numbered labels, the class list, the
+rejections for the report) is all the writer sees.
+
+**The doors**: ``folder`` (ImageFolder, with side files under ``--field``), ``manifest`` (CSV,
+TSV, JSONL), ``tar`` (plain or compressed, tar of class tars, concatenated parts), ``zip``,
+``webdataset`` (a tar of samples, a folder of shards, a brace pattern), ``parquet``
+(HuggingFace), ``coco`` (detection annotations). ``detect.list_raw`` recognises a source by its
+bytes and calls its door. A new door is one module returning a ``RawListing`` built with
+``RawListingBuilder`` (or ``archive_listing._Listing`` for an archive), added to ``list_raw``;
+``tests/sources/test_every_door_matrix.py`` then holds it to the folder path's promises.
 """
 
 from __future__ import annotations
 
-from .detect import SOURCE_KINDS, list_any_source
+from .contract import SourceOptions, apply_contract, list_source
+from .detect import SOURCE_KINDS, list_raw
 from .labels import LABEL_TYPES, check_label_type
 from .listing import (
-                      REJECTION_REASONS,
-                      Rejection,
-                      SourceListing,
-                      empty_source_error,
-                      file_stamp,
-                      rejection_summary,
-                      select_rows,
+    REJECTION_REASONS,
+    DoorOptions,
+    RawListing,
+    RawListingBuilder,
+    Rejection,
+    SourceListing,
+    empty_source_error,
+    file_stamp,
+    rejection_summary,
+    select_rows,
 )
 
-__all__ = ["SOURCE_KINDS", "LABEL_TYPES", "REJECTION_REASONS", "Rejection", "SourceListing", "list_any_source",
+__all__ = ["SourceOptions", "list_source", "apply_contract", "DoorOptions", "RawListing", "RawListingBuilder",
+           "SOURCE_KINDS", "list_raw", "LABEL_TYPES", "REJECTION_REASONS", "Rejection", "SourceListing",
            "check_label_type", "empty_source_error", "file_stamp", "rejection_summary", "select_rows"]

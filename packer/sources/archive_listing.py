@@ -1,13 +1,13 @@
 """What the archive doors (tar, zip, WebDataset, Parquet) share: the listing being built with each
-member's location (container, offset, stored size, method, CRC), member-name checks, size limits
-and the duplicate rule (the first in archive order is packed).
+member's location (container, offset, stored size, method, CRC) and the byte range it must stay
+inside, and the member-name checks.
 
-Every member is accounted for: directories are structure, and anything else not packed is a
+Every member is accounted for: directories are structure, and anything else not listed is a
 rejection in the build report (``not-a-file`` for links, devices and sparse members,
-``outside-root`` for ``../x`` or absolute names, ``hidden-file``, ``duplicate-entry``,
-``oversize-member`` over ``max_member_size``, ``decompression-bomb`` for a zip member expanding
-more than ``MAX_EXPANSION`` times). A name that is not UTF-8 gets the escaped key of
-``packer.names``. Listing order is archive order; class names are sorted by their UTF-8 bytes.
+``outside-root`` for ``../x`` or absolute names, ``hidden-file``). The rules on what is listed
+(duplicates, member bounds and overlaps, sizes, decompression bombs, labels) are the source
+contract's (``contract.py``), applied to every door alike. A name that is not UTF-8 gets the
+escaped key of ``packer.names``. Listing order is archive order.
 
 Memory is flat arrays in the number of members: tarfile's member list is emptied after every
 member. Exception: a zip's central directory is read whole by ``zipfile`` (~0.5 KB a member, for
@@ -24,14 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import xxhash
 
-from ..errors import SourceError
 from ..fields import FieldSpec
 from ..names import escape_name
 from .fieldvalues import FieldRowBuilder
-from .listing import ListingBuilder, Rejection, SourceListing, empty_source_error, select_rows
-from .members import RAW, MemberTable, container_stat
+from .listing import RawListing, RawListingBuilder
+from .members import RAW, MemberBounds, MemberTable, container_stat
 from .sidefiles import MAX_TEXT_MEMBER_BYTES, TEXT_EXTENSIONS
 
 #: Listing kinds whose members live in archives (``SourceListing.kind``).
@@ -48,18 +46,16 @@ _META_EXTENSIONS = TEXT_EXTENSIONS
 _META_LIMIT = MAX_TEXT_MEMBER_BYTES
 
 
-
-
 # --- the listing being built ---------------------------------------------------------------------
 
 class _Listing:
-    """Flat arrays for keys, labels, sizes and member locations, plus class names as first seen."""
+    """Flat arrays for keys, labels as written, sizes, member locations and their bounds."""
 
     def __init__(self, progress: Callable[[int], None] | None, fields: Sequence[FieldSpec] = ()) -> None:
-        self.out = ListingBuilder(progress)
+        self.out = RawListingBuilder(progress)
         #: declared fields' values (WebDataset with --field), and each image field's member locations
         self.field_rows = FieldRowBuilder(fields) if fields else None
-        self.field_members = {spec.name: (array("I"), array("Q"), array("Q")) for spec in fields
+        self.field_members = {spec.name: (array("I"), array("Q"), array("Q"), array("I")) for spec in fields
                               if spec.kind == "image"}
         self.read_limits: dict[str, int] = {}  # member suffix -> sidefiles.read_limit
         self.container = array("I")
@@ -67,109 +63,83 @@ class _Listing:
         self.stored = array("Q")
         self.method = array("B")
         self.crc = array("I")
-        self.hashes = array("Q")
-        self.class_ids: dict[str, int] = {}
-        #: "int" and/or "name" -> the first label of that kind (for the message when they mix)
-        self.label_kinds: dict[str, str] = {}
+        self.region = array("I")
+        self.regions: list[tuple[int, int, int]] = []  # (container, start, end); end -1: the whole container
+        self.whole: list[int] = []  # container -> the region of its whole extent
         self.containers: list[str] = []
         self.stats: list[tuple[int, int]] = []
-        self.fixed_classes: tuple[str, ...] = ()  # class names a source declares (HF ClassLabel)
+        self.declared_classes: tuple[str, ...] = ()  # class names a source declares (HF ClassLabel)
+        self.declared_numbering = False
+
+    # labels, as the door reads them (the contract types and numbers them)
+    def name_label(self, name: str) -> tuple[int, int]:
+        return self.out.name_label(name)
+
+    def text_label(self, text: str) -> tuple[int, int]:
+        return self.out.text_label(text)
 
     def add_container(self, path: str) -> int:
+        """A file members are read from; its whole extent is region number ``container``'s."""
         self.containers.append(path)
         self.stats.append(container_stat(path))
+        self.whole.append(len(self.regions))
+        self.regions.append((len(self.containers) - 1, 0, -1))
         return len(self.containers) - 1
 
-    def class_id(self, name: str) -> int:
-        self.label_kinds.setdefault("name", name)
-        return self.class_ids.setdefault(name, len(self.class_ids))
+    def container_region(self, container: int) -> int:
+        return self.whole[container]
 
-    def add(self, key: str, size: int, label: int, container: int, offset: int, stored: int,
+    def add_region(self, container: int, start: int, end: int) -> int:
+        """A part of a container (an inner tar's bytes) that the members listed in it must stay inside."""
+        self.regions.append((container, start, end))
+        return len(self.regions) - 1
+
+    def add(self, key: str, size: int, label: tuple[int, int], container: int, offset: int, stored: int,
             method: int = RAW, crc: int = 0, meta: bytes = b"", field_values: Sequence[Any] = (),
-            field_members: dict[str, tuple[int, int, int]] | None = None) -> None:
+            field_members: dict[str, tuple[int, int, int]] | None = None, region: int | None = None) -> None:
         """One sample; with fields, its encoded values and its image fields' (container, offset,
         size) of uncompressed tar members."""
         encoded = key.encode("utf-8")
         if self.field_rows is not None:
             self.field_rows.add(field_values)
-            for name, (containers, offsets, sizes) in self.field_members.items():
+            for name, (containers, offsets, sizes, regions) in self.field_members.items():
                 where = field_members[name]  # type: ignore[index]
                 containers.append(where[0])
                 offsets.append(where[1])
                 sizes.append(where[2])
+                regions.append(self.container_region(where[0]))
         self.out.add(encoded, size, label, meta)
-        self.hashes.append(xxhash.xxh3_64_intdigest(encoded))
         self.container.append(container)
         self.offset.append(offset)
         self.stored.append(stored)
         self.method.append(method)
         self.crc.append(crc)
+        self.region.append(self.container_region(container) if region is None else region)
 
     def reject(self, key: str, reason: str, message: str) -> None:
         self.out.reject(key, reason, message)
 
-    def finish(self, root: Path, kind: str) -> SourceListing:
-        if len(self.label_kinds) > 1:
-            raise SourceError(f"labels mix integers (first: {self.label_kinds['int']}) and class names (first: "
-                              f"{self.label_kinds['name']!r}); use one kind", path=root)
-        classes: tuple[str, ...] = self.fixed_classes
-        labels = np.frombuffer(self.out.labels, dtype=np.int64).copy()
-        if "name" in self.label_kinds:
-            classes = tuple(sorted(self.class_ids, key=str.encode))
-            remap = np.empty(len(classes), dtype=np.int64)
-            for sorted_id, name in enumerate(classes):
-                remap[self.class_ids[name]] = sorted_id
-            named = labels >= 0
-            labels[named] = remap[labels[named]]
-        self.out.labels = array("q", labels.tobytes())
-        listing = self.out.finish(root, kind, classes)
-        if "int" in self.label_kinds and not classes:
-            listing.label_type = "int"  # .cls / .json / column integers, kept as written
-        listing.members = MemberTable(
+    def finish(self, root: Path, kind: str) -> RawListing:
+        members = MemberTable(
             tuple(self.containers), tuple(self.stats),
             np.frombuffer(self.container, dtype=np.uint32).copy(), np.frombuffer(self.offset, dtype=np.uint64).copy(),
             np.frombuffer(self.stored, dtype=np.uint64).copy(), np.frombuffer(self.method, dtype=np.uint8).copy(),
             np.frombuffer(self.crc, dtype=np.uint32).copy())
+        bounds = MemberBounds(tuple(self.regions), np.frombuffer(self.region, dtype=np.uint32).copy())
+        extra: dict[str, Any] = {}
         if self.field_rows is not None:
-            listing.fields = self.field_rows.finish()
-            count = len(listing.sizes)
-            for name, (containers, offsets, sizes) in self.field_members.items():
+            extra["fields"] = self.field_rows.finish()
+            count = len(self.out)
+            for name, (containers, offsets, sizes, regions) in self.field_members.items():
                 # tar members (or a spool's): raw bytes, no method, no CRC
-                listing.members.fields[name] = MemberTable(
+                members.fields[name] = MemberTable(
                     tuple(self.containers), tuple(self.stats), np.frombuffer(containers, dtype=np.uint32).copy(),
                     np.frombuffer(offsets, dtype=np.uint64).copy(), np.frombuffer(sizes, dtype=np.uint64).copy(),
                     np.full(count, RAW, dtype=np.uint8), np.zeros(count, dtype=np.uint32))
-        listing = _drop_duplicates(listing, np.frombuffer(self.hashes, dtype=np.uint64))
-        if len(listing) == 0:
-            raise empty_source_error("the archive holds no packable members", listing.rejected, path=root,
-                                     source_kind=kind)
-        return listing
-
-
-def _drop_duplicates(listing: SourceListing, hashes: np.ndarray) -> SourceListing:
-    """Reject every repeat of a key (the first in archive order is packed)."""
-    if len(hashes) < 2:
-        return listing
-    order = np.argsort(hashes, kind="stable")
-    sorted_hashes = hashes[order]
-    repeated = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) + 1
-    if not len(repeated):
-        return listing
-    keep = np.ones(len(listing), dtype=bool)
-    seen: dict[int, set[str]] = {}  # only hashes that repeat: their keys, compared for real
-    for position in repeated.tolist():
-        value = int(sorted_hashes[position])
-        group = seen.get(value)
-        if group is None:  # position - 1 holds this hash's first row in archive order (stable sort)
-            group = seen[value] = {listing.key(int(order[position - 1]))}
-        row = int(order[position])
-        key = listing.key(row)
-        if key in group:
-            keep[row] = False
-            listing.rejected.append(Rejection(key, "duplicate-entry", "the archive holds this name more than once; "
-                                                                      "the first is packed"))
-        group.add(key)
-    return listing if keep.all() else select_rows(listing, keep)  # keeps the member table too
+                bounds.field_region[name] = np.frombuffer(regions, dtype=np.uint32).copy()
+        return self.out.finish(root, kind, members=members, member_bounds=bounds,
+                               declared_classes=self.declared_classes, declared_numbering=self.declared_numbering,
+                               empty_what="the archive holds no packable members", empty_path=root, **extra)
 
 
 # --- member names ----------------------------------------------------------------------------------

@@ -56,17 +56,17 @@ import os
 import re
 from array import array
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-import xxhash
 
 from ..errors import SourceError
 from ..fields import MAX_VALUE_BYTES, FieldSpec
+from ..files import MAX_USER_JSON_DEPTH, json_depth_exceeds, read_user_file
 from .fieldvalues import FieldRowBuilder
 
 from .strictjson import lone_surrogate
-from .listing import ListingBuilder, SourceListing, drop_duplicate_keys, empty_source_error
+from .listing import DoorOptions, RawListing, RawListingBuilder
 from .manifest import check_row_file
 
 __all__ = ["COCO_FIELDS", "list_coco", "looks_like_coco", "coco_categories", "ANNOTATION_REJECTION"]
@@ -148,17 +148,24 @@ def _describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: Largest COCO annotation file read (``instances_train2017.json`` is 450 MB).
+MAX_COCO_BYTES = 8 << 30
+
+
 def _load(path: Path) -> dict[str, Any]:
+    """The document: read through ``files.read_user_file`` (a regular file, bounded) with its
+    nesting checked before it is parsed (COCO nests 4 levels; a hostile file 100,000)."""
+    data = read_user_file(path, what="the annotation file", cap=MAX_COCO_BYTES, error=SourceError)
+    if json_depth_exceeds(data, MAX_USER_JSON_DEPTH):
+        raise SourceError("the annotation file nests arrays or objects too deeply to be COCO", path=path)
     try:
-        with open(path, "rb") as handle:
-            document = json.load(handle)
-    except OSError as exc:
-        raise SourceError(f"cannot read the annotation file: {exc.strerror or exc}", path=path) from None
+        document = json.loads(data)
     except RecursionError:
         raise SourceError("the annotation file nests arrays or objects too deeply to be COCO", path=path) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         hint = " (a JSON Lines manifest must be named .jsonl)" if "Extra data" in str(exc) else ""
         raise SourceError(f"not a JSON document: {exc}{hint}", path=path) from None
+    del data
     if not isinstance(document, dict):
         raise SourceError(f"a COCO annotation file is a JSON object with 'images', 'annotations' and 'categories'; "
                           f"this one is a {type(document).__name__}", path=path)
@@ -231,14 +238,13 @@ def _annotation_problem(ann: dict[str, Any], labels: dict[int, int]) -> tuple[st
     return "", corners, labels[category], crowd, area
 
 
-def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-              progress: Callable[[int], None] | None = None) -> SourceListing:
+def list_coco(annotations: str | os.PathLike[str], door: DoorOptions = DoorOptions()) -> RawListing:
     """List a COCO-style annotation file's images with their boxes (see the module docstring).
 
     Args:
         annotations: the annotation JSON (``instances_train2017.json``).
-        root: the folder the images' ``file_name`` are relative to (default: the file's folder).
-        progress: called with the running count of images every 10,000 images.
+        door: ``root``: the folder the images' ``file_name`` are relative to (default: the
+            file's folder); ``progress``: called with the running count of images every 10,000.
 
     Returns:
         The listing, with the fields of ``COCO_FIELDS`` (``labels`` holding this file's categories).
@@ -248,13 +254,14 @@ def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] 
         EmptySourceError: no image could be packed (naming the top reasons).
     """
     path = Path(annotations)
+    root = door.root
     root_path = Path(root) if root is not None else path.parent
     if not root_path.is_dir():
         raise SourceError("the image folder (--root) is not a folder", path=root_path)
     document = _load(path)
     categories = _categories(document["categories"], path)
     labels = {category: label for label, (category, _) in enumerate(categories)}
-    out = ListingBuilder(progress)
+    out = RawListingBuilder(door.progress)
 
     # images: id -> row; rows that cannot be packed are marked (a message) before the annotations
     images: list[Any] = document["images"]
@@ -310,7 +317,6 @@ def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] 
     ends = np.cumsum(np.bincount(rows, minlength=len(images)))
     specs = _fields(categories)
     values = FieldRowBuilder(specs)
-    key_hashes = array("Q")
     for row, entry in enumerate(images):
         if row in unusable:
             out.reject(*unusable[row])
@@ -334,18 +340,10 @@ def list_coco(annotations: str | os.PathLike[str], root: str | os.PathLike[str] 
         values.add([box_array[start:end].tobytes(), label_array[start:end].tobytes(),
                     crowd_array[start:end].tobytes(), area_array[start:end].tobytes(),
                     np.int64(entry["id"]).astype("<i8").tobytes()])
-        encoded = key.encode("utf-8")
-        out.add(encoded, size, -1)
-        key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
-    listing = out.finish(root_path, "coco", ())
-    listing.label_type = "int"  # every main label is -1 (none), as a manifest without labels
-    listing.fields = values.finish()
-    listing = drop_duplicate_keys(listing, np.frombuffer(key_hashes, dtype=np.uint64))
-    if len(listing) == 0:
-        hints = []
-        if root is None and any(r.reason == "missing" for r in listing.rejected):
-            hints.append(f"file_name paths are relative to --root (default: the annotation file's folder "
-                         f"{path.parent}); pass the image folder, e.g. --root train2017/")
-        raise empty_source_error("the COCO file lists no usable image", listing.rejected, path=path, hints=hints,
-                                 source_kind="coco")
-    return listing
+        out.add(key.encode("utf-8"), size)  # no main label: a detection image has no one class
+    hints = []
+    if root is None and any(r.reason == "missing" for r in out.rejected):
+        hints.append(f"file_name paths are relative to --root (default: the annotation file's folder "
+                     f"{path.parent}); pass the image folder, e.g. --root train2017/")
+    return out.finish(root_path, "coco", fields=values.finish(), declared_unlabeled=True, empty_what="the COCO file lists no usable image",
+                      empty_path=path, empty_hints=tuple(hints))

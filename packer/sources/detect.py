@@ -1,51 +1,105 @@
 """Recognising a source by its bytes (``--source-kind auto``) and handing it to its door: a
 WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, Parquet, a zip, a tar of
-class folders or class tars, else an image folder or a manifest."""
+class folders or class tars, else an image folder or a manifest.
+
+``list_raw`` is the one dispatcher. It hands each door a ``DoorOptions`` and nothing else: the
+rules (class list, label type, unlabeled samples, bounds) are applied to what it returns by
+``contract.apply_contract``.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from ..errors import OptionError, SourceError
 from ..fields import FieldSpec
-from .archive_listing import DEFAULT_MAX_MEMBER_SIZE
+from ..files import open_user_file
 from .coco import list_coco, looks_like_coco
 from .folder import list_image_folder
-from .listing import SourceListing
+from .listing import DoorOptions, RawListing
 from .manifest import list_manifest
 from .parquet import _parquet_files, list_parquet
-from .sniff import sniff_container
+from .sniff import COMPRESSIONS, sniff_container
 from .tar import _archive_errors, list_tar
 from .webdataset import _looks_like_webdataset, list_webdataset
 from .zip import list_zip
 
+__all__ = ["SOURCE_KINDS", "MAX_BRACE_NAMES", "expand_braces", "list_raw"]
+
 #: Accepted values of ``source_kind``.
 SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco")
+#: A brace pattern may name at most this many shards (counted before anything is expanded).
+MAX_BRACE_NAMES = 1_000_000
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(\d{1,18})\.\.(\d{1,18})")
 
 
 def expand_braces(pattern: str) -> list[str]:
     """Expand ``{000..099}`` (zero-padded ranges) and ``{a,b}`` alternatives, left to right.
 
+    The number of names is the product of every group's count, computed before anything is
+    expanded: ``{0..9999}{0..9999}`` is refused at once, not after building a hundred million
+    strings. Groups do not nest.
+
     Raises:
-        SourceError: a range with a start after its end, or more than 10 million names.
+        SourceError: a range with a start after its end, nested or unbalanced braces, or more
+            than ``MAX_BRACE_NAMES`` names.
     """
-    match = re.search(r"\{([^{}]*)\}", pattern)
-    if match is None:
+    literals: list[str] = []
+    groups: list[Sequence[str]] = []
+    total = 1
+    position = 0
+    for match in _BRACE.finditer(pattern):
+        literals.append(pattern[position:match.start()])
+        position = match.end()
+        body = match.group(1)
+        ranged = _RANGE.fullmatch(body)
+        if ranged:
+            first, last = int(ranged.group(1)), int(ranged.group(2))
+            if first > last:
+                raise SourceError(f"brace range {{{body}}} must go up", path=pattern)
+            width = len(ranged.group(1))
+            count = last - first + 1
+            groups.append(_Range(first, count, width))
+        elif re.fullmatch(r"\d+\.\.\d+", body):
+            raise SourceError(f"brace range {{{body}}}: numbers of at most 18 digits", path=pattern)
+        else:
+            groups.append(body.split(","))
+        total *= len(groups[-1])
+        if total > MAX_BRACE_NAMES:
+            raise SourceError(f"the brace pattern names more than {MAX_BRACE_NAMES} files (its groups multiply); "
+                              f"give fewer shards, or a folder of them", path=pattern)
+    literals.append(pattern[position:])
+    if any("{" in text or "}" in text for text in literals):
+        raise SourceError("the brace pattern has nested or unbalanced braces (groups like {000..099} or {a,b} "
+                          "do not nest)", path=pattern)
+    if not groups:
         return [pattern]
-    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
-    ranged = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if ranged:
-        first, last = ranged.group(1), ranged.group(2)
-        if int(first) > int(last) or int(last) - int(first) > 10_000_000:
-            raise SourceError(f"brace range {{{body}}} must go up, and name at most 10 million files", path=pattern)
-        width = len(first)
-        choices = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
-    else:
-        choices = body.split(",")
-    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+    names = []
+    for choice in itertools.product(*groups):
+        names.append(literals[0] + "".join(part + literal for part, literal in zip(choice, literals[1:])))
+    return names
+
+
+class _Range(Sequence[str]):
+    """``{first..last}`` zero-padded to ``width``, without building the list."""
+
+    def __init__(self, first: int, count: int, width: int) -> None:
+        self.first, self.count, self.width = first, count, width
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        return str(self.first + index).zfill(self.width)
 
 
 def _webdataset_shards(source: str) -> list[Path] | None:
@@ -65,77 +119,69 @@ def _webdataset_shards(source: str) -> list[Path] | None:
         except OSError:
             return None
         if entries and all(e.is_file() for e in entries) and all(
-                (sniff_container(Path(e.path)) or "").startswith("tar") for e in entries):
+                (_sniff(Path(e.path)) or "").startswith("tar") for e in entries):
             return [Path(e.path) for e in entries]
     return None
 
 
-def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                    progress: Callable[[int], None] | None = None, spool_dir: Path | None = None,
-                    source_kind: str = "auto", label_field: str = "label", image_column: str | None = None,
-                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE, classes: Any = None,
-                    label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
-    """List any source: an archive (tar, zip, WebDataset), else a folder or a manifest.
+def _sniff(path: Path) -> str | None:
+    """``sniff_container``, naming a missing optional dependency when the bytes say what is needed."""
+    return sniff_container(path, strict=True)
+
+
+def list_raw(source: str | os.PathLike[str], door: DoorOptions = DoorOptions()) -> RawListing:
+    """List any source with its door: an archive (tar, zip, WebDataset), Parquet, COCO, else a
+    folder or a manifest. The door's listing, labels as written; no rule applied yet.
 
     Args:
         source: a folder, a manifest, an archive, a folder of WebDataset shards, or a brace pattern.
-        root: the folder manifest paths are relative to.
-        progress: called with the running member count every 10,000 members.
-        spool_dir: where a compressed tar is decompressed to (required for one).
-        source_kind: ``"auto"`` (by content) or one of ``SOURCE_KINDS`` to insist.
-        label_field: the WebDataset ``.json`` field, or the Parquet column, holding the label.
-        image_column: the Parquet column holding the images (default: found by its type).
-        max_member_size: larger archive members are rejected.
-        classes, label_type: as for ``sources.list_source`` (folders and manifests; archives
-            number the classes they find).
-        fields: declared fields (``packer.fields``), for the sources that carry them.
+        door: what the doors may know (``listing.DoorOptions``).
 
     Raises:
         SourceError: the source is unusable (missing, damaged archive, decompression bomb).
-        OptionError: an unknown ``source_kind``.
+        OptionError: an unknown ``source_kind``, or fields for a door that takes none.
+        MissingDependencyError: the bytes say what the source is, and its reader is not installed.
     """
+    source_kind = door.source_kind
     if source_kind not in SOURCE_KINDS:
         raise OptionError(f"--source-kind must be one of {', '.join(SOURCE_KINDS)}, got {source_kind!r}")
     text = os.fspath(source)
     if source_kind in ("folder", "manifest"):
-        return list_source(text, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
+        return _folder_or_manifest(text, door)
     shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
     if shards is not None:
-        return list_webdataset(shards, progress=progress, spool_dir=spool_dir, label_field=label_field,
-                               max_member_size=max_member_size, fields=fields)
+        return list_webdataset(shards, door)
     path = Path(text)
     if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
-        _no_fields(fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, image_id)")
-        if classes is not None:
-            raise OptionError("--classes does not apply to a COCO source: its samples have no main label (-1); "
-                              "the objects' categories are the 'labels' field")
-        return list_coco(path, root, progress=progress)
+        _no_fields(door.fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, "
+                                "image_id)")
+        return list_coco(path, door)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:
-        _no_fields(fields, "a Parquet source")
-        return list_parquet(parquet, progress=progress, spool_dir=spool_dir, label_column=label_field,
-                            image_column=image_column, max_member_size=max_member_size)
-    kind = sniff_container(path) if path.is_file() else None
+        _no_fields(door.fields, "a Parquet source")
+        return list_parquet(parquet, door)
+    kind = _sniff(path) if path.is_file() else None
     if kind is None:
         if source_kind != "auto":
             raise SourceError(f"--source-kind {source_kind}: the source is not a readable {source_kind} archive",
                               path=path)
-        return list_source(text, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
+        return _folder_or_manifest(text, door)
     if kind == "zip":
         if source_kind not in ("auto", "zip"):
             raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
-        _no_fields(fields, "a zip of class folders")
-        return list_zip(path, progress=progress, max_member_size=max_member_size)
+        _no_fields(door.fields, "a zip of class folders")
+        return list_zip(path, door)
+    if kind == "parquet":  # --source-kind names another kind
+        raise SourceError(f"--source-kind {source_kind}: the source is a Parquet file", path=path)
     with _archive_errors(path):
         samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
     if samples:
-        return list_webdataset([path], progress=progress, spool_dir=spool_dir, label_field=label_field,
-                               max_member_size=max_member_size, fields=fields)
+        return list_webdataset([path], door)
     if source_kind == "zip":
         raise SourceError("--source-kind zip: the source is a tar archive", path=path)
-    _no_fields(fields, "a tar of class folders (a tar of samples, key.jpg + key.json, is a WebDataset: "
-                       "--source-kind webdataset)")
-    return list_tar(path, progress=progress, spool_dir=spool_dir, max_member_size=max_member_size)
+    _no_fields(door.fields, "a tar of class folders (a tar of samples, key.jpg + key.json, is a WebDataset: "
+                            "--source-kind webdataset)")
+    return list_tar(path, door)
 
 
 def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
@@ -144,17 +190,23 @@ def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
                           f"manifest, an image folder with side files, or a WebDataset")
 
 
-def list_source(source: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
-                label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
+def _folder_or_manifest(source: str, door: DoorOptions) -> RawListing:
     """List a folder or a manifest file, whichever ``source`` is.
 
-    ``progress`` is called with the running count of entries every 10,000 entries (listing
-    100 M files takes minutes even on a fast file system: the build shows a counter).
-    ``classes`` fixes the class list (see ``list_image_folder``, ``list_manifest``);
-    ``label_type`` applies to manifests.
+    A file whose first bytes say it is a compressed stream the manifest reader cannot be is
+    named for what it is (a ``.tar.zst`` without zstandard), not called a bad manifest.
     """
     path = Path(source)
     if path.is_file():
-        return list_manifest(path, root, progress=progress, classes=classes, label_type=label_type, fields=fields)
-    return list_image_folder(path, progress=progress, classes=classes, fields=fields)
+        handle, _ = open_user_file(path, what="the source", error=SourceError)  # never blocks on a FIFO
+        with handle:
+            head = handle.read(1024)
+        if len(head) == 1024 and not head.strip(b"\x00"):
+            raise SourceError("the source is an empty tar archive (only its end-of-archive blocks): nothing to pack",
+                              path=path)
+        if any(head.startswith(magic) for magic in COMPRESSIONS):
+            raise SourceError("the source is a compressed stream, but not a tar packer can read (nor a manifest)",
+                              path=path)
+        return list_manifest(path, door)
+    return list_image_folder(path, door)
+

@@ -12,9 +12,11 @@
 * Symlinks are followed (files and folders); a dangling one or a loop is rejected with a reason.
   Each real folder is listed once: a second path to it (through a symlink) is rejected as a
   ``duplicate-entry``, which also keeps a fan-out of folder links from listing exponentially.
-* A class list given up front (``classes=``, ``--classes``) numbers the classes instead: a
-  folder not in it is rejected per file as ``unknown-class``, a listed class with no files stays
-  a class with 0 samples, so train and val built with one list agree on every label.
+* Every class folder is listed, its name the label of its files *as written*; an empty class
+  folder is a class the source declares. Which classes exist and how they are numbered (a class
+  list given with ``--classes``: a folder not in it is rejected per file as ``unknown-class``, a
+  listed class with no files stays a class with 0 samples) is the source contract's
+  (``contract.py``), the same for every door.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -36,7 +38,7 @@ from ..fields import FieldSpec
 from ..files import open_nonblocking, read_fd_capped
 from ..names import ESCAPED_META, escape_name
 from .fieldvalues import FieldRowBuilder
-from .listing import SourceListing, _ListingBuilder, empty_source_error, file_stamp
+from .listing import DoorOptions, RawListing, RawListingBuilder, file_stamp
 from .sidefiles import SideMember, assemble_sample, read_limit, split_key
 
 logger = logging.getLogger("packer.build")
@@ -61,7 +63,7 @@ def _printable(relative: str) -> str:
     return os.fsencode(relative).decode("utf-8", "backslashreplace")
 
 
-def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
+def _walk_class(folder: Path, relative: str, label: tuple[int, int], out: RawListingBuilder,
                 ancestors: frozenset[tuple[int, int]]) -> None:
     """Depth-first listing of one class folder, following symlinks with loop detection.
 
@@ -116,7 +118,7 @@ def _walk_class(folder: Path, relative: str, label: int, out: _ListingBuilder,
             out.reject(_printable(rel), "not-a-file", "not a regular file (device, socket or FIFO)")
 
 
-def _open_folder(folder: Path, relative: str, out: _ListingBuilder) -> Iterator[os.DirEntry[str]] | None:
+def _open_folder(folder: Path, relative: str, out: RawListingBuilder) -> Iterator[os.DirEntry[str]] | None:
     """The sorted entries of ``folder``, or None (and a rejection) if it cannot be listed."""
     try:
         return iter(_sorted_entries(folder))
@@ -125,22 +127,18 @@ def _open_folder(folder: Path, relative: str, out: _ListingBuilder) -> Iterator[
         return None
 
 
-def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None,
-                      classes: Sequence[str] | None = None, fields: Sequence[FieldSpec] = ()) -> SourceListing:
+def list_image_folder(root: str | os.PathLike[str], door: DoorOptions = DoorOptions()) -> RawListing:
     """List an ImageFolder-layout source (see the module docstring for the rules).
 
     Args:
         root: the folder of class sub-folders.
-        progress: called with the running count of entries every 10,000 entries.
-        classes: a fixed class list (label i is ``classes[i]``): every file of a class folder not
-            in it is rejected as ``unknown-class``; a listed class without a folder has 0 samples.
-        fields: declared fields: files are grouped into samples with their side files
+        door: ``progress``: called with the running count of entries every 10,000 entries;
+            ``fields``: declared fields: files are grouped into samples with their side files
             (``cat/001.jpg`` + ``cat/001.mask.png`` + ``cat/001.json``) by the rules of
-            ``build/sidefiles.py``. Without fields every file is a candidate, as above.
+            ``sources/sidefiles.py``. Without fields every file is a candidate, as above.
 
     Raises:
         SourceError: the root is missing or not a folder.
-        EmptySourceError: no class folder holds any file (naming the top rejection reasons).
     """
     root_path = Path(root)
     if not root_path.exists():
@@ -148,7 +146,7 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
     if not root_path.is_dir():
         raise SourceError("source is not a folder (give a folder of class sub-folders, or a .csv/.jsonl manifest)",
                           path=root_path)
-    out = _ListingBuilder(progress)
+    out = RawListingBuilder(door.progress)
     try:
         entries = _sorted_entries(root_path)
     except OSError as exc:
@@ -172,38 +170,33 @@ def list_image_folder(root: str | os.PathLike[str], *, progress: Callable[[int],
     warning = split_folder_warning(folder_names)
     if warning:
         logger.warning("%s: %s", root_path, warning)
-    class_names = tuple(classes) if classes is not None else tuple(folder_names)
-    class_ids = {name: i for i, name in enumerate(class_names)}
     for name, entry in class_dirs:
-        label = class_ids.get(name, -1)
-        if label < 0:
-            _reject_unknown_class(Path(entry.path), name, out, root_stat)
+        try:
+            st = entry.stat(follow_symlinks=True)
+        except OSError as exc:
+            out.reject(_printable(name + "/"), "unreadable", f"cannot stat: {exc.strerror}")
             continue
-        st = entry.stat(follow_symlinks=True)
         if (st.st_dev, st.st_ino) in out.listed_folders:
             out.reject(_printable(name + "/"), "duplicate-entry", f"the same folder as class "
                        f"{out.listed_folders[(st.st_dev, st.st_ino)]}/ (a symlink); this class stays empty")
             continue
         out.listed_folders[(st.st_dev, st.st_ino)] = _printable(name)
-        _walk_class(Path(entry.path), name, label, out,
+        _walk_class(Path(entry.path), name, out.name_label(name), out,
                     frozenset({(root_stat.st_dev, root_stat.st_ino), (st.st_dev, st.st_ino)}))
-    listing = out.finish(root_path, "folder", class_names)
-    listing.warnings = [warning] if warning else []
-    if len(listing) == 0:
-        raise empty_source_error(
-            f"no files found under {len(class_dirs)} class folder(s)"
-            f"{'' if class_dirs else ' (expected class sub-folders such as SRC/cat/1.jpg)'}",
-            listing.rejected, path=root_path)
-    if fields:
-        listing = _group_side_files(listing, fields)
-        if len(listing) == 0:
-            raise empty_source_error(f"no sample under {len(class_dirs)} class folder(s) has its image and "
-                                     f"declared fields", listing.rejected, path=root_path)
+    where = f"{len(class_dirs)} class folder(s)"
+    listing = out.finish(root_path, "folder", declared_classes=tuple(folder_names),
+                         warnings=[warning] if warning else [],
+                         empty_what=f"no files found under {where}"
+                                    f"{'' if class_dirs else ' (expected class sub-folders such as SRC/cat/1.jpg)'}",
+                         empty_path=root_path)
+    if door.fields and len(listing):
+        listing = _group_side_files(listing, door.fields)
+        listing.empty_what = f"no sample under {where} has its image and declared fields"
     return listing
 
 
-def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> SourceListing:
-    """The folder's files as samples of side files (``build/sidefiles.py``), in listing order.
+def _group_side_files(listing: RawListing, fields: Sequence[FieldSpec]) -> RawListing:
+    """The folder's files as samples of side files (``sources/sidefiles.py``), in listing order.
 
     Files of one key are usually neighbours in the sorted walk, but not always (``1-a.jpg``
     sorts between ``1`` and ``1.jpg``; a sub-folder can sit between them), so they are grouped
@@ -226,12 +219,13 @@ def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> So
     sorted_hashes = hashes[order]
     starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
     ends = np.r_[starts[1:], count]
-    sizes, labels = listing.sizes.tolist(), listing.labels.tolist()
+    sizes = listing.sizes.tolist()
     escaped = (np.diff(listing.meta_offsets.astype(np.int64)) > 0).tolist()  # the walk's only metadata
     root = os.fspath(listing.root)
     limits: dict[str, int] = {}  # suffix -> read_limit: few distinct suffixes
-    out = _ListingBuilder()
+    out = RawListingBuilder()
     out.rejected = list(listing.rejected)
+    out.texts = {text: number for number, text in enumerate(listing.label_texts)}  # label ids stay valid
     builder = FieldRowBuilder(fields)
 
     def sample(rows: list[int]) -> None:
@@ -254,7 +248,7 @@ def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> So
                     continue
             members.append(SideMember(name, suffix, sizes[row], data, row))
         if members:
-            _add_side_file_sample(members, builder, out, labels, listing)
+            _add_side_file_sample(members, builder, out, listing)
 
     later: list[tuple[int, list[int]]] = []  # a colliding hash's other keys, by their first row (a heap)
     for run in np.argsort(order[starts], kind="stable").tolist():
@@ -271,14 +265,13 @@ def _group_side_files(listing: SourceListing, fields: Sequence[FieldSpec]) -> So
         sample(rows)
     while later:
         sample(heapq.heappop(later)[1])
-    grouped = out.finish(listing.root, listing.kind, listing.classes)
-    grouped.warnings = listing.warnings
-    grouped.fields = builder.finish()
-    return grouped
+    return out.finish(listing.root, listing.kind, declared_classes=listing.declared_classes,
+                      warnings=listing.warnings, fields=builder.finish(), empty_what=listing.empty_what,
+                      empty_path=listing.empty_path)
 
 
-def _add_side_file_sample(members: list[SideMember], builder: FieldRowBuilder, out: _ListingBuilder,
-                          labels: list[int], listing: SourceListing) -> None:
+def _add_side_file_sample(members: list[SideMember], builder: FieldRowBuilder, out: RawListingBuilder,
+                          listing: RawListing) -> None:
     """One sample of an image folder with fields (``members``: its files, in listing order)."""
     parts = assemble_sample(split_key(members[0].name)[0], members, builder)
     for name, reason, message in parts.unused:
@@ -290,7 +283,9 @@ def _add_side_file_sample(members: list[SideMember], builder: FieldRowBuilder, o
     image = parts.image
     meta = json.dumps(parts.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() \
         if parts.metadata else b""
-    out.add(image.name.encode("utf-8"), image.size, labels[image.handle], meta, stamp=listing.stamp(image.handle))
+    row = image.handle
+    out.add(image.name.encode("utf-8"), image.size,
+            (int(listing.label_kinds[row]), int(listing.label_values[row])), meta, stamp=int(listing.stamps[row]))
 
 
 def _read_side_file(path: str, size: int, limit: int) -> bytes | str:
@@ -308,22 +303,3 @@ def _read_side_file(path: str, size: int, limit: int) -> bytes | str:
     finally:
         os.close(fd)
     return data if data is not None else f"the side file grew past {limit} bytes while it was read"
-
-
-def _reject_unknown_class(folder: Path, name: str, out: _ListingBuilder, root_stat: os.stat_result) -> None:
-    """Reject every file of a class folder that is not in the given class list, one by one
-    (the build report names each file, as for any other rejection)."""
-    scratch = _ListingBuilder()
-    scratch.listed_folders = out.listed_folders  # one folder reached twice is still a duplicate
-    try:
-        st = folder.stat()
-    except OSError as exc:
-        out.reject(_printable(name + "/"), "unreadable", f"cannot stat: {exc.strerror}")
-        return
-    _walk_class(folder, name, -1, scratch,
-                frozenset({(root_stat.st_dev, root_stat.st_ino), (st.st_dev, st.st_ino)}))
-    listing = scratch.finish(folder, "folder", ())
-    for i in range(len(listing)):
-        out.reject(listing.key(i), "unknown-class", f"class folder {name!r} is not in the class list (--classes)")
-    for rejection in scratch.rejected:
-        out.reject(rejection.key, rejection.reason, rejection.message)

@@ -1,29 +1,26 @@
 """The manifest door: CSV/TSV with a ``path,label[,...]`` header, or JSONL objects with ``path``,
 ``label`` and optional ``metadata``, listed in the manifest's order, paths relative to a root.
 
-Labels are read by ``--label-type`` (``labels.LABEL_TYPES`` states the ``auto`` rule): string
-labels become sorted class names, integer labels are kept as they are. With declared fields, a
+Labels are listed as written (a JSON integer, or text); the source contract reads them by
+``--label-type`` (``labels.LABEL_TYPES`` states the ``auto`` rule). With declared fields, a
 row's field values are its columns (members); see ``list_manifest``.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import stat
-from array import array
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
-
-import numpy as np
-import xxhash
+from typing import Any, Iterator
 
 from ..errors import SourceError
 from ..fields import FieldSpec, FieldValueError
+from ..files import open_user_file
 from .fieldvalues import FIELD_REJECTION, FieldRowBuilder
-from .labels import _LabelReader, check_label_type
-from .listing import SourceListing, _ListingBuilder, drop_duplicate_keys, empty_source_error
+from .listing import DoorOptions, RawListing, RawListingBuilder
 from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 
 #: JSONL limits: a row longer than this, or nested deeper, is rejected before it is parsed
@@ -64,20 +61,34 @@ def _manifest_rows(path: Path, *, label_optional: bool = False
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".ndjson", ".csv", ".tsv"):
         raise SourceError("manifest must be .csv, .tsv or .jsonl", path=path)
-    try:
-        handle = open(path, encoding="utf-8-sig", newline="")
-    except OSError as exc:
-        raise SourceError(f"cannot read the manifest: {exc.strerror}", path=path) from None
+    raw, _ = open_user_file(path, what="the manifest", error=SourceError)  # a FIFO or device is refused
+    handle = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
     try:
         with handle:
             if suffix in (".jsonl", ".ndjson"):
                 yield from _jsonl_rows(handle)
             else:
-                yield from _csv_rows(handle, path, "\t" if suffix == ".tsv" else ",", label_optional=label_optional)
+                yield from _csv_rows(_bounded_lines(handle, path), path, "\t" if suffix == ".tsv" else ",",
+                                     label_optional=label_optional)
     except UnicodeDecodeError as exc:
         raise SourceError(f"manifest is not UTF-8 text ({exc.reason})", path=path) from None
     except csv.Error as exc:
         raise SourceError(f"manifest is not valid CSV: {exc}", path=path) from None
+    except OSError as exc:
+        raise SourceError(f"cannot read the manifest: {exc.strerror or exc}", path=path) from None
+
+
+def _bounded_lines(handle: Any, path: Path) -> Iterator[str]:
+    """A CSV manifest's lines, each read with a cap: a 10 GB line without a newline is refused,
+    never held in memory whole (csv would read it all before its own field limit applies)."""
+    while True:
+        line = handle.readline(MAX_MANIFEST_ROW_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_MANIFEST_ROW_BYTES and not line.endswith("\n"):
+            raise SourceError(f"manifest line is longer than {MAX_MANIFEST_ROW_BYTES} characters (is it a CSV "
+                              f"manifest?)", path=path)
+        yield line
 
 
 def _jsonl_rows(handle: Any) -> Iterator[tuple[int, dict[str, object] | None, str]]:
@@ -203,69 +214,78 @@ def _row_image(spec: FieldSpec, value: object, root: Path) -> tuple[str, int]:
     return key, size
 
 
-def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
-                  progress: Callable[[int], None] | None = None, classes: Sequence[str] | None = None,
-                  label_type: str = "auto", fields: Sequence[FieldSpec] = ()) -> SourceListing:
-    """List the images named by a CSV/JSONL manifest, in the manifest's order.
+#: The build report's reason for a row whose label cannot be a label at all (a list, a float).
+_ROW_REJECTION = "bad-manifest-row"
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def _row_label(label: object, out: RawListingBuilder) -> tuple[tuple[int, int] | None, str]:
+    """A row's label as written: a JSON integer, or text (a CSV cell, a JSON string) that the
+    contract types by ``--label-type``; ``(None, why)`` for what cannot be a label."""
+    if isinstance(label, list):
+        return None, (f"label {label!r} is a list (multi-label): a sample has one integer label; put the list "
+                      f"in metadata")
+    if isinstance(label, int) and not isinstance(label, bool):
+        if label not in _INT64:
+            return None, f"label {label} does not fit in a signed 64-bit integer"
+        return out.int_label(label), ""
+    if isinstance(label, str) and label:
+        return out.text_label(label), ""
+    return None, f"label must be an integer or a class name, got {label!r}"
+
+
+def list_manifest(manifest: str | os.PathLike[str], door: DoorOptions = DoorOptions()) -> RawListing:
+    """List the images named by a CSV/JSONL manifest, in the manifest's order, labels as written.
 
     CSV columns other than ``path`` and ``label`` become the sample's metadata (strings); JSONL
     rows may carry a ``metadata`` object (strict JSON: no NaN/Infinity, rows at most
-    ``MAX_MANIFEST_ROW_BYTES`` long and ``MAX_JSON_DEPTH`` deep). Labels follow ``label_type``
-    (see ``LABEL_TYPES``). Streaming: rows go straight into flat arrays, so a manifest of 100 M
-    rows is never a list of 100 M Python objects; duplicates are found afterwards by sorting
-    64-bit key hashes.
+    ``MAX_MANIFEST_ROW_BYTES`` long and ``MAX_JSON_DEPTH`` deep). A JSON integer label is an
+    integer; a CSV cell or JSON string is text, typed by the contract (``--label-type``).
+    Streaming: rows go straight into flat arrays, so a manifest of 100 M rows is never a list of
+    100 M Python objects.
 
     Args:
-        manifest: the ``.csv``/``.tsv``/``.jsonl`` file.
-        root: the folder paths are relative to (default: the manifest's folder).
-        progress: called with the running count of rows every 10,000 rows.
-        classes: a fixed class list: labels are names in it (or indices into it with
-            ``label_type="int"``); any other label is rejected as ``unknown-class``.
-        label_type: ``"auto"``, ``"int"`` or ``"str"``.
-        fields: declared fields (``packer.fields``): each row's value of field F is its column
-            (JSONL member) ``F.source``; a CSV cell of an array or classes field is JSON (classes
-            also ``a|b|c``); an image field's value is a path relative to ``root``. With fields
-            declared the ``label`` column is optional (missing: ``-1``, unlabelled). A row whose
-            value is missing or does not fit is rejected as ``bad-field``.
+        manifest: the ``.csv``/``.tsv``/``.jsonl`` file (a regular file: a FIFO is refused).
+        door: ``root``: the folder paths are relative to (default: the manifest's folder);
+            ``fields``: declared fields (``packer.fields``): each row's value of field F is its
+            column (JSONL member) ``F.source``; a CSV cell of an array or classes field is JSON
+            (classes also ``a|b|c``); an image field's value is a path relative to ``root``.
+            With fields declared the ``label`` column is optional (missing: no label). A row
+            whose value is missing or does not fit is rejected as ``bad-field``.
 
     Raises:
-        SourceError: unreadable manifest, mixed label kinds, a header without path/label.
-        EmptySourceError: no usable rows (its message names the top reasons, with examples).
+        SourceError: unreadable manifest, a header without path/label.
     """
     manifest_path = Path(manifest)
+    fields = door.fields
     if not manifest_path.is_file():
         raise SourceError("manifest file does not exist", path=manifest_path)
-    root_path = Path(root) if root is not None else manifest_path.parent
+    root_path = Path(door.root) if door.root is not None else manifest_path.parent
     if not root_path.is_dir():
         raise SourceError("manifest root is not a folder", path=root_path)
-    check_label_type(label_type)
     jsonl = manifest_path.suffix.lower() in (".jsonl", ".ndjson")
-    out = _ListingBuilder(progress)
-    key_hashes = array("Q")
-    labels = _LabelReader(label_type, tuple(classes) if classes is not None else None, manifest_path)
+    out = RawListingBuilder(door.progress)
     first_keys: list[str] | None = None  # the first rejected JSONL row's keys, for the header hints
     field_rows = FieldRowBuilder(fields) if fields else None
-    labelled = False  # a row had a label (with fields declared, the column may be absent)
     field_sources = frozenset(spec.source for spec in fields)
     for number, row, error in _manifest_rows(manifest_path, label_optional=bool(fields)):
         where = f"{manifest_path.name}:{number}"
         if row is None:
-            out.reject(where, "bad-manifest-row", error)
+            out.reject(where, _ROW_REJECTION, error)
             continue
-        if fields and "label" not in row:
-            row["label"] = -1  # detection, captions: samples need no class
-        else:
-            labelled = True
         rel = row.get("path")
-        if not isinstance(rel, str) or not rel or "label" not in row:
+        if not isinstance(rel, str) or not rel or ("label" not in row and not fields):
             first_keys = first_keys if first_keys is not None else [str(k) for k in row]
             hint = "; ".join(header_hints([str(k) for k in row]))
-            out.reject(where, "bad-manifest-row", f"row needs a non-empty 'path' and a 'label' ({hint})")
+            out.reject(where, _ROW_REJECTION, f"row needs a non-empty 'path' and a 'label' ({hint})")
             continue
-        value, reason, message = labels.read(row["label"], number)
-        if value is None:
-            out.reject(where, reason, message)
-            continue
+        if "label" in row:
+            label, message = _row_label(row["label"], out)
+            if label is None:
+                out.reject(where, _ROW_REJECTION, message)
+                continue
+        else:
+            label = RawListingBuilder.NONE  # detection, captions: samples need no class
         meta, meta_error = _row_metadata(row, jsonl, field_sources)
         if meta is None:
             out.reject(where, "bad-metadata", meta_error)
@@ -282,17 +302,7 @@ def list_manifest(manifest: str | os.PathLike[str], root: str | os.PathLike[str]
                 out.reject(key, FIELD_REJECTION, str(exc))
                 continue
             field_rows.add(values)
-        encoded = key.encode("utf-8")
-        out.add(encoded, size, value, meta)
-        key_hashes.append(xxhash.xxh3_64_intdigest(encoded))
-    class_names, out.labels = labels.finish(out.labels)
-    listing = out.finish(root_path, "manifest", class_names)
-    listing.label_type = labels.kind if labelled or not fields else "none"
-    if field_rows is not None:
-        listing.fields = field_rows.finish()
-    listing = drop_duplicate_keys(listing, np.frombuffer(key_hashes, dtype=np.uint64))
-    if len(listing) == 0:
-        hints = header_hints(first_keys) if first_keys else []
-        raise empty_source_error("manifest lists no usable files", listing.rejected, path=manifest_path,
-                                 hints=hints)
-    return listing
+        out.add(key.encode("utf-8"), size, label, meta)
+    return out.finish(root_path, "manifest", fields=field_rows.finish() if field_rows is not None else None,
+                      empty_what="manifest lists no usable files", empty_path=manifest_path,
+                      empty_hints=tuple(header_hints(first_keys)) if first_keys else ())

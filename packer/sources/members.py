@@ -1,7 +1,7 @@
 """Where each listed member of an archive source lives, and reading it back by offset in any worker.
 
 A folder source needs no table: a key is a path. An archive source (tar, tar of tars, zip,
-WebDataset shards: ``build/archives.py``) is listed once, in one pass, into this flat table, so
+WebDataset shards: ``sources/tar.py``, ``zip.py``, ``webdataset.py``) is listed once, in one pass, into this flat table, so
 that packing workers read members **in parallel, by offset** (``os.pread``), without opening
 the archive's index or decompressing anything but the member itself:
 
@@ -43,8 +43,9 @@ import numpy as np
 
 from ..errors import BuildError
 
-__all__ = ["MemberTable", "MemberReader", "RAW", "ZIP_STORED", "ZIP_DEFLATED", "ZIP_BZIP2", "ZIP_LZMA",
-           "members_columns", "members_from_columns", "check_unchanged"]
+__all__ = ["MemberTable", "MemberBounds", "MemberReader", "RAW", "ZIP_STORED", "ZIP_DEFLATED", "ZIP_BZIP2",
+           "ZIP_LZMA", "ZIP_LOCAL_HEADER_BYTES", "member_spans", "members_columns", "members_from_columns",
+           "check_unchanged"]
 
 RAW, ZIP_STORED, ZIP_DEFLATED, ZIP_BZIP2, ZIP_LZMA = 0, 1, 2, 3, 4
 #: zipfile compression constant -> method value.
@@ -70,6 +71,41 @@ class MemberTable:
         return MemberTable(self.containers, self.container_stats, self.container[rows], self.offset[rows],
                            self.stored[rows], self.method[rows], self.crc[rows],
                            {name: table.select(rows) for name, table in self.fields.items()})
+
+
+#: The least a zip member occupies before its data: the fixed part of its local file header.
+ZIP_LOCAL_HEADER_BYTES = 30
+
+
+def member_spans(table: MemberTable) -> np.ndarray:
+    """Bytes of the container each member occupies at least, from its ``offset`` (u64): its stored
+    bytes, plus for a zip member the fixed part of its local header (the name and extra field
+    that follow it are not counted: the span never claims more than the member holds, so members
+    of a sound archive never seem to overlap)."""
+    header = np.where(table.method == RAW, 0, ZIP_LOCAL_HEADER_BYTES).astype(np.uint64)
+    stored = table.stored.astype(np.uint64)
+    return np.where(stored > np.uint64((1 << 64) - 1 - ZIP_LOCAL_HEADER_BYTES), np.uint64((1 << 64) - 1),
+                    stored + header)
+
+
+@dataclass
+class MemberBounds:
+    """The byte range each listed member must stay inside: checked by the source contract
+    (``contract.py``), never persisted (the plan holds only the members that passed).
+
+    A member of an archive must lie inside that archive; a member of a tar inside a tar (a class
+    tar) inside its outer member's bytes, so an inner header that lies about a size cannot
+    reach the bytes of the members after it.
+
+    Attributes:
+        regions: ``(container, start, end)`` of each region; ``end`` -1 is the container's size.
+        row_region: u32, the region of each listing row's member.
+        field_region: image field name -> u32, the region of each row's member for that field.
+    """
+
+    regions: tuple[tuple[int, int, int], ...]
+    row_region: np.ndarray
+    field_region: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 _PARTS = ("container", "offset", "stored", "method", "crc")

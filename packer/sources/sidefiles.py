@@ -44,6 +44,7 @@ from .fieldvalues import FIELD_REJECTION, FieldRowBuilder
 from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "MAX_TEXT_MEMBER_BYTES", "MAX_SIDE_MEMBER_BYTES",
+           "MAX_SAMPLE_METADATA_BYTES",
            "SideMember", "SampleParts", "split_key", "extension", "read_limit", "assemble_sample"]
 
 #: Extensions (the last part of a suffix, lower case) that make a member an image.
@@ -56,6 +57,9 @@ MAX_TEXT_MEMBER_BYTES = 1 << 20
 #: A member a value field may read (the ``.json``, or one a field names) is read up to this
 #: size: a field's value is at most ``MAX_VALUE_BYTES`` stored, and its text is not much smaller.
 MAX_SIDE_MEMBER_BYTES = MAX_VALUE_BYTES
+#: A sample's metadata (the text members no field took) holds at most this much text; a member
+#: past it is ``unused-member`` (one sample's metadata is one record, read whole by a reader).
+MAX_SAMPLE_METADATA_BYTES = 4 << 20
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -280,8 +284,16 @@ def _leftovers(parts: SampleParts, by_suffix: dict[str, SideMember], claimed: se
     if json_member is not None and json_member.data is not None:
         document = sample_json()
         parts.json_object = None if isinstance(document, ValueError) else document
+    kept = 0  # text bytes kept as metadata so far
     for suffix, member in by_suffix.items():
         if suffix in claimed:
+            continue
+        if extension(suffix) in TEXT_EXTENSIONS and member is not json_member and member.data is not None \
+                and kept + len(member.data) > MAX_SAMPLE_METADATA_BYTES:
+            parts.unused.append((member.name, "unused-member",
+                                 f"the sample's metadata already holds {kept} bytes of text; a further "
+                                 f"{len(member.data)} would pass the {MAX_SAMPLE_METADATA_BYTES} a sample keeps "
+                                 f"(not packed)"))
             continue
         if extension(suffix) not in TEXT_EXTENSIONS:
             parts.unused.append((member.name, "unused-member",
@@ -302,6 +314,7 @@ def _leftovers(parts: SampleParts, by_suffix: dict[str, SideMember], claimed: se
             else:
                 document = _text(member, MAX_TEXT_MEMBER_BYTES)
                 document = document.strip() if extension(suffix) == "cls" else document
+            kept += len(member.data or b"")
         except ValueError as exc:
             too_large = member.data is None
             parts.unused.append((member.name, "unused-member" if too_large else "bad-metadata",

@@ -14,20 +14,60 @@ takes; a ``key.mask.png`` member of ``mask=image@mask.png`` is read by offset li
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..fields import FieldSpec
 from ..names import ESCAPED_FIELD, is_utf8
-from .archive_listing import _META_EXTENSIONS, _META_LIMIT, DEFAULT_MAX_MEMBER_SIZE, _Listing
-from .labels import loose_int
-from .listing import SourceListing
+from .archive_listing import _META_EXTENSIONS, _META_LIMIT, _Listing
+from .listing import DoorOptions, RawListing, RawListingBuilder
 from .sidefiles import IMAGE_EXTENSIONS, SideMember, assemble_sample, read_limit, split_key
-from .tar import _archive_errors, _file_members, _peek, _Spooled, decompressor, is_tar_header
+from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
+from .tar import _archive_errors, _peek, _Spooled, all_file_members, decompressor, is_tar_header
+
+
+#: How much of a compressed tar is decompressed to tell a WebDataset from a tar of class folders.
+_PEEK_BYTES = 64 << 20
+
+
+class _Limited(io.RawIOBase):
+    """The first ``limit`` bytes of a stream, then its end (a bounded peek into a compressed tar)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.stream, self.left = stream, limit
+        self.ended = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self.left:  # the peek is over (tarfile would otherwise read nothing forever, skipping a member)
+            raise tarfile.ReadError("the peek's budget is spent")
+        data = self.stream.read(min(len(buffer), self.left))
+        if not data:
+            self.ended += 1
+            if self.ended > 8:  # the same guard as the listing's (tar._READS_PAST_END)
+                raise tarfile.ReadError("the stream ends inside a member")
+        self.left -= len(data)
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _peeked_members(archive: tarfile.TarFile) -> Any:
+    """Members until the end, or until the peek's budget (or damage: the listing reports it) stops them."""
+    while True:
+        try:
+            member = archive.next()
+        except (tarfile.TarError, EOFError, OSError):
+            return
+        if member is None:
+            return
+        archive.members = []
+        yield member
 
 
 def _looks_like_webdataset(path: Path, kind: str) -> bool:
@@ -42,13 +82,16 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
     meta_keys: set[str] = set()
     other_keys: set[str] = set()
     with contextlib.ExitStack() as stack:
-        if kind != "tar":  # peeking into a compressed tar means decompressing its start: cheap enough
-            stream = stack.enter_context(decompressor(path, kind.split(".")[1]))
-            archive = stack.enter_context(tarfile.open(fileobj=stream, mode="r|"))
-        else:
-            archive = stack.enter_context(tarfile.open(path, mode="r:"))
-        for member in archive:
-            archive.members = []
+        try:
+            if kind != "tar":  # peeking into a compressed tar means decompressing its start: bounded
+                stream = stack.enter_context(decompressor(path, kind.split(".")[1]))
+                limited = io.BufferedReader(_Limited(stream, _PEEK_BYTES), 1 << 16)
+                archive = stack.enter_context(tarfile.open(fileobj=limited, mode="r|"))
+            else:
+                archive = stack.enter_context(tarfile.open(path, mode="r:"))
+        except tarfile.ReadError:  # no first member to peek at: the listing says what is wrong
+            return False
+        for member in _peeked_members(archive):
             if not member.isfile():
                 continue
             files += 1
@@ -75,57 +118,74 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
 
 # --- WebDataset ----------------------------------------------------------------------------------------
 
-def list_webdataset(shards: list[Path], *, progress: Callable[[int], None] | None = None,
-                    spool_dir: Path | None = None, label_field: str = "label",
-                    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE, fields: Sequence[FieldSpec] = ()
-                    ) -> SourceListing:
+#: A sample (one key) holds at most this many members; the rest are rejected unread (``unused-member``).
+MAX_SAMPLE_MEMBERS = 1024
+#: At most this many bytes of one sample's text members are read while listing; a member past it is
+#: not read (a field that needs it rejects the sample; metadata without it is ``unused-member``).
+MAX_SAMPLE_READ_BYTES = 32 << 20
+
+
+def list_webdataset(shards: list[Path], door: DoorOptions = DoorOptions()) -> RawListing:
     """List WebDataset shards, in shard order (see the module docstring for the sample rules).
 
-    Args:
-        fields: declared fields: each sample's members feed them by the rules of
-            ``build/sidefiles.py`` (``key.mask.png`` for ``mask=image@mask.png``, the ``.json``
-            member's keys, ``key.txt`` for ``caption=text@txt``); an image field's member is
-            read by offset from the archive when packing, like the image.
+    ``door.fields``: declared fields: each sample's members feed them by the rules of
+    ``sources/sidefiles.py`` (``key.mask.png`` for ``mask=image@mask.png``, the ``.json``
+    member's keys, ``key.txt`` for ``caption=text@txt``); an image field's member is read by
+    offset from the archive when packing, like the image.
+
+    Memory is bounded per sample whatever the shard holds: at most ``MAX_SAMPLE_MEMBERS``
+    members and ``MAX_SAMPLE_READ_BYTES`` of text are kept for one key; every member past
+    either is rejected with a reason, never dropped.
 
     Raises:
-        SourceError: a shard is not a tar, is damaged, or labels mix integers and names.
+        SourceError: a shard is not a tar or is damaged.
     """
-    out = _Listing(progress, fields)
+    out = _Listing(door.progress, door.fields)
     for index, shard in enumerate(shards):
         with _archive_errors(shard):
-            _list_shard(shard, index, out, spool_dir, label_field, max_member_size)
+            _list_shard(shard, index, out, door)
     return out.finish(shards[0] if len(shards) == 1 else shards[0].parent, "webdataset")
 
 
-def _list_shard(shard: Path, index: int, out: _Listing, spool_dir: Path | None, label_field: str,
-                max_member_size: int) -> None:
+def _list_shard(shard: Path, index: int, out: _Listing, door: DoorOptions) -> None:
     """One WebDataset shard, in archive order."""
-    opened = _Spooled(shard, spool_dir, out, index)
-    with opened.archive:
-        sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
-        current = None
-        for name, member in _file_members(opened.archive, shard, out):
-            key, suffix = split_key(name)
-            if key != current and sample:
-                _sample(sample, out, opened.container, label_field, max_member_size)
-                sample = []
-            current = key
-            if out.field_rows is not None:
-                limit = out.read_limits.get(suffix)
-                if limit is None:  # few distinct suffixes: computed once each
-                    limit = out.read_limits[suffix] = read_limit(suffix, out.field_rows.specs)
-                small = 0 <= member.size <= limit
-            else:
-                small = suffix.rsplit(".", 1)[-1].lower() in _META_EXTENSIONS and member.size <= _META_LIMIT
-            sample.append((name, member, _read_member(opened.archive, member) if small else None))
-        if sample:
-            _sample(sample, out, opened.container, label_field, max_member_size)
-    opened.finish(out)
+    opened = _Spooled(shard, door.spool_dir, out, index)
+    sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+    current = None
+    budget = MAX_SAMPLE_READ_BYTES
+    read_kinds: set[str] = set()  # without fields: the metadata extensions already read for this sample
+    for archive, _, name, member in all_file_members(opened, out):
+        key, suffix = split_key(name)
+        if key != current and sample:
+            _sample(sample, out, opened.container, door.label_field)
+            sample, budget, read_kinds = [], MAX_SAMPLE_READ_BYTES, set()
+        current = key
+        if len(sample) >= MAX_SAMPLE_MEMBERS:
+            out.reject(name, "unused-member", f"the sample {key} already has {MAX_SAMPLE_MEMBERS} members; this "
+                                              f"one is not read (not packed)")
+            continue
+        if out.field_rows is not None:
+            limit = out.read_limits.get(suffix)
+            if limit is None:  # few distinct suffixes: computed once each
+                limit = out.read_limits[suffix] = read_limit(suffix, out.field_rows.specs)
+            wanted = 0 <= member.size <= limit
+        else:
+            ext = suffix.rsplit(".", 1)[-1].lower()
+            wanted = ext in _META_EXTENSIONS and member.size <= _META_LIMIT and ext not in read_kinds
+            if wanted:
+                read_kinds.add(ext)
+        data = None
+        if wanted and member.size <= budget:
+            data = _read_member(archive, member)
+            budget -= len(data)
+        sample.append((name, member, data))
+    if sample:
+        _sample(sample, out, opened.container, door.label_field)
 
 
 def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     handle = archive.extractfile(member)
-    return handle.read() if handle is not None else b""
+    return handle.read(member.size) if handle is not None else b""
 
 
 #: The build report's reason for a WebDataset sample whose label cannot be read.
@@ -136,74 +196,78 @@ _INT64 = range(-(1 << 63), 1 << 63)
 _CLS_INTEGER = re.compile(r"-?[0-9]+")
 
 
-def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> tuple[int | None, str]:
-    """A WebDataset sample's label: its ``.cls`` member (an integer or a class name), else the
-    ``label_field`` of its ``.json`` object; -1 without either (or with a JSON ``null``).
+def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> tuple[tuple[int, int] | None, str]:
+    """A WebDataset sample's label as written: its ``.cls`` member, else the ``label_field`` of its
+    ``.json`` object; none without either (or with a JSON ``null``).
 
-    Returns ``(label, "")``, or ``(None, why)`` for a label that cannot be read: read the way a
-    manifest's labels are (``sources._LabelReader``), plain ASCII digits or a name, never a
-    guess (``" 1_0"``, ``3.0``, ``true`` and an empty ``.cls`` are refused, not turned into 10,
-    3, 1 or the class ``""``).
+    A ``.cls`` of ASCII digits is an integer (WebDataset's convention, zero-padded too, as its
+    readers' ``int()`` take it); other ``.cls`` text and a JSON string are text labels, typed by
+    the contract (``--label-type``: a class name, or refused when it only looks like an integer).
+    Returns ``(label, "")``, or ``(None, why)`` for a label that cannot be one (an empty ``.cls``,
+    ``3.0``, ``true``, digits past int64): never a guess.
     """
     if cls_text is not None:
         if not cls_text:
             return None, "the .cls member is empty"
         if not _CLS_INTEGER.fullmatch(cls_text):
-            if loose_int(cls_text):
-                return None, (f"the .cls member {cls_text!r} looks like an integer but is not plain ASCII digits "
-                              f"('_', '+' or non-ASCII digits): packer reads labels strictly; fix the member")
-            return out.class_id(cls_text), ""
-        # ASCII digits (zero-padded too, as WebDataset readers' int() takes them), bounded before
-        # int() so a megabyte of digits costs nothing
+            return out.text_label(cls_text), ""
+        # bounded before int() so a megabyte of digits costs nothing
         value = int(cls_text) if len(cls_text) <= 21 else None
         if value is None or value not in _INT64:
             return None, f"the .cls label {cls_text[:40]} does not fit in a signed 64-bit integer"
-        out.label_kinds.setdefault("int", str(value))
-        return value, ""
+        return RawListingBuilder.int_label(value), ""
     value = document.get(label_field) if isinstance(document, dict) else None
     if value is None:
-        return -1, ""
+        return RawListingBuilder.NONE, ""
     if isinstance(value, int) and not isinstance(value, bool):
         if value not in _INT64:
             return None, f"the .json label {label_field!r} ({value}) does not fit in a signed 64-bit integer"
-        out.label_kinds.setdefault("int", str(value))
-        return value, ""
+        return RawListingBuilder.int_label(value), ""
     if isinstance(value, str) and value:
-        return out.class_id(value), ""
+        return out.text_label(value), ""
     return None, (f"the .json label {label_field!r} is {json.dumps(value)[:80]}: expected an integer or a "
                   f"class name (or null for none)")
 
 
 def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
-            container: int, label_field: str, max_member_size: int) -> None:
+            container: int, label_field: str) -> None:
     if out.field_rows is not None:
-        _sample_with_fields(sample, out, container, label_field, max_member_size)
+        _sample_with_fields(sample, out, container, label_field)
         return
     image = None
     meta: dict[str, Any] = {}
+    read_from: dict[str, str] = {}  # metadata extension -> the member it was read from
     cls_text: str | None = None
     document: Any = None
     for name, member, data in sample:
         suffix = split_key(name)[1]
         ext = suffix.rsplit(".", 1)[-1].lower()
         if image is None and ext in IMAGE_EXTENSIONS:
-            if member.size > max_member_size:
-                out.reject(name, "oversize-member", f"{member.size} bytes, over the limit of {max_member_size}")
-                return
             image = (name, member)
             continue
         if data is None:
-            out.reject(name, "unused-member", "a WebDataset member that is neither the sample's image nor a "
-                                              ".cls/.json/.txt member (not packed)")
+            if ext in read_from:
+                why = f"the sample already has a .{ext} member ({read_from[ext]}); not packed"
+            elif ext in _META_EXTENSIONS:
+                why = f"a .{ext} member of {member.size} bytes, over the {_META_LIMIT} read as metadata (not packed)"
+            else:
+                why = ("a WebDataset member that is neither the sample's image nor a .cls/.json/.txt member "
+                       "(not packed)")
+            out.reject(name, "unused-member", why)
             continue
+        read_from[ext] = name
         text = data.decode("utf-8", "replace")
         if ext == "cls":
             cls_text = meta["cls"] = text.strip()
         elif ext == "json":
+            if not json_depth_ok(text):
+                out.reject(name, "bad-manifest-row", f"the .json member nests brackets deeper than "
+                                                     f"{MAX_JSON_DEPTH} levels (ignored)")
+                continue
             try:
-                obj = json.loads(data)
-            except (ValueError, RecursionError):  # a member nested 100,000 deep must not end the build
-                out.reject(name, "bad-manifest-row", "the .json member is not JSON (ignored)")
+                obj = parse_strict_json(data)  # as side files: no NaN, no 1e400, no lone surrogate
+            except (ValueError, RecursionError) as exc:
+                out.reject(name, "bad-manifest-row", f"the .json member is not strict JSON ({str(exc)[:80]}; ignored)")
                 continue
             document = meta["json"] = obj
         else:
@@ -225,11 +289,11 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
 
 
 def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
-                        container: int, label_field: str, max_member_size: int) -> None:
-    """A sample of a WebDataset built with declared fields (``build/sidefiles.py`` rules)."""
+                        container: int, label_field: str) -> None:
+    """A sample of a WebDataset built with declared fields (``sources/sidefiles.py`` rules)."""
     assert out.field_rows is not None
     members = [SideMember(name, split_key(name)[1], member.size, data, member) for name, member, data in sample]
-    parts = assemble_sample(split_key(sample[0][0])[0], members, out.field_rows, max_image_size=max_member_size)
+    parts = assemble_sample(split_key(sample[0][0])[0], members, out.field_rows)
     for name, reason, message in parts.unused:
         out.reject(name, reason, message)
     if parts.rejection is not None:

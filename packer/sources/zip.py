@@ -1,36 +1,45 @@
 """The zip door: ``class/file`` members like a tar (stored, deflate, bzip2 and lzma), listed from the
-central directory; workers inflate and CRC-check each member by offset."""
+central directory; workers inflate and CRC-check each member by offset.
+
+The central directory is a list of claims: where each member starts, how many bytes it stores
+and how many it expands to. The door lists them as claimed; the source contract checks every
+claim against the archive (each member inside it, no two overlapping, no member expanding more
+than ``MAX_EXPANSION`` times, the total bounded by the archive's size), so an entry declaring a
+terabyte, or thousands of entries sharing one compressed kernel, never reach a worker.
+"""
 
 from __future__ import annotations
 
 import stat
 import zipfile
 from pathlib import Path
-from typing import Callable
 
 from ..errors import SourceError
-from .archive_listing import DEFAULT_MAX_MEMBER_SIZE, MAX_EXPANSION, _Listing, _member_name
-from .listing import SourceListing
+from .archive_listing import _Listing, _member_name
+from .listing import DoorOptions, RawListing
 from .members import ZIP_METHODS
 from .tar import _name_meta
 
-# --- zip --------------------------------------------------------------------------------------------------
+_LIMIT = 1 << 63  # offsets and sizes past this are no file's
 
-def list_zip(path: Path, *, progress: Callable[[int], None] | None = None,
-             max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> SourceListing:
+
+def list_zip(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     """List a zip of ``class/file`` members (see the module docstring).
 
     Raises:
         SourceError: not a zip, or a damaged central directory.
     """
-    out = _Listing(progress)
+    out = _Listing(door.progress)
     try:
         archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise SourceError(f"not a readable zip archive: {exc}", path=path) from None
     container = out.add_container(str(path.resolve()))
     with archive:
         for info in archive.infolist():
+            if not info.filename:
+                out.reject("(empty name)", "bad-manifest-row", "a zip member with an empty name")
+                continue
             if info.is_dir():
                 continue
             name = _member_name(info.filename, out)
@@ -47,16 +56,14 @@ def list_zip(path: Path, *, progress: Callable[[int], None] | None = None,
             if method is None:
                 out.reject(name, "unreadable", f"zip compression method {info.compress_type} is not supported")
                 continue
-            if info.file_size > max_member_size:
-                out.reject(name, "oversize-member", f"{info.file_size} bytes, over the limit of {max_member_size}")
-                continue
-            if info.file_size > (1 << 20) and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
-                out.reject(name, "decompression-bomb", f"{info.compress_size} compressed bytes declare "
-                                                      f"{info.file_size} bytes (over {MAX_EXPANSION}x)")
+            if not all(0 <= value < _LIMIT for value in (info.header_offset, info.compress_size, info.file_size)):
+                out.reject(name, "unreadable", f"the central directory gives impossible numbers (offset "
+                                               f"{info.header_offset}, {info.compress_size} bytes stored, "
+                                               f"{info.file_size} expanded): a damaged or crafted archive")
                 continue
             if "/" not in name:
                 out.reject(name, "not-in-class-folder", "members must sit inside a class folder (class/file)")
                 continue
-            out.add(name, info.file_size, out.class_id(name.split("/", 1)[0]), container, info.header_offset,
+            out.add(name, info.file_size, out.name_label(name.split("/", 1)[0]), container, info.header_offset,
                     info.compress_size, method, info.CRC, meta=_name_meta(info.filename))
     return out.finish(path, "zip")

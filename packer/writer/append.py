@@ -27,34 +27,11 @@ from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
 from .plan import BuildOptions, make_plan, save_plan
 from .records import read_record, record_path
-from ..sources import list_any_source
-from .run import check_output_outside_source, check_workers, run_shards
-from ..sources import Rejection, SourceListing, select_rows
+from ..sources import Rejection, SourceListing, SourceOptions, list_source, select_rows
+from .run import check_output_outside_source, check_workers, run_shards, source_options
 from .staging import APPEND_SPOOL_DIR, PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
 __all__ = ["append", "options_from_manifest"]
-
-
-def _relabel(listing: SourceListing, old_classes: tuple[str, ...]) -> tuple[SourceListing, tuple[str, ...]]:
-    """Map the new source's labels onto the dataset's classes; unseen class names get new ids."""
-    if not listing.classes:
-        if old_classes and len(listing):
-            raise BuildError("the dataset has class names but the new source has integer labels; "
-                             "label the new source by class name")
-        return listing, old_classes
-    if not old_classes and len(listing):
-        raise BuildError("the dataset has integer labels but the new source has class names")
-    classes = list(old_classes)
-    known = {name: i for i, name in enumerate(classes)}
-    mapping = np.empty(len(listing.classes), dtype=np.int64)
-    for new_id, name in enumerate(listing.classes):
-        if name not in known:
-            known[name] = len(classes)
-            classes.append(name)
-        mapping[new_id] = known[name]
-    listing.labels = mapping[listing.labels] if len(listing) else listing.labels
-    listing.classes = tuple(classes)
-    return listing, tuple(classes)
 
 
 def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceListing:
@@ -108,11 +85,12 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
         options = _generation_options(manifest, generation, seed)
         spool = out / APPEND_SPOOL_DIR  # a compressed archive or Parquet source, decompressed once
         try:
-            # A fixed class list (--classes) is kept: new class names are rejected as
-            # unknown-class, never given new ids that other splits do not have.
-            listing = list_any_source(Path(source), root, spool_dir=spool, label_type=options.label_type,
-                                      classes=options.classes)  # an archive's spool: outside staging
-            listing, classes = _relabel(listing, manifest.classes)
+            # Labels go through the source contract with the dataset's class list as the given
+            # list: a name outside it gets the next label (or, when the dataset was built with a
+            # fixed list, --classes, is rejected as unknown-class: never an id other splits lack);
+            # a sample without a label is rejected when the dataset has class names.
+            listing = list_source(Path(source), append_source_options(options, manifest, root, spool))
+            classes = listing.classes
             listing = _drop_existing_keys(listing, _existing_keys(old.index))
             if len(listing) == 0:
                 raise EmptySourceError("every file of the new source is already in the dataset or rejected",
@@ -136,6 +114,16 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result
+
+
+def append_source_options(options: BuildOptions, manifest: fmt.Manifest, root: str | os.PathLike[str] | None,
+                          spool: Path) -> SourceOptions:
+    """The source contract's options for appending to a dataset: its class list is the given
+    list, extended by new names unless the dataset was built with a fixed list (``--classes``);
+    a dataset without names (``()``: integer labels, or none) takes integer labels or none."""
+    return replace(source_options(options, root=Path(root) if root is not None else None, spool_dir=spool),
+                   classes=tuple(manifest.classes), classes_origin="the class list of the dataset appended to",
+                   new_classes="reject" if options.classes is not None else "extend")
 
 
 def _generation_options(manifest: fmt.Manifest, generation: int, seed: int | None) -> BuildOptions:

@@ -20,12 +20,13 @@ from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsErro
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
-from ..sources import list_any_source
+from ..sources import SourceOptions, list_source
 from ..names import source_name
 from ..sources.members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
-__all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part", "shards_of_part", "run_shards"]
+__all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part",
+           "shards_of_part", "run_shards", "source_options"]
 
 logger = logging.getLogger("packer.build")
 
@@ -76,15 +77,19 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
                 f"(saved {plan.options.to_json()}, asked {options.to_json()}); use the same options, "
                 f"or build without --resume to start over", path=out)
         return plan
-    with ListingProgress(enabled=progress) as counter:
-        listing = list_any_source(source, root, progress=counter.update, spool_dir=staging / SPOOL_DIR,
-                                  source_kind=source_kind, label_field=label_field, classes=options.classes,
-                                  label_type=options.label_type,
-                                  image_column=image_column, fields=options.field_specs)
-    unknown = [r for r in listing.rejected if r.reason == "unknown-class"]
-    if strict_classes and unknown:
-        raise SourceError(f"{len(unknown)} file(s) are not in the class list (--on-error fail), e.g. "
-                          f"{unknown[0].key}: {unknown[0].message}", path=source)
+    created_staging = not staging.exists()
+    try:
+        with ListingProgress(enabled=progress) as counter:
+            listing = list_source(source, source_options(options, root=root, progress=counter.update,
+                                                         spool_dir=staging / SPOOL_DIR, source_kind=source_kind,
+                                                         label_field=label_field, image_column=image_column,
+                                                         on_error="fail" if strict_classes else "skip"))
+    except BaseException:
+        # a refused source (a bomb, a damaged archive, a full disk) leaves no spool in OUT
+        shutil.rmtree(staging / SPOOL_DIR, ignore_errors=True)
+        if created_staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     plan = make_plan(listing, options, source=source.name)
     try:
         staging.mkdir(parents=True, exist_ok=True)
@@ -93,6 +98,13 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     except OSError as exc:
         raise io_error(exc, "saving the build plan", plan_path) from None
     return plan
+
+
+def source_options(options: BuildOptions, **door: object) -> SourceOptions:
+    """The source contract's options for a build with ``options``: the class list, label type and
+    size limits the build asks for (``door``: the ``SourceOptions`` fields that say how to read it)."""
+    return SourceOptions(fields=options.field_specs, classes=options.classes, label_type=options.label_type,
+                         max_file_size=options.max_file_size, **door)  # type: ignore[arg-type]
 
 
 def _refuse_append_plan(plan: BuildPlan, out: Path) -> None:
@@ -188,7 +200,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
 
     Args:
         source: an ImageFolder-layout folder, a ``.csv``/``.jsonl`` manifest, or an archive
-            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``build/archives.py``).
+            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``packer/sources/``).
         out: the output folder.
         options: everything that changes the output bytes.
         workers: processes packing shards (default: available cores). Output is identical for any value.

@@ -16,7 +16,7 @@ LOCK_NAME = ".packer.lock"
 PLAN_NAME = "plan.pkp"
 RECORD_DIR = "done"
 TEMP_DIR = "tmp"
-SPOOL_DIR = "spool"  # compressed tar sources, decompressed once while listing (build/archives.py)
+SPOOL_DIR = "spool"  # compressed tar sources, decompressed once while listing (sources/tar.py)
 APPEND_SPOOL_DIR = ".packer-append-spool"  # the same for packer append (its staging is made after listing)
 
 

@@ -496,7 +496,7 @@ from packer.writer.atomic import fsync_dir, write_atomic  # noqa: E402
 from packer.writer.plan import (DEFAULT_SHARD_SIZE, BuildOptions, load_plan, make_plan, plan_shards,  # noqa: E402
                                save_plan)
 from packer.writer.records import RECORD_COLUMNS, read_record, record_path, write_record  # noqa: E402
-from packer.sources.detect import list_source  # noqa: E402
+from packer.sources import list_source  # noqa: E402
 from packer.writer.staging import PLAN_NAME, STAGING_DIR  # noqa: E402
 from packer.dataset import open_index  # noqa: E402
 from packer.errors import BuildError, EmptySourceError, OptionError  # noqa: E402
@@ -716,7 +716,7 @@ def test_build_options_edges_are_accepted() -> None:
 
 
 def test_plan_order_and_cuts(tmp_path: Path) -> None:
-    listing = list_source(png_folder(tmp_path / "src", 9), None)
+    listing = list_source(png_folder(tmp_path / "src", 9))
     shuffled = make_plan(listing, BuildOptions(seed=4, shard_size=3 * 4096 + 4096))
     assert shuffled.order.tolist() == np.random.Generator(np.random.PCG64(4)).permutation(9).tolist()
     assert shuffled.order.dtype == np.int64
@@ -739,7 +739,7 @@ def test_plan_order_and_cuts(tmp_path: Path) -> None:
 def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:
     src = png_folder(tmp_path / "src", 7)
     (src / "stray.png").write_bytes(b"outside every class folder")
-    listing = list_source(src, None)
+    listing = list_source(src)
     plan = make_plan(listing, BuildOptions(seed=2, shard_size=8192), source="src", first_shard_number=5)
     path = tmp_path / "plan.pkp"
     digest = save_plan(plan, path)
@@ -1135,7 +1135,7 @@ def _saved_plan(tmp_path: Path, **overrides: Any) -> tuple[Path, Path]:
              for i in range(6)]
     manifest = src / "list.jsonl"
     manifest.write_text("\n".join(lines) + "\n")
-    plan = make_plan(list_source(manifest, None), BuildOptions(shard_size=8192))
+    plan = make_plan(list_source(manifest), BuildOptions(shard_size=8192))
     plan = replace(plan, **overrides)
     path = tmp_path / "plan.pkp"
     save_plan(plan, path)
@@ -1203,7 +1203,7 @@ def test_plan_header_defaults_and_unusable_headers(tmp_path: Path) -> None:
 
 
 def test_make_plan_edges(tmp_path: Path) -> None:
-    listing = list_source(png_folder(tmp_path / "src", 3), None)
+    listing = list_source(png_folder(tmp_path / "src", 3))
     plan = make_plan(listing, BuildOptions(shard_size=4096, alignment=4096))  # shard size == alignment is allowed
     assert plan.source == "" and plan.shard_count == 3 and plan.first_shard_number == 0
     empty = plan_shards(np.zeros(0, dtype=np.uint64), 1, 64)
@@ -1223,7 +1223,7 @@ def test_plan_consistency_edges(tmp_path: Path) -> None:
 
     path, src = _saved_plan(tmp_path, shard_starts=np.array([0, 3, 3, 6]))
     assert load_plan(path, src).shard_starts.tolist() == [0, 3, 3, 6]  # an empty planned shard is tolerated
-    listing = list_source(png_folder(tmp_path / "src2", 2), None)
+    listing = list_source(png_folder(tmp_path / "src2", 2))
     empty = make_plan(select_rows(listing, np.zeros(2, dtype=bool)), BuildOptions())
     assert empty.shard_starts.tolist() == [0]
     save_plan(empty, tmp_path / "empty.pkp")
@@ -3226,7 +3226,7 @@ def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> No
         (src / split).mkdir(parents=True)
         for i in range(2):
             Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(src / split / f"{i}.png")
-    listing = list_source(src, None)
+    listing = list_source(src)
     plan = make_plan(listing, BuildOptions(shard_size=8192))
     path = tmp_path / "plan.pkp"
     save_plan(plan, path)

@@ -15,7 +15,8 @@ from PIL import Image
 
 from packer.writer import build
 from packer.sources import tar as tar_source
-from packer.sources.detect import expand_braces, list_any_source
+from packer.sources import SourceOptions, list_source
+from packer.sources.detect import expand_braces
 from packer.sources.sniff import sniff_container
 from packer.writer.plan import BuildOptions
 from packer.writer.run import finish
@@ -139,7 +140,7 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         data = FILES["cat/003.jpg"]
         info.size = len(data)
         archive.addfile(info, io.BytesIO(data))
-    listing = list_any_source(source, max_member_size=4096)
+    listing = list_source(source, SourceOptions(max_member_size=4096))
     assert {r.key: r.reason for r in listing.rejected} == {
         "../up.jpg": "outside-root", "/etc/abs.jpg": "outside-root", "cat/sym.jpg": "not-a-file",
         "cat/hard.jpg": "not-a-file", "cat/fifo": "not-a-file", "cat/.DS_Store": "hidden-file",

@@ -14,7 +14,7 @@ from PIL import Image
 from packer import format as fmt
 from packer.writer import build
 from packer.writer.plan import BuildOptions
-from packer.sources.manifest import list_manifest
+from packer.sources import SourceOptions, list_source
 from packer.classes import check_classes, load_class_list
 from packer.cli import cli, _register
 from packer.dataset import open_index
@@ -145,7 +145,8 @@ def test_bad_class_lists_are_option_errors(spec: str, message: str) -> None:
         load_class_list(spec)
 
 
-@pytest.mark.parametrize("content, message", [("[" * 100_000, "not JSON"), ('{"a": 1}', "JSON list"),
+@pytest.mark.parametrize("content, message", [("[" * 100_000, "nests arrays or objects deeper than 64"),
+                                              ("[1, ", "not JSON"), ('{"a": 1}', "JSON list"),
                                               ('["a", 3]', "non-empty strings"), ("[]", "empty")])
 def test_bad_class_list_files_are_option_errors(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "classes.json").write_text(content)
@@ -206,7 +207,7 @@ def make_manifest(tmp_path: Path, rows: list[tuple[str, str]], header: str = "pa
 
 def test_string_labels_are_sorted_class_names_and_label_type_is_reported(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "zebra"), ("", "ant"), ("", "zebra")])
-    listing = list_manifest(manifest, tmp_path / "img")
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
     assert listing.classes == ("ant", "zebra") and listing.labels.tolist() == [1, 0, 1]
     assert listing.label_type == "str"
     result = build(manifest, tmp_path / "ds", BuildOptions(), root=tmp_path / "img", workers=1, progress=False)
@@ -216,27 +217,27 @@ def test_string_labels_are_sorted_class_names_and_label_type_is_reported(tmp_pat
 @pytest.mark.parametrize("label", ['" 1 "', "1_000", "\u0661", "+1", "007"])
 def test_labels_that_only_look_like_integers_are_rejected_not_read(tmp_path: Path, label: str) -> None:
     manifest = make_manifest(tmp_path, [("", "1"), ("", label), ("", "2")])
-    listing = list_manifest(manifest, tmp_path / "img")
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
     assert listing.labels.tolist() == [1, 2] and listing.classes == ()
-    [rejection] = listing.rejected
-    assert rejection.reason == "bad-manifest-row" and "strictly" in rejection.message
+    [rejection] = listing.rejected  # the contract's rule for every door: bad-label, keyed by the file
+    assert (rejection.key, rejection.reason) == ("x/001.jpg", "bad-label") and "strictly" in rejection.message
 
 
 def test_label_type_int_and_str(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "3"), ("", "cat"), ("", "10")])
-    with pytest.raises(SourceError, match="mixes integer.*--label-type str"):
-        list_manifest(manifest, tmp_path / "img")
-    as_int = list_manifest(manifest, tmp_path / "img", label_type="int")
-    assert as_int.labels.tolist() == [3, 10] and [r.reason for r in as_int.rejected] == ["bad-manifest-row"]
-    as_str = list_manifest(manifest, tmp_path / "img", label_type="str")
+    with pytest.raises(SourceError, match="labels mix integers.*--label-type str"):
+        list_source(manifest, SourceOptions(root=tmp_path / "img"))
+    as_int = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="int"))
+    assert as_int.labels.tolist() == [3, 10] and [r.reason for r in as_int.rejected] == ["bad-label"]
+    as_str = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="str"))
     assert as_str.classes == ("10", "3", "cat") and as_str.labels.tolist() == [1, 2, 0]
     with pytest.raises(OptionError, match="label-type"):
-        list_manifest(manifest, tmp_path / "img", label_type="float")
+        list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="float"))
 
 
 def test_manifest_with_a_class_list_rejects_unknown_labels(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "dog"), ("", "wolf"), ("", "cat")])
-    listing = list_manifest(manifest, tmp_path / "img", classes=("cat", "dog", "emu"))
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", classes=("cat", "dog", "emu")))
     assert listing.classes == ("cat", "dog", "emu") and listing.labels.tolist() == [1, 0]
     assert [r.reason for r in listing.rejected] == ["unknown-class"]
 
@@ -246,7 +247,7 @@ def test_duplicate_path_column_is_an_error(tmp_path: Path) -> None:
     manifest = tmp_path / "list.csv"
     manifest.write_text("path,label,path\nx/000.jpg,1,x/001.jpg\n")
     with pytest.raises(SourceError, match="repeats column.*path"):
-        list_manifest(manifest, tmp_path / "img")
+        list_source(manifest, SourceOptions(root=tmp_path / "img"))
 
 
 def test_csv_column_named_metadata_is_refused(tmp_path: Path) -> None:
@@ -254,7 +255,7 @@ def test_csv_column_named_metadata_is_refused(tmp_path: Path) -> None:
     manifest = tmp_path / "list.csv"
     manifest.write_text('path,label,metadata\nx/000.jpg,1,"{""a"": 1}"\n')
     with pytest.raises(SourceError, match="named 'metadata'"):
-        list_manifest(manifest, tmp_path / "img")
+        list_source(manifest, SourceOptions(root=tmp_path / "img"))
 
 
 def test_jsonl_hostile_rows_are_rejected_per_row(tmp_path: Path) -> None:
@@ -270,7 +271,7 @@ def test_jsonl_hostile_rows_are_rejected_per_row(tmp_path: Path) -> None:
     ]
     manifest = tmp_path / "list.jsonl"
     manifest.write_text("\n".join(rows) + "\n")
-    listing = list_manifest(manifest, tmp_path / "img")
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
     assert len(listing) == 1 and listing.metadata(0) == b'{"ok":1.5}'
     reasons = {r.key.split(":")[1]: (r.reason, r.message) for r in listing.rejected}
     assert "deeper than" in reasons["2"][1]
@@ -284,16 +285,16 @@ def test_no_usable_rows_names_reasons_and_header_fixes(tmp_path: Path) -> None:
     hf = tmp_path / "metadata.jsonl"
     hf.write_text("".join(json.dumps({"file_name": f"x/{i:03d}.jpg", "label": 0}) + "\n" for i in range(3)))
     with pytest.raises(EmptySourceError, match="3 rejected: 3 bad-manifest-row.*rename column 'file_name' to 'path'"):
-        list_manifest(hf, tmp_path / "img")
+        list_source(hf, SourceOptions(root=tmp_path / "img"))
     spaced = tmp_path / "spaced.csv"
     spaced.write_text("path, label\nx/000.jpg,1\n")
     with pytest.raises(SourceError, match="' label' has spaces"):
-        list_manifest(spaced, tmp_path / "img")
+        list_source(spaced, SourceOptions(root=tmp_path / "img"))
     nolabel = tmp_path / "nolabel.csv"
     nolabel.write_text("path,target\nx/000.jpg,1\n")
     with pytest.raises(SourceError, match="rename column 'target' to 'label'"):
-        list_manifest(nolabel, tmp_path / "img")
+        list_source(nolabel, SourceOptions(root=tmp_path / "img"))
     lists = tmp_path / "lists.jsonl"
     lists.write_text("".join(json.dumps({"path": f"x/{i:03d}.jpg", "label": [0, 1]}) + "\n" for i in range(3)))
     with pytest.raises(EmptySourceError, match="is a list \\(multi-label\\)"):
-        list_manifest(lists, tmp_path / "img")
+        list_source(lists, SourceOptions(root=tmp_path / "img"))

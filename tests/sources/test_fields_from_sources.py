@@ -14,8 +14,8 @@ from PIL import Image
 
 from packer.writer import BuildOptions, build
 from packer.sources import folder as sources
-from packer.sources.detect import list_any_source
-from packer.sources.coco import coco_categories, list_coco
+from packer.sources import SourceOptions, list_source
+from packer.sources.coco import coco_categories
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OptionError, SourceError
 
@@ -94,7 +94,7 @@ def test_default_image_source_is_the_field_name_with_any_image_extension(tmp_pat
     (tmp_path / "src" / "a" / "2.jpg").write_bytes(jpeg(2))
     (tmp_path / "src" / "a" / "2.depth.png").write_bytes(mask_png(2))
     (tmp_path / "src" / "a" / "2.depth.tif").write_bytes(mask_png(2))
-    listing = list_any_source(tmp_path / "src", fields=BuildOptions(fields=("depth=image",)).field_specs)
+    listing = list_source(tmp_path / "src", SourceOptions(fields=BuildOptions(fields=("depth=image",)).field_specs))
     assert [listing.key(i) for i in range(len(listing))] == ["a/1.jpg"]
     assert listing.fields.image_key("depth", 0) == "a/1.depth.png"
     reason, message = {r.key: (r.reason, r.message) for r in listing.rejected}["a/2.jpg"]
@@ -144,7 +144,7 @@ def test_side_files_grouped_even_when_not_neighbours(tmp_path: Path, monkeypatch
     fields = BuildOptions(fields=("caption=text@txt",)).field_specs
 
     def listed() -> list[tuple[str, str]]:
-        listing = list_any_source(tmp_path / "src", fields=fields)
+        listing = list_source(tmp_path / "src", SourceOptions(fields=fields))
         blob, offsets = listing.fields.blobs["caption"], listing.fields.offsets["caption"]
         return [(listing.key(i), blob[offsets[i]:offsets[i + 1]].tobytes().decode()) for i in range(len(listing))]
 
@@ -163,8 +163,8 @@ def test_side_files_grouped_even_when_not_neighbours(tmp_path: Path, monkeypatch
 def test_folder_without_fields_lists_every_file_as_today(tmp_path: Path) -> None:
     """No --field: side files are not grouped; each file is a candidate, as the folder rules say."""
     src = side_file_folder(tmp_path / "src", count=2)
-    with_nothing = list_any_source(src)
-    walked = sources.list_image_folder(src)
+    with_nothing = list_source(src)
+    walked = sources.list_image_folder(src)  # the door's own listing: the same keys
     assert [with_nothing.key(i) for i in range(len(with_nothing))] == [walked.key(i) for i in range(len(walked))] == [
         f"{c}/{i:03d}.{ext}" for c in ("cat", "dog") for i in range(2) for ext in ("jpg", "json", "mask.png", "txt")]
     assert with_nothing.fields is None and with_nothing.meta_blob.size == 0
@@ -183,7 +183,7 @@ def test_non_utf8_side_file_names_are_refused_with_fields(tmp_path: Path) -> Non
             handle.write(jpeg(2))
     except OSError:
         pytest.skip("this file system refuses non-UTF-8 names")
-    listing = list_any_source(tmp_path / "src", fields=BuildOptions(fields=("caption=text@txt",)).field_specs)
+    listing = list_source(tmp_path / "src", SourceOptions(fields=BuildOptions(fields=("caption=text@txt",)).field_specs))
     assert [listing.key(i) for i in range(len(listing))] == ["a/1.jpg"]
     assert [r.reason for r in listing.rejected] == ["undecodable-name"]
 
@@ -280,7 +280,7 @@ def test_webdataset_repeated_keys_keep_fields_aligned(tmp_path: Path) -> None:
 def test_webdataset_without_fields_survives_hostile_json(tmp_path: Path) -> None:
     shard = write_shard(tmp_path / "shard.tar", [("a.jpg", jpeg(1)), ("a.json", b"[" * 100_000),
                                                  ("b.jpg", jpeg(2)), ("b.cls", b"3")])
-    listing = list_any_source(shard)
+    listing = list_source(shard)
     assert [listing.key(i) for i in range(len(listing))] == ["a.jpg", "b.jpg"] and listing.labels.tolist() == [-1, 3]
     assert [(r.key, r.reason) for r in listing.rejected] == [("a.json", "bad-manifest-row")]
 
@@ -302,7 +302,7 @@ def test_webdataset_fields_deterministic_and_resumable(tmp_path: Path) -> None:
 def test_class_tars_and_zips_refuse_fields(tmp_path: Path) -> None:
     tar = write_shard(tmp_path / "classes.tar", [("cat/1.jpg", jpeg(1)), ("cat/1.png", mask_png(1))])
     with pytest.raises(OptionError, match="a tar of class folders .* does not take declared fields"):
-        list_any_source(tar, source_kind="tar", fields=BuildOptions(fields=("mask=image",)).field_specs)
+        list_source(tar, SourceOptions(source_kind="tar", fields=BuildOptions(fields=("mask=image",)).field_specs))
 
 
 # --- COCO ------------------------------------------------------------------------------------------------
@@ -359,7 +359,7 @@ def test_coco_is_recognised_by_content(tmp_path: Path) -> None:
     annotations, images = coco_source(tmp_path / "src")
     renamed = annotations.with_name("instances_val")  # no suffix at all
     annotations.rename(renamed)
-    listing = list_any_source(renamed, images)
+    listing = list_source(renamed, SourceOptions(root=images))
     assert listing.kind == "coco" and len(listing) == 5
 
 
@@ -382,7 +382,7 @@ def test_hostile_coco_documents_are_source_errors(tmp_path: Path, change, messag
     annotations, images = coco_source(tmp_path / "src")
     change(annotations)
     with pytest.raises(SourceError, match=message):
-        list_coco(annotations, images)
+        list_source(annotations, SourceOptions(root=images))
 
 
 def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> Non
     path, root = coco_source(tmp_path / "src", annotations=annotations, images=images)
     for i in range(105, 111):
         (root / f"copy-{i}.jpg").write_bytes(jpeg(i))
-    listing = list_coco(path, root)
+    listing = list_source(path, SourceOptions(root=root))
     reasons = {r.key: (r.reason, r.message) for r in listing.rejected}
     for image_id, expected in messages.items():
         name = f"{image_id % 5:012d}.jpg" if image_id < 105 else f"copy-{image_id}.jpg"
@@ -453,11 +453,11 @@ def test_coco_builds_are_deterministic_and_resumable(tmp_path: Path) -> None:
 def test_coco_without_root_says_to_pass_it(tmp_path: Path) -> None:
     annotations, _ = coco_source(tmp_path / "src")
     with pytest.raises(EmptySourceError, match="pass the image folder, e.g. --root train2017/"):
-        list_coco(annotations)
+        list_source(annotations)
     with pytest.raises(OptionError, match="a COCO annotation file declares its own fields"):
-        list_any_source(annotations, fields=BuildOptions(fields=("boxes=float32[N,4]",)).field_specs)
+        list_source(annotations, SourceOptions(fields=BuildOptions(fields=("boxes=float32[N,4]",)).field_specs))
     with pytest.raises(OptionError, match="--classes does not apply to a COCO source"):
-        list_any_source(annotations, classes=("dog",))
+        list_source(annotations, SourceOptions(classes=("dog",)))
 
 
 def test_cli_builds_a_coco_source(tmp_path: Path) -> None:
@@ -528,7 +528,7 @@ def test_unpaired_surrogate_escapes_are_rejections_not_crashes(tmp_path: Path) -
 def test_coco_names_with_unpaired_surrogates(tmp_path: Path) -> None:
     images = [{"id": 100, "file_name": "a\ud800.jpg"}, {"id": 101, "file_name": "000000000001.jpg"}]
     path, root = coco_source(tmp_path / "src", images=images, annotations=[])
-    listing = list_coco(path, root)
+    listing = list_source(path, SourceOptions(root=root))
     assert [(r.key, r.reason) for r in listing.rejected] == [("images[0]", "undecodable-name")]
     assert listing.rejected[0].message == "file_name 'a\\ud800.jpg' holds an unpaired surrogate escape (not a file name)"
     assert [listing.key(i) for i in range(len(listing))] == ["000000000001.jpg"]
@@ -536,6 +536,6 @@ def test_coco_names_with_unpaired_surrogates(tmp_path: Path) -> None:
     assert result.sample_count == 1
     path, root = coco_source(tmp_path / "src2", categories=[{"id": 1, "name": "dog\udfff"}])
     with pytest.raises(SourceError) as caught:
-        list_coco(path, root)
+        list_source(path, SourceOptions(root=root))
     assert caught.value.message == ("categories[0] name 'dog\\udfff' holds an unpaired surrogate escape "
                                     "(not Unicode text)")

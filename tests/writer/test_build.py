@@ -259,14 +259,14 @@ def test_hostile_manifest_rows_are_rejected_not_crashing(source: Path, tmp_path:
 
 
 def test_listing_reports_progress_every_ten_thousand_entries(tmp_path: Path) -> None:
-    from packer.sources.detect import list_source
+    from packer.sources import SourceOptions, list_source
 
     root = tmp_path / "src" / "only"
     root.mkdir(parents=True)
     for i in range(20_005):
         (root / f"{i:05d}.jpg").write_bytes(b"x")
     seen: list[int] = []
-    listing = list_source(tmp_path / "src", progress=seen.append)
+    listing = list_source(tmp_path / "src", SourceOptions(progress=seen.append))
     assert len(listing) == 20_005 and seen == [10_000, 20_000]
 
 

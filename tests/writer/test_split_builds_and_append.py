@@ -173,7 +173,7 @@ def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: 
     # a plan from an append that was killed (no chance to clean up) is refused too
     monkeypatch.undo()
     import packer.writer.plan as plan_module
-    listing = __import__("packer.sources.detect", fromlist=["list_source"]).list_source(new)
+    listing = __import__("packer.sources", fromlist=["list_source"]).list_source(new)
     plan = plan_module.make_plan(listing, OPTIONS, first_shard_number=9)
     (ds_path / STAGING_DIR / "done").mkdir(parents=True)
     plan_module.save_plan(plan, ds_path / STAGING_DIR / "plan.pkp")

@@ -288,7 +288,7 @@ def test_a_plan_that_is_not_a_regular_file_is_refused_by_name(tmp_path: Path) ->
 def test_a_rejected_key_that_is_not_utf8_survives_the_saved_plan(tmp_path: Path) -> None:
     """A COCO ``file_name`` "x\\udcff.jpg" (the file b"x\\xff.jpg") rejected while listing: the plan
     saves and loads it (it used to fail with UnicodeEncodeError), and the report holds its bytes."""
-    from packer.sources.detect import list_any_source
+    from packer.sources import SourceOptions, list_source
     from packer.writer.plan import load_plan, make_plan, save_plan
 
     root = tmp_path / "src"
@@ -300,7 +300,7 @@ def test_a_rejected_key_that_is_not_utf8_survives_the_saved_plan(tmp_path: Path)
                 "categories": [{"id": 3, "name": "caf\u00e9"}]}
     annotations = root / "instances.json"
     annotations.write_text(json.dumps(document), "utf-8")
-    listing = list_any_source(annotations, root / "images")
+    listing = list_source(annotations, SourceOptions(root=root / "images"))
     assert [r.key for r in listing.rejected] == ["x\udcff.jpg"]
     plan = make_plan(listing, BuildOptions())
     save_plan(plan, tmp_path / "plan.pkp")
