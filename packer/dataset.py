@@ -242,17 +242,20 @@ class DatasetIndex:
         i = self._check(i)
         if spec.kind == "image":
             raise OptionError(f"field {name!r} is an image: read it with Dataset.field_image(name, i)")
-        column = self.index.field_columns[spec.column]
-        if spec.variable:
-            offsets = self.index.field_columns[spec.offsets_column]
-            raw = column[int(offsets[i]):int(offsets[i + 1])]
-        else:
-            size = spec.record_bytes
-            raw = column[i * size:(i + 1) * size]
+        raw = self._field_raw(spec, i)
         try:
             return fieldspec.decode_value(spec, raw)
         except fieldspec.FieldValueError as exc:
             raise IndexMismatchError(str(exc), path=self.path, sample=i) from None
+
+    def _field_raw(self, spec: fmt.FieldSpec, i: int) -> np.ndarray:
+        """Sample ``i``'s stored bytes of value field ``spec`` (a view of the index)."""
+        column = self.index.field_columns[spec.column]
+        if spec.variable:
+            offsets = self.index.field_columns[spec.offsets_column]
+            return column[int(offsets[i]):int(offsets[i + 1])]
+        size = spec.record_bytes
+        return column[i * size:(i + 1) * size]
 
     def field_array(self, name: str) -> np.ndarray:
         """A fixed-shape ``array`` field for every sample: a zero-copy ``(N, *shape)`` view of the index."""
@@ -318,8 +321,9 @@ class DatasetIndex:
                     "format": fmt.ImageFormat.NAMES.get(int(columns[spec.image_column("format")][i]), "unknown")}
         try:
             value = self.field_value(spec.name, i)
-        except IndexMismatchError as exc:  # a hand-damaged caption: show it, `verify` reports it
-            return {"error": exc.message}
+        except IndexMismatchError as exc:  # a hand-damaged value: show its bytes escaped, `verify` reports it
+            return {"error": exc.message,
+                    "escaped": self._field_raw(spec, i).tobytes().decode("utf-8", "backslashreplace")}
         return value if isinstance(value, str) else fmt.json_ready(value.tolist())
 
     def shard_range(self, shard: int) -> tuple[int, int]:
