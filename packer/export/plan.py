@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import format as fmt
-from ..errors import OptionError
+from ..errors import IndexMismatchError, OptionError
 from ..fields import FieldSpec, FieldValueError, decode_value
 from ..names import ESCAPED_FIELD, unescape_key
 from ..sources.fieldvalues import FieldRowBuilder
@@ -219,7 +219,11 @@ class SampleNamer:
         key = ds.key(row)
         label = int(ds.labels[row])
         out = SampleEntries(row, key, label)
-        meta = ds.metadata(row)
+        try:
+            meta = ds.metadata(row)
+        except IndexMismatchError as exc:  # a hand-damaged index: reported with the sample, not a crash
+            out.problem = ("unrepresentable", f"its stored metadata cannot be read: {exc.message}")
+            return out
         name = unescape_key(key, bool(meta.get(ESCAPED_FIELD)))
         problem = name_problem(name, archive=False)  # the key itself, before a class folder is put in front
         if problem is not None:
@@ -237,6 +241,9 @@ class SampleNamer:
                 out.entries.extend(self._webdataset_members(main, label, meta, out.entries))
         except ValueError as exc:  # a value strict JSON cannot hold
             out.problem = ("unrepresentable", str(exc))
+            return out
+        except IndexMismatchError as exc:  # a stored value that cannot be decoded (text that is not UTF-8)
+            out.problem = ("unrepresentable", f"a stored value cannot be read: {exc.message}")
             return out
         for entry in out.entries:
             problem = name_problem(entry.name, archive=self.target.archive)

@@ -71,6 +71,9 @@ def _replaceable(target: str, out: Path) -> Callable[[os.stat_result, int | None
     this target could have written (a folder of class folders; a folder of shards; a file)."""
 
     def check(info: os.stat_result, folder_fd: int | None) -> None:
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            raise OutputExistsError("the export target is a device, FIFO or socket; an export replaces a file, "
+                                    "a link or a folder it could have written", path=out)
         if folder_fd is None:  # a file or a link: replaced itself, never followed
             return
         if target == "tar":

@@ -35,7 +35,6 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 import stat
 from collections import OrderedDict
 from pathlib import Path
@@ -90,15 +89,43 @@ def _syncfs(fd: int) -> None:
 
 
 def _remove(dir_fd: int, name: bytes) -> None:
-    """Remove entry ``name`` of ``dir_fd`` whatever it is, following no symlink."""
+    """Remove entry ``name`` of ``dir_fd`` whatever it is, following no symlink.
+
+    Iterative, one folder descriptor open at a time (an export may be 2,000 folders deep: no
+    recursion, no descriptor per level): it goes down into the first sub-folder left, removes
+    the files, and comes back up through ``..`` of the folder it holds open.
+    """
     try:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(os.fsdecode(name), dir_fd=dir_fd)  # the fd-based walk: links are removed, not followed
-    else:
+    if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    below: list[str] = []  # the names from ``name`` down to the folder ``fd`` holds
+    try:
+        while True:
+            child_fd = -1
+            for child in os.listdir(fd):
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    child_fd = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                    below.append(child)
+                    break
+                os.unlink(child, dir_fd=fd)
+            if child_fd >= 0:
+                os.close(fd)
+                fd = child_fd
+                continue
+            if not below:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(below.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 class SafeTree:
@@ -117,28 +144,41 @@ class SafeTree:
         self.files = 0
 
     def _folder(self, folder: bytes) -> int:
+        """The open descriptor of stage folder ``folder``, made (and opened) one component at a time
+        from its deepest ancestor already open: iterative, whatever the depth."""
         if not folder:
             return self._root
         fd = self._folders.get(folder)
         if fd is not None:
             self._folders.move_to_end(folder)
             return fd
-        parent_path, _, name = folder.rpartition(b"/")
-        parent = self._folder(parent_path)
-        try:
-            os.mkdir(name, 0o777, dir_fd=parent)
-        except FileExistsError:
-            pass
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        except OSError as exc:  # ELOOP / ENOTDIR: a link or a file where a folder goes
-            raise OptionError(f"cannot create the folder {os.fsdecode(folder)!r} in the export: "
-                              f"{exc.strerror} (a file or link is in its place)") from None
-        self._folders[folder] = fd
-        while len(self._folders) > _OPEN_FOLDERS:
-            _, old = self._folders.popitem(last=False)
-            os.close(old)
-        return fd
+        start = folder
+        parent = self._root
+        while True:  # the deepest open ancestor
+            start = start.rpartition(b"/")[0]
+            if not start:
+                break
+            cached = self._folders.get(start)
+            if cached is not None:
+                parent = cached
+                break
+        path = start
+        for name in folder[len(start) + 1 if start else 0:].split(b"/"):
+            path = path + b"/" + name if path else name
+            try:
+                os.mkdir(name, 0o777, dir_fd=parent)
+            except FileExistsError:
+                pass
+            try:
+                parent = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except OSError as exc:  # ELOOP / ENOTDIR: a link or a file where a folder goes
+                raise OptionError(f"cannot create the folder {os.fsdecode(path)!r} in the export: "
+                                  f"{exc.strerror} (a file or link is in its place)") from None
+            self._folders[path] = parent  # the newest: never the one evicted below
+            while len(self._folders) > _OPEN_FOLDERS:
+                _, old = self._folders.popitem(last=False)
+                os.close(old)
+        return parent
 
     def create(self, relative: bytes) -> int:
         """A new file at ``relative``: a write-only descriptor the caller closes."""

@@ -410,3 +410,44 @@ def test_overwrite_refuses_to_replace_what_an_export_never_writes(tmp_path: Path
         export(ds, home)
     (tmp_path / "empty").mkdir()
     assert export(ds, tmp_path / "empty").samples == 1  # an empty folder is taken without --overwrite
+
+
+@pytest.mark.parametrize("target", ["tar", "folder"])
+def test_overwrite_never_replaces_a_fifo_or_device(tmp_path: Path, target: str) -> None:
+    ds = folder_dataset(tmp_path, {"cat/0.png": png(1)})
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputExistsError, match="device, FIFO or socket"):
+        export(ds, fifo, to=target, overwrite=True)
+    assert fifo.is_fifo()
+
+
+def test_a_sample_whose_stored_caption_is_not_utf8_is_reported_not_a_crash(tmp_path: Path) -> None:
+    rows = [{"path": f"img/{i}.png", "label": "cat", "caption": f"c{i}"} for i in range(3)]
+    ds = manifest_dataset(tmp_path, rows, fields=("caption=text",))
+
+    def damage(columns: dict[str, np.ndarray]) -> None:
+        blob = columns["f_caption"].copy()
+        blob[0] = 0xFF  # the first caption's first byte: no longer UTF-8
+        columns["f_caption"] = blob
+
+    rewrite_index(ds, damage)
+    with pytest.raises(UnsafeExportError, match="a stored value cannot be read"):
+        export(ds, tmp_path / "out")
+    result = export(ds, tmp_path / "out", skip_unsafe=True)
+    assert (result.samples, result.skipped) == (2, {"unrepresentable": 1})
+
+
+def test_a_path_2000_folders_deep_is_written_and_replaced_without_recursion(tmp_path: Path) -> None:
+    """Folders are made, and an old export removed, one level at a time (no recursion, no descriptor
+    per level): a 2,000-level key (under the 4,095-byte path limit) exports and is replaced."""
+    ds = folder_dataset(tmp_path, {"cat/0.png": png(1), "cat/1.png": png(2)})
+    deep = b"cat/" + b"d/" * 2000 + b"x.png"
+    with open_dataset(ds) as opened:
+        keys = [deep if opened.key(i) == "cat/1.png" else opened.key(i).encode() for i in range(2)]
+    with_keys(ds, keys)
+    assert export(ds, tmp_path / "out").samples == 2
+    with open(os.path.join(os.fsencode(tmp_path / "out"), deep), "rb") as handle:
+        assert handle.read() == png(2)
+    assert export(ds, tmp_path / "out", overwrite=True, samples="0:2").samples == 2  # the old tree removed
+    assert sorted(os.listdir(tmp_path)) == ["ds", "out", "src"]
