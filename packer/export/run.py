@@ -94,12 +94,16 @@ def _replaceable(target: str, out: Path) -> Callable[[os.stat_result, int | None
     return check
 
 
-def _check_target_path(dataset: Path, out: Path) -> None:
+def _check_target_path(out: Path, dataset: Path | None) -> None:
+    """OUT may not be (or hold) the current folder or the dataset's folder, nor lie inside the latter."""
     real_out = os.path.realpath(out)
-    for inside, what in ((os.path.realpath(dataset), "the dataset"), (os.path.realpath(os.getcwd()), "the current folder")):
+    holds = [(os.path.realpath(os.getcwd()), "the current folder")]
+    if dataset is not None:
+        holds.append((os.path.realpath(dataset), "the dataset"))
+    for inside, what in holds:
         if os.path.commonpath([real_out, inside]) == real_out:
             raise OptionError(f"the export target {str(out)!r} is {what} or holds it; choose a new path")
-    if os.path.commonpath([real_out, os.path.realpath(dataset)]) == os.path.realpath(dataset):
+    if dataset is not None and os.path.commonpath([real_out, os.path.realpath(dataset)]) == os.path.realpath(dataset):
         raise OptionError(f"the export target {str(out)!r} is inside the dataset folder; choose a path outside it")
 
 
@@ -131,10 +135,11 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
     if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise OptionError(f"--samples-per-shard must be a positive integer, got {samples_per_shard!r}")
     out_path = Path(out)
-    _check_target_path(Path(dataset), out_path)
+    _check_target_path(out_path, None)
     staged = StagedOutput(out_path, folder=to != "tar", overwrite=overwrite, check_replaceable=_replaceable(to, out_path))
     staged.preflight()  # fail fast: before reading every sample's names
     with open_dataset(dataset) as ds:
+        _check_target_path(out_path, ds.path)  # a dataset URL: its node-cache folder
         codec = ds.manifest.codec.get("name", "passthrough")
         if codec != "passthrough":
             raise OptionError(f"this dataset was built with codec {codec!r}: its payloads are not the source "
