@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 
 from ..errors import OptionError, OutputExistsError
 
-__all__ = ["StagedOutput", "SafeTree", "checkpoint", "STAGE_MARK"]
+__all__ = ["StagedOutput", "SafeTree", "checkpoint", "remove_entry", "STAGE_MARK"]
 
 #: What every stage and moved-aside old target is named after: ``.<OUT name>`` + this + a token.
 STAGE_MARK = b".packer-export-"
@@ -88,7 +88,7 @@ def _syncfs(fd: int) -> None:
         os.sync()
 
 
-def _remove(dir_fd: int, name: bytes) -> None:
+def remove_entry(dir_fd: int, name: bytes) -> None:
     """Remove entry ``name`` of ``dir_fd`` whatever it is, following no symlink.
 
     Iterative, one folder descriptor open at a time (an export may be 2,000 folders deep: no
@@ -108,11 +108,14 @@ def _remove(dir_fd: int, name: bytes) -> None:
         while True:
             child_fd = -1
             for child in os.listdir(fd):
-                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                    child_fd = os.open(child, _DIR_FLAGS, dir_fd=fd)
-                    below.append(child)
-                    break
-                os.unlink(child, dir_fd=fd)
+                try:
+                    if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                        child_fd = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                        below.append(child)
+                        break
+                    os.unlink(child, dir_fd=fd)
+                except FileNotFoundError:  # removed meanwhile (another export cleaning the same leftover)
+                    continue
             if child_fd >= 0:
                 os.close(fd)
                 fd = child_fd
@@ -122,10 +125,16 @@ def _remove(dir_fd: int, name: bytes) -> None:
             parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = parent
-            os.rmdir(below.pop(), dir_fd=fd)
+            try:
+                os.rmdir(below.pop(), dir_fd=fd)
+            except FileNotFoundError:
+                pass
     finally:
         os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 class SafeTree:
@@ -312,14 +321,14 @@ class StagedOutput:
                 fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0),
                              dir_fd=self._parent)
             except OSError:  # a link or something else planted under our name: removed, not followed
-                _remove(self._parent, name)
+                remove_entry(self._parent, name)
                 continue
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # another export is writing it
-                _remove(self._parent, name)
+                remove_entry(self._parent, name)
             finally:
                 os.close(fd)
 
@@ -371,7 +380,7 @@ class StagedOutput:
         os.fsync(self._parent)
         checkpoint("published")
         if old is not None:
-            _remove(self._parent, old)
+            remove_entry(self._parent, old)
 
     # --- closing ---
     def _discard(self) -> None:
@@ -384,7 +393,7 @@ class StagedOutput:
             os.close(self._stage_fd)
             self._stage_fd = -1
         if self._stage and not self._published and self._parent >= 0:
-            _remove(self._parent, self._stage)
+            remove_entry(self._parent, self._stage)
         if self._parent >= 0:
             os.close(self._parent)
             self._parent = -1

@@ -24,6 +24,7 @@ from packer.cli import _register, cli
 from packer.dataset import open_dataset
 from packer.errors import OptionError, OutputExistsError, UnsafeExportError
 from packer.export import export
+from packer.export.safewrite import remove_entry
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 from helpers import rewrite_index
@@ -446,8 +447,15 @@ def test_a_path_2000_folders_deep_is_written_and_replaced_without_recursion(tmp_
     with open_dataset(ds) as opened:
         keys = [deep if opened.key(i) == "cat/1.png" else opened.key(i).encode() for i in range(2)]
     with_keys(ds, keys)
-    assert export(ds, tmp_path / "out").samples == 2
-    with open(os.path.join(os.fsencode(tmp_path / "out"), deep), "rb") as handle:
-        assert handle.read() == png(2)
-    assert export(ds, tmp_path / "out", overwrite=True, samples="0:2").samples == 2  # the old tree removed
-    assert sorted(os.listdir(tmp_path)) == ["ds", "out", "src"]
+    try:
+        assert export(ds, tmp_path / "out").samples == 2
+        with open(os.path.join(os.fsencode(tmp_path / "out"), deep), "rb") as handle:
+            assert handle.read() == png(2)
+        assert export(ds, tmp_path / "out", overwrite=True, samples="0:2").samples == 2  # the old tree removed
+        assert sorted(os.listdir(tmp_path)) == ["ds", "out", "src"]
+    finally:  # pytest's own clean-up of old temp folders recurses (shutil.rmtree): leave no deep tree
+        parent = os.open(tmp_path, os.O_RDONLY)
+        try:
+            remove_entry(parent, b"out")
+        finally:
+            os.close(parent)
