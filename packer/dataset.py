@@ -6,6 +6,16 @@ samples apart from mapping, hashing and vectorised validation of the index (10-1
 million samples on the project VM: README, "Performance"). Shards are opened lazily, each header validated against the manifest at its
 first use, then the hot path trusts the validated tables.
 
+Shard handles are shared by threads and never closed under a reader. The cache of open shards
+(at most ``max_open_shards``, least recently used first out) holds one reference to each
+backend; evicting a shard only drops that reference. A backend closes its file when the last
+reference goes (CPython's reference count is the handle count: the cache, each thread in the
+middle of a read, each zero-copy view of a mapping), so a thread that fetched a backend reads
+the right bytes until it lets go, whatever other threads evict meanwhile. A descriptor is never
+closed while a read on it may run, so it is never reused for another shard under that read.
+Lookups of an open shard take no lock; opening one (and evicting) happens under the dataset's
+lock, so two threads never open the same shard twice.
+
 A ``Dataset`` pickles as the manifest bytes it was opened from plus options (a few KB), never
 per-sample Python objects: a DataLoader worker re-maps the *same* index file (its name carries
 its checksum), so parent and workers always read one dataset version. If that version has been
@@ -17,6 +27,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,17 +242,20 @@ class DatasetIndex:
         i = self._check(i)
         if spec.kind == "image":
             raise OptionError(f"field {name!r} is an image: read it with Dataset.field_image(name, i)")
-        column = self.index.field_columns[spec.column]
-        if spec.variable:
-            offsets = self.index.field_columns[spec.offsets_column]
-            raw = column[int(offsets[i]):int(offsets[i + 1])]
-        else:
-            size = spec.record_bytes
-            raw = column[i * size:(i + 1) * size]
+        raw = self._field_raw(spec, i)
         try:
             return fieldspec.decode_value(spec, raw)
         except fieldspec.FieldValueError as exc:
             raise IndexMismatchError(str(exc), path=self.path, sample=i) from None
+
+    def _field_raw(self, spec: fmt.FieldSpec, i: int) -> np.ndarray:
+        """Sample ``i``'s stored bytes of value field ``spec`` (a view of the index)."""
+        column = self.index.field_columns[spec.column]
+        if spec.variable:
+            offsets = self.index.field_columns[spec.offsets_column]
+            return column[int(offsets[i]):int(offsets[i + 1])]
+        size = spec.record_bytes
+        return column[i * size:(i + 1) * size]
 
     def field_array(self, name: str) -> np.ndarray:
         """A fixed-shape ``array`` field for every sample: a zero-copy ``(N, *shape)`` view of the index."""
@@ -307,8 +321,9 @@ class DatasetIndex:
                     "format": fmt.ImageFormat.NAMES.get(int(columns[spec.image_column("format")][i]), "unknown")}
         try:
             value = self.field_value(spec.name, i)
-        except IndexMismatchError as exc:  # a hand-damaged caption: show it, `verify` reports it
-            return {"error": exc.message}
+        except IndexMismatchError as exc:  # a hand-damaged value: show its bytes escaped, `verify` reports it
+            return {"error": exc.message,
+                    "escaped": self._field_raw(spec, i).tobytes().decode("utf-8", "backslashreplace")}
         return value if isinstance(value, str) else fmt.json_ready(value.tolist())
 
     def shard_range(self, shard: int) -> tuple[int, int]:
@@ -366,7 +381,8 @@ class Dataset(DatasetIndex):
         self.backend_name = "remote" if self._remote is not None else backend
         self.verify_checksums = verify_checksums
         self.max_open_shards = max(1, max_open_shards)
-        self._open: OrderedDict[int, ShardBackend] = OrderedDict()
+        self._open: OrderedDict[Any, ShardBackend] = OrderedDict()
+        self._open_lock = threading.Lock()
         self._pid = os.getpid()
 
     # --- pickling: manifest bytes + options, a few KB ---
@@ -390,32 +406,46 @@ class Dataset(DatasetIndex):
     # --- shards ---
     def shard(self, number: int, field: str | None = None) -> ShardBackend:
         """The open backend of shard ``number`` (opened and validated on first use); with
-        ``field``, of that image field's shard parallel to it."""
+        ``field``, of that image field's shard parallel to it.
+
+        Thread-safe. The backend stays open while the caller holds it, even if other threads
+        evict it from the cache meanwhile (module docstring): hold the returned object for as
+        long as you read through it, and drop it when done.
+        """
         if self._pid != os.getpid():  # forked: never share file offsets or maps across processes
-            self._open.clear()
+            self._open = OrderedDict()
+            self._open_lock = threading.Lock()
             self._pid = os.getpid()
         key: Any = number if field is None else (field, number)
         backend = self._open.get(key)
         if backend is not None:
-            self._open.move_to_end(key)
+            try:
+                self._open.move_to_end(key)
+            except KeyError:  # evicted by another thread since the get: ours stays open while we hold it
+                pass
             return backend
+        with self._open_lock:
+            backend = self._open.get(key)
+            if backend is None:
+                backend = self._open_shard(number, field)
+                self._open[key] = backend
+                while len(self._open) > self.max_open_shards:
+                    # Dropped, not closed: a thread may be reading it; it closes with its last reference.
+                    self._open.popitem(last=False)
+        return backend
+
+    def _open_shard(self, number: int, field: str | None) -> ShardBackend:
         entry = self.manifest.shards[number] if field is None else self.field_spec(field).shards[number]
         if self._remote is not None:
             head, where = self._remote.shard_header(field or "", number)
             self._check_shard_header(head, where, entry)
-            backend = self._remote.open_shard(field or "", number)
-        else:
-            fd, real = open_dataset_file(self.path, entry.path, entry.size)
-            try:
-                self._check_shard_header(os.pread(fd, fmt.SHARD_HEADER_SIZE, 0), real, entry)
-                backend = open_backend(self.backend_name, fd, real, entry.size)
-            finally:
-                os.close(fd)
-        self._open[key] = backend
-        while len(self._open) > self.max_open_shards:
-            _, old = self._open.popitem(last=False)
-            old.close()
-        return backend
+            return self._remote.open_shard(field or "", number)
+        fd, real = open_dataset_file(self.path, entry.path, entry.size)
+        try:
+            self._check_shard_header(os.pread(fd, fmt.SHARD_HEADER_SIZE, 0), real, entry)
+            return open_backend(self.backend_name, fd, real, entry.size)
+        finally:
+            os.close(fd)
 
     def _check_shard_header(self, head: bytes, where: str, entry: fmt.ShardEntry) -> None:
         header = fmt.ShardHeader.parse(head, path=where, actual_size=entry.size)
@@ -593,9 +623,9 @@ class Dataset(DatasetIndex):
         return data
 
     def close(self) -> None:
-        for backend in self._open.values():
-            backend.close()
-        self._open.clear()
+        """Drop the open shards: each closes now, or, if another thread is still reading it (or a
+        zero-copy view of it is alive), when that reader lets go (never under it)."""
+        self._open = OrderedDict()
         if self._remote is not None:
             self._remote.close()
         super().close()

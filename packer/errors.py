@@ -11,7 +11,9 @@ class                     exit   raised when
                                  format this reader cannot decode)
 ``OptionError``           2      an argument or option value is invalid (a codec option, a
                                  backend name, a seed, a worker count): the *call* is wrong;
-                                 ``ClassListMismatchError`` (two class lists disagree) is one
+                                 ``ClassListMismatchError`` (two class lists disagree) and
+                                 ``UnsafeExportError`` (samples an export target cannot hold
+                                 safely) are ones
 ``SourceError``           2      the build source cannot be used (missing, not a folder or
                                  manifest, no usable rows); ``EmptySourceError`` is one
 ``OutputExistsError``     2      a dataset exists and ``--overwrite`` was not given
@@ -57,6 +59,7 @@ __all__ = [
     "DatasetChangedError",
     "OptionError",
     "ClassListMismatchError",
+    "UnsafeExportError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -179,6 +182,19 @@ class OptionError(PackerError, ValueError):
 class ClassListMismatchError(OptionError):
     """Two datasets (or a dataset and a given list) disagree on the class list: labels would mean
     different classes. The message names what is missing, extra or renumbered."""
+
+
+class UnsafeExportError(OptionError):
+    """Some selected samples cannot be exported safely to the chosen target: a name that is not
+    safe there, two samples on one path or key, or a value a build would not read back. Nothing
+    was written; ``--skip-unsafe`` exports the others. ``skipped`` counts them by reason,
+    ``examples`` names the first ``(key, reason, message)``."""
+
+    def __init__(self, message: str, *, skipped: dict[str, int] | None = None,
+                 examples: list[tuple[str, str, str]] | None = None, **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.skipped = dict(skipped or {})
+        self.examples = list(examples or [])
 
 
 class SourceError(PackerError):

@@ -208,9 +208,16 @@ class DirectShard:
         return window[offset - start:offset - start + size]
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # An evicted shard closes with its last reference, never under a reader (packer.dataset).
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> "DirectShard":
         return self

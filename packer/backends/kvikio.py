@@ -277,6 +277,8 @@ class KvikioShard:
             if got != nbytes:
                 raise TruncatedFileError(f"kvikio read {got} of {nbytes} bytes at {offset}", path=self.path,
                                          offset=offset + got)
+        # The shard stays open while its read is in flight, even if the dataset's cache drops it.
+        wait.backend = self  # type: ignore[attr-defined]
         return wait
 
     def read_into(self, offset: int, out: Any) -> None:
@@ -292,7 +294,16 @@ class KvikioShard:
         if file is not None:
             self._file = None
             file.close()
-        self._host.close()
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host.close()
+
+    def __del__(self) -> None:
+        # An evicted shard closes with its last reference, never under a reader (packer.dataset).
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def _done() -> None:

@@ -17,7 +17,8 @@ class MmapShard:
     """The whole shard mapped read-only: zero-copy views, pages shared by every process.
 
     ``MAP_SHARED`` + ``PROT_READ``: DataLoader workers mapping the same file share the page cache
-    instead of each holding a copy.
+    instead of each holding a copy. Without ``close()`` the mapping goes with the last reference
+    to it (this object, ``array``, or a view).
     """
 
     def __init__(self, fd: int, path: str, size: int) -> None:
@@ -91,6 +92,14 @@ class PreadShard:
         return memoryview(buffer)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # The dataset's cache drops an evicted shard without closing it (a thread may still be
+        # reading): the descriptor closes here, with the last reference (packer.dataset).
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import EXIT_OK, cli, emit_json, run_command
+from . import EXIT_OK, cli, echo, emit_json, run_command
 from .options import location_type
 
 __all__ = ["export_command"]
@@ -23,22 +23,37 @@ __all__ = ["export_command"]
               help="Only the keys listed in this file, one per line.")
 @click.option("--samples-per-shard", default=10_000, show_default=True, type=int,
               help="webdataset: samples per shard.")
-@click.option("--overwrite", is_flag=True, help="Write into an existing OUT.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing OUT as a whole (never written into; only what an export of this target "
+                   "could have written is replaced).")
+@click.option("--skip-unsafe", is_flag=True,
+              help="Export the samples the target holds safely and skip (count, list) the others, instead of "
+                   "refusing the export.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON on stdout.")
 def export_command(dataset: Path, out: Path, target: str, classes: str | None, samples: str | None,
-                   keys: Path | None, samples_per_shard: int, overwrite: bool, as_json: bool) -> None:
+                   keys: Path | None, samples_per_shard: int, overwrite: bool, skip_unsafe: bool,
+                   as_json: bool) -> None:
     """Write the samples of DATASET to OUT: the stored bytes verbatim, keys as names, labels as
-    class folders (folder, tar) or .cls members (webdataset)."""
+    class folders (folder, tar) or .cls members (webdataset). Every name is checked before anything
+    is written; a sample the target cannot hold safely (unsafe name, collision, a value a build
+    would not read back) refuses the export (exit 2) unless --skip-unsafe."""
     from ..export import export
 
     def body() -> int:
         result = export(dataset, out, to=target, classes=classes.split(",") if classes else None,
-                        samples=samples, keys=keys, samples_per_shard=samples_per_shard, overwrite=overwrite)
+                        samples=samples, keys=keys, samples_per_shard=samples_per_shard, overwrite=overwrite,
+                        skip_unsafe=skip_unsafe)
         if as_json:
             emit_json({"ok": True, **result.to_json()})
         click.echo(f"exported {result.samples} samples ({result.bytes / 1e6:.1f} MB) into {result.files} "
-                   f"file(s) at {out}" + (f"; {result.skipped_unsafe} unsafe key(s) skipped"
-                                          if result.skipped_unsafe else ""), err=True)
+                   f"file(s) at {out}", err=True)
+        if result.skipped_unsafe:
+            counts = ", ".join(f"{count} {reason}" for reason, count in sorted(result.skipped.items()))
+            echo(f"skipped {result.skipped_unsafe} sample(s) the target cannot hold safely ({counts}):", err=True)
+            for key, reason, message in result.skipped_examples:
+                echo(f"  {key}: {reason}: {message}", err=True)
+            if result.skipped_unsafe > len(result.skipped_examples):
+                echo(f"  ... and {result.skipped_unsafe - len(result.skipped_examples)} more", err=True)
         return EXIT_OK
 
     run_command(body, as_json=as_json)

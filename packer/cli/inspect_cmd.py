@@ -112,7 +112,9 @@ _FIELD_SHOWN = 200
 def _field_text(value: Any) -> str:
     """A field's value of ``sample_info`` on one line: an image field's table entry, a caption
     quoted, numbers as JSON; cut at ``_FIELD_SHOWN`` characters."""
-    if isinstance(value, dict):  # an image field: where its payload is and what it holds
+    if isinstance(value, dict) and "error" in value:  # a damaged value: what is wrong, its bytes escaped
+        text = f"unreadable ({value['error']}): {json.dumps(value.get('escaped', ''), ensure_ascii=True)}"
+    elif isinstance(value, dict):  # an image field: where its payload is and what it holds
         text = (f"{value['format']} {value['height']}x{value['width']} (HxW), {value['channels']} channel(s), "
                 f"{value['size']} bytes at {value['offset']} of {value['shard_path']}")
     elif isinstance(value, str):

@@ -125,7 +125,8 @@ def raw_sample_shape(codec_entry: Mapping[str, Any], *, path: object = None) -> 
 
     Raises:
         ManifestError: the codec is not ``raw``, or its shape fields are missing or not ``HWC``
-            ``uint8`` with positive integer sides.
+            ``uint8`` with positive integer sides and 3 channels (``formats/SPEC.md`` §9: R, G, B;
+            every raw reader, the batched crops included, reads three).
     """
     if codec_entry.get("name") != "raw":
         raise ManifestError(f"codec is {codec_entry.get('name')!r}, not 'raw': payloads are encoded "
@@ -141,6 +142,10 @@ def raw_sample_shape(codec_entry: Mapping[str, Any], *, path: object = None) -> 
             raise ManifestError(f"raw codec field {key!r} must be an integer in 1..{MAX_SIDE}, "
                                 f"got {value!r}", path=path)
         shape.append(value)
+    if shape[2] != RawCodec.channels:  # the payloads are R, G, B: another count is a damaged or foreign manifest
+        raise ManifestError(f"raw codec declares {shape[2]} channels; raw payloads hold exactly "
+                            f"{RawCodec.channels} (R, G, B, formats/SPEC.md), so this manifest is damaged or was "
+                            f"not written by packer", path=path)
     return shape[0], shape[1], shape[2]
 
 

@@ -193,7 +193,8 @@ def test_text_that_is_not_utf8_is_a_typed_error(reader_datasets: dict[str, Path]
         with pytest.raises(IndexMismatchError) as caught:  # a negative index names the sample it means
             ds.field_value("caption", -1)
         assert caught.value.sample == last
-        assert ds.sample_info(last)["fields"]["caption"] == {"error": message}  # shown, not raised
+        shown = ds.sample_info(last)["fields"]["caption"]  # shown, not raised: what is wrong, the bytes escaped
+        assert shown == {"error": message, "escaped": f"\\xffap {last} \u2713"}
         assert ds.sample_info(last - 1)["fields"]["caption"] == f"cap {last - 1} \u2713"
 
 
