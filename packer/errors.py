@@ -11,7 +11,9 @@ class                     exit   raised when
                                  format this reader cannot decode)
 ``OptionError``           2      an argument or option value is invalid (a codec option, a
                                  backend name, a seed, a worker count): the *call* is wrong;
-                                 ``ClassListMismatchError`` (two class lists disagree) is one
+                                 ``ClassListMismatchError`` (two class lists disagree) and
+                                 ``UnsupportedAttributeError`` (a name packer deliberately
+                                 lacks, e.g. ``PackedDataset.samples``) are two
 ``SourceError``           2      the build source cannot be used (missing, not a folder or
                                  manifest, no usable rows); ``EmptySourceError`` is one
 ``OutputExistsError``     2      a dataset exists and ``--overwrite`` was not given
@@ -57,6 +59,7 @@ __all__ = [
     "DatasetChangedError",
     "OptionError",
     "ClassListMismatchError",
+    "UnsupportedAttributeError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -179,6 +182,12 @@ class OptionError(PackerError, ValueError):
 class ClassListMismatchError(OptionError):
     """Two datasets (or a dataset and a given list) disagree on the class list: labels would mean
     different classes. The message names what is missing, extra or renumbered."""
+
+
+class UnsupportedAttributeError(OptionError, AttributeError):
+    """A name another library's object has (torchvision's ``ImageFolder.samples``) that packer
+    deliberately does not provide; the message says what to use instead. Also an
+    ``AttributeError``, so ``hasattr`` and ``getattr(obj, name, default)`` behave as usual."""
 
 
 class SourceError(PackerError):
