@@ -518,6 +518,7 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     for note in notes:
         say(f"note: {note}")
 
+    others = set(child_pids())  # children from before this run (a caller's own workers) are not ours
     source: _Batches = (_TorchBatches(dataset, options, workers, size) if loader == "torch"
                         else _SimpleBatches(dataset, options, size))
     shown_size = f" {size[0]}x{size[1]}" if crops else ""
@@ -528,7 +529,7 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     try:
         for _ in range(options.warmup):
             next(iterator)
-        pids = child_pids() if workers else []
+        pids = [pid for pid in child_pids() if pid not in others] if workers else []
         me = os.getpid()
         cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
         wait_before = {pid: run_queue_seconds(pid) for pid in [*pids, me]}

@@ -229,3 +229,14 @@ def test_a_dataset_smaller_than_a_batch_is_flagged(dataset: Path) -> None:
     assert bench["samples"] == 48  # two "batches" of the whole 24-sample dataset
     assert any(note.startswith("the dataset holds 24 samples, fewer than one batch of 256") for note in bench["notes"])
     assert "fewer than one batch of 256" in stderr
+
+
+def test_children_from_before_the_run_are_not_counted_as_workers(dataset: Path) -> None:
+    pytest.importorskip("torch")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = run_bench(dataset, BenchOptions(batch_size=4, batches=2, warmup=1, workers=1))
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert result.worker_cpu is not None and len(result.worker_cpu) == 1

@@ -84,7 +84,9 @@ class Reader:
         return obj.epoch
 
     def close(self, obj: Any) -> None:
-        pass
+        iterator = getattr(obj, "_iterator", None)  # a DataLoader's persistent workers: stop them now
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
 
 def _loader_kwargs(workers: int) -> dict:
