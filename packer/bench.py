@@ -791,10 +791,11 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
         advice.append("use the block shuffle (--order block): whole blocks are read with "
                       "large sequential reads instead of one small random read per sample")
     needed_mb = required * mean_bytes / 1e6
+    others = ", ".join(b for b in ("mmap", "pread", "direct") if b != options.backend)
+    cache = "" if options.backend == "direct" else ", warm the page cache"
     advice.append(f"the workers wait on reads: at {required:,.0f} samples/s the loader needs "
                   f"about {needed_mb:,.0f} MB/s and got {result.mb_per_s:,.0f} MB/s; try "
-                  f"another --backend (pread, direct), warm the page cache, or copy the "
-                  f"dataset to faster local storage")
+                  f"another --backend ({others}){cache}, or copy the dataset to faster local storage")
     return advice
 
 
@@ -846,6 +847,7 @@ def format_report(result: BenchResult) -> str:
         for item in result.advice[1:]:
             lines.append(f"  - {item}")
     for note in result.notes:
-        lines.append(f"  note: {note}")
+        if note not in result.advice:  # a note the advice repeats is printed once
+            lines.append(f"  note: {note}")
     return "\n".join(lines)
 

@@ -51,6 +51,8 @@ TABLE = [
      "110 MB/s", ("DALI", "--codec tiled", "use at most")),
     ("I/O-bound cold reads: the block shuffle", measured(**IDLE), BenchOptions(order="random"),
      "read-bound", "use the block shuffle (--order block)", ()),
+    ("I/O-bound cold reads with O_DIRECT: the other backends", measured(**IDLE), BenchOptions(backend="direct"),
+     "read-bound", "try another --backend (mmap, pread), or copy", ("warm the page cache",)),
     ("oversubscribed workers: 8 workers on 2 cores, two of them idle", measured(**OVERSUBSCRIBED), BenchOptions(),
      "oversubscribed", "use at most 2 workers: 8 workers on 2 core(s) waited for a CPU 75% of the time they "
      "were runnable", ("wait on reads", "use more workers", "--codec tiled")),
