@@ -11,10 +11,25 @@ process's.
 With a ``target_rate`` (the samples/s the model consumes) the pipeline should deliver at least
 ``HEADROOM`` (1.5) times that: step times vary, workers share cores with the training process,
 and a loader running at exactly the model's rate makes the GPU wait at every hiccup. When it
-does not, ``advise`` says what to change, reading the measurement: busy workers mean decoding is
-the limit (more workers, a fused decode transform, smaller images, GPU decoding with DALI); idle
-workers mean the bytes do not arrive fast enough (block shuffle, another backend, faster
-storage) or the main process is the limit.
+does not, ``advise`` says what to change. It first reads the measurement (``diagnose``), from
+the workers that worked (an idle worker says nothing about the others):
+
+* ``oversubscribed``: the run's processes want more CPU than there are cores, and the workers
+  wait for a CPU much of the time: use at most N workers.
+* ``contended``: the workers wait for a CPU although this run fits the cores: other processes
+  use them.
+* ``cpu-bound``: the workers compute all the time: more workers while cores are idle, then
+  cheaper work, which depends on what is stored (``--codec tiled`` and nvJPEG for JPEGs, another
+  codec for PNGs, crops on the GPU for raw pixels, nothing about decoding raw pixels).
+* ``main-bound``: the main process collates or pins all the time.
+* ``read-bound``: the workers neither compute nor wait for a CPU, and the bytes came from
+  storage (``/proc/<pid>/io``'s ``read_bytes``): they wait for reads.
+* ``handoff-bound``: nobody is busy although the bytes came from the page cache: batches wait in
+  the hand-off between processes (queues, pickling), which small samples feel most.
+
+Whatever the verdict, a dataset smaller than a batch is flagged (every "batch" was the whole
+dataset), and the output size defaults to the stored size for raw datasets and images smaller
+than 224 pixels (timing an upsampling is not timing the loader).
 """
 
 from __future__ import annotations
@@ -42,11 +57,16 @@ __all__ = [
     "HEADROOM",
     "run_bench",
     "advise",
+    "diagnose",
+    "DIAGNOSES",
+    "DEFAULT_SIZE",
+    "default_size",
     "SMALL_IMAGE_SIDE",
     "raw_codec_note",
     "format_report",
     "process_cpu_seconds",
     "run_queue_seconds",
+    "storage_read_bytes",
     "child_pids",
 ]
 
@@ -65,8 +85,24 @@ LOADERS = ("auto", "torch", "simple")
 SMALL_IMAGE_SIDE = 96
 #: How much faster than the model's consumption the loader should be.
 HEADROOM = 1.5
+#: The ``rrc``/``center`` output size for images at least this large (else the stored size).
+DEFAULT_SIZE = 224
+#: What ``diagnose`` can say of a run (see the module docstring).
+DIAGNOSES = ("oversubscribed", "contended", "cpu-bound", "main-bound", "read-bound", "handoff-bound")
 # A process whose CPU time covers this share of the timed wall-clock is busy (CPU-bound).
 _BUSY = 0.8
+# A worker that ran or waited for a CPU less than this share of the time had (almost) nothing to
+# do: it says nothing about how the others spent theirs.
+_ACTIVE = 0.1
+# Workers that wait for a CPU this share of their runnable time are short of cores.
+_CPU_WAIT = 0.25
+# Runnable demand (cores) above the cores by more than this is this run's own oversubscription;
+# less, and the waiting comes from other processes.
+_OVER = 0.5
+# Storage reads below this share of the payload: the bytes came from the page cache.
+_FROM_CACHE = 0.1
+# A timed run shorter than this (seconds) is flagged: too short for steady numbers.
+_MIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +114,8 @@ class BenchOptions:
         workers: DataLoader worker processes (``None``: the cores this process may use).
         order: ``sequential``, ``random`` or ``block`` (see ``packer.order``).
         decode: one of ``DECODE_MODES``.
-        size: output size of the ``rrc`` and ``center`` transforms.
+        size: output size of the ``rrc`` and ``center`` transforms (``None``: ``default_size``,
+            the stored size for raw datasets and small images, else ``DEFAULT_SIZE``).
         layout: ``HWC`` (channels-last, what ``normalize_on_gpu`` takes) or ``CHW``.
         backend: the dataset backend (``mmap``, ``pread``, ``direct``).
         reader: one of ``READERS``.
@@ -94,7 +131,7 @@ class BenchOptions:
     workers: int | None = None
     order: str = "random"
     decode: str = "rrc"
-    size: int = 224
+    size: int | None = None
     layout: str = "HWC"
     backend: str = "mmap"
     reader: str = "map"
@@ -113,7 +150,7 @@ class BenchOptions:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
         for name in ("batch_size", "batches", "size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.warmup < 0 or (self.workers is not None and self.workers < 0):
             raise ValueError("warmup and workers must not be negative")
@@ -147,6 +184,16 @@ class BenchResult:
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     codec: str = ""  # the dataset's codec name (manifest)
+    #: Samples by stored format name (``{"jpeg": 9000, "png": 12}``).
+    formats: dict[str, int] = field(default_factory=dict)
+    #: The median stored image ``[height, width]`` (None for an empty dataset).
+    image_size: list[int] | None = None
+    #: The ``rrc``/``center`` output ``[height, width]`` this run used (None for other decodes).
+    size: list[int] | None = None
+    #: ``diagnose``'s verdict (one of ``DIAGNOSES``).
+    diagnosis: str | None = None
+    #: Bytes the run's processes read from storage while timed (``/proc/<pid>/io``), or None.
+    storage_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +249,19 @@ def run_queue_seconds(pid: int) -> float | None:
         return None
 
 
+def storage_read_bytes(pid: int) -> int | None:
+    """Bytes process ``pid`` caused to be read from storage so far (``read_bytes`` of
+    ``/proc/<pid>/io``: page-cache hits are not counted, mmap page faults are), or None."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
 def child_pids(parent: int | None = None) -> list[int]:
     """Pids of the live child processes of ``parent`` (default: this process), from /proc."""
     parent = os.getpid() if parent is None else parent
@@ -220,15 +280,42 @@ def child_pids(parent: int | None = None) -> list[int]:
 
 # --- the loaders --------------------------------------------------------------------------------
 
-def _decoder(options: BenchOptions) -> bool | Callable[..., Any]:
+def default_size(dataset: Dataset) -> tuple[int, int]:
+    """The ``rrc``/``center`` output ``(height, width)`` when ``--size`` is not given.
+
+    The stored size for a ``raw`` dataset and for images whose median shorter side is under
+    ``DEFAULT_SIZE`` (a 32x32 dataset cropped to 224 would time an upsampling: 12x slower than
+    the loader at the stored size, measured); ``DEFAULT_SIZE`` square otherwise.
+    """
+    from .codecs import raw_sample_shape
+
+    if dataset.manifest.codec.get("name") == "raw":
+        height, width, _ = raw_sample_shape(dataset.manifest.codec, path=dataset.path)
+        return int(height), int(width)
+    stored = _median_size(dataset)
+    if stored is not None and min(stored) < DEFAULT_SIZE:
+        return stored
+    return DEFAULT_SIZE, DEFAULT_SIZE
+
+
+def _median_size(dataset: Dataset) -> tuple[int, int] | None:
+    ix = dataset.index
+    known = (ix.height > 0) & (ix.width > 0)
+    if not np.any(known):
+        return None
+    return int(np.median(ix.height[known])), int(np.median(ix.width[known]))
+
+
+def _decoder(options: BenchOptions, size: tuple[int, int]) -> bool | Callable[..., Any]:
     if options.decode == "none":
         return False
     if options.decode == "full":
         return True
     from .transforms import CenterCrop, RandomResizedCrop
     if options.decode == "rrc":
-        return RandomResizedCrop(options.size)
-    return CenterCrop(options.size, resize=max(options.size, round(options.size * 256 / 224)))
+        return RandomResizedCrop(size)
+    shorter = min(size)
+    return CenterCrop(size, resize=shorter if options.size is None else max(shorter, round(shorter * 256 / 224)))
 
 
 class _Batches:
@@ -245,13 +332,13 @@ class _Batches:
 
 
 class _TorchBatches(_Batches):
-    def __init__(self, dataset: Dataset, options: BenchOptions, workers: int) -> None:
+    def __init__(self, dataset: Dataset, options: BenchOptions, workers: int, size: tuple[int, int]) -> None:
         super().__init__()
         import torch.utils.data as torch_data
 
         from .torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate
 
-        decode = _decoder(options)
+        decode = _decoder(options, size)
         sizes = dataset.index.size
         self._epoch_setter: Callable[[int], None]
         common: dict[str, Any] = {"num_workers": workers, "pin_memory": options.pin_memory,
@@ -317,11 +404,17 @@ class _RecordingSampler:
 class _SimpleBatches(_Batches):
     """The in-process loop: coalesced ``read_batch`` and decoding into one preallocated array."""
 
-    def __init__(self, dataset: Dataset, options: BenchOptions) -> None:
+    def __init__(self, dataset: Dataset, options: BenchOptions, size: tuple[int, int]) -> None:
         super().__init__()
         self.dataset = dataset
         self.options = options
-        self.decode = _decoder(options)
+        self.decode = _decoder(options, size)
+        # raw payloads are pixels without a shape: the crops take them as (H, W, 3) arrays
+        self.raw_shape: tuple[int, int, int] | None = None
+        if dataset.manifest.codec.get("name") == "raw":
+            from .codecs import raw_sample_shape
+
+            self.raw_shape = tuple(raw_sample_shape(dataset.manifest.codec, path=dataset.path))  # type: ignore[assignment]
         ix = dataset.index
         self.blocks = (index_blocks(ix.offset, ix.size, ix.shard, 4 << 20)
                        if options.order == "block" else None)
@@ -348,7 +441,10 @@ class _SimpleBatches(_Batches):
                 else:
                     out = np.empty((len(indices), *decode.output_shape), dtype=np.uint8)
                     for j, i in enumerate(indices.tolist()):
-                        decode(batch[j], int(formats[i]), rng, out=out[j])
+                        data: Any = batch[j]
+                        if self.raw_shape is not None:
+                            data = np.frombuffer(data, dtype=np.uint8).reshape(self.raw_shape)
+                        decode(data, int(formats[i]), rng, out=out[j])
                     yield out, indices
             epoch += 1
 
@@ -411,22 +507,33 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     raw_note = raw_codec_note(dataset)
     if raw_note is not None:
         notes.append(raw_note)
+    size = (options.size, options.size) if options.size is not None else default_size(dataset)
+    stored = _median_size(dataset)
+    crops = options.decode in ("rrc", "center")
+    if crops and stored is not None and (size[0] > stored[0] or size[1] > stored[1]):
+        notes.append(f"--size {options.size} is larger than the stored images (median {stored[0]}x{stored[1]}, HxW): "
+                     f"this run times upsampling them; leave --size out to crop at the stored size")
+    if len(dataset) < options.batch_size:
+        notes.append(small_dataset_note(len(dataset), options.batch_size))
     for note in notes:
         say(f"note: {note}")
 
-    source: _Batches = (_TorchBatches(dataset, options, workers) if loader == "torch"
-                        else _SimpleBatches(dataset, options))
+    others = set(child_pids())  # children from before this run (a caller's own workers) are not ours
+    source: _Batches = (_TorchBatches(dataset, options, workers, size) if loader == "torch"
+                        else _SimpleBatches(dataset, options, size))
+    shown_size = f" {size[0]}x{size[1]}" if crops else ""
     say(f"benchmarking {path}: {len(dataset)} samples, loader {loader}, {workers} worker(s), "
-        f"batch {options.batch_size}, order {options.order}, decode {options.decode}, "
+        f"batch {options.batch_size}, order {options.order}, decode {options.decode}{shown_size}, "
         f"backend {options.backend}; {options.warmup} warm-up + {options.batches} timed batches")
     iterator: Any = iter(source)
     try:
         for _ in range(options.warmup):
             next(iterator)
-        pids = child_pids() if workers else []
+        pids = [pid for pid in child_pids() if pid not in others] if workers else []
         me = os.getpid()
         cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
         wait_before = {pid: run_queue_seconds(pid) for pid in [*pids, me]}
+        read_before = {pid: storage_read_bytes(pid) for pid in [*pids, me]}
         main_before = time.process_time()
         start = time.perf_counter()
         samples = 0
@@ -436,14 +543,21 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         main_cpu = (time.process_time() - main_before) / seconds
         cpu_after = {pid: process_cpu_seconds(pid) for pid in pids}
         wait_after = {pid: run_queue_seconds(pid) for pid in [*pids, me]}
+        read_after = {pid: storage_read_bytes(pid) for pid in [*pids, me]}
     finally:
         iterator.close()
         source.close()
+        formats = _format_counts(dataset)
         dataset.close()
 
     worker_cpu = _shares(cpu_before, cpu_after, pids, seconds) if workers else None
     worker_wait = _shares(wait_before, wait_after, pids, seconds) if workers else None
     main_wait_list = _shares(wait_before, wait_after, [me], seconds)
+    reads = [read_after[pid] - read_before[pid] for pid in read_before  # type: ignore[operator]
+             if read_before[pid] is not None and read_after.get(pid) is not None]
+    if seconds < _MIN_SECONDS:
+        notes.append(f"the timed batches took {seconds:.2f} s, too short for steady numbers: time more of them "
+                     f"(--batches {math.ceil(options.batches * 2 * _MIN_SECONDS / seconds)})")
     timed = source.batch_bytes[options.warmup:options.warmup + options.batches]
     payload = int(sum(timed))
     result = BenchResult(
@@ -453,15 +567,23 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         samples_per_s=round(samples / seconds, 3), mb_per_s=round(payload / seconds / 1e6, 3),
         worker_cpu=worker_cpu, main_cpu=round(main_cpu, 3), worker_wait=worker_wait,
         main_wait=main_wait_list[0] if main_wait_list else None, target_rate=options.target_rate,
-        notes=notes, codec=str(dataset.manifest.codec.get("name", "")))
+        notes=notes, codec=str(dataset.manifest.codec.get("name", "")), formats=formats,
+        image_size=None if stored is None else list(stored), size=list(size) if crops else None,
+        storage_bytes=int(sum(reads)) if reads else None)
+    result.diagnosis = diagnose(result)
     if options.target_rate is not None:
         result.required_rate = round(HEADROOM * options.target_rate, 3)
         result.meets_target = result.samples_per_s >= result.required_rate
         result.advice = advise(result, options)
-        if raw_note is not None and result.advice:
-            result.advice.insert(1, "rebuild with --codec raw (see the note on small images): "
-                                    "no decode on read, and random crops of whole batches")
     return result
+
+
+def small_dataset_note(num_samples: int, batch_size: int) -> str:
+    """What a dataset smaller than one batch does to the measurement."""
+    return (f"the dataset holds {num_samples} samples, fewer than one batch of {batch_size}: every timed "
+            f"\"batch\" was the whole dataset ({num_samples} samples), so per-batch costs weigh "
+            f"{batch_size / max(num_samples, 1):.1f}x more than in training; bench with --batch-size "
+            f"{num_samples} or less, or on a larger dataset")
 
 
 def raw_codec_note(dataset: Dataset) -> str | None:
@@ -500,16 +622,113 @@ def raw_codec_note(dataset: Dataset) -> str | None:
     return note
 
 
-def _busy(cpu: list[float] | None, wait: list[float] | None) -> bool:
-    """Processes that ran or waited for a CPU most of the time are CPU-bound."""
-    if not cpu:
-        return False
-    waiting = wait if wait and len(wait) == len(cpu) else [0.0] * len(cpu)
-    return float(np.mean([c + w for c, w in zip(cpu, waiting)])) >= _BUSY
+def _format_counts(dataset: Dataset) -> dict[str, int]:
+    from . import format as fmt
+
+    values, counts = np.unique(dataset.index.image_format, return_counts=True)
+    return {fmt.ImageFormat.NAMES.get(int(v), f"format-{int(v)}"): int(n)
+            for v, n in zip(values.tolist(), counts.tolist())}
+
+
+def diagnose(result: BenchResult) -> str:
+    """What limited the run, from its CPU accounting: one of ``DIAGNOSES``.
+
+    Only the workers that worked count (an idle worker, one the loader had no batch for, would
+    pull an average down): ``cpu + wait`` is the share of the time a worker was running or
+    runnable. Runnable demand above the cores with workers waiting for a CPU is
+    oversubscription; waiting while the run fits the cores is contention from other processes.
+    """
+    main = result.main_cpu + (result.main_wait or 0.0)
+    if not result.workers or not result.worker_cpu:
+        waiting = result.main_wait or 0.0
+        if waiting >= _CPU_WAIT * max(main, 1e-9) and main >= _BUSY:
+            return "contended"
+        return "cpu-bound" if main >= _BUSY else _blocked(result)
+    waits = result.worker_wait if result.worker_wait and len(result.worker_wait) == len(result.worker_cpu) \
+        else [0.0] * len(result.worker_cpu)
+    pairs = list(zip(result.worker_cpu, waits))
+    active = [(c, w) for c, w in pairs if c + w >= _ACTIVE] or pairs
+    runnable = sum(c + w for c, w in pairs) + main
+    busy = sum(c + w for c, w in active)
+    if busy / len(active) >= _BUSY:  # the working workers were running or runnable: CPU is the limit
+        waiting = sum(w for _, w in active) / max(busy, 1e-9)
+        if waiting >= _CPU_WAIT:
+            return "oversubscribed" if runnable > result.cores + _OVER else "contended"
+        return "cpu-bound"
+    if main >= _BUSY:
+        return "main-bound"
+    return _blocked(result)  # blocked most of the time, neither running nor waiting for a CPU
+
+
+def _blocked(result: BenchResult) -> str:
+    """Processes blocked most of the time: on storage reads, or (bytes from the page cache) on the
+    hand-off of batches between processes."""
+    if result.storage_bytes is not None and result.payload_bytes > 0 and \
+            result.storage_bytes < _FROM_CACHE * result.payload_bytes:
+        return "handoff-bound"
+    return "read-bound"
+
+
+def _share(formats: dict[str, int], *names: str) -> float:
+    total = sum(formats.values())
+    return sum(formats.get(name, 0) for name in names) / total if total else 0.0
+
+
+def _cpu_advice(result: BenchResult, options: BenchOptions) -> list[str]:
+    """Cheaper work per sample, for what is stored: raw pixels, JPEGs, or other formats."""
+    advice: list[str] = []
+    size = result.size
+    stored = result.image_size
+    if options.decode in ("rrc", "center") and size and stored and (size[0] > stored[0] or size[1] > stored[1]):
+        advice.append(f"crop at the stored size (leave --size out): {size[0]}x{size[1]} upsamples the "
+                      f"{stored[0]}x{stored[1]} images, which costs more than reading them")
+    if result.codec == "raw":  # pixels: nothing is decoded; nvJPEG, tiling, re-encoding do not apply
+        if options.decode in ("rrc", "center"):
+            advice.append("raw pixels are not decoded: the time goes to cropping and resizing each batch; "
+                          "crop on the GPU with packer.gpu.GpuRawBatches(decode=RandomResizedCrop(...)), or "
+                          "in the training process with packer.threaded.ThreadedLoader (no worker processes)")
+        else:
+            advice.append("raw pixels are not decoded: the time goes to moving batches between processes; "
+                          "packer.threaded.ThreadedLoader (threads, no worker processes) or packer.gpu."
+                          "GpuRawBatches (straight to the GPU) avoid that")
+        return advice
+    if options.decode == "none":
+        advice.append("no decoding was timed (--decode none): the workers are busy moving bytes; use fewer, "
+                      "larger batches, or time the decode your training uses")
+        return advice
+    if options.decode == "full":
+        advice.append("decode with a fused transform (packer.transforms.RandomResizedCrop / "
+                      "CenterCrop, `--decode rrc`): it crops and resizes while decoding "
+                      "instead of decoding full-size images and transforming them")
+    if raw_codec_applies(result):  # tiny images: the decode is not the cost, the per-sample path is
+        advice.append("rebuild with --codec raw (small images, see the note): no decode on read, "
+                      "and random crops of whole batches")
+        return advice
+    jpegs = _share(result.formats, "jpeg")
+    if jpegs >= 0.5:
+        if options.decode == "rrc" and result.codec == "passthrough":
+            advice.append("rebuild with --codec tiled: the same pixels (lossless), and a random "
+                          "crop then decodes only the JPEG tiles under it (about 1.5x faster "
+                          "per image at ImageNet sizes)")
+        if stored is None or min(stored) > 320:
+            advice.append("re-encode the images smaller (e.g. --codec jpeg --max-size 320 --resize-side "
+                          "shorter) and rebuild: decoding time grows with the pixel count")
+        advice.append("decode the JPEGs on the GPU with NVIDIA DALI (nvJPEG; packer.dali) or packer.gpu."
+                      "GpuJpegBatches: the CPU then only moves bytes")
+    else:
+        ranked = sorted(result.formats.items(), key=lambda kv: -kv[1])
+        kinds = ", ".join(f"{n:,} {name}" for name, n in ranked[:3]) or "formats unknown"
+        advice.append(f"most images are not JPEGs ({kinds}): nvJPEG and --codec tiled are for JPEGs; "
+                      f"rebuild with --codec jpeg (lossy, much cheaper to decode than PNG's zlib) or, "
+                      f"for small images, --codec raw (no decode on read)")
+    return advice
 
 
 def advise(result: BenchResult, options: BenchOptions) -> list[str]:
     """What to change when the loader delivers less than ``HEADROOM`` x the target rate.
+
+    Reads ``diagnose(result)``, the dataset's codec, stored formats and image size in ``result``
+    (so a test can inject any situation), and the options that were measured.
 
     Args:
         result: the measurement (``target_rate`` set).
@@ -526,43 +745,74 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
     advice = [f"the loader delivers {result.samples_per_s:,.0f} samples/s; the model needs "
               f"{result.target_rate:,.0f}/s and the loader should deliver {HEADROOM}x that "
               f"({required:,.0f}/s): {factor:.1f}x more is needed"]
+    if result.num_samples < options.batch_size:
+        advice.append(small_dataset_note(result.num_samples, options.batch_size))
+    diagnosis = result.diagnosis or diagnose(result)
     workers = result.workers
-    cpu_bound = _busy(result.worker_cpu, result.worker_wait) if workers else _busy(
-        [result.main_cpu], None if result.main_wait is None else [result.main_wait])
     if result.loader == "simple":
-        advice.append("install torch (pip install 'packer[torch]') and use DataLoader workers: "
+        advice.append("install torch (pip install 'packer-shards[torch]') and use DataLoader workers: "
                       "this run decoded in one process")
-    if cpu_bound and workers < result.cores:
-        suggested = min(result.cores, max(workers + 1, math.ceil(max(workers, 1) * factor)))
-        advice.append(f"use more workers: the {workers or 'main'} process(es) are CPU-bound and "
-                      f"only {max(workers, 1)} of {result.cores} cores are used; try "
-                      f"--workers {suggested}")
-    if cpu_bound and options.decode != "none":
-        if options.decode == "full":
-            advice.append("decode with a fused transform (packer.transforms.RandomResizedCrop / "
-                          "CenterCrop, `--decode rrc`): it crops and resizes while decoding "
-                          "instead of decoding full-size images and transforming them")
-        if options.decode == "rrc" and result.codec == "passthrough":
-            advice.append("rebuild with --codec tiled: the same pixels (lossless), and a random "
-                          "crop then decodes only the JPEG tiles under it (about 1.5x faster "
-                          "per image at ImageNet sizes)")
-        advice.append("re-encode the images smaller (e.g. shorter side 256-320 px, JPEG quality "
-                      "~90) and rebuild: decoding time grows with the pixel count and bytes")
-        advice.append("decode on the GPU with NVIDIA DALI (nvJPEG; packer's DALI reader): the "
-                      "CPU then only moves bytes")
-    if not cpu_bound:
-        if options.order == "random":
-            advice.append("use the block shuffle (--order block): whole blocks are read with "
-                          "large sequential reads instead of one small random read per sample")
-        needed_mb = required * mean_bytes / 1e6
-        advice.append(f"the workers wait on reads: at {required:,.0f} samples/s the loader needs "
-                      f"about {needed_mb:,.0f} MB/s and got {result.mb_per_s:,.0f} MB/s; try "
-                      f"another --backend (pread, direct), warm the page cache, or copy the "
-                      f"dataset to faster local storage")
-        if result.main_cpu >= _BUSY:
-            advice.append("the main process is busy (collating or pinning batches): use larger "
-                          "batches or fewer, larger per-sample transforms in the workers")
+    main = result.main_cpu + (result.main_wait or 0.0)
+    if diagnosis == "oversubscribed":
+        limit = max(1, result.cores - int(main + 0.5))
+        pairs = zip(result.worker_cpu or [], result.worker_wait or [])
+        active = [(c, w) for c, w in pairs if c + w >= _ACTIVE]
+        waited = sum(w for _, w in active) / max(sum(c + w for c, w in active), 1e-9)
+        advice.append(f"use at most {limit} worker{'s' if limit > 1 else ''}: {workers} workers on {result.cores} "
+                      f"core(s) waited for a CPU {waited:.0%} of the time they were runnable; more workers than "
+                      f"cores add switching and memory, not throughput (--workers {limit})")
+        return advice
+    if diagnosis == "contended":
+        advice.append(f"the processes of this run waited for a CPU although they fit the {result.cores} core(s): "
+                      f"other processes use these cores; measure again on an idle machine, or keep cores "
+                      f"free for the loader")
+        return advice + _cpu_advice(result, options)  # the work competes for CPU: cheaper work still helps
+    if diagnosis == "cpu-bound":
+        if workers < result.cores and result.loader != "simple":
+            suggested = min(result.cores, max(workers + 1, math.ceil(max(workers, 1) * factor)))
+            advice.append(f"use more workers: the {workers or 'main'} process(es) are CPU-bound and "
+                          f"only {max(workers, 1)} of {result.cores} cores are used; try "
+                          f"--workers {suggested}")
+        advice += _cpu_advice(result, options)
+        return advice
+    if diagnosis == "handoff-bound":
+        advice.append("the bytes came from the page cache and no process was busy: batches wait in the hand-off "
+                      "between the workers and the main process (queues, pickling, shared memory), which small "
+                      "samples feel most; read in the training process with packer.threaded.ThreadedLoader "
+                      "(threads, no hand-off), or use larger batches (fewer hand-offs per sample)")
+        return advice
+    if diagnosis == "main-bound":
+        pinning = " or pin in the training loop's own stream" if options.pin_memory else ""
+        advice.append(f"the main process is busy (collating{' and pinning' if options.pin_memory else ''} "
+                      f"batches) while the workers wait: return whole-batch tensors from the workers "
+                      f"(packer's batched readers) rather than per-sample objects{pinning}")
+        return advice
+    if options.order == "random":
+        advice.append("use the block shuffle (--order block): whole blocks are read with "
+                      "large sequential reads instead of one small random read per sample")
+    needed_mb = required * mean_bytes / 1e6
+    others = ", ".join(b for b in ("mmap", "pread", "direct") if b != options.backend)
+    cache = "" if options.backend == "direct" else ", warm the page cache"
+    advice.append(f"the workers wait on reads: at {required:,.0f} samples/s the loader needs "
+                  f"about {needed_mb:,.0f} MB/s and got {result.mb_per_s:,.0f} MB/s; try "
+                  f"another --backend ({others}){cache}, or copy the dataset to faster local storage")
     return advice
+
+
+def raw_codec_applies(result: BenchResult) -> bool:
+    """Encoded images small enough for ``--codec raw`` to be the fast path (``raw_codec_note``)."""
+    stored = result.image_size
+    return bool(stored) and max(stored) <= SMALL_IMAGE_SIDE and min(stored) >= 1
+
+
+_DIAGNOSIS_TEXT = {
+    "oversubscribed": "more runnable processes than cores; the workers waited for a CPU",
+    "contended": "the workers waited for a CPU that other processes held",
+    "cpu-bound": "the workers computed all the time",
+    "main-bound": "the main process (collate, pin) computed all the time",
+    "read-bound": "the workers waited for bytes from storage, not for a CPU",
+    "handoff-bound": "no process was busy and the bytes came from the page cache: batches waited between processes",
+}
 
 
 def format_report(result: BenchResult) -> str:
@@ -571,9 +821,8 @@ def format_report(result: BenchResult) -> str:
     lines = [f"packer bench {result.dataset}",
              f"  loader      {result.loader}, {result.workers} worker(s) on {result.cores} core(s), "
              f"reader {opts['reader']}, order {opts['order']}, backend {opts['backend']}",
-             f"  decode      {opts['decode']}" + (f" {opts['size']}px" if opts["decode"] in ("rrc", "center")
-                                                  else "") + f", layout {opts['layout']}, batch "
-             f"{opts['batch_size']}",
+             f"  decode      {opts['decode']}" + (f" {result.size[0]}x{result.size[1]}" if result.size else "")
+             + f", layout {opts['layout']}, batch {opts['batch_size']}",
              f"  timed       {result.batches} batches ({result.samples} samples) in "
              f"{result.seconds:.2f} s after {opts['warmup']} warm-up",
              f"  throughput  {result.samples_per_s:,.1f} samples/s, {result.mb_per_s:,.1f} MB/s",
@@ -582,10 +831,14 @@ def format_report(result: BenchResult) -> str:
                  ", workers " + " ".join(f"{c:.2f}" for c in result.worker_cpu) + " core(s) each")]
     waits = [result.main_wait or 0.0, *(result.worker_wait or [])]
     if max(waits) >= 0.1:
+        why = ("this run's processes outnumber the cores" if result.diagnosis == "oversubscribed"
+               else "other processes share these cores")
         lines.append(f"  contention  waiting for a CPU: main {waits[0]:.2f}" + (
             "" if not result.worker_wait else
             ", workers " + " ".join(f"{w:.2f}" for w in result.worker_wait))
-            + " of the time (other processes share these cores)")
+            + f" of the time ({why})")
+    if result.diagnosis is not None:
+        lines.append(f"  limit       {result.diagnosis}: {_DIAGNOSIS_TEXT[result.diagnosis]}")
     if result.target_rate is not None:
         verdict = "OK" if result.meets_target else "TOO SLOW"
         lines.append(f"  target      {result.target_rate:,.1f} samples/s x {HEADROOM} = "
@@ -594,6 +847,7 @@ def format_report(result: BenchResult) -> str:
         for item in result.advice[1:]:
             lines.append(f"  - {item}")
     for note in result.notes:
-        lines.append(f"  note: {note}")
+        if note not in result.advice:  # a note the advice repeats is printed once
+            lines.append(f"  note: {note}")
     return "\n".join(lines)
 

@@ -223,7 +223,7 @@ class _PackedSource:
         # at consumed; later epochs start at their beginning. Blocks are computed per process.
         self.cursor = EpochCursor(read_order, num_samples, rank=shard_id, world_size=num_shards,
                                   blocks=self._dataset_blocks)
-        self.cursor.position.set(first_epoch, consumed)
+        self.cursor.position.load(first_epoch, consumed)
         self.batch_size = batch_size
         self.shard_id = shard_id
         self.num_shards = num_shards
@@ -526,13 +526,20 @@ class PackedBatchSource(_BatchReader):
     """``fn.external_source(source=PackedBatchSource(...), batch=True, parallel=True, batch_info=True)``.
 
     A stateless callable of DALI's ``BatchInfo`` (or of the iteration number, with
-    ``batch_info=False``: then every epoch is ``first_epoch``). Arguments as for
+    ``batch_info=False``: then every epoch is ``first_epoch``, from its beginning; a source that
+    resumes mid-epoch refuses it, since it could not tell the resumed pass from later ones). Arguments as for
     ``PackedSampleSource``. Not iterable on purpose: DALI treats an iterable source as an
     iterator, whatever else it is (use ``PackedBatchIterator`` for that).
     """
 
     def __call__(self, batch_info: Any) -> tuple[list[np.ndarray], ...]:
         if isinstance(batch_info, (int, np.integer)):
+            if self.consumed:
+                # Without DALI's epoch index every pass would be first_epoch from `consumed`: the
+                # resumed tail read again in every later epoch (the loaded position is for one pass).
+                raise OptionError(f"this source resumes mid-epoch (consumed={self.consumed}); pass batch_info=True to "
+                                  f"fn.external_source so that DALI tells it which epoch each batch belongs to "
+                                  f"(the rest of epoch {self.first_epoch} first, then whole epochs)")
             return self.read(self.first_epoch, int(batch_info))
         return self.read(self.first_epoch + int(batch_info.epoch_idx), int(batch_info.iteration))
 

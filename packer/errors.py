@@ -13,7 +13,8 @@ class                     exit   raised when
                                  backend name, a seed, a worker count): the *call* is wrong;
                                  ``ClassListMismatchError`` (two class lists disagree) and
                                  ``UnsafeExportError`` (samples an export target cannot hold
-                                 safely) are ones
+                                 safely) and ``UnsupportedAttributeError`` (a name packer
+                                 deliberately lacks, e.g. ``PackedDataset.samples``) are ones
 ``SourceError``           2      the build source cannot be used (missing, not a folder or
                                  manifest, no usable rows); ``EmptySourceError`` is one
 ``OutputExistsError``     2      a dataset exists and ``--overwrite`` was not given
@@ -60,6 +61,7 @@ __all__ = [
     "OptionError",
     "ClassListMismatchError",
     "UnsafeExportError",
+    "UnsupportedAttributeError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -195,6 +197,12 @@ class UnsafeExportError(OptionError):
         super().__init__(message, **where)  # type: ignore[arg-type]
         self.skipped = dict(skipped or {})
         self.examples = list(examples or [])
+
+
+class UnsupportedAttributeError(OptionError, AttributeError):
+    """A name another library's object has (torchvision's ``ImageFolder.samples``) that packer
+    deliberately does not provide; the message says what to use instead. Also an
+    ``AttributeError``, so ``hasattr`` and ``getattr(obj, name, default)`` behave as usual."""
 
 
 class SourceError(PackerError):

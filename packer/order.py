@@ -58,6 +58,15 @@ Three layers, each a plain function of its arguments (no global RNG, no hidden s
    out; ``state_dict`` / ``load_state_dict`` turn that into the ``(seed, epoch, consumed)`` state
    above. Where the position lives is pluggable (``Position``), so a torch reader can keep it in
    shared memory for its persistent workers.
+
+5. **Passes after a resume.** A position loaded with ``load_state_dict`` is used *once*: the pass
+   that follows the load reads exactly the rest of the saved epoch, and every later pass is a
+   whole epoch. The epoch number changes only when the caller says so: ``set_epoch`` (or DALI's
+   epoch counter) selects the next pass's epoch; a loop that never calls ``set_epoch`` reads the
+   same epoch number again, pass after pass, as ``DistributedSampler`` does. So a resumed run reads
+   what the uninterrupted run would have, pass for pass. ``Position.claim`` implements the rule
+   for every reader: each process (or DataLoader worker) that begins a pass claims the start once,
+   and a second claim of the same load finds it used and starts at 0.
 """
 
 from __future__ import annotations
@@ -74,8 +83,8 @@ from .errors import OptionError
 __all__ = [
     "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
     "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
-    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "Position", "EpochCursor", "CursorReader",
-    "check_epoch",
+    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "Position", "POSITION_SLOTS",
+    "EpochCursor", "CursorReader", "check_epoch",
 ]
 
 #: The order kinds understood by ``epoch_order``.
@@ -491,22 +500,81 @@ def check_epoch(epoch: object) -> int:
     return int(epoch)
 
 
-class Position:
-    """Where a reader is: ``(epoch, start)``, ``start`` the global position its next iteration begins at.
+#: Readers (DataLoader workers) a ``Position`` can tell apart when they claim a loaded start.
+POSITION_SLOTS = 1024
 
-    Plain attributes; ``packer.torch`` substitutes a shared-memory twin so that ``set_epoch`` in
-    the main process reaches persistent DataLoader workers.
+
+class Position:
+    """Where a reader is: ``(epoch, start)``, ``start`` the global position its next pass begins at,
+    and which of its readers have already begun a pass from a loaded ``start``.
+
+    The cells live in one small int64 array: ``[epoch, start, claimed_by, claimed[0..slots-1]]``
+    (``claimed_by``: the number of readers of the pass that used the load, 0 while unused).
+    ``packer.torch`` substitutes a shared-memory array so that ``set_epoch`` and ``load_state_dict``
+    in the main process reach persistent DataLoader workers, and so that the workers of one pass
+    agree on what they claimed.
+
+    Args:
+        slots: how many readers (DataLoader workers) can claim a loaded start in one pass.
     """
 
-    def __init__(self) -> None:
-        self._epoch = 0
-        self._start = 0
+    def __init__(self, slots: int = 1) -> None:
+        self.slots = _check_positive("slots", slots)
+        self._cells = self._allocate(3 + self.slots)
+
+    def _allocate(self, count: int) -> Any:
+        """The cell array (a subclass puts it in shared memory)."""
+        return np.zeros(count, dtype=np.int64)
 
     def get(self) -> tuple[int, int]:
-        return self._epoch, self._start
+        return int(self._cells[0]), int(self._cells[1])
 
     def set(self, epoch: int, start: int) -> None:
-        self._epoch, self._start = int(epoch), int(start)
+        """Select ``(epoch, start)`` (``set_epoch``: the start is 0 or the loaded one)."""
+        self._cells[0] = int(epoch)
+        self._cells[1] = int(start)
+
+    def load(self, epoch: int, start: int) -> None:
+        """A loaded position: ``start`` is for the one pass that follows (no reader has claimed it)."""
+        self._cells[2:] = 0
+        self.set(epoch, start)
+
+    def claim(self, reader: int = 0, readers: int = 1) -> int:
+        """The start of the pass reader ``reader`` of ``readers`` begins now.
+
+        The loaded start for each reader's first pass after the load (every reader of that pass
+        claims it once); 0 from then on, and the stored start drops to 0 so that the positions
+        counted in later passes start there too. A pass with another number of readers than the
+        one that used the load is a later pass.
+
+        Raises:
+            OptionError: more readers than ``slots``.
+        """
+        start = self.peek(reader, readers)
+        if start == 0:
+            self._cells[1] = 0
+            return 0
+        self._cells[2] = readers
+        self._cells[3 + reader] = 1
+        return start
+
+    def peek(self, reader: int = 0, readers: int = 1) -> int:
+        """The start ``claim(reader, readers)`` would return now, claiming nothing.
+
+        Raises:
+            OptionError: more readers than ``slots``.
+        """
+        start = int(self._cells[1])
+        if start == 0:
+            return 0
+        if not 0 <= reader < min(readers, self.slots):
+            raise OptionError(f"reader {reader} of {readers}: this position tells apart at most {self.slots} "
+                              f"readers (DataLoader workers)")
+        # Flags are only ever set by claim() and cleared by load(): two readers beginning the same
+        # pass at once can both claim, and a reader of a later pass never takes the load for unused.
+        if int(self._cells[3 + reader]) == 0 and int(self._cells[2]) in (0, readers):
+            return start
+        return 0
 
 
 class EpochCursor:
@@ -538,6 +606,8 @@ class EpochCursor:
         self.count_samples = count_samples
         #: Items handed out since the current iteration began (batches, or samples).
         self.handed_out = 0
+        #: ``(epoch, start)`` of the pass this cursor began last (None before its first).
+        self.pass_position: tuple[int, int] | None = None
 
     @property
     def blocks(self) -> np.ndarray | None:
@@ -567,8 +637,8 @@ class EpochCursor:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (and so the order) of the next iteration.
 
-        The position loaded by ``load_state_dict`` is kept when ``epoch`` is the loaded epoch;
-        any other epoch starts at its beginning.
+        The position loaded by ``load_state_dict`` is kept when ``epoch`` is the loaded epoch (for
+        the one pass that follows the load); any other epoch starts at its beginning.
         """
         epoch = check_epoch(epoch)
         current, start = self.position.get()
@@ -588,10 +658,29 @@ class EpochCursor:
         return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
                                     world_size=self.world_size, blocks=self.blocks)
 
-    def begin(self) -> RankPlan:
-        """Start an iteration: reset the hand-out count and return the plan it follows."""
+    def begin(self, reader: int = 0, readers: int = 1) -> RankPlan:
+        """Start a pass: reset the hand-out count and return the plan it follows.
+
+        The pass after ``load_state_dict`` reads the rest of the loaded epoch; every later pass
+        reads its whole epoch (``Position.claim``), whether or not ``set_epoch`` was called.
+
+        Args:
+            reader, readers: which DataLoader worker of how many begins the pass (a pass read
+                by several workers claims the loaded position once in each).
+        """
         self.handed_out = 0
-        return self.plan()
+        start = self.position.claim(reader, readers)
+        epoch = self.epoch
+        self.pass_position = (epoch, start)
+        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
+                                    world_size=self.world_size, blocks=self.blocks)
+
+    def begin_at(self, epoch: int, start: int) -> RankPlan:
+        """Start a pass at an explicit position (a DataLoader worker's own saved state), claiming
+        nothing from the shared position."""
+        self.handed_out = 0
+        self.pass_position = (check_epoch(epoch), _check_nonnegative("start", start))
+        return self.plan(epoch, start)
 
     def consumed(self, *, batches: int | None = None, samples: int | None = None) -> int:
         """The global position after this rank consumed ``batches`` (or ``samples``) of the current
@@ -620,8 +709,9 @@ class EpochCursor:
             OptionError: the state was saved with another order, seed, block layout or dataset size.
         """
         epoch, consumed = self.read_order.check_state(state, self.num_samples, self.blocks)
-        self.position.set(epoch, consumed)
+        self.position.load(epoch, consumed)
         self.handed_out = 0
+        self.pass_position = None
 
 
 class CursorReader:
@@ -656,7 +746,8 @@ class CursorReader:
         return self.cursor.start
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next iteration (a loaded mid-epoch position is kept for its epoch)."""
+        """Select the epoch of the next iteration (a loaded mid-epoch position is kept for its epoch,
+        for the one pass that follows the load)."""
         self.cursor.set_epoch(epoch)
 
     def share(self) -> RankShare:
@@ -684,7 +775,8 @@ class CursorReader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
 
-        Valid for any world size, batch size and number of workers.
+        Valid for any world size, batch size and number of workers. Used once: later passes are
+        whole epochs (of the same epoch number unless ``set_epoch`` says otherwise).
 
         Raises:
             OptionError: the state was saved with another order, seed or dataset size.

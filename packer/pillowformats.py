@@ -102,10 +102,15 @@ def check_reader_formats(formats: np.ndarray | Iterable[int], reader: str, *, pa
     if not bad:
         return
     listed = ", ".join(f"{n} {ImageFormat.NAMES.get(v, f'format-{v}')}" for v, n in bad)
+    # --normalize-formats stores every format but KEPT_BY_NORMALIZE as lossless PNG: the fix when
+    # this reader decodes PNG and none of the bad formats is one normalizing keeps.
+    if ImageFormat.PNG in allowed and not any(v in KEPT_BY_NORMALIZE for v, _ in bad):
+        rebuild = "or rebuild with --normalize-formats (converts them to lossless PNG, the same pixels)"
+    else:
+        rebuild = "or rebuild converting them (--codec jpeg re-encodes every image, lossy)"
     raise DecodeError(f"{READERS[reader]} cannot decode {listed} sample(s) of this dataset; it decodes "
                       f"{', '.join(sorted(ImageFormat.NAMES[v] for v in allowed))}. Read these samples with a "
-                      f"CPU decoder (packer.torch, packer.decode.decode_image), or rebuild converting them "
-                      f"(e.g. --codec jpeg)", path=path)
+                      f"CPU decoder (packer.torch, packer.decode.decode_image), {rebuild}", path=path)
 
 
 def accept_pillow_format(img: Image.Image, view: BytesLike, *, path: str | None, max_pixels: int) -> int:

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, RankPlan, RankShare, ReadOrder, index_blocks
+from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, ReadOrder, index_blocks
 
 __all__ = ["ThreadedLoader", "DEFAULT_THREADS"]
 
@@ -53,7 +53,7 @@ __all__ = ["ThreadedLoader", "DEFAULT_THREADS"]
 DEFAULT_THREADS = 2
 
 
-class ThreadedLoader:
+class ThreadedLoader(CursorReader):
     """Batches of a packed dataset, made by a thread pool inside this process, in order.
 
     Args:
@@ -104,71 +104,32 @@ class ThreadedLoader:
                                      geometry=geometry)
         self.collate_fn = collate_fn
         self._decode = decode
-        self.read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                                    batch_size=batch_size, drop_last=drop_last)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.num_samples = len(self.dataset)
+        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
+                               batch_size=batch_size, drop_last=drop_last)
         self.threads = threads
         self.prefetch = prefetch
         self.pin_memory = bool(pin_memory)
-        self._blocks: np.ndarray | None = None
+        blocks: np.ndarray | None = None
         if order == "block":
             ix = self.dataset.dataset.index
-            self._blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
-        self._epoch = 0
-        self._start = 0
-        self._yielded = 0
+            blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
+        rank, world_size = resolve_rank(rank, world_size)
+        # The position rules are every reader's (packer.order.EpochCursor): a loaded position is
+        # used by the one pass that follows the load. Batches count as handed out when yielded.
+        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size, blocks=blocks)
 
-    # --- position (the same rules as packer.torch's samplers) ---
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def start(self) -> int:
-        """The global position the next iteration starts from (0 unless resumed)."""
-        return self._start
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next iteration (a loaded position is kept for its own epoch)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if int(epoch) != self._epoch:
-            self._start = 0
-        self._epoch = int(epoch)
-
-    def share(self) -> RankShare:
-        """This rank's share of the rest of the current epoch."""
-        return self.read_order.share(self.num_samples, consumed=self._start, world_size=self.world_size)
-
-    def plan(self) -> RankPlan:
-        """This rank's batches for the rest of the current epoch."""
-        return self.read_order.plan(self.num_samples, epoch=self._epoch, consumed=self._start,
-                                    rank=self.rank, world_size=self.world_size, blocks=self._blocks)
-
+    # --- position: packer.order.CursorReader over self.cursor (the rules of packer.torch's readers) ---
     def __len__(self) -> int:
         return self.share().num_batches
 
-    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:  # type: ignore[override]
         """The resumable position (``packer.order``'s state; valid for any world size or threads).
 
         Args:
             batches_consumed: batches consumed since this epoch's iteration started; default
                 the batches this loader has yielded, which is exact (nothing is handed out early).
         """
-        batches = self._yielded if batches_consumed is None else batches_consumed
-        consumed = self.share().consumed_after(batches)
-        return self.read_order.state_dict(self.num_samples, epoch=self._epoch, consumed=consumed,
-                                          blocks=self._blocks)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
-
-        Raises:
-            ValueError: the state was saved with another order, seed or dataset size.
-        """
-        self._epoch, self._start = self.read_order.check_state(state, self.num_samples, self._blocks)
-        self._yielded = 0
+        return self.cursor.state_dict(batches=batches_consumed)
 
     # --- iteration ---
     def _load(self, indices: np.ndarray, out: Any) -> Any:
@@ -198,9 +159,8 @@ class ThreadedLoader:
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         if getattr(self._decode, "seed", None) is not None and hasattr(self._decode, "set_epoch"):
-            self._decode.set_epoch(self._epoch)  # seeded crops follow the loader's epoch
-        plan = self.plan()
-        self._yielded = 0
+            self._decode.set_epoch(self.epoch)  # seeded crops follow the loader's epoch
+        plan = self.cursor.begin()
         reads = self.dataset.dataset  # a dataset in object storage fetches the rank's order ahead
         reads.plan_reads(plan.indices)
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"packer-{os.getpid()}")
@@ -214,7 +174,7 @@ class ThreadedLoader:
                     submitted += 1
                 reads.reads_advanced(int(plan.batch_bounds[submitted]))
                 batch = pending.popleft().result()  # a failed batch raises here, in order
-                self._yielded = k + 1
+                self.cursor.handed_out = k + 1
                 yield batch
         finally:  # a loop that stops early (break, exception) cancels what it will not use
             for future in pending:

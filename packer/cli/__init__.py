@@ -99,8 +99,12 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> None:
-    """Run a command body and turn PackerError into its exit code and a one-line message."""
+def run_command(body: Callable[[], int | None], *, as_json: bool = False, interrupted: str = "interrupted") -> None:
+    """Run a command body and turn PackerError into its exit code and a one-line message.
+
+    Args:
+        interrupted: the one line printed on Ctrl-C (a command that can continue says how).
+    """
     try:
         code = body() or EXIT_OK
     except PackerError as exc:
@@ -109,7 +113,7 @@ def run_command(body: Callable[[], int | None], *, as_json: bool = False) -> Non
         echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+        click.echo(interrupted, err=True)
         sys.exit(EXIT_INTERRUPTED)
     except OSError as exc:  # an environment failure outside the library's own checks (EPIPE, EIO)
         if as_json:

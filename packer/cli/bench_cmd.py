@@ -22,8 +22,9 @@ from ..order import ORDERS
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="rrc", show_default=True,
               help="none: bytes only; full: decode full images; rrc: fused random-resized-crop + "
                    "flip; center: fused resize + centre crop.")
-@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
-              help="Output size of the rrc and center transforms.")
+@click.option("--size", default=None, type=click.IntRange(min=1),
+              help="Output size of the rrc and center transforms (default: 224, or the stored size for raw "
+                   "datasets and images smaller than 224 px: no upsampling).")
 @click.option("--layout", type=click.Choice(["HWC", "CHW"]), default="HWC", show_default=True)
 @click.option("--backend", type=click.Choice(["mmap", "pread", "direct"]), default="mmap",
               show_default=True)
@@ -41,13 +42,14 @@ from ..order import ORDERS
               help=f"Samples/s the model consumes; the loader should deliver {HEADROOM}x that.")
 @json_option("Print the result as one JSON document.")
 def bench_command(dataset: Path, batch_size: int, workers: int | None, order: str, decode: str,
-                  size: int, layout: str, backend: str, reader: str, loader: str, batches: int,
+                  size: int | None, layout: str, backend: str, reader: str, loader: str, batches: int,
                   warmup: int, pin_memory: bool, seed: int, target_rate: float | None,
                   as_json: bool) -> None:
     """Measure the loader over DATASET: samples/s, MB/s and CPU per worker.
 
-    With --target-rate, says whether the loader keeps up with the model (with headroom) and,
-    if not, what to change.
+    Says what limited the run (oversubscribed, contended, cpu-bound, main-bound, read-bound). With
+    --target-rate, says whether the loader keeps up with the model (with headroom) and, if not,
+    what to change.
     """
     from ..bench import format_report, run_bench
 

@@ -196,8 +196,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                    f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
                    f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
         click.echo(describe_labels(result.summary, len(result.classes)), err=True)
-        for warning in result.summary.get("warnings", []):
-            click.echo(f"WARNING: {warning}", err=True)
+        # The summary's warnings were logged (to stderr) when the source was listed, before packing:
+        # not printed again here (they are in --json and the manifest's build record).
         notes = result.summary.get("codec_notes", {})
         if notes:
             echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
@@ -215,4 +215,10 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                        "warnings": result.summary.get("warnings", [])})
         return 0
 
-    run_command(body, as_json=as_json)
+    if finish_only or plan_only:
+        again = "run the same command again"
+    elif part:
+        again = f"run the same --part {part} command again (its finished shards are kept)"
+    else:
+        again = "run the same command with --resume to continue (finished shards are kept)"
+    run_command(body, as_json=as_json, interrupted=f"interrupted; {again}")

@@ -85,7 +85,8 @@ def resolve_sample(index: Any, text: str) -> int:
     return number % count
 
 
-def _format_sample(info: dict[str, Any]) -> str:
+def _format_sample(info: dict[str, Any], field_classes: dict[str, tuple[str, ...]] | None = None) -> str:
+    """The ``--sample`` text; ``field_classes``: the names of a field's ids (class sets, per-box labels)."""
     rows = [
         ("sample", f"{info['index']}"),
         ("key", info["key"]),
@@ -100,7 +101,7 @@ def _format_sample(info: dict[str, Any]) -> str:
     if "source_name" in info:
         rows.insert(2, ("name", f"{info['source_name']} (the original bytes; the key escapes them)"))
     for name, value in (info.get("fields") or {}).items():
-        rows.append((name, _field_text(value)))
+        rows.append((name, _field_text(value, (field_classes or {}).get(name, ()))))
     # One value per line: a key or class name holding a newline must not forge a line.
     return "\n".join(f"{name:<9}  {terminal_safe(value, keep_newlines=False)}" for name, value in rows)
 
@@ -109,11 +110,15 @@ def _format_sample(info: dict[str, Any]) -> str:
 _FIELD_SHOWN = 200
 
 
-def _field_text(value: Any) -> str:
+def _field_text(value: Any, classes: tuple[str, ...] = ()) -> str:
     """A field's value of ``sample_info`` on one line: an image field's table entry, a caption
-    quoted, numbers as JSON; cut at ``_FIELD_SHOWN`` characters."""
+    quoted, numbers as JSON, ids with their class names (``[0, 2] = ["cat", "owl"]``); cut at
+    ``_FIELD_SHOWN`` characters."""
     if isinstance(value, dict) and "error" in value:  # a damaged value: what is wrong, its bytes escaped
         text = f"unreadable ({value['error']}): {json.dumps(value.get('escaped', ''), ensure_ascii=True)}"
+    elif classes and isinstance(value, list) and all(isinstance(v, int) for v in value):
+        names = [classes[v] if 0 <= v < len(classes) else f"<no class {v}>" for v in value]
+        text = f"{json.dumps(value)} = {json.dumps(names, ensure_ascii=False)}"
     elif isinstance(value, dict):  # an image field: where its payload is and what it holds
         text = (f"{value['format']} {value['height']}x{value['width']} (HxW), {value['channels']} channel(s), "
                 f"{value['size']} bytes at {value['offset']} of {value['shard_path']}")
@@ -204,10 +209,12 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
     if extract is None:
         with open_index(dataset) as index:
             info = index.sample_info(resolve_sample(index, text))
+            field_classes = {spec.name: spec.classes for spec in index.fields if spec.classes}
     else:
         with open_dataset(dataset) as ds:
             number = resolve_sample(ds, text)
             info = ds.sample_info(number)
+            field_classes = {spec.name: spec.classes for spec in ds.fields if spec.classes}
             data = ds.read(number)
             # Never hand out damaged bytes silently: `packer verify` reports the damage in full.
             verify_checksum(data, int(ds.index.checksum[number]), path=info["shard_path"], sample=number,
@@ -221,7 +228,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
         info["source_name"] = unescape_key(info["key"]).decode("utf-8", "backslashreplace")
     document["sample"] = info
     if not as_json:
-        echo(_format_sample(info))
+        echo(_format_sample(info, field_classes))
 
 
 def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,

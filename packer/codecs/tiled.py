@@ -46,12 +46,12 @@ class TiledCodec:
             return data, info
 
     def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
-        """``tiled``, or why a JPEG was kept as it is (``kept: progressive``, ...); None for other
-        formats. Counted in the build summary so a mostly-progressive source shows."""
+        """``tiled``, or why an image was stored as it is (``kept: progressive``, ``kept: not a JPEG
+        (png)``). Counted in the build summary so a mostly-progressive or mostly-PNG source shows."""
         from .tiles import untiled_reason
 
         if info.image_format != ImageFormat.JPEG:
-            return None
+            return f"kept: not a JPEG ({ImageFormat.NAMES.get(int(info.image_format), 'unknown')})"
         return "tiled" if payload is not source else f"kept: {untiled_reason(source)}"
 
     def manifest_entry(self) -> dict[str, Any]:

@@ -85,10 +85,14 @@ def field_stats(index: Any) -> list[dict[str, Any]]:
 
 def percentile_stats(values: np.ndarray, percentiles: tuple[tuple[str, int], ...] = _PERCENTILES
                      ) -> dict[str, Any] | None:
-    """Percentiles (actual values, no interpolation) and the mean of an integer array; None when empty."""
+    """Percentiles and the mean of an integer array; None when empty.
+
+    Percentiles are nearest-rank (actual values, no interpolation): the ``q``-th is the smallest
+    value with at least ``q`` % of the values at or below it, so the p95 of two values is the larger.
+    """
     if len(values) == 0:
         return None
-    points = np.percentile(values, [q for _, q in percentiles], method="lower")
+    points = np.percentile(values, [q for _, q in percentiles], method="inverted_cdf")
     stats: dict[str, Any] = {name: int(v) for (name, _), v in zip(percentiles, points)}
     stats["mean"] = round(float(values.mean(dtype=np.float64)), 3)
     return stats

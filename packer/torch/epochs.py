@@ -65,8 +65,9 @@ def _planned_dataset(source: Any) -> Any:
 
 
 class _FollowsEpoch:
-    """``set_epoch`` also moves the dataset's seeded crops: a loop that moves only the sampler
-    (the DistributedSampler habit) would otherwise train every epoch on epoch 0's crops."""
+    """``set_epoch`` and ``load_state_dict`` also move the dataset's seeded crops: a loop that moves
+    only the sampler (the DistributedSampler habit), or resumes without calling ``set_epoch``, would
+    otherwise train on epoch 0's crops."""
 
     _crops: Any = None
 
@@ -75,3 +76,9 @@ class _FollowsEpoch:
         super().set_epoch(epoch)  # type: ignore[misc]
         if self._crops is not None:
             self._crops.set_epoch(epoch)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position (``CursorReader.load_state_dict``); the crops follow its epoch."""
+        super().load_state_dict(state)  # type: ignore[misc]
+        if self._crops is not None:
+            self._crops.set_epoch(self.epoch)  # type: ignore[attr-defined]

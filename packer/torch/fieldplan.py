@@ -12,9 +12,11 @@ choice but ``("image", "label")`` makes samples dicts, in the order given::
 Arrays are tensors of their declared dtype and shape (variable ones ``(n, *rest)``), class sets
 int64 ids (or float32 multi-hot vectors: ``multi_hot=("tags",)``), text a str, image fields
 tensors of their stored values (``(H, W)`` for a mask). With a fused transform as ``decode``,
-image fields get the image's crop, resize and flip (nearest neighbour), and the array fields
-named in ``geometry=`` are moved with it (``packer.transforms.CropGeometry``: boxes clipped and
-dropped by a documented rule, per-box rows dropped in step, keypoints made invisible outside).
+image fields get the image's crop, resize and flip (nearest neighbour: the transform's
+``mask_interpolation``, torchvision's ``NEAREST`` by default), and the array fields named in
+``geometry=`` are moved with it (``packer.transforms.CropGeometry``: boxes clipped and dropped by
+a documented rule, with ``SanitizeBoundingBoxes``' ``min_size``/``min_area`` as the transform's
+``min_box_size``/``min_box_area``, per-box rows dropped in step, keypoints made invisible outside).
 ``collate`` stacks fixed shapes (fixed arrays are gathered for the whole batch from the index's
 zero-copy columns, into shared memory inside a worker) and lists variable ones;
 ``PaddedCollate`` pads them and adds ``<name>_lengths``. The iterable dataset and
@@ -31,6 +33,7 @@ import torch
 from ..codecs import keeps_source_geometry
 from ..dataset import Dataset, DatasetIndex
 from ..errors import IndexMismatchError, OptionError
+from ..transforms.geometry import DEFAULT_MASK_INTERPOLATION, DEFAULT_MIN_BOX_AREA, DEFAULT_MIN_BOX_SIZE
 from .runtime import _empty
 
 #: The built-in parts a ``PackedDataset`` sample can hold (``fields=``), besides the dataset's
@@ -164,6 +167,10 @@ class _FieldPlan:
         self.image_fields = tuple(name for name, kind in self.kinds.items() if kind == "image")
         # Only packer's fused transforms move the image; ask them for the crop when a field follows it.
         self.wants_geometry = isinstance(decode, DecodeTransform) and bool(self.geometry or self.image_fields)
+        # The transform's rules for moved fields (SanitizeBoundingBoxes' minimums, the mask mode).
+        self.min_box_size = getattr(decode, "min_box_size", DEFAULT_MIN_BOX_SIZE)
+        self.min_box_area = getattr(decode, "min_box_area", DEFAULT_MIN_BOX_AREA)
+        self.mask_interpolation = getattr(decode, "mask_interpolation", DEFAULT_MASK_INTERPOLATION)
         self.decodes_image = "image" in names or self.wants_geometry
         if (self.wants_geometry and self.image_fields and dataset.manifest.codec.get("name") == "raw"
                 and not keeps_source_geometry(dataset.manifest)):
@@ -245,7 +252,8 @@ class _FieldPlan:
                 tensors.append(torch.from_numpy(boxes if boxes.flags.writeable else boxes.copy()))
                 keeps.append(None)
                 continue
-            mapped, keep = crop.map_boxes(boxes, min_visibility)
+            mapped, keep = crop.map_boxes(boxes, min_visibility, min_size=self.min_box_size,
+                                          min_area=self.min_box_area)
             tensors.append(torch.from_numpy(np.ascontiguousarray(mapped[keep])))
             keeps.append(keep)
         return tensors, keeps
@@ -289,7 +297,7 @@ class _FieldPlan:
             return torch.from_numpy(np.frombuffer(dataset.field_bytes(name, i), dtype=np.uint8).copy())
         array = dataset.field_image(name, i)  # a fresh array, values as stored
         if crop is not None:
-            array = crop.resample_nearest(array)
+            array = crop.resample_nearest(array, self.mask_interpolation)
         tensor = torch.from_numpy(array)
         if tensor.dim() == 3 and self.layout == "CHW":
             tensor = tensor.permute(2, 0, 1).contiguous()

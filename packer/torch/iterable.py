@@ -20,6 +20,7 @@ from ..order import (
     DEFAULT_WINDOW,
     CursorReader,
     EpochCursor,
+    POSITION_SLOTS,
     Position,
     RankPlan,
     ReadOrder,
@@ -72,19 +73,14 @@ _LIBC: Any = None
 
 
 class _SharedPosition(Position):
-    """``(epoch, start)`` in a two-element shared-memory tensor: one position for the main process
-    and every (persistent) DataLoader worker."""
+    """The position's cells in a shared-memory tensor: one position for the main process and every
+    (persistent) DataLoader worker, which claim a loaded start once each (``Position.claim``)."""
 
     def __init__(self) -> None:
-        self._cell = torch.zeros(2, dtype=torch.int64).share_memory_()
+        super().__init__(slots=POSITION_SLOTS)
 
-    def get(self) -> tuple[int, int]:
-        epoch, start = self._cell.tolist()
-        return int(epoch), int(start)
-
-    def set(self, epoch: int, start: int) -> None:
-        self._cell[0] = int(epoch)
-        self._cell[1] = int(start)
+    def _allocate(self, count: int) -> Any:
+        return torch.zeros(count, dtype=torch.int64).share_memory_()
 
 
 class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableDataset):
@@ -162,7 +158,8 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
                                   count_samples=not self.batched)
         self._advised: OrderedDict[int, None] = OrderedDict()
         self._advised_shards: set[int] = set()
-        self._skip_batches = 0  # set by a worker's own state (StatefulDataLoader), used by its next iteration
+        # (epoch, start, batches to skip): a worker's own state (StatefulDataLoader), for its next pass
+        self._worker_resume: tuple[int, int, int] | None = None
 
     def _dataset_blocks(self) -> np.ndarray | None:
         if self.cursor.read_order.kind != "block":
@@ -195,13 +192,23 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
         info = torch_data.get_worker_info()
         if info is None or batches_consumed is not None or samples_consumed is not None:
             return super().state_dict(batches_consumed=batches_consumed, samples_consumed=samples_consumed)
-        state = self.read_order.state_dict(self.num_samples, epoch=self.epoch, consumed=self.start,
-                                           blocks=self.cursor.blocks)
-        state.update(worker=int(info.id), num_workers=int(info.num_workers), worker_items=self.cursor.handed_out)
+        worker, num_workers = int(info.id), int(info.num_workers)
+        if self._worker_resume is not None:  # loaded, not yet iterated: the loaded state itself
+            epoch, start, skip = self._worker_resume
+            items = skip if self.batched else skip * self.batch_size
+        elif self.cursor.pass_position is not None:  # in (or after) a pass: its start and what went out
+            (epoch, start), items = self.cursor.pass_position, self.cursor.handed_out
+        else:  # before this worker's first pass: where that pass will start
+            epoch, start, items = self.epoch, self.cursor.position.peek(worker, num_workers), 0
+        state = self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=start, blocks=self.cursor.blocks)
+        state.update(worker=worker, num_workers=num_workers, worker_items=items)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position (see ``CursorReader.load_state_dict``), or a worker's state.
+
+        A worker's state (torchdata's ``StatefulDataLoader``) is for that worker's next pass only;
+        later passes are whole epochs of the saved epoch, as after any load.
 
         Raises:
             OptionError: the state was saved with another order, seed or dataset size, or is a
@@ -217,20 +224,31 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
                               f"resume with a loader of as many workers (here: "
                               f"{'no worker' if here is None else f'worker {here[0]} of {here[1]}'})")
         base = {key: value for key, value in state.items() if key not in ("worker", "num_workers", "worker_items")}
-        self.cursor.load_state_dict(base)
+        epoch, start = self.read_order.check_state(base, self.num_samples, self.cursor.blocks)
         items = int(state.get("worker_items", 0))
         if not self.batched:  # a sample state: whole batches of this worker
             items //= self.batch_size
-        self._skip_batches = max(0, items)
+        # This worker's next pass resumes from its own state; every worker of the loader loads the
+        # same (epoch, start), so the shared position only learns the epoch (its later passes).
+        self._worker_resume = (epoch, start, max(0, items))
+        self.cursor.position.set(epoch, 0)
+        if self._crops is not None:
+            self._crops.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         info = torch_data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        indices, bounds = _worker_share(self.cursor.begin(), worker, num_workers)  # the epoch order is freed here
+        resume, self._worker_resume = self._worker_resume, None
+        if resume is not None:  # this worker's own saved state (StatefulDataLoader)
+            plan, skip = self.cursor.begin_at(resume[0], resume[1]), resume[2]
+        else:
+            plan, skip = self.cursor.begin(worker, num_workers), 0
+        indices, bounds = _worker_share(plan, worker, num_workers)  # the epoch order is freed here
+        del plan
         _release_free_heap()
         self.dataset.plan_reads(indices)  # a dataset in object storage fetches this worker's order ahead
         count = len(bounds) - 1
-        skip, self._skip_batches = min(self._skip_batches, count), 0  # a worker state loaded for this worker
+        skip = min(skip, count)
         self.cursor.handed_out = skip if self.batched else int(bounds[skip])
         for k in range(skip, count):
             batch = indices[bounds[k]:bounds[k + 1]]

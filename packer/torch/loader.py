@@ -20,6 +20,11 @@ reader cannot know that by itself)::
             ...
             save({"loader": loader.state_dict()})
 
+A loaded position is used once: the pass after ``load_state_dict`` reads the rest of the saved
+epoch, and every later pass a whole epoch, of the epoch ``set_epoch`` selects or, in a loop that
+never calls it, of the same epoch number again (as ``DistributedSampler`` does). Every packer
+reader follows this rule (``packer.order``, "Passes after a resume").
+
 With a plain ``DataLoader``, count yourself and say what you counted:
 ``batch_sampler.state_dict(batches_consumed=step)`` (its own batches),
 ``sampler.state_dict(samples_consumed=step * batch_size)`` for a ``PackedSampler``
@@ -58,19 +63,27 @@ class PackedDataLoader(torch_data.DataLoader):
                 ...
                 save({"loader": loader.state_dict()})
 
-    Takes every ``DataLoader`` argument. A ``PackedSampler`` given ``batch_size`` must agree
-    with the loader's.
+    Takes every ``DataLoader`` argument. It tells a ``PackedSampler`` its batch size, so that
+    each global step takes the next ``world_size x batch_size`` samples of the epoch order (and
+    the block order keeps its locality); a sampler given another batch size is refused, as is a
+    ``PackedIterableDataset`` whose batches are not the loader's (``batch_size=None`` for a
+    batched one, the dataset's ``batch_size`` or None for ``batched=False``).
 
     Raises:
-        OptionError: no packer reader to track, or a sampler batch size that is not the loader's.
+        OptionError: no packer reader to track, or a reader whose batch size is not the loader's.
     """
 
     def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(dataset, *args, **kwargs)
         reader = self._packer_reader()
-        if isinstance(reader, PackedSampler) and reader.batch_size not in (None, self.batch_size):
-            raise OptionError(f"the PackedSampler was given batch_size={reader.batch_size} but the DataLoader's "
-                              f"batch_size is {self.batch_size}: give both the same, or leave the sampler's out")
+        if isinstance(reader, PackedSampler) and self.batch_size is not None:
+            reader.use_batch_size(int(self.batch_size))
+        if isinstance(reader, PackedIterableDataset):
+            wanted = None if reader.batched else reader.batch_size
+            if self.batch_size not in (wanted, None):  # None: the loop receives the reader's items
+                kind = "yields batches" if reader.batched else f"yields samples in batches of {reader.batch_size}"
+                raise OptionError(f"the PackedIterableDataset {kind}, but the DataLoader's batch_size is "
+                                  f"{self.batch_size}: pass batch_size={wanted} to the loader")
         self._yielded = 0
 
     def _packer_reader(self) -> Any:

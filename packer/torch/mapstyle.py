@@ -25,11 +25,12 @@ from ..dataset import as_sample_indices
 from ..errors import DecodeError
 from .collate import PaddedCollate, _collate_columns, collate
 from .fieldplan import DEFAULT_FIELDS, _check_fields, _FieldPlan
+from .imagefolder import _ImageFolderRefusals
 from .pipeline import _BatchSamples, _Pipeline, _raw_fast_batch, _raw_fast_shape, _refuse_decode_transform
 from .runtime import DecodeFn, PathOrDataset, _empty, _open
 
 
-class PackedDataset(torch_data.Dataset):
+class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
     """A map-style ``torch.utils.data.Dataset`` over a packed dataset: ``ds[i] -> (image, label)``.
 
     See the module docstring for what ``image`` is. ``__getitems__`` (used by the DataLoader

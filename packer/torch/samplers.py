@@ -3,6 +3,7 @@ indices), both dealing ranks from the epoch order of ``packer.order`` and resuma
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 import torch.utils.data as torch_data
@@ -18,10 +19,13 @@ _YIELD_CHUNK = 4096
 class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
     """Yields this rank's sample indices for one epoch (a drop-in for ``DistributedSampler``).
 
-    The epoch order, the rank split and the pad/drop rule are those of ``packer.order``; without
-    ``batch_size`` ranks take every ``world_size``-th sample like ``DistributedSampler``. Give
-    the DataLoader's batch size as ``batch_size`` for batch-aligned shares (needed for the block
-    order's locality, and to save the position as ``state_dict(batches_consumed=...)``).
+    The epoch order, the rank split and the pad/drop rule are those of ``packer.order``: each
+    global step takes the next ``world_size x batch_size`` samples of the epoch order, and rank
+    ``r`` the ``r``-th batch of them. ``PackedDataLoader`` tells the sampler its batch size (and
+    refuses a sampler given another one). In a plain ``DataLoader`` give the loader's batch size as
+    ``batch_size``: without it ranks take every ``world_size``-th sample like
+    ``DistributedSampler``, which loses the block order's locality, and the position can only be
+    saved as ``state_dict(samples_consumed=...)``.
 
     Args:
         data_source: a ``PackedDataset``, a ``packer`` dataset or index (block boundaries are
@@ -47,6 +51,19 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
                                       batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
                                       block_bytes=block_bytes, window=window, block_samples=block_samples,
                                       count_samples=True)
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """Deal batch-aligned shares of ``batch_size`` (the DataLoader's): what ``PackedDataLoader``
+        calls. The position (epoch, loaded start) is kept: it does not depend on the batch size.
+
+        Raises:
+            OptionError: the sampler was given another batch size, or a bad one.
+        """
+        if self.batch_size is not None and self.batch_size != batch_size:
+            raise OptionError(f"the PackedSampler was given batch_size={self.batch_size} but the DataLoader's "
+                              f"batch_size is {batch_size}: give both the same, or leave the sampler's out")
+        self.cursor.read_order = dataclasses.replace(self.cursor.read_order, batch_size=batch_size)
+        self.batch_size = batch_size
 
     def __len__(self) -> int:
         return self.share().per_rank

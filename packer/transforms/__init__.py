@@ -71,9 +71,12 @@ resampled from, with half-pixel centres as in every resize here), ``decode_with_
 decoded at a reduced DCT scale is resampled from its box rounded to whole decoded pixels, and
 the geometry says so). ``CropGeometry.map_boxes`` / ``map_points`` / ``resample_nearest`` move
 ``xyxy`` boxes (clipped; dropped when nothing of them, or less than ``min_box_visibility`` of
-their area, is left), keypoints (visibility 0 outside the output) and second images (nearest
-neighbour: a label map keeps its labels, a 16-bit depth map its depths) exactly as the pixels
-moved. ``packer.torch.PackedDataset(geometry=...)`` applies them per sample.
+their area, is left, or when smaller than ``min_box_size``/``min_box_area``, torchvision's
+``SanitizeBoundingBoxes`` defaults), keypoints (visibility 0 outside the output) and second
+images (nearest neighbour, ``mask_interpolation="nearest"`` as torchvision does for masks, or
+``"nearest-exact"``: a label map keeps its labels, a 16-bit depth map its depths) exactly as the
+pixels moved. ``packer.torch.PackedDataset(geometry=...)`` applies them per sample; see
+docs/guides/geometry.md for the conventions next to torchvision's.
 
 Without an ``rng`` argument (the DataLoader path above) each process uses its own generator,
 seeded from ``torch.initial_seed()``: DataLoader workers get distinct, reproducible streams
@@ -86,7 +89,16 @@ Modules: ``fused`` (the transforms), ``geometry`` (crop boxes and ``CropGeometry
 from __future__ import annotations
 
 from .fused import FAST_SCALES, RESIZE_BACKENDS, CenterCrop, DecodeTransform, RandomResizedCrop
-from .geometry import DEFAULT_MIN_VISIBILITY, CropGeometry, center_crop_box, random_resized_crop_params
+from .geometry import (
+    DEFAULT_MASK_INTERPOLATION,
+    DEFAULT_MIN_BOX_AREA,
+    DEFAULT_MIN_BOX_SIZE,
+    DEFAULT_MIN_VISIBILITY,
+    MASK_INTERPOLATIONS,
+    CropGeometry,
+    center_crop_box,
+    random_resized_crop_params,
+)
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_on_gpu
 
 __all__ = [
@@ -95,6 +107,10 @@ __all__ = [
     "DecodeTransform",
     "CropGeometry",
     "DEFAULT_MIN_VISIBILITY",
+    "DEFAULT_MIN_BOX_SIZE",
+    "DEFAULT_MIN_BOX_AREA",
+    "DEFAULT_MASK_INTERPOLATION",
+    "MASK_INTERPOLATIONS",
     "FAST_SCALES",
     "RESIZE_BACKENDS",
     "IMAGENET_MEAN",

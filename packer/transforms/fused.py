@@ -20,12 +20,17 @@ from ..format import ImageFormat
 from ..imageinfo import byte_view, detect_format
 from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
 from .geometry import (
+    DEFAULT_MASK_INTERPOLATION,
+    DEFAULT_MIN_BOX_AREA,
+    DEFAULT_MIN_BOX_SIZE,
     DEFAULT_MIN_VISIBILITY,
     Box,
     CropGeometry,
     Size,
     _output_size,
     center_crop_box,
+    check_box_minimum,
+    check_mask_interpolation,
     random_resized_crop_params,
 )
 
@@ -71,7 +76,9 @@ class DecodeTransform:
 
     def __init__(self, size: Size, *, fast_dct: bool, fast_upsample: bool,
                  resize_backend: str, seed: int | None = None,
-                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY,
+                 min_box_size: float = DEFAULT_MIN_BOX_SIZE, min_box_area: float = DEFAULT_MIN_BOX_AREA,
+                 mask_interpolation: Any = DEFAULT_MASK_INTERPOLATION) -> None:
         self.out_height, self.out_width = _output_size(size)
         if isinstance(min_box_visibility, bool) or not isinstance(min_box_visibility, (int, float)) \
                 or not 0 <= min_box_visibility <= 1:
@@ -79,6 +86,13 @@ class DecodeTransform:
         #: Boxes moved by this crop (``PackedDataset(geometry=...)``) keep at least this fraction
         #: of their area, or are dropped (``CropGeometry.map_boxes``).
         self.min_box_visibility = float(min_box_visibility)
+        #: ... and at least this width and height, and this area, in output pixels
+        #: (``SanitizeBoundingBoxes``' ``min_size`` and ``min_area``; its defaults, 1 and 1).
+        self.min_box_size = check_box_minimum("min_box_size", min_box_size)
+        self.min_box_area = check_box_minimum("min_box_area", min_box_area)
+        #: How image fields (masks, depth maps) are resampled: ``"nearest"`` (torchvision's ``NEAREST``,
+        #: what it uses for masks) or ``"nearest-exact"`` (``CropGeometry.resample_nearest``).
+        self.mask_interpolation = check_mask_interpolation(mask_interpolation)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
                                  or seed < 0):
             raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
@@ -348,6 +362,15 @@ class DecodeTransform:
         else:
             pixels, box, flip, (origin_x, origin_y, factor), (width, height) = decoded
             full_size = False
+            if self._use_torch():
+                # At a DCT scale M/8 the last decoded column/row can be only partly inside the image
+                # (427 px at 1/4: 106.75 decoded px, 107 decoded); the torch path rounds the box to
+                # whole decoded pixels, so it resamples from those wholly inside: the crop box (and
+                # its geometry) never extends past the image. (Pillow's box= is fractional: inside.)
+                inside_w = max(1, math.floor((width - origin_x) * factor + 1e-9))
+                inside_h = max(1, math.floor((height - origin_y) * factor + 1e-9))
+                if pixels.shape[1] > inside_w or pixels.shape[0] > inside_h:
+                    pixels = pixels[:inside_h, :inside_w]
         if out is not None and (out.shape != self.output_shape or out.dtype != np.uint8):
             raise ValueError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
                              f"{out.dtype}")
@@ -534,7 +557,9 @@ class DecodeTransform:
 
     def _repr_fields(self) -> dict[str, Any]:
         return {"size": self.size, "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample,
-                "resize_backend": self.resize_backend, "min_box_visibility": self.min_box_visibility}
+                "resize_backend": self.resize_backend, "min_box_visibility": self.min_box_visibility,
+                "min_box_size": self.min_box_size, "min_box_area": self.min_box_area,
+                "mask_interpolation": self.mask_interpolation}
 
 
 class RandomResizedCrop(DecodeTransform):
@@ -563,6 +588,13 @@ class RandomResizedCrop(DecodeTransform):
         min_box_visibility: boxes moved by the crop (``PackedDataset(geometry={...: "xyxy"})``)
             are dropped when less than this fraction of their area is left in the output;
             default 0: dropped only when nothing is left (``CropGeometry.map_boxes``).
+        min_box_size, min_box_area: moved boxes narrower or lower than ``min_box_size`` output
+            pixels, or smaller than ``min_box_area`` square pixels, are dropped too
+            (torchvision's ``SanitizeBoundingBoxes(min_size, min_area)``, whose defaults, 1 and 1,
+            these are; 0 keeps every box with some area left).
+        mask_interpolation: how image fields (masks) follow the crop: ``"nearest"`` (default,
+            torchvision's ``InterpolationMode.NEAREST``, what it uses for masks) or
+            ``"nearest-exact"`` (``NEAREST_EXACT``); see ``CropGeometry.resample_nearest``.
 
     Example:
         >>> transform = RandomResizedCrop(224)
@@ -575,9 +607,13 @@ class RandomResizedCrop(DecodeTransform):
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, *,
                  fast_dct: bool = True, fast_upsample: bool = False,
                  resize_backend: str = "auto", seed: int | None = None,
-                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY, min_box_size: float = DEFAULT_MIN_BOX_SIZE,
+                 min_box_area: float = DEFAULT_MIN_BOX_AREA,
+                 mask_interpolation: Any = DEFAULT_MASK_INTERPOLATION) -> None:
         super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
-                         resize_backend=resize_backend, seed=seed, min_box_visibility=min_box_visibility)
+                         resize_backend=resize_backend, seed=seed, min_box_visibility=min_box_visibility,
+                         min_box_size=min_box_size, min_box_area=min_box_area,
+                         mask_interpolation=mask_interpolation)
         if not (0 < scale[0] <= scale[1]):
             raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
         if not (0 < ratio[0] <= ratio[1]):
@@ -623,16 +659,21 @@ class CenterCrop(DecodeTransform):
         fast_dct: use libjpeg-turbo's fast integer DCT (off by default for evaluation).
         fast_upsample: use nearest-neighbour chroma upsampling (off by default).
         resize_backend: ``"auto"``, ``"torch"`` or ``"pil"``; see ``RESIZE_BACKENDS``.
-        min_box_visibility: as for ``RandomResizedCrop``.
+        min_box_visibility, min_box_size, min_box_area, mask_interpolation: as for
+            ``RandomResizedCrop``.
     """
 
     _resize_then_crop = True
 
     def __init__(self, size: Size = 224, resize: int = 256, *, fast_dct: bool = False,
                  fast_upsample: bool = False, resize_backend: str = "auto",
-                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY) -> None:
+                 min_box_visibility: float = DEFAULT_MIN_VISIBILITY, min_box_size: float = DEFAULT_MIN_BOX_SIZE,
+                 min_box_area: float = DEFAULT_MIN_BOX_AREA,
+                 mask_interpolation: Any = DEFAULT_MASK_INTERPOLATION) -> None:
         super().__init__(size, fast_dct=fast_dct, fast_upsample=fast_upsample,
-                         resize_backend=resize_backend, min_box_visibility=min_box_visibility)
+                         resize_backend=resize_backend, min_box_visibility=min_box_visibility,
+                         min_box_size=min_box_size, min_box_area=min_box_area,
+                         mask_interpolation=mask_interpolation)
         if resize < max(self.size):
             raise ValueError(f"resize ({resize}) must be at least the crop size {self.size}")
         self.resize = int(resize)

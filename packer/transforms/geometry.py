@@ -8,9 +8,22 @@ resampled from, with half-pixel centres as in every resize here), ``decode_with_
 decoded at a reduced DCT scale is resampled from its box rounded to whole decoded pixels, and
 the geometry says so). ``CropGeometry.map_boxes`` / ``map_points`` / ``resample_nearest`` move
 ``xyxy`` boxes (clipped; dropped when nothing of them, or less than ``min_box_visibility`` of
-their area, is left), keypoints (visibility 0 outside the output) and second images (nearest
+their area, is left, or when they are smaller than ``SanitizeBoundingBoxes``' ``min_size`` /
+``min_area``), keypoints (visibility 0 outside the output) and second images (nearest
 neighbour: a label map keeps its labels, a 16-bit depth map its depths) exactly as the pixels
 moved. ``packer.torch.PackedDataset(geometry=...)`` applies them per sample.
+
+Conventions, and how they compare with ``torchvision.transforms.v2`` (docs/guides/geometry.md):
+
+* The crop box is always inside the image (a JPEG decoded at a reduced DCT scale drops a last,
+  partly outside decoded pixel rather than report a box past the edge).
+* Masks are resized with ``mask_interpolation="nearest"`` (torchvision's ``NEAREST``, what
+  ``v2.RandomResizedCrop`` and ``v2.Resize`` use for ``tv_tensors.Mask``: source index
+  ``floor(i * in / out)``) by default, or ``"nearest-exact"`` (``NEAREST_EXACT``:
+  ``floor((i + 0.5) * in / out)``, pixel centres). Whole-pixel boxes match torch's kernels bit
+  for bit (float32 arithmetic included).
+* Boxes smaller than ``min_size`` on a side or ``min_area`` in area (output pixels) are dropped,
+  with ``SanitizeBoundingBoxes``' defaults (1 and 1), after packer's own visibility rule.
 """
 
 from __future__ import annotations
@@ -114,6 +127,81 @@ def center_crop_box(width: int, height: int, size: tuple[int, int],
 
 #: ``CropGeometry.map_boxes``' default: a box is kept when any of its area is left in the output.
 DEFAULT_MIN_VISIBILITY = 0.0
+#: ``SanitizeBoundingBoxes``' defaults (torchvision): boxes narrower or lower than ``min_size`` output
+#: pixels, or smaller than ``min_area`` square pixels, are dropped.
+DEFAULT_MIN_BOX_SIZE = 1.0
+DEFAULT_MIN_BOX_AREA = 1.0
+#: How ``CropGeometry.resample_nearest`` picks a second image's pixels, named after torchvision's
+#: ``InterpolationMode.NEAREST`` and ``InterpolationMode.NEAREST_EXACT`` (the ``value`` of each).
+MASK_INTERPOLATIONS = ("nearest", "nearest-exact")
+#: torchvision's choice for masks (``tv_tensors.Mask`` is resized with ``NEAREST``).
+DEFAULT_MASK_INTERPOLATION = "nearest"
+
+
+def check_mask_interpolation(mode: Any) -> str:
+    """``"nearest"`` or ``"nearest-exact"``, from that string or torchvision's ``InterpolationMode``.
+
+    Raises:
+        ValueError: any other mode (bilinear would invent labels between two classes).
+    """
+    value = getattr(mode, "value", mode)  # torchvision's InterpolationMode.NEAREST has value "nearest"
+    if value not in MASK_INTERPOLATIONS:
+        raise ValueError(f"mask_interpolation must be one of {list(MASK_INTERPOLATIONS)} (torchvision's "
+                         f"InterpolationMode.NEAREST / NEAREST_EXACT), got {mode!r}")
+    return str(value)
+
+
+def check_box_minimum(name: str, value: Any) -> float:
+    """A non-negative ``min_size`` / ``min_area``.
+
+    Raises:
+        ValueError: negative, NaN or not a number.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0:
+        raise ValueError(f"{name} must be a non-negative number of output pixels, got {value!r}")
+    return float(value)
+
+
+def _integral(value: float) -> bool:
+    return abs(value - round(value)) < 1e-6
+
+
+def _nearest_indices(origin: float, extent: float, out: int, count: int, mode: str) -> np.ndarray:
+    """Source indices of ``out`` output pixels resampled from ``[origin, origin + extent)`` of an
+    axis of ``count`` pixels, the way torch's ``interpolate`` picks them (``mode``).
+
+    Whole-pixel crops are torchvision's crop-then-resize (``RandomResizedCrop``); a box whose origin
+    and full extent are whole pixels of a resized grid is its resize-then-crop (``Resize`` +
+    ``CenterCrop``). Both are computed in float32 as torch's kernels do, so the indices are
+    torch's exactly; any other box (a half-resolution mask, a DCT-rounded box) in float64.
+    """
+    steps = np.arange(out, dtype=np.float32)
+    offset = 0.5 if mode == "nearest-exact" else 0.0
+    if _integral(origin) and _integral(extent) and round(extent) >= 1:  # crop, then resize
+        first, size = int(round(origin)), int(round(extent))
+        scale = np.float32(size) / np.float32(out)
+        picked = _floor32(steps, offset, scale)
+        return np.clip(first + np.minimum(picked, size - 1), 0, count - 1)
+    per_output = extent / out
+    position = origin / per_output  # the crop's origin in the resized grid
+    resized = count / per_output
+    if _integral(position) and _integral(resized) and round(resized) >= 1:  # resize, then crop
+        scale = np.float32(count) / np.float32(round(resized))
+        picked = _floor32(steps + np.float32(round(position)), offset, scale)
+        return np.minimum(picked, count - 1)
+    exact = origin + (np.arange(out, dtype=np.float64) + offset) * per_output
+    last = min(count, math.ceil(origin + extent - 1e-9)) - 1
+    return np.clip(np.floor(exact).astype(np.int64), 0, max(last, 0))
+
+
+def _floor32(steps: np.ndarray, offset: float, scale: np.float32) -> np.ndarray:
+    """``floor(i * scale)`` (nearest) or ``floor((i + 0.5) * scale)`` (nearest-exact), rounded to
+    float32 before the floor as in torch's ``nearest_neighbor[_exact]_compute_source_index``."""
+    if offset:
+        product = ((steps.astype(np.float64) + offset) * np.float64(scale)).astype(np.float32)
+    else:
+        product = steps * scale  # float32 x float32
+    return np.floor(product).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -159,19 +247,28 @@ class CropGeometry:
             u = self.size[1] - u
         return u, v
 
-    def map_boxes(self, boxes: Any, min_visibility: float = DEFAULT_MIN_VISIBILITY) -> tuple[np.ndarray, np.ndarray]:
+    def map_boxes(self, boxes: Any, min_visibility: float = DEFAULT_MIN_VISIBILITY, *,
+                  min_size: float = DEFAULT_MIN_BOX_SIZE,
+                  min_area: float = DEFAULT_MIN_BOX_AREA) -> tuple[np.ndarray, np.ndarray]:
         """``xyxy`` boxes in source pixels to output pixels, clipped, with the rule for dropping them.
 
         Each box's corners are mapped (``map_xy``; a flip swaps ``x1`` and ``x2`` so that
         ``x1 <= x2`` still holds), then clipped to ``[0, out_width] x [0, out_height]``. A box is
-        **kept** when its clipped width and height are both positive and its clipped area is at
-        least ``min_visibility`` times its mapped (unclipped) area. So with the default 0 a box is
-        dropped exactly when nothing of it is left in the output; a box with no area to start
-        with (``x2 <= x1`` or ``y2 <= y1``) or a NaN coordinate is always dropped.
+        **kept** when its clipped width and height are both positive, its clipped area is at
+        least ``min_visibility`` times its mapped (unclipped) area, and (torchvision's
+        ``SanitizeBoundingBoxes``, on the clipped box) its width and height are at least
+        ``min_size`` and its area at least ``min_area``. So with ``min_visibility=0`` and
+        ``min_size=min_area=0`` a box is dropped exactly when nothing of it is left in the output;
+        a box with no area to start with (``x2 <= x1`` or ``y2 <= y1``) or a NaN coordinate is
+        always dropped.
 
         Args:
             boxes: ``(N, 4)`` ``(x1, y1, x2, y2)`` in source pixels (any numeric dtype).
             min_visibility: the fraction of a box's area that must stay in the output, 0..1.
+            min_size: the smallest width and height kept, in output pixels (default 1, as
+                ``SanitizeBoundingBoxes``).
+            min_area: the smallest area kept, in square output pixels (default 1, as
+                ``SanitizeBoundingBoxes``).
 
         Returns:
             ``(mapped, keep)``: all ``N`` mapped, clipped boxes (float64 on float64 input, else
@@ -188,7 +285,9 @@ class CropGeometry:
         x1, x2 = np.clip(u1, 0, width), np.clip(u2, 0, width)
         y1, y2 = np.clip(v1, 0, height), np.clip(v2, 0, height)
         with np.errstate(invalid="ignore"):  # NaN coordinates compare false: dropped
-            keep = (x2 > x1) & (y2 > y1) & ((x2 - x1) * (y2 - y1) >= min_visibility * area)
+            widths, heights = x2 - x1, y2 - y1
+            keep = (widths > 0) & (heights > 0) & (widths * heights >= min_visibility * area)
+            keep &= (widths >= min_size) & (heights >= min_size) & (widths * heights >= min_area)
         mapped = np.stack([x1, y1, x2, y2], axis=1).astype(_coordinate_dtype(array.dtype))
         return mapped, keep
 
@@ -216,30 +315,35 @@ class CropGeometry:
             values[..., 2] = np.where(outside, 0, values[..., 2])
         return values.astype(_coordinate_dtype(array.dtype))
 
-    def resample_nearest(self, image: np.ndarray) -> np.ndarray:
+    def resample_nearest(self, image: np.ndarray, mode: str = DEFAULT_MASK_INTERPOLATION) -> np.ndarray:
         """A second image of the same scene (a mask, a depth map) cropped, resized and flipped like the main one.
 
-        Nearest neighbour: each output pixel takes the source pixel under its centre, so no new
-        value appears (a label map keeps its label set, a 16-bit depth map its depths: no
-        averaged "flying" depths across an object's edge), whatever the dtype. An image whose
-        size is not the main image's is taken to cover the same scene: the box is scaled by the
-        ratio of the sizes (a half-resolution mask works).
+        Nearest neighbour, so no new value appears (a label map keeps its label set, a 16-bit
+        depth map its depths: no averaged "flying" depths across an object's edge), whatever the
+        dtype. ``mode`` picks which source pixel an output pixel takes, as torchvision's modes do:
+        ``"nearest"`` (``InterpolationMode.NEAREST``, torchvision's choice for masks: source index
+        ``floor(i * in / out)``) or ``"nearest-exact"`` (``NEAREST_EXACT``: the pixel under the
+        output pixel's centre, ``floor((i + 0.5) * in / out)``). For a whole-pixel crop
+        (``RandomResizedCrop``) and for ``CenterCrop``'s resize-then-crop the indices are torch's
+        exactly. An image whose size is not the main image's is taken to cover the same scene:
+        the box is scaled by the ratio of the sizes (a half-resolution mask works).
 
         Args:
             image: ``(h, w)`` or ``(h, w, c)`` array of any dtype.
+            mode: ``"nearest"`` (default) or ``"nearest-exact"`` (or torchvision's
+                ``InterpolationMode`` of either name).
 
         Returns:
             ``(out_height, out_width[, c])``, C-contiguous, same dtype.
         """
+        mode = check_mask_interpolation(mode)
         rows, columns = image.shape[0], image.shape[1]
         left, top, right, bottom = self.box
         source_width, source_height = self.source_size
         fx, fy = columns / source_width, rows / source_height
         out_height, out_width = self.size
-        x = (left + (np.arange(out_width) + 0.5) * (right - left) / out_width) * fx
-        y = (top + (np.arange(out_height) + 0.5) * (bottom - top) / out_height) * fy
-        column_index = np.clip(np.floor(x).astype(np.int64), 0, columns - 1)
-        row_index = np.clip(np.floor(y).astype(np.int64), 0, rows - 1)
+        column_index = _nearest_indices(left * fx, (right - left) * fx, out_width, columns, mode)
+        row_index = _nearest_indices(top * fy, (bottom - top) * fy, out_height, rows, mode)
         if self.flip:
             column_index = column_index[::-1]
         return np.ascontiguousarray(image.take(row_index, axis=0).take(column_index, axis=1))

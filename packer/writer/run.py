@@ -50,18 +50,28 @@ def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
     return list(range(part, shard_count, parts))
 
 
+def options_difference(saved: BuildOptions, asked: BuildOptions) -> str:
+    """The options that differ, one ``name: saved X, asked Y`` each (not the two whole sets)."""
+    then, now = saved.to_json(), asked.to_json()
+    return "; ".join(f"{key}: saved {then.get(key, '(default)')!r}, asked {now.get(key, '(default)')!r}"
+                     for key in sorted(set(then) | set(now)) if then.get(key) != now.get(key))
+
+
 def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
                  reuse: bool = True, progress: bool = False, strict_classes: bool = False,
-                 source_kind: str = "auto", label_field: str = "label", image_column: str | None = None
-                 ) -> BuildPlan:
+                 source_kind: str = "auto", label_field: str = "label", image_column: str | None = None,
+                 reused_by: str = "--resume") -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
 
     Args:
         strict_classes: refuse the whole source when a file is not in ``options.classes``
             (``--on-error fail``), instead of rejecting those files.
+        reused_by: the option that reuses the saved plan (``--resume``, ``--part``,
+            ``--plan-only``), named in the error when the options differ.
 
     Raises:
-        BuildError: a saved plan exists with different options (and ``reuse`` is on).
+        OptionError: a saved plan exists with different options (and ``reuse`` is on): the
+            call is wrong, the message names each option that differs.
         SourceError: ``strict_classes`` and the source holds classes not in the list.
     """
     staging = out / STAGING_DIR
@@ -72,10 +82,14 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
         _refuse_append_plan(plan, out)
         _check_same_source(plan, source_root)
         if plan.options != options:
-            raise BuildError(
-                f"an unfinished build with different options is in this folder "
-                f"(saved {plan.options.to_json()}, asked {options.to_json()}); use the same options, "
-                f"or build without --resume to start over", path=out)
+            if reused_by == "--resume":
+                fix = "use the same options with --resume, or build without --resume to start over"
+            else:
+                fix = (f"give every --part/--plan-only/--finish step of a split build the options the plan was "
+                       f"saved with, or delete {plan_path.parent} to plan it again")
+            raise OptionError(f"an unfinished build with different options is in this folder ({reused_by} "
+                              f"reuses its saved plan): {options_difference(plan.options, options)}; {fix}",
+                              path=out)
         return plan
     created_staging = not staging.exists()
     try:
@@ -240,6 +254,7 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         raise OptionError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
     options.check()  # before the output folder or its lock file exist
     check_workers(workers)
+    check_engine(engine)  # a missing Ray fails here, before listing, planning or any file is written
     if not source_path.exists() and "{" not in str(source):  # a brace pattern names WebDataset shards
         raise SourceError("source does not exist", path=source_path)
     check_output_outside_source(source_path, out_path)
@@ -284,7 +299,8 @@ def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root
             plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
                                 progress=progress, strict_classes=on_error == "fail",
                                 source_kind=source_kind, label_field=label_field,
-                                image_column=image_column)
+                                image_column=image_column,
+                                reused_by="--part" if part is not None else "--plan-only" if plan_only else "--resume")
         except EmptySourceError as exc:
             if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
                 record_empty_build(out_path, exc, options.to_json(), source_kind=getattr(exc, "source_kind", None)
@@ -405,6 +421,21 @@ def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
 
 
 # --- engines ----------------------------------------------------------------------------------
+
+def check_engine(engine: str) -> None:
+    """Refuse an unknown engine, or ``"ray"`` where Ray is not installed, before any work.
+
+    Raises:
+        OptionError: not ``"local"`` or ``"ray"``.
+        MissingDependencyError: ``"ray"`` without Ray.
+    """
+    if engine == "ray":
+        from .engines.ray_engine import require_ray
+
+        require_ray()
+    elif engine != "local":
+        raise OptionError(f"unknown engine {engine!r} (use 'local' or 'ray')")
+
 
 def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None, engine: str,
                address: str | None, progress: bool, fail_on_reject: bool) -> None:

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.bench import (HEADROOM, BenchOptions, BenchResult, advise, child_pids,
-                          format_report, process_cpu_seconds, run_bench, run_queue_seconds)
+from packer.bench import (HEADROOM, BenchOptions, child_pids, process_cpu_seconds, run_bench, run_queue_seconds,
+                          storage_read_bytes)
 from packer.writer import build
 from packer.cli import _register, cli
 from packer.writer.plan import BuildOptions
 
 _register()
 
-FIELDS = {"advice", "batches", "codec", "cores", "dataset", "loader", "main_cpu", "main_wait", "mb_per_s",
-          "meets_target", "notes", "num_samples", "options", "payload_bytes", "required_rate",
-          "samples", "samples_per_s", "seconds", "target_rate", "worker_cpu", "worker_wait",
-          "workers"}
+FIELDS = {"advice", "batches", "codec", "cores", "dataset", "diagnosis", "formats", "image_size", "loader",
+          "main_cpu", "main_wait", "mb_per_s", "meets_target", "notes", "num_samples", "options", "payload_bytes",
+          "required_rate", "samples", "samples_per_s", "seconds", "size", "storage_bytes", "target_rate",
+          "worker_cpu", "worker_wait", "workers"}
 
 
 @pytest.fixture(scope="module")
@@ -118,53 +118,7 @@ def test_options_are_validated() -> None:
         BenchOptions(target_rate=0)
 
 
-def result(**changes: object) -> BenchResult:
-    base = dict(dataset="ds", num_samples=1000, loader="torch", options={}, workers=2, cores=8,
-                samples=1000, batches=10, payload_bytes=100_000_000, seconds=1.0,
-                samples_per_s=1000.0, mb_per_s=100.0, worker_cpu=[0.98, 0.97], main_cpu=0.1,
-                worker_wait=[0.0, 0.0], main_wait=0.0, target_rate=1000.0)
-    base.update(changes)
-    return BenchResult(**base)  # type: ignore[arg-type]
-
-
-def test_advice_cpu_bound_with_idle_cores_suggests_more_workers() -> None:
-    advice = advise(result(), BenchOptions(decode="rrc"))
-    assert "1.5x" in advice[0]
-    assert any("--workers" in item for item in advice)
-
-
-def test_advice_cpu_bound_on_every_core_suggests_smaller_images_and_dali() -> None:
-    advice = advise(result(workers=8, cores=8, worker_cpu=[0.6] * 8, worker_wait=[0.35] * 8),
-                    BenchOptions(decode="full"))
-    text = " ".join(advice)
-    assert "--workers" not in text
-    assert "re-encode" in text and "DALI" in text and "fused" in text
-
-
-def test_advice_suggests_the_tiled_codec_for_random_crops_of_pass_through_jpegs() -> None:
-    busy = dict(workers=8, cores=8, worker_cpu=[0.95] * 8, worker_wait=[0.0] * 8)
-    assert any("--codec tiled" in item
-               for item in advise(result(codec="passthrough", **busy), BenchOptions(decode="rrc")))
-    for codec, decode in (("tiled", "rrc"), ("passthrough", "center"), ("jpeg", "rrc")):
-        assert not any("--codec tiled" in item
-                       for item in advise(result(codec=codec, **busy), BenchOptions(decode=decode)))
-
-
-def test_advice_idle_workers_suggest_block_shuffle_and_storage() -> None:
-    advice = advise(result(worker_cpu=[0.2, 0.25], worker_wait=[0.0, 0.01]),
-                    BenchOptions(order="random"))
-    text = " ".join(advice)
-    assert "--order block" in text and "MB/s" in text and "DALI" not in text
-    advice = advise(result(worker_cpu=[0.2, 0.25]), BenchOptions(order="block"))
-    assert not any("--order block" in item for item in advice)
-
-
-def test_no_advice_when_fast_enough() -> None:
-    assert advise(result(samples_per_s=1500.0), BenchOptions()) == []
-    assert advise(result(target_rate=None), BenchOptions()) == []
-    report = format_report(result(options=BenchOptions().__dict__, meets_target=False,
-                                  required_rate=1500.0, advice=advise(result(), BenchOptions())))
-    assert "TOO SLOW" in report and "--workers" in report
+# The advice itself is tested as a table of injected measurements in test_bench_advice.py.
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
@@ -178,6 +132,7 @@ def test_proc_accounting_of_a_child_process() -> None:
         used = process_cpu_seconds(child.pid)
         assert used is not None and 0.05 <= used <= 5
         assert run_queue_seconds(child.pid) is not None
+        assert storage_read_bytes(child.pid) is not None and storage_read_bytes(os.getpid()) is not None
     finally:
         child.kill()
         child.wait()
@@ -217,7 +172,8 @@ def test_small_encoded_images_get_the_raw_codec_note_with_its_disk_cost(tmp_path
                                   "--batch-size", "4", "--loader", "simple", "--target-rate", "1e9")
     bench = document["bench"]
     assert any("--codec raw is the fast path" in item for item in bench["notes"])
-    assert any(item.startswith("rebuild with --codec raw") for item in bench["advice"])
+    assert bench["size"] == [32, 32] and bench["image_size"] == [32, 32]  # cropped at the stored size
+    assert bench["formats"] == {"png": 20} and bench["diagnosis"] is not None
     assert "--codec raw is the fast path" in stderr
     build(tmp_path / "src", tmp_path / "raw", BuildOptions(codec="raw:size=32x32"), workers=1, progress=False)
     with open_dataset(tmp_path / "raw") as raw:
@@ -233,3 +189,54 @@ def dataset_path_large(tmp_path: Path) -> Path:
                                   max_size=200, formats=("jpeg",))
     build(tmp_path / "large-src", tmp_path / "large", BuildOptions(), workers=1, progress=False)
     return tmp_path / "large"
+
+
+def test_raw_datasets_are_cropped_at_their_stored_size_and_upsampling_is_flagged(tmp_path: Path) -> None:
+    import make_sample
+
+    make_sample.make_image_folder(tmp_path / "src", classes=2, per_class=10, seed=2, min_size=40, max_size=40,
+                                  formats=("png",))
+    build(tmp_path / "src", tmp_path / "raw", BuildOptions(codec="raw:size=24x32"), workers=1, progress=False)
+    quiet = run_bench(tmp_path / "raw", BenchOptions(batch_size=4, batches=2, warmup=0, loader="simple"))
+    assert quiet.size == [24, 32] and quiet.codec == "raw" and quiet.formats == {"raw": 20}
+    assert not any("upsampling" in note for note in quiet.notes)
+    _, document, stderr = run_cli(str(tmp_path / "raw"), "-b", "4", "-n", "2", "--warmup", "0", "--loader", "simple",
+                                  "--size", "224")
+    assert document["bench"]["size"] == [224, 224]
+    assert any("--size 224 is larger than the stored images (median 24x32" in note
+               for note in document["bench"]["notes"])
+    assert "decode      rrc 224x224" in stderr
+
+
+def test_the_default_size_never_upsamples(tmp_path: Path) -> None:
+    import make_sample
+
+    from packer.bench import default_size
+    from packer.dataset import open_dataset
+
+    for side, expected in ((240, (224, 224)), (200, (200, 200))):
+        make_sample.make_image_folder(tmp_path / f"src{side}", classes=1, per_class=3, seed=2, min_size=side,
+                                      max_size=side, formats=("jpeg",))
+        build(tmp_path / f"src{side}", tmp_path / f"ds{side}", BuildOptions(), workers=1, progress=False)
+        with open_dataset(tmp_path / f"ds{side}") as ds:
+            assert default_size(ds) == expected
+
+
+def test_a_dataset_smaller_than_a_batch_is_flagged(dataset: Path) -> None:
+    _, document, stderr = run_cli(str(dataset), "-b", "256", "-n", "2", "--warmup", "0", "--loader", "simple",
+                                  "--size", "16")
+    bench = document["bench"]
+    assert bench["samples"] == 48  # two "batches" of the whole 24-sample dataset
+    assert any(note.startswith("the dataset holds 24 samples, fewer than one batch of 256") for note in bench["notes"])
+    assert "fewer than one batch of 256" in stderr
+
+
+def test_children_from_before_the_run_are_not_counted_as_workers(dataset: Path) -> None:
+    pytest.importorskip("torch")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = run_bench(dataset, BenchOptions(batch_size=4, batches=2, warmup=1, workers=1))
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert result.worker_cpu is not None and len(result.worker_cpu) == 1

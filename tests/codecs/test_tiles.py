@@ -8,6 +8,7 @@ import json
 import math
 import struct
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from packer.codecs import tiles
 from packer.writer import build
 from packer.codecs import TiledCodec, get_codec
 from packer.errors import MissingDependencyError, OptionError
+from packer.format import ImageFormat
 from packer.writer.plan import BuildOptions
 from packer.codecs.tiles import WINDOW_MARGIN, read_layout, transcode, window_jpeg, window_margin
 from packer.transforms import CenterCrop, RandomResizedCrop
@@ -378,9 +380,11 @@ def test_build_with_the_tiled_codec(tmp_path: Path, sample_folder: Path) -> None
             assert stored == source, key  # not a JPEG, or one that cannot be tiled
     jpegs = sum(1 for i in range(len(plain_ds)) if plain_ds.index.image_format[i] == 1)
     assert counted["tiled"] >= 1 and counted["tiled"] < jpegs  # the progressive one is kept as is
-    # the build summary counts what the codec did with every JPEG
+    # the build summary counts what the codec did with every image, JPEG or not
+    others = Counter(f"kept: not a JPEG ({ImageFormat.NAMES[int(v)]})" for v in plain_ds.index.image_format if v != 1)
     assert manifest["build"]["codec_notes"] == {"kept: progressive": jpegs - counted["tiled"],
-                                                "tiled": counted["tiled"]}
+                                                "tiled": counted["tiled"], **others}
+    assert sum(manifest["build"]["codec_notes"].values()) == len(plain_ds)
     assert "codec_notes" not in json.loads((plain_out / "manifest.json").read_text())["build"]
     tiled_ds.close()
     plain_ds.close()

@@ -593,7 +593,7 @@ def test_ctrl_c_at_any_moment_prints_one_line_and_exits_130(tmp_path):
             continue  # finished before the signal: nothing to check
         assert done.returncode == 130, (delay, done.stderr)
         assert "Traceback" not in done.stderr, (delay, done.stderr)
-        assert done.stderr.strip().splitlines()[-1] == "interrupted", (delay, done.stderr)
+        assert done.stderr.strip().splitlines()[-1].startswith("interrupted"), (delay, done.stderr)
     assert sum(code == 130 for _, code, _ in outcomes) >= 3, outcomes
     _count("class8-ctrl-c", len(outcomes))
 
@@ -938,7 +938,7 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
         # as status 130; what the user sees must be the same: one line, no traceback.
         assert process.returncode in (0, 130, -signal.SIGINT), (extra, process.returncode, err)
         if process.returncode != 0 and not finished:
-            assert err.strip().splitlines()[-1:] in (["interrupted"], []), (extra, err)
+            assert all(line.startswith("interrupted") for line in err.strip().splitlines()[-1:]), (extra, err)
     assert sum(code in (130, -signal.SIGINT) for code in outcomes) >= 2, outcomes
     _count("class8-ctrl-c-process-group", len(outcomes))
 

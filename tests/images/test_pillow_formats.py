@@ -83,8 +83,11 @@ def test_build_packs_and_readers_decode_or_refuse(tmp_path: Path) -> None:
             if not key.endswith(".jpg"):
                 assert np.array_equal(decode_image(ds.read(i), int(formats[i])), PIXELS)
         check_reader_formats(formats, "cpu")
-        with pytest.raises(DecodeError, match=r"DALI.*1 tga.*1 qoi|DALI.*1 qoi"):
+        with pytest.raises(DecodeError, match=r"DALI.*1 tga.*1 qoi|DALI.*1 qoi") as caught:
             check_reader_formats(formats, "dali")
+        # the lossless fix (normalized formats become PNG, which DALI decodes), not a lossy re-encode
+        assert "rebuild with --normalize-formats" in caught.value.message
+        assert "--codec jpeg" not in caught.value.message
         with pytest.raises(DecodeError, match="nvJPEG"):
             check_reader_formats(formats, "nvjpeg")
 

@@ -1114,7 +1114,7 @@ def test_codec_notes_are_summed_over_shards(tmp_path: Path) -> None:
     (src / "a" / "p.png").write_bytes((src / "a" / "0.jpg").read_bytes() and _png_bytes())
     result = build(src, tmp_path / "ds", BuildOptions(codec="tiled", shard_size=8192), workers=1, progress=False)
     assert result.shard_count >= 3
-    assert result.summary["codec_notes"] == {"kept: progressive": 1, "tiled": 4}
+    assert result.summary["codec_notes"] == {"kept: not a JPEG (png)": 1, "kept: progressive": 1, "tiled": 4}
     assert list(result.summary["codec_notes"]) == sorted(result.summary["codec_notes"])
 
 

@@ -435,8 +435,12 @@ def test_torch_resume_positions_across_readers(torch_folder: Path) -> None:
         assert (resumed.epoch, resumed.start) == (1, 8)
         rest = _torch_batches(batch_size=3, consumed=8, **reference)
         assert list(resumed) == rest and len(resumed) == len(rest), order
-        resumed.set_epoch(1)  # the loaded epoch keeps the position
-        assert list(resumed) == rest
+        resumed.set_epoch(1)  # the loaded position was used by the pass after the load: a whole epoch now
+        assert list(resumed) == _torch_batches(batch_size=3, **reference)
+        again = pt.PackedBatchSampler(dataset, batch_size=3, **settings)
+        again.load_state_dict(state)
+        again.set_epoch(1)  # the loaded epoch keeps the position for the pass that follows the load
+        assert list(again) == rest
         samples = pt.PackedSampler(dataset, rank=1, world_size=3, **settings)
         samples.load_state_dict(state)
         flat = [i for batch in _torch_batches(consumed=8, rank=1, world_size=3, **reference) for i in batch]

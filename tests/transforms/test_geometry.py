@@ -93,8 +93,13 @@ def marker_datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     return out
 
 
-def check_sample(sample: dict, geometry: CropGeometry | None, size: tuple[int, int], *, jpeg: bool) -> dict:
-    """Every consistency check of one cropped sample; returns what it saw (for coverage checks)."""
+def check_sample(sample: dict, geometry: CropGeometry | None, size: tuple[int, int], *, jpeg: bool,
+                 flip: bool | None = None, mode: str = "nearest") -> dict:
+    """Every consistency check of one cropped sample; returns what it saw (for coverage checks).
+
+    ``mode`` is the transform's ``mask_interpolation``; ``flip`` the sample's flip (default the
+    geometry's)."""
+    flip = geometry.flip if flip is None and geometry is not None else flip
     out_h, out_w = size
     image = sample["image"].numpy().astype(np.float64).mean(axis=2)  # HWC
     boxes, labels, kps = sample["boxes"].numpy(), sample["labels"].numpy(), sample["kps"].numpy()
@@ -111,13 +116,27 @@ def check_sample(sample: dict, geometry: CropGeometry | None, size: tuple[int, i
     rows = np.flatnonzero(labels == 5)
     centres_c = np.arange(out_w) + 0.5
     centres_r = np.arange(out_h) + 0.5
-    if len(rows) == 0:  # the marker box was dropped: nothing of it is left
+    if len(rows) == 0:  # the marker box was dropped: nothing of it is left, or under a pixel of it
+        if geometry is not None:
+            x, y = marker_position(int(sample["index"]))
+            marker = np.array([[x, y, x + MARKER, y + MARKER]], np.float64)
+            left, keep = geometry.map_boxes(marker, 0.0, min_size=0.0, min_area=0.0)
+            if keep[0]:  # SanitizeBoundingBoxes' minimums (1 px, 1 px²) dropped what is left of it
+                width, height = left[0, 2] - left[0, 0], left[0, 3] - left[0, 1]
+                slack = 0.5 if jpeg else 0.0  # geometry() is a DCT-scaled decode's crop within half a pixel
+                assert min(width, height) < 1 + slack or width * height < 1 + slack, (width, height)
+                return {"visible": False, "flip": geometry.flip}
         assert not np.any(mask == MASK_LABEL)
         assert image.max() < 128
         return {"visible": False, "flip": None if geometry is None else geometry.flip}
     x1, y1, x2, y2 = boxes[rows[0]].astype(np.float64)
-    # The mask: exactly the output pixels whose centre lies inside the moved box (nearest rule),
-    # ignoring centres within a hair of an edge.
+    # The mask: exactly the output pixels whose sampling point lies inside the moved box, ignoring
+    # points within a hair of an edge. nearest-exact samples at the pixel's centre; nearest (torch's
+    # floor(i * in / out)) at its top-left corner before the flip: its top-right corner after one.
+    if mode == "nearest":
+        assert flip is not None, "the nearest rule's sampling point depends on the flip"
+        centres_c = np.arange(out_w) + (1.0 if flip else 0.0)
+        centres_r = np.arange(out_h) + 0.0
     inside = ((centres_r[:, None] > y1 + 1e-4) & (centres_r[:, None] < y2 - 1e-4)
               & (centres_c[None, :] > x1 + 1e-4) & (centres_c[None, :] < x2 - 1e-4))
     outside = ((centres_r[:, None] < y1 - 1e-4) | (centres_r[:, None] > y2 + 1e-4)
@@ -139,11 +158,13 @@ def check_sample(sample: dict, geometry: CropGeometry | None, size: tuple[int, i
     return {"visible": True, "flip": None if geometry is None else geometry.flip}
 
 
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
 @pytest.mark.parametrize("codec", ["png", "jpeg", "tiled", "raw"])
 @pytest.mark.parametrize("crop", ["rrc", "center"])
 def test_box_mask_depth_and_keypoint_land_where_the_marker_lands(marker_datasets: dict[str, Path], codec: str,
-                                                                 crop: str) -> None:
-    transform = (RandomResizedCrop(32, scale=(0.25, 1.0), seed=7) if crop == "rrc" else CenterCrop(32, resize=48))
+                                                                 crop: str, mode: str) -> None:
+    transform = (RandomResizedCrop(32, scale=(0.25, 1.0), seed=7, mask_interpolation=mode) if crop == "rrc"
+                 else CenterCrop(32, resize=48, mask_interpolation=mode))
     dataset = PackedDataset(marker_datasets[codec], decode=transform, layout="HWC", fields=SAMPLE_FIELDS,
                             geometry=GEOMETRY)
     seen = []
@@ -153,7 +174,7 @@ def test_box_mask_depth_and_keypoint_land_where_the_marker_lands(marker_datasets
         for sample in samples:
             i = sample["index"]
             geometry = transform.geometry(WIDTH, HEIGHT, i)
-            seen.append(check_sample(sample, geometry, (32, 32), jpeg=codec in ("jpeg", "tiled")))
+            seen.append(check_sample(sample, geometry, (32, 32), jpeg=codec in ("jpeg", "tiled"), mode=mode))
             second = np.flatnonzero(sample["labels"].numpy() == 9)
             if len(second):  # the box without a marker moved by the same rule
                 mapped, keep = geometry.map_boxes(np.array([[4, 100, 20, 120]], np.float32))
@@ -180,7 +201,7 @@ def test_the_batched_raw_path_and_the_per_sample_path_move_fields_alike(marker_d
     for a, b in zip(one, other):
         for name in ("boxes", "labels", "kps", "mask", "depth"):
             np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), atol=1e-5, err_msg=name)
-        check_sample(a, None, (32, 32), jpeg=False)
+        check_sample(a, transform.geometry(WIDTH, HEIGHT, int(a["index"])), (32, 32), jpeg=False)
 
 
 def test_fields_follow_the_crop_in_dataloader_workers(marker_datasets: dict[str, Path]) -> None:
@@ -193,7 +214,7 @@ def test_fields_follow_the_crop_in_dataloader_workers(marker_datasets: dict[str,
         assert batch["image"].shape[1:] == (32, 32, 3) and batch["mask"].shape[1:] == (32, 32)
         for j, i in enumerate(batch["index"].tolist()):
             sample = {name: batch[name][j] for name in SAMPLE_FIELDS if name != "index"}
-            check_sample(sample, None, (32, 32), jpeg=True)
+            check_sample({**sample, "index": i}, transform.geometry(WIDTH, HEIGHT, i), (32, 32), jpeg=True)
             for name in ("boxes", "kps", "mask", "image"):  # (seed, epoch, index): the same in a worker
                 np.testing.assert_array_equal(sample[name].numpy(), expected[i][name].numpy(), err_msg=name)
 

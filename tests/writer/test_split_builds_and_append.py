@@ -16,7 +16,7 @@ from packer.writer.append import append
 from packer.writer import build, finish
 from packer.cli import _register, cli
 from packer.dataset import open_dataset
-from packer.errors import BuildError
+from packer.errors import BuildError, OptionError
 from packer.writer.plan import BuildOptions, make_plan
 
 from helpers import dataset_files, write_images
@@ -56,8 +56,9 @@ def test_finish_names_missing_parts(source: Path, tmp_path: Path) -> None:
 def test_parts_with_different_options_or_inputs_are_refused(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "split"
     build(source, out, OPTIONS, part=(0, 2), workers=1, progress=False)
-    with pytest.raises(BuildError, match="different options"):
+    with pytest.raises(OptionError, match="different options") as caught:
         build(source, out, BuildOptions(shard_size=12 << 10, seed=6), part=(1, 2), workers=1, progress=False)
+    assert "seed: saved" in caught.value.message and "--resume" not in caught.value.message
     other = tmp_path / "other"
     write_images(other, {"a": 8, "b": 8, "c": 6}, size=40)
     with pytest.raises(BuildError, match="different source"):

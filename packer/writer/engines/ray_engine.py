@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ...errors import MissingDependencyError
 from ..plan import BuildPlan
 
-__all__ = ["run_with_ray"]
+__all__ = ["run_with_ray", "require_ray"]
 
 _plans: dict[tuple[str, int], BuildPlan] = {}
 
@@ -48,14 +48,25 @@ def _pack_remote(plan_path: str, fingerprint: int, root: str, out: str, shard: i
     return counts[0], counts[1]
 
 
+def require_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        MissingDependencyError: Ray is not installed (checked before a build plans anything).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("--engine ray needs Ray, which is not installed: "
+                                     "pip install 'packer-shards[ray]' (or build with --engine local)") from None
+    return ray
+
+
 def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: str | None,
                  progress: Callable[[int, int], None], fail_on_reject: bool, num_cpus: int | None = None,
                  max_retries: int = 3) -> None:
     """Run one Ray task per planned shard and wait for all, feeding one progress bar."""
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError("the Ray engine needs Ray: pip install 'packer[ray]'") from None
+    ray = require_ray()
     from ..staging import PLAN_NAME, STAGING_DIR
 
     started_here = not ray.is_initialized()
