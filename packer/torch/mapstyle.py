@@ -6,7 +6,7 @@ Nothing here holds per-sample Python objects. Datasets pickle as the manifest by
 options (a few KB whatever the sample count), the index is a shared read-only mapping, shards
 are opened lazily in each worker after fork, and samplers (main process) yield indices from
 numpy arrays in small chunks. A ``PackedDataset`` worker's own memory does not depend on the
-dataset size (``scripts/bench_memory.py``). A ``PackedIterableDataset`` worker computes the
+dataset size (``benchmarks/bench_memory.py``). A ``PackedIterableDataset`` worker computes the
 epoch order itself, keeps only its own batches (4 bytes per sample of its share: 2 MB for a
 million samples over two workers) and returns the order's temporaries to the OS.
 """
