@@ -417,7 +417,7 @@ def loader_packer_threaded(packed: Path, threads: int, batch: int, size: int) ->
     from packer.transforms import RandomResizedCrop
 
     return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
-                          decode=RandomResizedCrop(size, seed=0))
+                          decode=RandomResizedCrop(size, seed=0), layout="CHW")
 
 
 def loader_packer_plain(packed: Path, workers: int, batch: int, size: int) -> Any:

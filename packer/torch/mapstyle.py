@@ -25,7 +25,8 @@ from ..dataset import as_sample_indices
 from ..errors import DecodeError
 from .collate import PaddedCollate, _collate_columns, collate
 from .fieldplan import DEFAULT_FIELDS, _check_fields, _FieldPlan
-from .pipeline import _BatchSamples, _Pipeline, _raw_fast_batch, _raw_fast_shape, _refuse_decode_transform
+from .pipeline import (_BatchSamples, _label_column, _Pipeline, _raw_fast_batch, _raw_fast_shape,
+                       _refuse_decode_transform)
 from .runtime import DecodeFn, PathOrDataset, _empty, _open
 
 
@@ -219,7 +220,7 @@ class PackedDataset(torch_data.Dataset):
         idx = idx % n if n else idx
         images = self._raw_batch(idx, geometries)
         if images is not None:
-            return _BatchSamples(images, [pipeline.label(dataset, i) for i in idx.tolist()])
+            return _BatchSamples(images, _label_column(dataset, pipeline, idx))
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
@@ -249,12 +250,12 @@ class PackedDataset(torch_data.Dataset):
 
     def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...],
                            geometries: list[Any] | None = None) -> "_BatchSamples":
-        """Decode each sample straight into its slot of one batch tensor (in shared memory
-        inside a worker): no per-sample array and no copy when ``collate`` stacks them."""
+        """Decode each sample straight into its slot of one channels-last batch tensor (in shared
+        memory inside a worker): no per-sample array and no copy when ``collate`` stacks them; a
+        ``CHW`` batch is a view of it (``_Pipeline.batch_view``)."""
         dataset, pipeline = self.dataset, self._pipeline
         batch = _empty(shape, torch.uint8)
         out = batch.numpy()
-        labels = []
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
             try:
@@ -266,8 +267,7 @@ class PackedDataset(torch_data.Dataset):
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
-            labels.append(pipeline.label(dataset, i))
-        return _BatchSamples(batch, labels)
+        return _BatchSamples(pipeline.batch_view(batch), _label_column(dataset, pipeline, idx))
 
     def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None, *,
                    out: torch.Tensor | None = None) -> Any:
@@ -281,8 +281,9 @@ class PackedDataset(torch_data.Dataset):
             indices: the batch's sample indices.
             collate_fn: collates dict samples (``fields=``); default ``collate``
                 (``PaddedCollate()`` pads variable fields).
-            out: on the batched raw path, a tensor of ``fast_batch_shape(len(indices))`` to
-                write the images into (ignored elsewhere, or when its shape or dtype differ).
+            out: on the batched raw path, a tensor from ``fast_batch_buffer(len(indices))`` to
+                write the images into (ignored elsewhere, or when its shape, dtype or memory
+                format differ).
 
         Returns:
             ``(images, labels)`` as ``collate`` returns them, or a dict batch with ``fields=``.
@@ -302,14 +303,25 @@ class PackedDataset(torch_data.Dataset):
         images = self._raw_batch(idx, out=out)
         if images is None:
             return collate(self.__getitems__(idx))
-        if self._pipeline.target_transform is None:
-            return images, torch.from_numpy(self.dataset.labels[idx].astype(np.int64))
-        return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
+        return collate(_BatchSamples(images, _label_column(self.dataset, self._pipeline, idx)))
 
     def fast_batch_shape(self, count: int) -> tuple[int, ...] | None:
         """The shape of the uint8 images tensor ``load_batch`` makes for ``count`` samples on the
-        batched raw path (a ``raw`` dataset, ``decode=True`` or a fused transform in ``HWC``, no
-        ``transform``, the default fields), or None when it takes another path."""
+        batched raw path (a ``raw`` dataset, ``decode=True`` or a fused transform, no ``transform``,
+        the default fields), in the layout (``(N, C, H, W)`` for ``CHW``), or None when it takes
+        another path."""
+        buffer = self._fast_storage_shape(count)
+        if buffer is None:
+            return None
+        return tuple(self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8, device="meta")).shape)
+
+    def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
+        """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched raw path
+        (``fast_batch_shape``), stored channels-last as that path writes it; None elsewhere."""
+        buffer = self._fast_storage_shape(count)
+        return None if buffer is None else self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8))
+
+    def _fast_storage_shape(self, count: int) -> tuple[int, ...] | None:
         if self._plan is not None and self._fields != DEFAULT_FIELDS:
             return None
         fast = _raw_fast_shape(self.dataset, self._pipeline, count)

@@ -367,7 +367,9 @@ def test_raw_batches_without_a_transform_are_one_gather_equal_to_the_items(raw_d
     dataset = PackedDataset(raw_dataset, layout=layout, backend=backend)
     indices = [5, 38, 0, 5, 12]
     images, labels = collate(dataset.__getitems__(indices))
-    assert images.is_contiguous() and images.shape == ((5, 36, 40, 3) if layout == "HWC" else (5, 3, 36, 40))
+    # one gather into (N, H, W, C) memory; CHW is a view of it (channels-last strides)
+    assert images.permute(0, 2, 3, 1).is_contiguous() if layout == "CHW" else images.is_contiguous()
+    assert images.shape == ((5, 36, 40, 3) if layout == "HWC" else (5, 3, 36, 40))
     assert torch.equal(images, torch.stack([dataset[i][0] for i in indices]))
     assert labels.tolist() == [int(dataset.labels[i]) for i in indices]
 
