@@ -28,7 +28,7 @@ from ..dataset import Dataset
 from ..decode import decode_image  # imported before the workers fork, so they share its pages
 from ..errors import DecodeError, OptionError
 from ..imageinfo import DEFAULT_MAX_PIXELS
-from ..rawcrop import raw_shape_of, read_raw_batch
+from ..rawcrop import crop_resize_raw, raw_shape_of, read_raw_batch
 from .runtime import DecodeFn, _empty
 
 LAYOUTS = ("CHW", "HWC")
@@ -190,12 +190,16 @@ def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
     if (storage is None or tuple(storage.shape) != shape or storage.dtype != torch.uint8
             or not storage.is_contiguous()):
         storage = _empty(shape, torch.uint8)
-    if crop:  # raw pixels: one batched crop-resize (packer.rawcrop)
-        pixels = read_raw_batch(dataset, idx, raw_shape)
-        if geometries is None:
-            pipeline.decode.batch(pixels, idx, out=storage)
-        else:
-            geometries.extend(pipeline.decode.batch_with_geometry(pixels, idx, out=storage)[1])
+    if crop and raw_shape[2] == 3:  # raw RGB: one batched crop-resize, read in place (packer.rawcrop)
+        decode = pipeline.decode
+        height, width = raw_shape[0], raw_shape[1]
+        boxes, flips = decode.batch_boxes(width, height, idx)
+        crop_resize_raw(dataset, idx, raw_shape, boxes, flips, decode.size, clip_to_box=decode.clip_to_box,
+                        out=storage)
+        if geometries is not None:
+            geometries.extend(decode.geometries_of(boxes, flips, width, height))
+    elif crop:  # DecodeTransform.batch refuses what is not RGB, with its message
+        pipeline.decode.batch(read_raw_batch(dataset, idx, raw_shape), idx, out=storage)
     else:
         read_raw_batch(dataset, idx, raw_shape, out=storage.numpy())
     return pipeline.batch_view(storage)
