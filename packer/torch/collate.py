@@ -10,7 +10,7 @@ import torch.utils.data as torch_data
 from ..errors import OptionError
 from .fieldplan import _FieldSamples
 from .pipeline import _BatchSamples, _Sample
-from .runtime import _empty
+from .runtime import _empty, _SharedList, _SharedPair
 
 
 def collate(samples: Sequence[Any]) -> Any:
@@ -43,7 +43,7 @@ def collate(samples: Sequence[Any]) -> Any:
         return _collate_fields(samples)
     if isinstance(samples, _BatchSamples):  # decoded in place: nothing to stack, no per-sample object
         labels = samples.label_tensor()
-        return samples.batch, (labels if labels is not None else _label_tensor(samples.labels))
+        return _SharedPair((samples.batch, labels if labels is not None else _label_tensor(samples.labels)))
     return _stack([sample[0] for sample in samples]), _label_tensor([sample[1] for sample in samples])
 
 
@@ -64,7 +64,7 @@ def collate_batch_samples(batch: Sequence[Any], *, collate_fn_map: dict[Any, Any
     collates tuples (each position collated, a list returned).
     """
     if isinstance(batch, _BatchSamples):
-        return list(collate(batch))
+        return _SharedList(collate(batch))
     return [torch_data.default_collate(list(samples)) if collate_fn_map is None else
             _torch_collate(list(samples), collate_fn_map=collate_fn_map) for samples in zip(*batch)]
 

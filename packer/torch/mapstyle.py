@@ -27,7 +27,7 @@ from .collate import PaddedCollate, _collate_columns, collate
 from .fieldplan import DEFAULT_FIELDS, _check_fields, _FieldPlan
 from .pipeline import (_BatchSamples, _label_column, _Pipeline, _raw_fast_batch, _raw_fast_shape,
                        _refuse_decode_transform)
-from .runtime import DecodeFn, PathOrDataset, _empty, _open
+from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty_batch, _open
 
 
 class PackedDataset(torch_data.Dataset):
@@ -99,6 +99,7 @@ class PackedDataset(torch_data.Dataset):
                  geometry: Mapping[str, str | Sequence[str]] | None = None) -> None:
         _refuse_decode_transform(transform)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self._pool = BatchPool()  # shared-memory batches reused by forked workers (runtime.BatchPool)
         self.dataset = _open(source, backend, verify_checksums)
         self._fields = _check_fields(fields, self.dataset)
         self._plan: _FieldPlan | None = None
@@ -220,7 +221,7 @@ class PackedDataset(torch_data.Dataset):
         idx = idx % n if n else idx
         images = self._raw_batch(idx, geometries)
         if images is not None:
-            return _BatchSamples(images, _label_column(dataset, pipeline, idx))
+            return _BatchSamples(images, _label_column(dataset, pipeline, idx, images))
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
@@ -254,7 +255,7 @@ class PackedDataset(torch_data.Dataset):
         memory inside a worker): no per-sample array and no copy when ``collate`` stacks them; a
         ``CHW`` batch is a view of it (``_Pipeline.batch_view``)."""
         dataset, pipeline = self.dataset, self._pipeline
-        batch = _empty(shape, torch.uint8)
+        batch = _empty_batch(shape, self._pool)
         out = batch.numpy()
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
@@ -267,7 +268,8 @@ class PackedDataset(torch_data.Dataset):
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
-        return _BatchSamples(pipeline.batch_view(batch), _label_column(dataset, pipeline, idx))
+        images = pipeline.batch_view(batch)
+        return _BatchSamples(images, _label_column(dataset, pipeline, idx, images))
 
     def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None, *,
                    out: torch.Tensor | None = None) -> Any:
@@ -303,7 +305,7 @@ class PackedDataset(torch_data.Dataset):
         images = self._raw_batch(idx, out=out)
         if images is None:
             return collate(self.__getitems__(idx))
-        return collate(_BatchSamples(images, _label_column(self.dataset, self._pipeline, idx)))
+        return collate(_BatchSamples(images, _label_column(self.dataset, self._pipeline, idx, images)))
 
     def fast_batch_shape(self, count: int) -> tuple[int, ...] | None:
         """The shape of the uint8 images tensor ``load_batch`` makes for ``count`` samples on the
@@ -330,7 +332,7 @@ class PackedDataset(torch_data.Dataset):
     def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None, *,
                    out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The batch tensor of a raw dataset's fast paths (``_raw_fast_batch``), or None."""
-        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries, out=out)
+        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries, out=out, pool=self._pool)
 
     def close(self) -> None:
         self.dataset.close()

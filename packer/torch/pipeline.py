@@ -29,7 +29,7 @@ from ..decode import decode_image  # imported before the workers fork, so they s
 from ..errors import DecodeError, OptionError
 from ..imageinfo import DEFAULT_MAX_PIXELS
 from ..rawcrop import crop_resize_raw, raw_shape_of, read_raw_batch
-from .runtime import DecodeFn, _empty
+from .runtime import BatchPool, DecodeFn, _empty_batch, _labels_in
 
 LAYOUTS = ("CHW", "HWC")
 
@@ -169,7 +169,7 @@ def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline,
 
 def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
                     geometries: list[Any] | None = None, *,
-                    out: torch.Tensor | None = None) -> torch.Tensor | None:
+                    out: torch.Tensor | None = None, pool: BatchPool | None = None) -> torch.Tensor | None:
     """The batch tensor of a raw dataset's fast paths (gather, or gather + batched crop), in the
     pipeline's layout, or None when they do not apply (``_raw_fast_shape``). Shared by
     ``PackedDataset`` and ``PackedIterableDataset``.
@@ -178,7 +178,8 @@ def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
     transform they are cropped, resized and flipped in one vectorised pass
     (``DecodeTransform.batch``) straight into the batch's ``(N, H, W, C)`` storage (``out``'s,
     when ``out`` is a uint8 tensor in the layout whose storage view is contiguous, else a new
-    one, in shared memory inside a worker), each sample's crop appended to ``geometries`` when
+    one, in shared memory inside a worker, from ``pool`` when it has one free), each sample's crop
+    appended to ``geometries`` when
     it is a list. Without one the pixels are gathered straight into it. ``CHW`` is a view of
     that storage (``torch.channels_last`` strides), as FFCV's ``ToTorchImage`` hands it.
     """
@@ -189,7 +190,7 @@ def _raw_fast_batch(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
     storage = pipeline.storage_of(out) if out is not None and out.dim() == 4 else None
     if (storage is None or tuple(storage.shape) != shape or storage.dtype != torch.uint8
             or not storage.is_contiguous()):
-        storage = _empty(shape, torch.uint8)
+        storage = _empty_batch(shape, pool)
     if crop and raw_shape[2] == 3:  # raw RGB: one batched crop-resize, read in place (packer.rawcrop)
         decode = pipeline.decode
         height, width = raw_shape[0], raw_shape[1]
@@ -251,9 +252,12 @@ class _BatchSamples(Sequence):
         return self.labels if isinstance(self.labels, torch.Tensor) else None
 
 
-def _label_column(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray) -> torch.Tensor | list[Any]:
+def _label_column(dataset: Dataset, pipeline: _Pipeline, idx: np.ndarray,
+                  batch: torch.Tensor | None = None) -> torch.Tensor | list[Any]:
     """The labels of a batch: one gather from the index (no per-sample Python) without a
-    ``target_transform``, else each sample's transformed label."""
+    ``target_transform``, written after the images in ``batch``'s storage when it has room
+    (``runtime._empty_batch``), else each sample's transformed label."""
     if pipeline.target_transform is None:
-        return torch.from_numpy(np.asarray(dataset.labels[idx], dtype=np.int64))
+        values = np.asarray(dataset.labels[idx], dtype=np.int64)
+        return _labels_in(pipeline.storage_of(batch), values) if batch is not None else torch.from_numpy(values)
     return [pipeline.label(dataset, i) for i in idx.tolist()]

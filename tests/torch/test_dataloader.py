@@ -138,6 +138,42 @@ def test_plain_batch_size_wiring_takes_the_batched_path_across_workers(packed: P
     assert torch.cat([b[1] for b in batches]).tolist() == dataset.labels.tolist()
 
 
+def _shm_inode(images: torch.Tensor) -> int:
+    """The shared-memory object behind a batch received from a worker (its inode)."""
+    import os
+
+    fd, _ = images.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def test_workers_reuse_batch_memory_only_after_the_main_process_lets_go(packed: Path) -> None:
+    """Forked workers write a batch into a pooled shared-memory storage again only once every tensor
+    of the batch that used it is gone here: held batches keep their pixels, dropped ones are reused."""
+    import pickle
+
+    from packer.torch.runtime import BatchPool
+    from packer.transforms import CenterCrop
+
+    dataset = PackedDataset(packed, decode=CenterCrop(12, resize=14))
+    expected = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    order = [list(range(k, k + 2)) for k in range(0, len(dataset) - 1, 2)] * 3  # 45 batches of 2
+    held = []
+    for images, labels in DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate):
+        held.append((images, labels))
+    assert len({_shm_inode(images) for images, _ in held}) == len(order)  # all held: none reused
+    for batch, (images, labels) in zip(order, held):  # and none overwritten
+        assert torch.equal(images, expected[batch]) and labels.tolist() == dataset.labels[batch].tolist()
+    del held, images, labels  # the first loader's slots go back with the next batch received
+    inodes, seen = set(), 0
+    for images, labels in DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate):
+        assert torch.equal(images, expected[order[seen]]) and labels.tolist() == dataset.labels[order[seen]].tolist()
+        inodes.add(_shm_inode(images))
+        seen += 1
+        del images, labels  # let go: its storage goes back to the worker
+    assert seen == len(order) and len(inodes) <= BatchPool.SLOTS + 2  # reused, not one per batch
+    assert pickle.loads(pickle.dumps(dataset._pool)).flags is None  # spawned workers: no sharing, no pool
+
+
 def test_map_style_with_torch_distributed_sampler(packed: Path) -> None:
     identify = _Identify(packed)
     dataset = PackedDataset(packed, decode=False)
