@@ -209,9 +209,11 @@ class PackedDataset(torch_data.Dataset):
         values, columns = plan.read(dataset, idx, images, labels, geometries, min_visibility)
         return values, columns, batch
 
-    def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None) -> list[tuple[Any, Any]]:
+    def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None, *,
+               out: torch.Tensor | None = None) -> list[tuple[Any, Any]]:
         """``(image, label)`` of each index; with ``geometries`` (a list), each sample's crop is
-        appended to it, in order (fused transforms only)."""
+        appended to it, in order (fused transforms only). ``out``: a ``fast_batch_buffer`` for
+        the batched paths (ignored when it does not fit)."""
         idx = as_sample_indices(indices).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset
@@ -225,7 +227,7 @@ class PackedDataset(torch_data.Dataset):
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
-                return self._decode_into_batch(idx, shape, geometries)
+                return self._decode_into_batch(idx, shape, geometries, out=out)
             # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
             # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
             samples = []
@@ -250,12 +252,18 @@ class PackedDataset(torch_data.Dataset):
         return samples
 
     def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...],
-                           geometries: list[Any] | None = None) -> "_BatchSamples":
+                           geometries: list[Any] | None = None, *,
+                           out: torch.Tensor | None = None) -> "_BatchSamples":
         """Decode each sample straight into its slot of one channels-last batch tensor (in shared
         memory inside a worker): no per-sample array and no copy when ``collate`` stacks them; a
         ``CHW`` batch is a view of it (``_Pipeline.batch_view``)."""
         dataset, pipeline = self.dataset, self._pipeline
-        batch = _empty_batch(shape, self._pool)
+        storage = pipeline.storage_of(out) if out is not None and out.dim() == 4 else None
+        if (storage is not None and tuple(storage.shape) == shape and storage.dtype == torch.uint8
+                and storage.is_contiguous()):
+            batch = storage
+        else:
+            batch = _empty_batch(shape, self._pool)
         out = batch.numpy()
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
@@ -304,30 +312,38 @@ class PackedDataset(torch_data.Dataset):
                                     collate_fn if type(collate_fn) is PaddedCollate else None)
         images = self._raw_batch(idx, out=out)
         if images is None:
-            return collate(self.__getitems__(idx))
+            return collate(self._pairs(idx, out=out))  # the default fields here: what __getitems__ does
         return collate(_BatchSamples(images, _label_column(self.dataset, self._pipeline, idx, images)))
 
     def fast_batch_shape(self, count: int) -> tuple[int, ...] | None:
-        """The shape of the uint8 images tensor ``load_batch`` makes for ``count`` samples on the
-        batched raw path (a ``raw`` dataset, ``decode=True`` or a fused transform, no ``transform``,
-        the default fields), in the layout (``(N, C, H, W)`` for ``CHW``), or None when it takes
-        another path."""
+        """The shape of the uint8 images tensor ``load_batch`` makes in one piece for ``count``
+        samples (a ``raw`` dataset with ``decode=True`` or a fused transform; or a fused transform
+        decoding each sample into its slot, mmap backend; no ``transform``, the default fields), in
+        the layout (``(N, C, H, W)`` for ``CHW``), or None when it takes another path."""
         buffer = self._fast_storage_shape(count)
         if buffer is None:
             return None
         return tuple(self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8, device="meta")).shape)
 
     def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
-        """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched raw path
-        (``fast_batch_shape``), stored channels-last as that path writes it; None elsewhere."""
+        """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched paths
+        (``fast_batch_shape``), stored channels-last as they write it; None elsewhere.
+        ``ThreadedLoader`` allocates it in the iterating thread (see ``_batch_buffer`` there)."""
         buffer = self._fast_storage_shape(count)
         return None if buffer is None else self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8))
 
     def _fast_storage_shape(self, count: int) -> tuple[int, ...] | None:
+        """The channels-last storage shape of a batch ``load_batch`` makes in one tensor: the raw
+        fast paths, or a fused transform decoding each sample into its slot; else None."""
         if self._plan is not None and self._fields != DEFAULT_FIELDS:
             return None
         fast = _raw_fast_shape(self.dataset, self._pipeline, count)
-        return None if fast is None else fast[0]
+        if fast is not None:
+            return fast[0]
+        pipeline, dataset = self._pipeline, self.dataset
+        if pipeline.decode is False or dataset.backend_name != "mmap" or dataset.verify_checksums:
+            return None
+        return pipeline.batch_shape(count)
 
     def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None, *,
                    out: torch.Tensor | None = None) -> torch.Tensor | None:

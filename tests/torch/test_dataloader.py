@@ -113,6 +113,10 @@ def test_fused_transforms_decode_straight_into_the_shared_batch(packed: Path) ->
     assert torch.equal(chw_images[1], chw[0][0])  # the per-sample path's (contiguous) CHW image
     default_images, default_labels = torch.utils.data.default_collate(chw_samples)
     assert default_images is chw_images and torch.equal(default_labels, labels)
+    buffer = chw.fast_batch_buffer(4)  # ThreadedLoader's buffer, made in the iterating thread
+    into, _ = chw.load_batch([5, 0, 5, 7], out=buffer)
+    assert into.data_ptr() == buffer.data_ptr() and torch.equal(into, chw_images)
+    assert PackedDataset(packed, decode=CenterCrop(12, resize=14), backend="pread").fast_batch_buffer(4) is None
     # a tensor transform keeps the per-sample path
     assert not hasattr(PackedDataset(packed, decode=CenterCrop(12, resize=14),
                                      transform=lambda t: t).__getitems__([0]), "batch")
