@@ -171,9 +171,17 @@ def _reduce_pair(images: Any, labels: Any, as_list: bool) -> Any:
 
 class _SharedPair(tuple):
     """``(images, labels)`` that crosses a process boundary as one storage when both live in one
-    (``_empty_batch``): one file descriptor instead of two; a plain tuple on the other side."""
+    (``_empty_batch``): one file descriptor instead of two; a plain tuple on the other side.
+
+    Built from one iterable or from the two items; ``_fields`` makes DataLoader's
+    ``default_convert`` and ``pin_memory`` rebuild it as this type (their named-tuple rule)
+    instead of turning it into a plain list."""
 
     __slots__ = ()
+    _fields = ("images", "labels")
+
+    def __new__(cls, *items: Any) -> "_SharedPair":
+        return super().__new__(cls, items[0] if len(items) == 1 else items)
 
     def __reduce__(self) -> Any:
         return _reduce_pair(self[0], self[1], False)
@@ -186,6 +194,9 @@ class _SharedList(list):
         if len(self) != 2:
             return (list, (list(self),))
         return _reduce_pair(self[0], self[1], True)
+
+    def __copy__(self) -> "_SharedList":  # DataLoader's default_convert copies it, then fills the copy
+        return _SharedList(self)
 
 
 def _rebuild_pair(whole: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...],

@@ -354,3 +354,27 @@ def test_the_iterables_epoch_moves_its_seeded_crops(raw: Path) -> None:
     assert iterable._pipeline.decode.epoch == 4
     images = torch.cat([images for images, _ in DataLoader(iterable, batch_size=None)])
     _assert_agree(images, _expected_crops(raw, _rrc, 4))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")
+@pytest.mark.parametrize("reader", ["map", "map, batch_size=", "iterable"])
+def test_worker_batches_arrive_as_one_storage_of_images_and_labels(raw: Path, reader: str) -> None:
+    """Images and labels of a raw batch share one shared-memory storage (one file descriptor per
+    batch); the main process gets plain tuples/lists holding the same values as in-process."""
+    if reader == "iterable":
+        dataset = PackedIterableDataset(raw, batch_size=6, order="sequential", decode=_rrc())
+        loader = DataLoader(dataset, batch_size=None, num_workers=1)
+        expected = list(PackedIterableDataset(raw, batch_size=6, order="sequential", decode=_rrc()))
+    else:
+        dataset = PackedDataset(raw, decode=_rrc())
+        order = [list(range(k, min(k + 6, N))) for k in range(0, N, 6)]
+        loader = (DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate) if reader == "map"
+                  else DataLoader(dataset, batch_size=6, num_workers=1))
+        expected = [collate(dataset.__getitems__(batch)) for batch in order]
+    batches = list(loader)
+    assert len(batches) == len(expected) == 5
+    for (images, labels), (want_images, want_labels) in zip(batches, expected):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+        assert images.shape == (6, 3, 12, 12) and images.is_contiguous(memory_format=torch.channels_last)
+        assert images.untyped_storage().data_ptr() == labels.untyped_storage().data_ptr()
+    assert type(batches[0]) is (list if reader == "map, batch_size=" else tuple)
