@@ -214,17 +214,21 @@ def table(rows: Iterable[Row], *, unit: str = "items", baseline: str | None = No
     """
     rows = list(rows)
     base = baseline or (rows[0].name if rows else "")
+    # Microseconds when every row is under 0.1 ms per item (small images), so three digits show.
+    micro = bool(rows) and max(row.cpu_ms for row in rows) < 0.1
+    cpu_unit, cpu_scale = ("CPU us/", 1e3) if micro else ("CPU ms/", 1.0)
+    item = unit.removesuffix("s")
     head = (f"{'':<{name_width}} {unit + '/s':>12} {'ratio':>7} "
-            f"{'CPU ms/' + unit.removesuffix('s'):>16} {'ratio':>7}")
+            f"{cpu_unit + item:>16} {'ratio':>7}")
     head += "".join(f" {heading:>12}" for heading, _ in columns)
     lines = [head]
     for row in rows:
-        line = (f"{row.name:<{name_width}} {row.rate:>12,.0f} {row.ratio:>6.2f}x {row.cpu_ms:>16.3f} "
+        line = (f"{row.name:<{name_width}} {row.rate:>12,.0f} {row.ratio:>6.2f}x {row.cpu_ms * cpu_scale:>16.3f} "
                 f"{row.cpu_ratio:>6.2f}x")
         line += "".join(f" {fmt(row):>12}" for _, fmt in columns)
         lines.append(line)
     lines.append(f"(ratios against '{base}' in the same run: {unit}/s median round / baseline's; CPU per "
-                 f"{unit.removesuffix('s')} / baseline's, below 1.00x is less CPU)")
+                 f"{item} / baseline's, below 1.00x is less CPU)")
     return "\n".join(lines)
 
 

@@ -59,6 +59,8 @@ def test_summarize_takes_the_median_round_and_ratios_against_the_baseline() -> N
     assert again[0].ratio == pytest.approx(0.25)
     text = harness.table([base, fast], unit="images")
     assert "4.00x" in text and "0.25x" in text and "CPU ms/image" in text and "'base'" in text
+    tiny = harness.summarize({"small": [harness.Stretch(100_000, 1.0, 0.5)]})
+    assert "CPU us/image" in harness.table(tiny, unit="images") and "5.000" in harness.table(tiny, unit="images")
 
 
 def test_run_for_and_timed_loop_count_items() -> None:
