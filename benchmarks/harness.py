@@ -158,7 +158,7 @@ def interleave(candidates: Sequence[tuple[str, Callable[[], Stretch]]], rounds: 
             done[name].append(stretch)
             if log is not None:
                 cpu = 1e3 * stretch.cpu_seconds / max(stretch.items, 1e-12)
-                print(f"  round {r + 1}/{rounds} {name}: {stretch.rate:,.0f} {unit}/s, {cpu:.3f} CPU ms/"
+                print(f"  round {r + 1}/{rounds} {name}: {stretch.rate:,.0f} {unit}/s, {1e3 * cpu:.1f} CPU us/"
                       f"{unit.removesuffix('s')}",
                       file=log, flush=True)
     return done
@@ -217,7 +217,7 @@ def table(rows: Iterable[Row], *, unit: str = "items", baseline: str | None = No
     # Microseconds when every row is under 0.1 ms per item (small images), so three digits show.
     micro = bool(rows) and max(row.cpu_ms for row in rows) < 0.1
     cpu_unit, cpu_scale = ("CPU us/", 1e3) if micro else ("CPU ms/", 1.0)
-    item = unit.removesuffix("s")
+    item = unit[:-2] if unit.endswith(("ches", "shes", "xes")) else unit.removesuffix("s")
     head = (f"{'':<{name_width}} {unit + '/s':>12} {'ratio':>7} "
             f"{cpu_unit + item:>16} {'ratio':>7}")
     head += "".join(f" {heading:>12}" for heading, _ in columns)
