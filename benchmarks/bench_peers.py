@@ -412,12 +412,13 @@ def loader_ffcv(path: Path, workers: int, batch: int, size: int) -> Any:
 
 # --- packer's loaders -----------------------------------------------------------------------------
 
-def loader_packer_threaded(packed: Path, threads: int, batch: int, size: int) -> Any:
+def loader_packer_threaded(packed: Path, threads: int, batch: int, size: int, *, seed: int | None = 0) -> Any:
+    """``ThreadedLoader``, NCHW like the others; ``seed`` for the crops as the DataLoader row beside it has."""
     from packer.threaded import ThreadedLoader
     from packer.transforms import RandomResizedCrop
 
     return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
-                          decode=RandomResizedCrop(size, seed=0), layout="CHW")
+                          decode=RandomResizedCrop(size, seed=seed), layout="CHW")
 
 
 def loader_packer_plain(packed: Path, workers: int, batch: int, size: int) -> Any:
@@ -468,7 +469,7 @@ def train_jpeg(args: argparse.Namespace, src: Path, files: list[Path], results: 
         runs.append(("webdataset (tar + PIL)", lambda: loader_webdataset(shards, workers, batch)))
     runs += [("packer pass-through, DataLoader", lambda: loader_packer_map(packed, workers, batch)),
              ("packer tiled, DataLoader", lambda: loader_packer_map(tiled, workers, batch)),
-             ("packer tiled, ThreadedLoader", lambda: loader_packer_threaded(tiled, workers, batch, 224)),
+             ("packer tiled, ThreadedLoader", lambda: loader_packer_threaded(tiled, workers, batch, 224, seed=None)),
              ("packer pass-through, iterable (block)", lambda: loader_packer_iterable(packed, workers, batch)),
              ("packer re-encoded 256*, DataLoader", lambda: loader_packer_map(small, workers, batch))]
     print(f"\n== JPEGs: RandomResizedCrop(224) + flip -> uint8 NCHW, {workers} workers, batch {batch}",
