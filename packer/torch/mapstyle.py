@@ -48,7 +48,9 @@ class PackedDataset(torch_data.Dataset):
         source: the dataset folder, or an open ``packer.dataset.Dataset``.
         decode: ``True`` (decode to pixels), ``False`` (stored bytes) or a callable
             ``decode(data, image_format) -> HWC array`` such as ``packer.transforms.RandomResizedCrop``.
-        layout: ``"CHW"`` (default) or ``"HWC"``.
+        layout: ``"CHW"`` (default) or ``"HWC"``. Batched paths (a fused transform, the raw
+            codec) decode into one channels-last batch either way; ``"CHW"`` is an ``(N, C, H, W)``
+            view of it (``torch.channels_last`` strides), so the layout costs nothing.
         transform: applied to the image tensor (torchvision tensor transforms work).
         target_transform: applied to the int label.
         backend: ``"mmap"``, ``"pread"`` or ``"direct"`` (see ``packer.open_dataset``).

@@ -12,6 +12,13 @@ with the sample's bytes (a uint8 numpy array or memoryview) and its ``ImageForma
 returns an ``(H, W, C)`` uint8 numpy array or tensor (e.g. a fused decode + random-resized-crop);
 the layout is applied to its result. ``transform`` is then applied to the image tensor
 (torchvision transforms work) and ``target_transform`` to the int label.
+
+Batches: with a fused transform from ``packer.transforms`` (or ``decode=True`` on a ``raw``
+dataset) and no ``transform``, ``__getitems__`` writes the whole batch into one ``(N, H, W, C)``
+tensor (channels-last memory, the images first and the int64 labels after them in the same
+storage) and ``layout`` only chooses how it is seen: ``"CHW"`` an ``(N, C, H, W)`` view with
+``torch.channels_last`` strides (what FFCV's ``ToTorchImage`` hands over, and what convolutions
+run fastest on), ``"HWC"`` the tensor itself. Single samples (``ds[i]``) stay contiguous.
 """
 
 from __future__ import annotations
