@@ -217,13 +217,14 @@ def table(rows: Iterable[Row], *, unit: str = "items", baseline: str | None = No
     # Microseconds when every row is under 0.1 ms per item (small images), so three digits show.
     micro = bool(rows) and max(row.cpu_ms for row in rows) < 0.1
     cpu_unit, cpu_scale = ("CPU us/", 1e3) if micro else ("CPU ms/", 1.0)
+    places = 4 if not micro and min(row.cpu_ms for row in rows) < 0.1 else 3  # small rows beside large ones
     item = unit[:-2] if unit.endswith(("ches", "shes", "xes")) else unit.removesuffix("s")
     head = (f"{'':<{name_width}} {unit + '/s':>12} {'ratio':>7} "
             f"{cpu_unit + item:>16} {'ratio':>7}")
     head += "".join(f" {heading:>12}" for heading, _ in columns)
     lines = [head]
     for row in rows:
-        line = (f"{row.name:<{name_width}} {row.rate:>12,.0f} {row.ratio:>6.2f}x {row.cpu_ms * cpu_scale:>16.3f} "
+        line = (f"{row.name:<{name_width}} {row.rate:>12,.0f} {row.ratio:>6.2f}x {row.cpu_ms * cpu_scale:>16.{places}f} "
                 f"{row.cpu_ratio:>6.2f}x")
         line += "".join(f" {fmt(row):>12}" for _, fmt in columns)
         lines.append(line)
