@@ -32,10 +32,12 @@ mutate: venv
 	$(PY) -m pip install --quiet -e ".[mutate]"
 	$(PY) scripts/mutate.py $(MUTATE)
 
+# Benchmarks live in benchmarks/ (one shared harness: interleaved rounds, medians, CPU time, ratios);
+# the comparison with FFCV and torchvision needs its own virtualenv: see docs/performance.md.
 bench: venv
-	$(PY) scripts/bench_build.py
-	$(PY) scripts/bench_verify.py
-	$(PY) scripts/bench_backends.py
+	$(PY) benchmarks/bench_build.py
+	$(PY) benchmarks/bench_verify.py
+	$(PY) benchmarks/bench_backends.py
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .mutate

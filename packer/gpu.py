@@ -106,6 +106,7 @@ from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCurso
 # gds_status, cuda_driver_status and set_kvikio_threads live with the kvikio backend; they are
 # part of this module's public surface because GPU users look for them here.
 __all__ = ["DEFAULT_READ_BLOCK", "CPU_FALLBACKS", "GpuLoaderOptions", "GpuJpegDecoder", "TorchvisionJpegDecoder",
+           "TorchCodecJpegDecoder", "NvImageCodecJpegDecoder", "GPU_JPEG_DECODERS", "gpu_jpeg_decoder",
            "GpuFallbackWarning", "gds_status", "cuda_driver_status", "set_kvikio_threads", "resolve_device",
            "GpuRawBatches", "GpuJpegBatches", "RAW_BATCH_OUTPUTS"]
 
@@ -662,6 +663,135 @@ class TorchvisionJpegDecoder:
         return decoded
 
 
+class TorchCodecJpegDecoder:
+    """nvJPEG through TorchCodec (``torchcodec.decoders.decode_jpeg(..., device=...)``, TorchCodec
+    >= 0.16), which replaces torchvision's deprecated CUDA ``decode_jpeg``: one batched call of
+    the list when TorchCodec takes a list, else one call per image; an image it refuses is
+    reported as refused (``cpu_fallback``).
+
+    Raises:
+        MissingDependencyError: TorchCodec (or its image decoders) cannot be imported.
+    """
+
+    name = "torchcodec.decoders.decode_jpeg (nvJPEG)"
+
+    def __init__(self) -> None:
+        try:
+            from torchcodec.decoders import decode_jpeg
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"TorchCodec's image decoders cannot be imported ({exc}); pip install 'torchcodec>=0.16'") from None
+        self._decode_jpeg = decode_jpeg
+
+    def _one(self, data: Any, device: Any) -> Any:
+        try:
+            return self._decode_jpeg(data, mode="RGB", device=device)
+        except TypeError:  # a version without mode=: RGB is its default for colour JPEGs
+            return self._decode_jpeg(data, device=device)
+
+    def __call__(self, inputs: Sequence[Any], device: Any) -> list[Any]:
+        try:
+            decoded = self._one(list(inputs), device)
+            if isinstance(decoded, (list, tuple)) and len(decoded) == len(inputs):
+                return list(decoded)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+        results: list[Any] = []
+        for data in inputs:
+            try:
+                results.append(self._one(data, device))
+            except (RuntimeError, TypeError, ValueError) as exc:
+                results.append(exc)
+        return results
+
+
+class NvImageCodecJpegDecoder:
+    """nvJPEG through NVIDIA nvImageCodec (``nvidia.nvimgcodec.Decoder().decode(list)``): one batched
+    call; its images (HWC, on the GPU, ``__cuda_array_interface__``) become ``(3, H, W)`` views with
+    ``torch.as_tensor``. An input it could not decode (``None`` in its result) is reported as refused.
+
+    Raises:
+        MissingDependencyError: nvImageCodec cannot be imported (pip install nvidia-nvimgcodec-cu13).
+    """
+
+    name = "nvidia.nvimgcodec.Decoder (nvJPEG)"
+
+    def __init__(self, device_id: int | None = None) -> None:
+        import importlib
+
+        try:
+            nvimgcodec = importlib.import_module("nvidia.nvimgcodec")
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"nvImageCodec cannot be imported ({exc}); pip install 'nvidia-nvimgcodec-cu13[nvjpeg]'") from None
+        self._nvimgcodec = nvimgcodec
+        self._decoders: dict[int, Any] = {}
+        self._device_id = device_id
+
+    def _decoder(self, device: Any) -> Any:
+        index = self._device_id if self._device_id is not None else (getattr(device, "index", None) or 0)
+        decoder = self._decoders.get(index)
+        if decoder is None:
+            decoder = self._decoders[index] = self._nvimgcodec.Decoder(device_id=index)
+        return decoder
+
+    def __call__(self, inputs: Sequence[Any], device: Any) -> list[Any]:
+        import torch
+
+        encoded = [data.numpy() if hasattr(data, "numpy") else data for data in inputs]
+        try:
+            images = list(self._decoder(device).decode(encoded))
+        except (RuntimeError, TypeError, ValueError) as exc:
+            return [exc] * len(inputs)
+        results: list[Any] = []
+        for image in images:
+            if image is None:
+                results.append(RuntimeError("nvImageCodec could not decode this JPEG"))
+                continue
+            pixels = torch.as_tensor(image, device=device)
+            if pixels.dim() == 2:  # one channel: repeat it, as mode=RGB decoders do
+                pixels = pixels.unsqueeze(2).expand(-1, -1, 3)
+            results.append(pixels.permute(2, 0, 1))
+        if len(results) != len(inputs):
+            return [RuntimeError(f"nvImageCodec returned {len(results)} images for {len(inputs)} inputs")] * len(inputs)
+        return results
+
+
+#: The GPU JPEG decoders ``gpu_jpeg_decoder`` knows, in the order ``"auto"`` tries them: TorchCodec
+#: (the maintained successor), nvImageCodec, then torchvision's deprecated CUDA ``decode_jpeg``.
+GPU_JPEG_DECODERS: dict[str, Callable[[], GpuJpegDecoder]] = {
+    "torchcodec": TorchCodecJpegDecoder,
+    "nvimagecodec": NvImageCodecJpegDecoder,
+    "torchvision": TorchvisionJpegDecoder,
+}
+
+
+def gpu_jpeg_decoder(name: str = "auto") -> GpuJpegDecoder:
+    """The GPU JPEG decoder called ``name`` (``GPU_JPEG_DECODERS``), or with ``"auto"`` the first of
+    them that imports here.
+
+    Raises:
+        OptionError: an unknown name.
+        MissingDependencyError: that decoder (with ``"auto"``: every one) cannot be imported; the
+            message names what to install.
+    """
+    if name != "auto" and name not in GPU_JPEG_DECODERS:
+        raise OptionError(f"gpu_decoder must be 'auto', one of {', '.join(GPU_JPEG_DECODERS)}, or a GpuJpegDecoder; "
+                          f"got {name!r}")
+    if name != "auto":
+        return GPU_JPEG_DECODERS[name]()
+    reasons = []
+    for make in GPU_JPEG_DECODERS.values():
+        try:
+            return make()
+        except MissingDependencyError as exc:
+            reasons.append(str(exc))
+    raise MissingDependencyError("GPU JPEG decoding needs one of TorchCodec (pip install 'torchcodec>=0.16'), "
+                                 "nvImageCodec (pip install 'nvidia-nvimgcodec-cu13[nvjpeg]') or torchvision; none "
+                                 "imports here (" + "; ".join(reasons) + "); or decode on the GPU with DALI "
+                                 "(packer.dali, pip install 'packer-shards[dali]')")
+
+
 class GpuFallbackWarning(RuntimeWarning):
     """The GPU decoder refused images and ``GpuJpegBatches`` decoded them on the CPU instead."""
 
@@ -685,8 +815,9 @@ class GpuJpegBatches(_GpuBatches):
             nvJPEG refuses all of them): ``"warn"`` (default: decode it on the CPU and warn once
             per loader with the decoder's reason), ``"silent"`` (decode it on the CPU), or
             ``"error"`` (raise ``GpuPathError``). Counted in ``decode_counts`` either way.
-        gpu_decoder: a ``GpuJpegDecoder`` (default ``TorchvisionJpegDecoder()`` on CUDA devices,
-            none on ``cpu``).
+        gpu_decoder: a ``GpuJpegDecoder``, or a name for ``gpu_jpeg_decoder`` (``"torchcodec"``,
+            ``"nvimagecodec"``, ``"torchvision"``, ``"auto"``). Default: ``"auto"`` on CUDA devices
+            (TorchCodec, else nvImageCodec, else torchvision's nvJPEG), none on ``cpu``.
 
     Properties:
         decode_counts: images decoded since the loader was created, by path: ``"gpu"`` (the GPU
@@ -695,13 +826,14 @@ class GpuJpegBatches(_GpuBatches):
 
     Raises:
         OptionError: a bad setting, ``io="kvikio"``, or an unknown ``cpu_fallback``.
-        MissingDependencyError: ``device="cuda"`` without torchvision (use ``packer.dali``).
+        MissingDependencyError: ``device="cuda"`` without any GPU JPEG decoder (or without the one
+            named; use ``packer.dali``).
         GpuPathError: while iterating, a JPEG the GPU decoder refused with ``cpu_fallback="error"``.
     """
 
     def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
                  transform: Callable[[list[Any]], Any] | None = None, cpu_fallback: str = "warn",
-                 gpu_decoder: GpuJpegDecoder | None = None, **settings: Any) -> None:
+                 gpu_decoder: GpuJpegDecoder | str | None = None, **settings: Any) -> None:
         if cpu_fallback not in CPU_FALLBACKS:
             raise OptionError(f"cpu_fallback must be one of {', '.join(CPU_FALLBACKS)}, got {cpu_fallback!r}")
         merged = GpuLoaderOptions.merge(options, settings, base=GpuLoaderOptions(order="random"))
@@ -714,11 +846,11 @@ class GpuJpegBatches(_GpuBatches):
         self._decode_counts = {"gpu": 0, "cpu_fallback": 0, "cpu": 0}
         self._counts_lock = threading.Lock()
         self._warned = False
-        self.gpu_decoder: GpuJpegDecoder | None = gpu_decoder
-        if gpu_decoder is None and self.device.type == "cuda":
+        self.gpu_decoder: GpuJpegDecoder | None = None if isinstance(gpu_decoder, str) else gpu_decoder
+        if isinstance(gpu_decoder, str) or (gpu_decoder is None and self.device.type == "cuda"):
             try:
-                self.gpu_decoder = TorchvisionJpegDecoder()
-            except MissingDependencyError:
+                self.gpu_decoder = gpu_jpeg_decoder(gpu_decoder or "auto")
+            except (MissingDependencyError, OptionError):
                 self.close()
                 raise
 

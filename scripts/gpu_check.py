@@ -52,8 +52,10 @@ failed or ran out of time (never a silent pass):
    then ``GpuRawBatches(decode=RandomResizedCrop(size, seed=0))``, each batch cropped on the GPU
    (torch's kernel) vs the same loader on the host: FAIL when a batch's GPU crops differ from the
    CPU readers' (``PackedDataset.load_batch``) by more than 1 grey level;
-6. JPEG batches (``GpuJpegBatches``, nvJPEG) vs the CPU path: FAIL when nvJPEG did not decode
-   every JPEG (``decode_counts``: a torchvision without nvJPEG falls back to the CPU);
+6. JPEG batches (``GpuJpegBatches``) through every GPU decoder present (TorchCodec, nvImageCodec,
+   torchvision's nvJPEG: ``packer.gpu.GPU_JPEG_DECODERS``) vs the CPU path: FAIL when one of them
+   did not decode every JPEG (``decode_counts``: e.g. a torchvision without nvJPEG falls back to
+   the CPU), or when none imports;
 7. multi-GPU: one loader per visible GPU, as DDP ranks after ``torch.cuda.set_device(rank)``:
    FAIL when a rank's batches, decodes or allocations land on another GPU ("not run" on one GPU);
 8. failure injection: a kvikio read that fails while others are in flight; every started read
@@ -91,7 +93,8 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from pagecache import evict  # noqa: E402
+sys.path.insert(0, str(REPO / "benchmarks"))
+from harness import evict  # noqa: E402  (the benchmarks' page-cache control)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 RESULTS: dict[str, Any] = {"sections": {}, "errors": [], "not_run": {}}
@@ -606,14 +609,30 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
 
     from packer.dataset import open_dataset
     from packer.decode import decode_image
-    from packer.gpu import GpuJpegBatches
+    from packer.errors import MissingDependencyError
+    from packer.gpu import GPU_JPEG_DECODERS, GpuJpegBatches, gpu_jpeg_decoder
 
     rows = []
-    # The GPU variant: nvJPEG on a GPU machine; in a dry run a CPU stand-in with the same plumbing.
-    gpu_kwargs: dict[str, Any] = {"device": "cuda"} if gpu else {"device": "cpu", "gpu_decoder": CpuJpegDecoder()}
-    variants = [("cuda nvJPEG (torchvision, batched)" if gpu else "dry run: GPU decoder stand-in", gpu_kwargs),
-                ("cpu simplejpeg, 1 thread (GpuJpegBatches device=cpu)", {"device": "cpu"})]
+    # Every GPU decoder present (TorchCodec, nvImageCodec, torchvision's nvJPEG), the "auto" choice
+    # first; in a dry run a CPU stand-in with the same plumbing, and which decoders import here.
+    present, missing = [], {}
+    for decoder_name in GPU_JPEG_DECODERS:
+        try:
+            gpu_jpeg_decoder(decoder_name)
+            present.append(decoder_name)
+        except MissingDependencyError as exc:
+            missing[decoder_name] = str(exc)
+    log(f"jpeg decoders present: {present or 'none'}; missing: {sorted(missing)}")
+    if gpu:
+        variants = [(f"cuda nvJPEG via {decoder_name}", {"device": "cuda", "gpu_decoder": decoder_name})
+                    for decoder_name in present]
+        if not variants:
+            raise CheckFailed(f"no GPU JPEG decoder imports: {missing}")
+    else:
+        variants = [("dry run: GPU decoder stand-in", {"device": "cpu", "gpu_decoder": CpuJpegDecoder()})]
+    variants.append(("cpu simplejpeg, 1 thread (GpuJpegBatches device=cpu)", {"device": "cpu"}))
     counts: dict[str, int] = {}
+    verdicts: dict[str, str] = {}
     for n, (name, kwargs) in enumerate(variants):
         row: dict[str, Any] = {"variant": name}
         with warnings.catch_warnings():
@@ -623,6 +642,8 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
                 row["decode_counts"] = dict(loader.decode_counts)
         if n == 0:
             counts = row["decode_counts"]
+        if n < len(variants) - 1:
+            verdicts[name] = nvjpeg_verdict(row["decode_counts"])
         log(f"jpeg {row}")
         rows.append(row)
     # The CPU path with every core: simplejpeg releases the GIL while decoding.
@@ -640,10 +661,10 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
            "seconds": round(elapsed, 2)}
     log(f"jpeg {row}")
     rows.append(row)
-    verdict = nvjpeg_verdict(counts)
-    if verdict != "ok":
-        raise CheckFailed(verdict)
-    return {"rows": rows, "gpu_decode_counts": counts}
+    failed = {name: verdict for name, verdict in verdicts.items() if verdict != "ok"}
+    if failed:
+        raise CheckFailed("; ".join(f"{name}: {verdict}" for name, verdict in failed.items()))
+    return {"rows": rows, "gpu_decode_counts": counts, "decoders_present": present, "decoders_missing": missing}
 
 
 def multi_gpu(raw_path: str, jpeg_path: str, gpu: bool, batch_size: int) -> dict[str, Any]:

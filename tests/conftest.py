@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: sample image folders written by ``scripts/make_sample.py``."""
+"""Shared pytest fixtures: sample image folders written by ``scripts/make_sample.py``; ``scripts/`` and
+``benchmarks/`` on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-# make_sample lives in scripts/, which is not a package: tests import it by path.
-_SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
+# make_sample lives in scripts/ and the benchmarks (bench_memory, bench_plan, ...) in benchmarks/,
+# neither a package: tests import them by path.
+for _folder in ("scripts", "benchmarks"):
+    _path = str(Path(__file__).resolve().parents[1] / _folder)
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 
 @pytest.fixture

@@ -125,29 +125,83 @@ def run_command(body: Callable[[], int | None], *, as_json: bool = False, interr
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Each command: its module (imported when the command runs or its own help is asked for) and
+#: the first paragraph of its help, for ``packer --help`` (a test keeps the two in step).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "append": ("append_cmd", "Append the images of SOURCE (folder or manifest) to DATASET as new shards."),
+    "bench": ("bench_cmd", "Measure the loader over DATASET: samples/s, MB/s and CPU per worker."),
+    "build": ("build_cmd", "Pack SOURCE into the dataset folder OUT."),
+    "export": ("export_cmd", "Write the samples of DATASET to OUT: the stored bytes verbatim, keys as names, labels as "
+                             "class folders (folder, tar) or .cls members (webdataset)."),
+    "inspect": ("inspect_cmd", "Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options, "
+                               "image sizes, declared fields (their table and statistics) and rejected files. Never "
+                               "reads the shards unless asked for sample bytes. The contact sheet (--grid) outlines "
+                               "boxes and overlays masks of declared fields."),
+    "verify": ("verify_cmd", "Check DATASET completely: manifest and index structure, every shard header, size and "
+                             "checksum, every sample checksum, zero padding, and with --decode every image. Declared "
+                             "fields too: image fields' shards like the main ones, text values UTF-8, class sets "
+                             "sorted. Names each damaged sample (number, shard, field, key, what is wrong). Exit "
+                             "status 0: intact; 1: damaged."),
+}
+COMMAND_MODULES = tuple(module for module, _ in COMMANDS.values())
+
+
+class _LazyGroup(click.Group):
+    """A group that imports a command's module only when that command is looked up (to run it or
+    show its help): ``packer inspect`` loads no writer, ``packer --help`` no command at all."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            _load(COMMANDS[cmd_name][0])
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from click.utils import make_default_short_help
+
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            command = self.commands.get(name)
+            if command is not None and command.hidden:
+                continue
+            text = command.get_short_help_str(limit) if command is not None else make_default_short_help(
+                COMMANDS[name][1], limit)
+            rows.append((name, text))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="packer")
 def cli() -> None:
     """Pack image datasets into large aligned shards, inspect and verify them."""
 
 
-COMMAND_MODULES = ("build_cmd", "inspect_cmd", "verify_cmd", "append_cmd", "bench_cmd", "export_cmd")
+def _load(module: str) -> None:
+    """Import one command module; it adds its command to ``cli``."""
+    try:
+        __import__(f"{__name__}.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{module}":
+            raise
 
 
 def _register() -> None:
-    """Import the command modules; each adds its command to ``cli``."""
-    for name in COMMAND_MODULES:
-        try:
-            __import__(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
+    """Import every command module (``cli`` imports each one lazily otherwise; tests and tools
+    that walk ``cli.commands`` call this first)."""
+    for module in COMMAND_MODULES:
+        _load(module)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: usage errors exit 2, Ctrl-C at any point prints one line and exits 130."""
     try:
-        _register()
         # Not standalone: click would turn Ctrl-C into "Aborted!" with exit 1.
         result = cli.main(args=argv, prog_name="packer", standalone_mode=False)
     except (KeyboardInterrupt, click.Abort):

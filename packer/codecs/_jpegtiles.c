@@ -309,12 +309,19 @@ typedef struct {
 } BitWriter;
 
 static void writer_flush_bytes(Failure *failure, BitWriter *writer) {
+    /* At most 7 whole bytes are pending, each maybe stuffed with a 0x00: reserve once, then
+     * write without a capacity check per byte (this loop runs for every byte of every tile). */
+    Buffer *out = writer->out;
+    buffer_reserve(failure, out, 16);
+    uint8_t *data = out->data;
+    size_t size = out->size;
     while (writer->count >= 8) {
         uint8_t byte = (uint8_t)(writer->bits >> (writer->count - 8));
-        buffer_byte(failure, writer->out, byte);
-        if (byte == 0xFF) buffer_byte(failure, writer->out, 0x00);
+        data[size++] = byte;
+        if (byte == 0xFF) data[size++] = 0x00;
         writer->count -= 8;
     }
+    out->size = size;
     writer->bits &= (writer->count ? ((uint64_t)1 << writer->count) - 1 : 0);
 }
 
@@ -362,11 +369,21 @@ typedef struct {
     EncodeTable dc_codes[4], ac_codes[4];
     uint8_t counts[8][17], values[8][256];
     int totals[8];
+    /* the counting pass's symbols, replayed by the writing pass (no second entropy decode):
+     * one uint32 each, packed by pack_symbol; tile_ends[i] = symbols before tile i ends */
+    uint32_t *symbols;
+    size_t symbol_count, symbol_capacity;
+    size_t *tile_ends;
+    int recording;
     /* output */
     Buffer entropy;
     uint16_t *tile_lengths;
     Buffer result;
 } Transcoder;
+
+/* Past this many symbols (1 GiB of records, far beyond any image a build accepts) the writing pass
+ * decodes the scan again instead of replaying it. */
+#define SYMBOLS_MAX ((size_t)1 << 28)
 
 static unsigned read_u16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
 
@@ -544,15 +561,36 @@ static int magnitude_size(int value) {
     return size;
 }
 
-/* Emit (or count) one Huffman symbol and its extra bits. */
-static inline void put_symbol(Failure *failure, BitWriter *writer, const EncodeTable *codes,
-                              long *frequency, int symbol, uint32_t bits, int size) {
+/* A recorded symbol: its table slot (0-3 DC, 4-7 AC), the symbol, its extra bits and their count
+ * (at most 15 bits: 8-bit JPEGs need 11 for DC, 10 for AC). */
+static inline uint32_t pack_symbol(int slot, int symbol, uint32_t bits, int size) {
+    return ((uint32_t)slot << 28) | ((uint32_t)symbol << 20) | ((uint32_t)size << 16) | (bits & 0xFFFF);
+}
+
+static void record_symbol(Transcoder *t, uint32_t packed) {
+    if (t->symbol_count == t->symbol_capacity) {
+        size_t capacity = t->symbol_capacity ? 2 * t->symbol_capacity : (size_t)1 << 16;
+        uint32_t *grown = capacity <= SYMBOLS_MAX ? realloc(t->symbols, capacity * sizeof *grown) : NULL;
+        if (!grown) {  /* too many (or no memory): the writing pass decodes the scan again */
+            t->recording = 0;
+            return;
+        }
+        t->symbols = grown;
+        t->symbol_capacity = capacity;
+    }
+    t->symbols[t->symbol_count++] = packed;
+}
+
+/* Emit (or count, and record for the replay) one Huffman symbol and its extra bits. */
+static inline void put_symbol(Transcoder *t, BitWriter *writer, const EncodeTable *codes,
+                              long *frequency, int slot, int symbol, uint32_t bits, int size) {
     if (writer) {
-        if (!codes->size[symbol]) fail(failure, "corrupt: symbol missing from the optimised table");
-        writer_put(failure, writer, codes->code[symbol], codes->size[symbol]);
-        writer_put(failure, writer, bits, size);
+        if (!codes->size[symbol]) fail(&t->failure, "corrupt: symbol missing from the optimised table");
+        writer_put(&t->failure, writer, codes->code[symbol], codes->size[symbol]);
+        writer_put(&t->failure, writer, bits, size);
     } else {
         frequency[symbol]++;
+        if (t->recording) record_symbol(t, pack_symbol(slot, symbol, bits, size));
     }
 }
 
@@ -570,7 +608,7 @@ static void copy_block(Transcoder *t, BitReader *reader, BitWriter *writer, cons
     *previous = *predictor;
     size = magnitude_size(new_diff);
     if (size > 15) fail(failure, "corrupt: DC difference out of range");
-    put_symbol(failure, writer, &t->dc_codes[c->dc_table], t->dc_frequency[c->dc_table], size,
+    put_symbol(t, writer, &t->dc_codes[c->dc_table], t->dc_frequency[c->dc_table], c->dc_table, size,
                (uint32_t)(new_diff < 0 ? new_diff - 1 : new_diff), size);
     const DecodeTable *ac = &t->ac[c->ac_table];
     const EncodeTable *ac_codes = &t->ac_codes[c->ac_table];
@@ -582,7 +620,7 @@ static void copy_block(Transcoder *t, BitReader *reader, BitWriter *writer, cons
         uint32_t bits = 0;
         if (size == 0) {
             if (run != 15) {  /* end of block */
-                put_symbol(failure, writer, ac_codes, ac_frequency, rs, 0, 0);
+                put_symbol(t, writer, ac_codes, ac_frequency, 4 + c->ac_table, rs, 0, 0);
                 break;
             }
             k += 16;
@@ -592,7 +630,7 @@ static void copy_block(Transcoder *t, BitReader *reader, BitWriter *writer, cons
             if (k > 64) fail(failure, "corrupt: coefficient past the end of a block");
             bits = (uint32_t)reader_bits(failure, reader, size);
         }
-        put_symbol(failure, writer, ac_codes, ac_frequency, rs, bits, size);
+        put_symbol(t, writer, ac_codes, ac_frequency, 4 + c->ac_table, rs, bits, size);
     }
 }
 
@@ -620,6 +658,7 @@ static void scan_pass(Transcoder *t, BitWriter *writer) {
             int ci = t->block_component[b];
             copy_block(t, &reader, writer, &t->component[ci], &predictor[ci], &previous[ci]);
         }
+        if (!writer && t->recording && (mcu + 1) % t->interval == 0) t->tile_ends[mcu / t->interval] = t->symbol_count;
         if (writer && (mcu + 1) % t->interval == 0) {
             writer_align(failure, writer);
             size_t length = t->entropy.size - start;
@@ -633,6 +672,32 @@ static void scan_pass(Transcoder *t, BitWriter *writer) {
         }
     }
     t->scan_end = reader.position;
+}
+
+/* The writing pass from the counting pass's records: each tile's symbols under the optimised
+ * tables, padded to a byte and followed by its restart marker, exactly what scan_pass writes. */
+static void replay_pass(Transcoder *t, BitWriter *writer, long tiles) {
+    Failure *failure = &t->failure;
+    size_t s = 0;
+    for (long tile = 0; tile < tiles; tile++) {
+        size_t start = t->entropy.size;
+        for (size_t end = t->tile_ends[tile]; s < end; s++) {
+            uint32_t packed = t->symbols[s];
+            int slot = (int)(packed >> 28), symbol = (int)((packed >> 20) & 0xFF), size = (int)((packed >> 16) & 15);
+            const EncodeTable *codes = slot < 4 ? &t->dc_codes[slot] : &t->ac_codes[slot - 4];
+            if (!codes->size[symbol]) fail(failure, "corrupt: symbol missing from the optimised table");
+            writer_put(failure, writer, codes->code[symbol], codes->size[symbol]);
+            writer_put(failure, writer, packed & 0xFFFF, size);
+        }
+        writer_align(failure, writer);
+        size_t length = t->entropy.size - start;
+        if (length > 65535) fail(failure, "unsupported: a tile of %zu bytes", length);
+        t->tile_lengths[tile] = (uint16_t)length;
+        if (tile + 1 < tiles) {
+            buffer_byte(failure, &t->entropy, 0xFF);
+            buffer_byte(failure, &t->entropy, (uint8_t)(0xD0 + (tile & 7)));
+        }
+    }
 }
 
 /* After the scan: the image must end with EOI and nothing after it. Bytes after EOI (an MPO's
@@ -658,6 +723,9 @@ static void transcode(Transcoder *t) {
     uint8_t (*counts)[17] = t->counts, (*values)[256] = t->values;
     int *totals = t->totals;
 
+    long tiles = total / t->interval;
+    t->tile_ends = malloc((size_t)tiles * sizeof *t->tile_ends);
+    t->recording = t->tile_ends != NULL;
     scan_pass(t, NULL);
     check_scan_end(t);
     int used_dc[4] = {0}, used_ac[4] = {0};
@@ -676,12 +744,15 @@ static void transcode(Transcoder *t) {
         }
     }
 
-    long tiles = total / t->interval;
     t->tile_lengths = malloc((size_t)tiles * sizeof(uint16_t));
     if (!t->tile_lengths) fail(failure, "memory: cannot allocate the tile table");
     buffer_reserve(failure, &t->entropy, t->size + (size_t)total * 3);
     BitWriter writer = {&t->entropy, 0, 0};
-    scan_pass(t, &writer);
+    if (t->recording) {
+        replay_pass(t, &writer, tiles);  /* one entropy decode in all */
+    } else {
+        scan_pass(t, &writer);
+    }
 
     /* assemble: SOI, tile tables (first, so readers spot a tiled JPEG at a glance), kept
      * segments, DHT, DRI, SOS, entropy data, EOI */
@@ -784,6 +855,8 @@ static PyObject *py_transcode(PyObject *module, PyObject *args) {
     free(t->entropy.data);
     free(t->result.data);
     free(t->tile_lengths);
+    free(t->symbols);
+    free(t->tile_ends);
     free(t);
     free(copy);
     PyBuffer_Release(&view);

@@ -9,8 +9,8 @@ import torch.utils.data as torch_data
 
 from ..errors import OptionError
 from .fieldplan import _FieldSamples
-from .pipeline import _BatchSamples
-from .runtime import _empty
+from .pipeline import _BatchSamples, _Sample
+from .runtime import _empty, _SharedList, _SharedPair
 
 
 def collate(samples: Sequence[Any]) -> Any:
@@ -19,7 +19,8 @@ def collate(samples: Sequence[Any]) -> Any:
     Same-shape, same-dtype image tensors are copied once into one ``(B, ...)`` tensor (in shared
     memory inside a worker, so it reaches the main process without another copy); images of
     different sizes come back as a list of tensors. Samples that ``__getitems__`` decoded straight
-    into one batch tensor (fused transforms, ``layout="HWC"``) come back as that tensor, uncopied.
+    into one batch tensor (fused transforms from ``packer.transforms``, the ``raw`` codec) come back
+    as that tensor, uncopied: channels-last memory, in ``CHW`` an ``(N, C, H, W)`` view of it.
     Labels become an int64 tensor.
 
     Dict samples (``PackedDataset(fields=...)``) give a dict batch with the same keys:
@@ -40,14 +41,41 @@ def collate(samples: Sequence[Any]) -> Any:
     """
     if samples and isinstance(samples[0], dict):
         return _collate_fields(samples)
-    labels = [sample[1] for sample in samples]
+    if isinstance(samples, _BatchSamples):  # decoded in place: nothing to stack, no per-sample object
+        labels = samples.label_tensor()
+        return _SharedPair((samples.batch, labels if labels is not None else _label_tensor(samples.labels)))
+    return _stack([sample[0] for sample in samples]), _label_tensor([sample[1] for sample in samples])
+
+
+def _label_tensor(labels: Sequence[Any]) -> Any:
     try:
-        label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+        return torch.as_tensor(labels, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError):  # a target_transform made something else
-        label_tensor = torch_data.default_collate(labels)
-    if isinstance(samples, _BatchSamples) and len(samples) == len(samples.batch):
-        return samples.batch, label_tensor  # decoded in place: nothing to stack
-    return _stack([sample[0] for sample in samples]), label_tensor
+        return torch_data.default_collate(labels)
+
+
+def collate_batch_samples(batch: Sequence[Any], *, collate_fn_map: dict[Any, Any] | None = None) -> list[Any]:
+    """torch's ``default_collate`` for packer's ``(image, label)`` samples: ``[images, labels]``.
+
+    Registered in ``torch.utils.data._utils.collate.default_collate_fn_map`` for packer's own
+    sample type, so ``DataLoader(PackedDataset(...), batch_size=...)`` without a ``collate_fn``
+    takes the batched path too: a batch ``__getitems__`` decoded in place comes back as its one
+    tensor (no per-sample object, no stack); anything else is collated as ``default_collate``
+    collates tuples (each position collated, a list returned).
+    """
+    if isinstance(batch, _BatchSamples):
+        return _SharedList(collate(batch))
+    return [torch_data.default_collate(list(samples)) if collate_fn_map is None else
+            _torch_collate(list(samples), collate_fn_map=collate_fn_map) for samples in zip(*batch)]
+
+
+try:  # torch >= 2.0: default_collate dispatches on the type of a batch's first sample
+    from torch.utils.data._utils.collate import collate as _torch_collate
+    from torch.utils.data._utils.collate import default_collate_fn_map as _default_collate_fn_map
+except ImportError:  # pragma: no cover - older torch: default_collate stacks the samples' views
+    pass
+else:
+    _default_collate_fn_map.setdefault(_Sample, collate_batch_samples)
 
 
 def _collate_fields(samples: Sequence[dict[str, Any]], pad: "PaddedCollate | None" = None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from .epochs import _FollowsEpoch, _seeded_crops
 from .fieldplan import DEFAULT_FIELDS
 from .mapstyle import PackedDataset
 from .pipeline import _Pipeline, _raw_fast_batch
-from .runtime import DecodeFn, PathOrDataset, _empty, _open, resolve_rank
+from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty, _labels_in, _open, _SharedPair, resolve_rank
 
 #: Blocks a worker remembers having asked the kernel to read ahead (a small, fixed set).
 _ADVISED_BLOCKS = 256
@@ -132,6 +132,7 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
                  geometry: Mapping[str, str | Sequence[str]] | None = None,
                  collate_fn: Callable[[Any], Any] | None = None) -> None:
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self._pool = BatchPool()  # shared-memory batches reused by forked workers (runtime.BatchPool)
         self._crops = _seeded_crops(self)
         self.dataset = _open(source, backend, verify_checksums)
         # Dict samples are PackedDataset's (one way to build them): it reads this same open dataset.
@@ -270,7 +271,7 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
             images, labels, label_list = self._load_batch(batch)
             if self.batched:
                 self.cursor.handed_out += 1
-                yield images, labels
+                yield _SharedPair(images, labels)  # crosses to the main process as one storage
             else:
                 for j in range(len(batch)):
                     self.cursor.handed_out += 1
@@ -314,9 +315,11 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
         """
         dataset = self.dataset
         pipeline = self._pipeline
-        images = _raw_fast_batch(dataset, pipeline, as_sample_indices(indices))
+        images = _raw_fast_batch(dataset, pipeline, as_sample_indices(indices), pool=self._pool)
         if images is not None:  # raw pixels: one gather (+ one batched crop), as PackedDataset
             labels = [pipeline.label(dataset, i) for i in indices.tolist()]
+            if pipeline.target_transform is None:  # one storage with the images: one hand-over
+                return images, _labels_in(pipeline.storage_of(images), labels), labels
             try:
                 label_tensor = torch.as_tensor(labels, dtype=torch.int64)
             except (TypeError, ValueError, RuntimeError):

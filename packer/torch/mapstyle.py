@@ -6,7 +6,7 @@ Nothing here holds per-sample Python objects. Datasets pickle as the manifest by
 options (a few KB whatever the sample count), the index is a shared read-only mapping, shards
 are opened lazily in each worker after fork, and samplers (main process) yield indices from
 numpy arrays in small chunks. A ``PackedDataset`` worker's own memory does not depend on the
-dataset size (``scripts/bench_memory.py``). A ``PackedIterableDataset`` worker computes the
+dataset size (``benchmarks/bench_memory.py``). A ``PackedIterableDataset`` worker computes the
 epoch order itself, keeps only its own batches (4 bytes per sample of its share: 2 MB for a
 million samples over two workers) and returns the order's temporaries to the OS.
 """
@@ -26,8 +26,9 @@ from ..errors import DecodeError
 from .collate import PaddedCollate, _collate_columns, collate
 from .fieldplan import DEFAULT_FIELDS, _check_fields, _FieldPlan
 from .imagefolder import _ImageFolderRefusals
-from .pipeline import _BatchSamples, _Pipeline, _raw_fast_batch, _raw_fast_shape, _refuse_decode_transform
-from .runtime import DecodeFn, PathOrDataset, _empty, _open
+from .pipeline import (_BatchSamples, _label_column, _Pipeline, _raw_fast_batch, _raw_fast_shape,
+                       _refuse_decode_transform)
+from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty_batch, _open
 
 
 class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
@@ -48,7 +49,9 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         source: the dataset folder, or an open ``packer.dataset.Dataset``.
         decode: ``True`` (decode to pixels), ``False`` (stored bytes) or a callable
             ``decode(data, image_format) -> HWC array`` such as ``packer.transforms.RandomResizedCrop``.
-        layout: ``"CHW"`` (default) or ``"HWC"``.
+        layout: ``"CHW"`` (default) or ``"HWC"``. Batched paths (a fused transform, the raw
+            codec) decode into one channels-last batch either way; ``"CHW"`` is an ``(N, C, H, W)``
+            view of it (``torch.channels_last`` strides), so the layout costs nothing.
         transform: applied to the image tensor (torchvision tensor transforms work).
         target_transform: applied to the int label.
         backend: ``"mmap"``, ``"pread"`` or ``"direct"`` (see ``packer.open_dataset``).
@@ -99,6 +102,7 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
                  geometry: Mapping[str, str | Sequence[str]] | None = None) -> None:
         _refuse_decode_transform(transform)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
+        self._pool = BatchPool()  # shared-memory batches reused by forked workers (runtime.BatchPool)
         self.dataset = _open(source, backend, verify_checksums)
         self._fields = _check_fields(fields, self.dataset)
         self._plan: _FieldPlan | None = None
@@ -208,9 +212,11 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         values, columns = plan.read(dataset, idx, images, labels, geometries, min_visibility)
         return values, columns, batch
 
-    def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None) -> list[tuple[Any, Any]]:
+    def _pairs(self, indices: Sequence[int], geometries: list[Any] | None = None, *,
+               out: torch.Tensor | None = None) -> list[tuple[Any, Any]]:
         """``(image, label)`` of each index; with ``geometries`` (a list), each sample's crop is
-        appended to it, in order (fused transforms only)."""
+        appended to it, in order (fused transforms only). ``out``: a ``fast_batch_buffer`` for
+        the batched paths (ignored when it does not fit)."""
         idx = as_sample_indices(indices).reshape(-1)
         pipeline = self._pipeline
         dataset = self.dataset
@@ -220,11 +226,11 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         idx = idx % n if n else idx
         images = self._raw_batch(idx, geometries)
         if images is not None:
-            return _BatchSamples(images, [pipeline.label(dataset, i) for i in idx.tolist()])
+            return _BatchSamples(images, _label_column(dataset, pipeline, idx, images))
         if pipeline.decode is not False and dataset.backend_name == "mmap" and not dataset.verify_checksums:
             shape = pipeline.batch_shape(len(idx))
             if shape is not None:
-                return self._decode_into_batch(idx, shape, geometries)
+                return self._decode_into_batch(idx, shape, geometries, out=out)
             # Decoding from zero-copy views of the mapping: no batch buffer, no memcpy of the
             # payloads (the decoder reads the page cache directly); the pixels are fresh arrays.
             samples = []
@@ -249,13 +255,19 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         return samples
 
     def _decode_into_batch(self, idx: np.ndarray, shape: tuple[int, ...],
-                           geometries: list[Any] | None = None) -> "_BatchSamples":
-        """Decode each sample straight into its slot of one batch tensor (in shared memory
-        inside a worker): no per-sample array and no copy when ``collate`` stacks them."""
+                           geometries: list[Any] | None = None, *,
+                           out: torch.Tensor | None = None) -> "_BatchSamples":
+        """Decode each sample straight into its slot of one channels-last batch tensor (in shared
+        memory inside a worker): no per-sample array and no copy when ``collate`` stacks them; a
+        ``CHW`` batch is a view of it (``_Pipeline.batch_view``)."""
         dataset, pipeline = self.dataset, self._pipeline
-        batch = _empty(shape, torch.uint8)
+        storage = pipeline.storage_of(out) if out is not None and out.dim() == 4 else None
+        if (storage is not None and tuple(storage.shape) == shape and storage.dtype == torch.uint8
+                and storage.is_contiguous()):
+            batch = storage
+        else:
+            batch = _empty_batch(shape, self._pool)
         out = batch.numpy()
-        labels = []
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
             try:
@@ -267,8 +279,8 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
-            labels.append(pipeline.label(dataset, i))
-        return _BatchSamples(batch, labels)
+        images = pipeline.batch_view(batch)
+        return _BatchSamples(images, _label_column(dataset, pipeline, idx, images))
 
     def load_batch(self, indices: Sequence[int], collate_fn: Callable[[Any], Any] | None = None, *,
                    out: torch.Tensor | None = None) -> Any:
@@ -282,8 +294,9 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
             indices: the batch's sample indices.
             collate_fn: collates dict samples (``fields=``); default ``collate``
                 (``PaddedCollate()`` pads variable fields).
-            out: on the batched raw path, a tensor of ``fast_batch_shape(len(indices))`` to
-                write the images into (ignored elsewhere, or when its shape or dtype differ).
+            out: on the batched raw path, a tensor from ``fast_batch_buffer(len(indices))`` to
+                write the images into (ignored elsewhere, or when its shape, dtype or memory
+                format differ).
 
         Returns:
             ``(images, labels)`` as ``collate`` returns them, or a dict batch with ``fields=``.
@@ -302,24 +315,43 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
                                     collate_fn if type(collate_fn) is PaddedCollate else None)
         images = self._raw_batch(idx, out=out)
         if images is None:
-            return collate(self.__getitems__(idx))
-        if self._pipeline.target_transform is None:
-            return images, torch.from_numpy(self.dataset.labels[idx].astype(np.int64))
-        return collate(_BatchSamples(images, [self._pipeline.label(self.dataset, i) for i in idx.tolist()]))
+            return collate(self._pairs(idx, out=out))  # the default fields here: what __getitems__ does
+        return collate(_BatchSamples(images, _label_column(self.dataset, self._pipeline, idx, images)))
 
     def fast_batch_shape(self, count: int) -> tuple[int, ...] | None:
-        """The shape of the uint8 images tensor ``load_batch`` makes for ``count`` samples on the
-        batched raw path (a ``raw`` dataset, ``decode=True`` or a fused transform in ``HWC``, no
-        ``transform``, the default fields), or None when it takes another path."""
+        """The shape of the uint8 images tensor ``load_batch`` makes in one piece for ``count``
+        samples (a ``raw`` dataset with ``decode=True`` or a fused transform; or a fused transform
+        decoding each sample into its slot, mmap backend; no ``transform``, the default fields), in
+        the layout (``(N, C, H, W)`` for ``CHW``), or None when it takes another path."""
+        buffer = self._fast_storage_shape(count)
+        if buffer is None:
+            return None
+        return tuple(self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8, device="meta")).shape)
+
+    def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
+        """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched paths
+        (``fast_batch_shape``), stored channels-last as they write it; None elsewhere.
+        ``ThreadedLoader`` allocates it in the iterating thread (see ``_batch_buffer`` there)."""
+        buffer = self._fast_storage_shape(count)
+        return None if buffer is None else self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8))
+
+    def _fast_storage_shape(self, count: int) -> tuple[int, ...] | None:
+        """The channels-last storage shape of a batch ``load_batch`` makes in one tensor: the raw
+        fast paths, or a fused transform decoding each sample into its slot; else None."""
         if self._plan is not None and self._fields != DEFAULT_FIELDS:
             return None
         fast = _raw_fast_shape(self.dataset, self._pipeline, count)
-        return None if fast is None else fast[0]
+        if fast is not None:
+            return fast[0]
+        pipeline, dataset = self._pipeline, self.dataset
+        if pipeline.decode is False or dataset.backend_name != "mmap" or dataset.verify_checksums:
+            return None
+        return pipeline.batch_shape(count)
 
     def _raw_batch(self, idx: np.ndarray, geometries: list[Any] | None = None, *,
                    out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The batch tensor of a raw dataset's fast paths (``_raw_fast_batch``), or None."""
-        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries, out=out)
+        return _raw_fast_batch(self.dataset, self._pipeline, idx, geometries, out=out, pool=self._pool)
 
     def close(self) -> None:
         self.dataset.close()

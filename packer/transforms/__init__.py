@@ -36,7 +36,7 @@ EXIF orientation and colour profiles are not applied (see ``packer.decode``).
 
 Why these choices: the measurements behind each (decoder flags, DCT scales, resize backend, flip)
 are in ``docs/design-notes.md``, "Fused decode"; rerun them with
-``scripts/bench_peers.py --choices``.
+``benchmarks/bench_peers.py --choices``.
 
 Region (partial) JPEG decoding. libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``
 still entropy-decode every block above and beside a crop, which is most of the work, and neither
@@ -47,7 +47,7 @@ JPEG and decode only that. The crop's pixels are exactly a full decode's (with t
 the result is identical; Pillow's resize weights shift by at most one level). Any restart
 interval makes libjpeg-turbo use its slower Huffman decoder (~10-20 % per pixel), but a random
 crop's window is about 46 % of a 500x375 image, so decoding costs ~0.55x of a full decode on
-average (``scripts/bench_peers.py``: 0.67 ms against 1.2-1.5 ms; the whole transform 1.04 ms
+average (``benchmarks/bench_peers.py``: 0.67 ms against 1.2-1.5 ms; the whole transform 1.04 ms
 against 1.6-2.0 ms). The window is cut by ``packer.codecs.tiles.cut_window`` (compiled when
 ``packer.codecs._jpegtiles`` is installed: 20 us instead of ~150 us in Python). ``CenterCrop`` decodes the whole image either way (its box is most of the image, and
 its exact resize-then-crop rule needs the whole image's size).

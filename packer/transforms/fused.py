@@ -229,6 +229,24 @@ class DecodeTransform:
         boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
         return self._geometries(boxes, flips, width, height)
 
+    def batch_boxes(self, width: int, height: int, indices: Any, *,
+                    rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(N, 4)`` boxes (left, top, right, bottom) and ``(N,)`` flips ``batch`` resamples for
+        a batch of ``width x height`` images (seeded draws of each index, or ``rng``'s);
+        ``packer.rawcrop.crop_resize_raw`` takes them with ``size`` and ``clip_to_box``."""
+        index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return self._batch_boxes(int(width), int(height), index_array, rng or self._process_rng())
+
+    @property
+    def clip_to_box(self) -> bool:
+        """Whether the resample reads only each box (a crop then a resize) rather than the whole
+        image (a resize then a crop, ``CenterCrop``): ``rawcrop.crop_resize_batch``'s option."""
+        return not self._resize_then_crop
+
+    def geometries_of(self, boxes: np.ndarray, flips: np.ndarray, width: int, height: int) -> list[CropGeometry]:
+        """The ``CropGeometry`` of each of ``batch_boxes``' boxes and flips."""
+        return self._geometries(boxes, flips, width, height)
+
     def _geometries(self, boxes: np.ndarray, flips: np.ndarray, width: int, height: int) -> list[CropGeometry]:
         size = self.size
         return [CropGeometry(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), flip=bool(f), size=size,

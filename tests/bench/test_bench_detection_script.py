@@ -1,4 +1,4 @@
-"""scripts/bench_detection.py runs end to end on a tiny set, and its baseline moves boxes like packer does."""
+"""benchmarks/bench_detection.py runs end to end on a tiny set, and its baseline moves boxes like packer does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_detection  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def test_bench_detection_runs_and_reports_ratios(tmp_path: Path, capsys: pytest.
     printed = capsys.readouterr().out
     assert "CocoDetection-like" in printed and "packer fields" in printed and "read_batch + image_id" in printed
     document = json.loads(result.read_text())
-    assert [r["images"] for r in document["training"]] == [8, 8]
+    assert [r["items"] for r in document["training"]] == [8, 8]
     # the same objects reach both loaders: the packed boxes are the JSON's, in XYXY
     instances = json.loads((out / "src" / "instances.json").read_text())
     from packer.dataset import open_dataset

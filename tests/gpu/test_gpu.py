@@ -328,14 +328,17 @@ def test_jpeg_batches_transform(jpeg_dataset: Path) -> None:
             assert images.shape == (4, 3, 8, 8) and labels.shape == (4,)
 
 
-def test_jpeg_batches_on_cuda_need_torchvision(jpeg_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jpeg_batches_on_cuda_need_a_gpu_jpeg_decoder(jpeg_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
     if not _has_gpu():
         _FakeCuda(1).install(monkeypatch)
-    monkeypatch.setitem(sys.modules, "torchvision.io", None)  # import fails as if not installed
-    with pytest.raises(MissingDependencyError, match="torchvision.*DALI"):
+    for name in ("torchvision.io", "torchcodec", "torchcodec.decoders", "nvidia.nvimgcodec"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    with pytest.raises(MissingDependencyError, match="TorchCodec.*nvImageCodec.*torchvision.*DALI"):
         gpu.GpuJpegBatches(jpeg_dataset, 4, device="cuda")
+    with pytest.raises(MissingDependencyError, match="torchvision"):
+        gpu.GpuJpegBatches(jpeg_dataset, 4, device="cuda", gpu_decoder="torchvision")
 
 
 # --- the kvikio backend ----------------------------------------------------------------------

@@ -207,6 +207,52 @@ def test_compiled_gather_copies_rows_and_checks_every_position() -> None:
         _rawresample.gather(source, out, np.array([0], dtype=np.int64), None, 7)
 
 
+@needs_kernel
+def test_compiled_crop_resize_reads_samples_in_place_at_offsets_and_checks_them() -> None:
+    from packer import _rawresample
+
+    images = _noise(3, 8, 6, seed=2)
+    mapping = np.zeros(4096 * 3, dtype=np.uint8)  # samples at a 4 KiB stride, like a raw shard
+    for k in range(3):
+        mapping[4096 * k:4096 * k + images[k].size] = images[k].reshape(-1)
+    boxes = np.array([[0, 0, 6, 8], [1, 2, 5, 7], [0.5, 1.0, 6.0, 8.0]], dtype=np.float64)
+    flips = np.array([0, 1, 0], dtype=np.uint8)
+    expected = np.zeros((3, 4, 4, 3), dtype=np.uint8)
+    _rawresample.crop_resize(images, expected, boxes, flips, True, 3, 8, 6, 3, 4, 4)
+    got = np.zeros_like(expected)
+    offsets = np.array([8192, 0, 4096], dtype=np.int64)
+    _rawresample.crop_resize(mapping, got, boxes[[2, 0, 1]], flips[[2, 0, 1]], True, 3, 8, 6, 3, 4, 4, offsets,
+                             np.array([2, 0, 1], dtype=np.int64))
+    np.testing.assert_array_equal(got, expected)
+    for offsets, rows in (([4096 * 3 - 100], None), ([-1], None), ([0], [3]), ([0], [-1])):
+        with pytest.raises(ValueError, match="outside its buffer"):
+            _rawresample.crop_resize(mapping, np.zeros((3, 4, 4, 3), np.uint8)[:1 if rows is None else 3], boxes[:1],
+                                     flips[:1], True, 1, 8, 6, 3, 4, 4, np.array(offsets, dtype=np.int64),
+                                     None if rows is None else np.array(rows, dtype=np.int64))
+    with pytest.raises(ValueError, match="does not match"):
+        _rawresample.crop_resize(mapping, got, boxes, flips, True, 3, 8, 6, 3, 4, 4, np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_crop_resize_raw_equals_the_gather_then_the_batched_resample(raw_dataset: Path, backend: str) -> None:
+    """In place from the shard mappings (one kernel call per shard, rows scattered back) or, on
+    other backends, gathered first: the same bytes as read_raw_batch + crop_resize_batch."""
+    from packer.dataset import open_dataset
+    from packer.rawcrop import crop_resize_raw
+
+    with open_dataset(raw_dataset, backend=backend) as dataset:
+        shape = raw_shape_of(dataset)
+        assert len(dataset.manifest.shards) > 2  # a batch's rows interleave between shards
+        indices = np.array([5, 38, 0, 5, 12, 30, 1, 22], dtype=np.int64)
+        boxes, flips = random_resized_crop_boxes(sample_uniforms(3, 0, indices, RRC_DRAWS), shape[1], shape[0])
+        expected = crop_resize_batch(read_raw_batch(dataset, indices, shape), boxes, (12, 10), flips=flips)
+        got = crop_resize_raw(dataset, indices, shape, boxes, flips, (12, 10))
+        assert torch.equal(got, expected)
+        out = torch.zeros((8, 3, 12, 10), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+        crop_resize_raw(dataset, indices, shape, boxes, flips, (12, 10), out=out.permute(0, 2, 3, 1))
+        assert torch.equal(out.permute(0, 2, 3, 1), expected)  # the channels-last storage of a CHW batch
+
+
 def test_raw_gather_without_the_compiled_kernel_gives_the_same_batch(raw_dataset: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from packer import rawcrop
@@ -367,7 +413,9 @@ def test_raw_batches_without_a_transform_are_one_gather_equal_to_the_items(raw_d
     dataset = PackedDataset(raw_dataset, layout=layout, backend=backend)
     indices = [5, 38, 0, 5, 12]
     images, labels = collate(dataset.__getitems__(indices))
-    assert images.is_contiguous() and images.shape == ((5, 36, 40, 3) if layout == "HWC" else (5, 3, 36, 40))
+    # one gather into (N, H, W, C) memory; CHW is a view of it (channels-last strides)
+    assert images.permute(0, 2, 3, 1).is_contiguous() if layout == "CHW" else images.is_contiguous()
+    assert images.shape == ((5, 36, 40, 3) if layout == "HWC" else (5, 3, 36, 40))
     assert torch.equal(images, torch.stack([dataset[i][0] for i in indices]))
     assert labels.tolist() == [int(dataset.labels[i]) for i in indices]
 

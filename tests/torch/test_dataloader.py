@@ -90,26 +90,92 @@ def test_map_style_decoded_batches_with_labels(packed: Path) -> None:
 
 
 def test_fused_transforms_decode_straight_into_the_shared_batch(packed: Path) -> None:
-    """With a packer.transforms decode and layout HWC, workers decode into one shared batch
-    tensor that collate hands over as is; the pixels equal the per-sample path's."""
+    """With a packer.transforms decode, workers decode into one channels-last shared batch tensor
+    that collate hands over as is (HWC itself, CHW a view of it); the pixels equal the per-sample path's."""
     from packer.transforms import CenterCrop
 
     fused = PackedDataset(packed, decode=CenterCrop(12, resize=14), layout="HWC")
     samples = fused.__getitems__([5, 0, 5, 7])
     images, labels = collate(samples)
-    assert images is samples.batch and images.shape == (4, 12, 12, 3)
+    assert images is samples.batch and images.shape == (4, 12, 12, 3) and images.is_contiguous()
     assert labels.tolist() == [int(fused.dataset.index.label[i]) for i in (5, 0, 5, 7)]
     for k, i in enumerate((5, 0, 5, 7)):
         assert torch.equal(images[k], fused[i][0])
-    assert torch.equal(torch.utils.data.default_collate(samples)[0], images)  # still a list
-    # CHW or a tensor transform keep the per-sample path
-    assert not hasattr(PackedDataset(packed, decode=CenterCrop(12, resize=14)).__getitems__([0]), "batch")
+    assert [int(label) for _, label in samples] == labels.tolist()  # still a sequence of samples
+    assert torch.utils.data.default_collate(samples)[0] is images  # torch's own collate: the same tensor
+    # CHW: the same memory, seen as (N, C, H, W) with channels-last strides (FFCV's ToTorchImage)
+    chw = PackedDataset(packed, decode=CenterCrop(12, resize=14))
+    chw_samples = chw.__getitems__([5, 0, 5, 7])
+    chw_images, chw_labels = collate(chw_samples)
+    assert chw_images.shape == (4, 3, 12, 12) and not chw_images.is_contiguous()
+    assert chw_images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(chw_images, images.permute(0, 3, 1, 2)) and torch.equal(chw_labels, labels)
+    assert torch.equal(chw_images[1], chw[0][0])  # the per-sample path's (contiguous) CHW image
+    default_images, default_labels = torch.utils.data.default_collate(chw_samples)
+    assert default_images is chw_images and torch.equal(default_labels, labels)
+    buffer = chw.fast_batch_buffer(4)  # ThreadedLoader's buffer, made in the iterating thread
+    into, _ = chw.load_batch([5, 0, 5, 7], out=buffer)
+    assert into.data_ptr() == buffer.data_ptr() and torch.equal(into, chw_images)
+    assert PackedDataset(packed, decode=CenterCrop(12, resize=14), backend="pread").fast_batch_buffer(4) is None
+    # a tensor transform keeps the per-sample path
+    assert not hasattr(PackedDataset(packed, decode=CenterCrop(12, resize=14),
+                                     transform=lambda t: t).__getitems__([0]), "batch")
     loader = _loader(fused, batch_sampler=PackedBatchSampler(fused, batch_size=8, order="sequential"),
                      collate_fn=collate)
     batches = list(loader)
     assert [b.shape for b, _ in batches] == [(8, 12, 12, 3)] * 3 + [(6, 12, 12, 3)]
     assert torch.equal(torch.cat([b for b, _ in batches]),
                        torch.stack([fused[i][0] for i in range(len(fused))]))
+
+
+def test_plain_batch_size_wiring_takes_the_batched_path_across_workers(packed: Path) -> None:
+    """DataLoader(dataset, batch_size=...) with torch's default collate and worker processes: the
+    batch arrives as one channels-last NCHW tensor, the same pixels as the per-sample path."""
+    from packer.transforms import CenterCrop
+
+    dataset = PackedDataset(packed, decode=CenterCrop(12, resize=14))
+    batches = list(torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2))
+    assert [type(b) for b in batches] == [list] * 4  # what default_collate returns for tuples
+    images = torch.cat([b[0] for b in batches])
+    assert all(b[0].is_contiguous(memory_format=torch.channels_last) for b in batches)
+    assert torch.equal(images, torch.stack([dataset[i][0] for i in range(len(dataset))]))
+    assert torch.cat([b[1] for b in batches]).tolist() == dataset.labels.tolist()
+
+
+def _shm_inode(images: torch.Tensor) -> int:
+    """The shared-memory object behind a batch received from a worker (its inode)."""
+    import os
+
+    fd, _ = images.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def test_workers_reuse_batch_memory_only_after_the_main_process_lets_go(packed: Path) -> None:
+    """Forked workers write a batch into a pooled shared-memory storage again only once every tensor
+    of the batch that used it is gone here: held batches keep their pixels, dropped ones are reused."""
+    import pickle
+
+    from packer.torch.runtime import BatchPool
+    from packer.transforms import CenterCrop
+
+    dataset = PackedDataset(packed, decode=CenterCrop(12, resize=14))
+    expected = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    order = [list(range(k, k + 2)) for k in range(0, len(dataset) - 1, 2)] * 3  # 45 batches of 2
+    held = []
+    for images, labels in DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate):
+        held.append((images, labels))
+    assert len({_shm_inode(images) for images, _ in held}) == len(order)  # all held: none reused
+    for batch, (images, labels) in zip(order, held):  # and none overwritten
+        assert torch.equal(images, expected[batch]) and labels.tolist() == dataset.labels[batch].tolist()
+    del held, images, labels  # the first loader's slots go back with the next batch received
+    inodes, seen = set(), 0
+    for images, labels in DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate):
+        assert torch.equal(images, expected[order[seen]]) and labels.tolist() == dataset.labels[order[seen]].tolist()
+        inodes.add(_shm_inode(images))
+        seen += 1
+        del images, labels  # let go: its storage goes back to the worker
+    assert seen == len(order) and len(inodes) <= BatchPool.SLOTS + 2  # reused, not one per batch
+    assert pickle.loads(pickle.dumps(dataset._pool)).flags is None  # spawned workers: no sharing, no pool
 
 
 def test_map_style_with_torch_distributed_sampler(packed: Path) -> None:

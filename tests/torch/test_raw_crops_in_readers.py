@@ -182,7 +182,9 @@ def test_iterable_raw_pixels_without_a_crop_are_one_gather(raw: Path, layout: st
     _no_per_sample(monkeypatch)
     for k, (images, labels) in enumerate(dataset):
         want_images, want_labels = collate(reference.__getitems__(plan.batch(k)))
-        assert images.is_contiguous() and torch.equal(images, want_images) and torch.equal(labels, want_labels)
+        memory = torch.contiguous_format if layout == "HWC" else torch.channels_last  # CHW: a view of NHWC memory
+        assert images.is_contiguous(memory_format=memory)
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")
@@ -264,8 +266,9 @@ def test_load_batch_writes_into_a_given_tensor_of_the_fast_path_shape(raw: Path)
     assert crop.fast_batch_shape(5) == (5, 12, 12, 3)
     assert PackedDataset(raw, layout="HWC").fast_batch_shape(5) == (5, 20, 24, 3)
     assert PackedDataset(raw, layout="CHW").fast_batch_shape(5) == (5, 3, 20, 24)
-    assert PackedDataset(raw, decode=_rrc(), layout="CHW").fast_batch_shape(5) is None  # the per-sample path
+    assert PackedDataset(raw, decode=_rrc(), layout="CHW").fast_batch_shape(5) == (5, 3, 12, 12)  # batched too
     assert PackedDataset(raw, decode=False).fast_batch_shape(5) is None
+    assert PackedDataset(raw, decode=_rrc(), transform=lambda t: t).fast_batch_shape(5) is None  # per sample
     indices = [4, 0, 29, 4, 11]
     expected, labels = crop.load_batch(indices)
     out = torch.zeros((5, 12, 12, 3), dtype=torch.uint8)
@@ -274,6 +277,15 @@ def test_load_batch_writes_into_a_given_tensor_of_the_fast_path_shape(raw: Path)
     wrong = torch.zeros((5, 12, 13, 3), dtype=torch.uint8)
     images, _ = crop.load_batch(indices, out=wrong)
     assert images is not wrong and torch.equal(images, expected) and not wrong.any()
+    # CHW: the buffer is the channels-last view fast_batch_buffer makes; a contiguous NCHW one is not it
+    chw = PackedDataset(raw, decode=_rrc(), layout="CHW")
+    buffer = chw.fast_batch_buffer(5)
+    assert buffer.shape == (5, 3, 12, 12) and buffer.is_contiguous(memory_format=torch.channels_last)
+    images, _ = chw.load_batch(indices, out=buffer)
+    assert images.data_ptr() == buffer.data_ptr() and torch.equal(images, expected.permute(0, 3, 1, 2))
+    contiguous = torch.zeros((5, 3, 12, 12), dtype=torch.uint8)
+    images, _ = chw.load_batch(indices, out=contiguous)
+    assert images.data_ptr() != contiguous.data_ptr() and torch.equal(images, expected.permute(0, 3, 1, 2))
 
 
 def test_threaded_loader_batches_are_fresh_tensors_of_the_fast_path(raw: Path) -> None:
@@ -342,3 +354,27 @@ def test_the_iterables_epoch_moves_its_seeded_crops(raw: Path) -> None:
     assert iterable._pipeline.decode.epoch == 4
     images = torch.cat([images for images, _ in DataLoader(iterable, batch_size=None)])
     _assert_agree(images, _expected_crops(raw, _rrc, 4))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create.*:UserWarning")
+@pytest.mark.parametrize("reader", ["map", "map, batch_size=", "iterable"])
+def test_worker_batches_arrive_as_one_storage_of_images_and_labels(raw: Path, reader: str) -> None:
+    """Images and labels of a raw batch share one shared-memory storage (one file descriptor per
+    batch); the main process gets plain tuples/lists holding the same values as in-process."""
+    if reader == "iterable":
+        dataset = PackedIterableDataset(raw, batch_size=6, order="sequential", decode=_rrc())
+        loader = DataLoader(dataset, batch_size=None, num_workers=1)
+        expected = list(PackedIterableDataset(raw, batch_size=6, order="sequential", decode=_rrc()))
+    else:
+        dataset = PackedDataset(raw, decode=_rrc())
+        order = [list(range(k, min(k + 6, N))) for k in range(0, N, 6)]
+        loader = (DataLoader(dataset, batch_sampler=order, num_workers=1, collate_fn=collate) if reader == "map"
+                  else DataLoader(dataset, batch_size=6, num_workers=1))
+        expected = [collate(dataset.__getitems__(batch)) for batch in order]
+    batches = list(loader)
+    assert len(batches) == len(expected) == 5
+    for (images, labels), (want_images, want_labels) in zip(batches, expected):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+        assert images.shape == (6, 3, 12, 12) and images.is_contiguous(memory_format=torch.channels_last)
+        assert images.untyped_storage().data_ptr() == labels.untyped_storage().data_ptr()
+    assert type(batches[0]) is (list if reader == "map, batch_size=" else tuple)

@@ -21,7 +21,7 @@ from packer.writer.plan import BuildOptions, make_plan
 
 from helpers import dataset_files, write_images
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 OPTIONS = BuildOptions(shard_size=12 << 10, seed=5)
 

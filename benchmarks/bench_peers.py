@@ -1,53 +1,43 @@
-"""Benchmarks packer against its peers in one run: torchvision ImageFolder + PIL and webdataset.
+"""packer against the loaders users would otherwise pick, in one run: FFCV, torchvision's ImageFolder, webdataset.
 
-Usage (torchvision does not import beside the CPU torch of ``.venv``, so the comparison runs in
-its own virtualenv)::
+Usage (torchvision does not import beside the CPU torch of ``.venv``, and FFCV builds from
+source, so the comparison runs in a virtualenv of its own, ``.venv-bench``, git-ignored; see
+``docs/performance.md`` for how to make it)::
 
-    python3 -m venv .venv-bench
-    .venv-bench/bin/pip install torch==2.14.1 torchvision==0.29.1
-    .venv-bench/bin/pip install -e . webdataset
-    .venv-bench/bin/python scripts/bench_peers.py [--images 3000] [--workers 2] [--batch-size 64]
+    .venv-bench/bin/python benchmarks/bench_peers.py [--images 3000] [--small 20000] [--workers 2]
+        [--batch-size 64] [--small-batch-size 512] [--rounds 3] [--only jpeg,small]
         [--out bench-out/peers] [--open-samples 1000000] [--choices] [--detection IMAGES] [--json FILE]
 
-Without torchvision the ImageFolder baseline is a faithful emulation (``ImageFolderLike``:
+Each peer is detected: without FFCV, webdataset or torchvision their rows are skipped with a
+message (without torchvision, ImageFolder is a faithful emulation, ``ImageFolderLike``:
 ``os.scandir`` listing into a list of ``(path, label)``, ``PIL.Image.open(...).convert("RGB")``,
 torchvision's RandomResizedCrop rule on torch's RNG, PIL crop + bilinear resize, flip,
-``PILToTensor``, default collate) and the table says so; without webdataset its rows are
-skipped.
+``PILToTensor``, default collate, and the table says so).
 
 What one run does:
 
-1. Writes ``--images`` JPEGs of about 110 KB (500x375, ImageNet-like) with
-   ``make_sample.make_big_folder``, packs them with ``packer build`` three times (as they are;
-   ``--codec tiled``, the same pixels; and re-encoded with shorter side 256, *different* bytes),
-   and writes the same files as webdataset tar shards (shuffled, as webdataset recommends).
-   Everything is read once first, so every measurement below runs from the page cache.
-2. **Training-style**: the same DataLoader settings (``--workers``, ``--batch-size``, random
-   order) and the same augmentation for everyone (random-resized-crop 224 + horizontal flip,
-   uint8 output): torchvision ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``
-   + ``PILToTensor``; webdataset (``decode("pil")`` + the same torchvision transforms, shuffle
-   buffer 1000); packer ``PackedDataset(decode=RandomResizedCrop(224), layout="HWC")`` with
-   ``PackedBatchSampler`` (random; mmap and pread backends; the tiled and re-encoded datasets),
-   and ``PackedIterableDataset`` (block shuffle). The loaders run in ``--rounds`` interleaved rounds (so background load hits
-   all of them alike); the table shows the best round's images/s, images per CPU-second over
-   all rounds (workers + main process, from ``/proc``: the per-core efficiency, which barely
-   moves when other processes share the cores), and each worker's PSS, with and without the
-   pages of memory-mapped shard files (page cache a read()-based loader does not count).
-3. **Raw (bytes, label) iteration**, one process, random order: ImageFolder with a
-   bytes loader, webdataset without decoding, packer ``read(i)`` per sample, and packer's
-   batched path ``read_batch`` (256 at a time).
-4. **Open time and batched reads at 1,000,000 samples**: a synthetic dataset of 1M tiny JPEGs
-   (written straight in the format by ``bench_memory.make_synthetic_dataset``): median
-   ``open_dataset`` time and ``read_batch`` samples/s (random and sequential).
-5. **Where the time goes**: a per-stage breakdown of packer's fused decode (read, header,
-   tile window, decode, crop + resize, flip, batch copy; pass-through and tiled) and of the
-   ImageFolder path (file read, PIL decode,
-   crop + resize, flip, to tensor, collate), in ms per image, one process.
-6. With ``--choices``: the measurements behind ``packer/transforms.py``'s choices (decoder
-   options and DCT scales, resize implementations, flip, and what region decoding could save).
+1. **ImageNet-like JPEGs** (``--images``, about 110 KB, 500x375, ``make_sample.make_big_folder``),
+   packed with ``packer build`` (as they are; ``--codec tiled``, the same pixels re-tiled; and
+   re-encoded with shorter side 256, *different* bytes), written as webdataset tar shards and as
+   an FFCV ``.beton`` (``RGBImageField(write_mode="jpg", jpeg_quality=90)``: FFCV re-encodes).
+   Training-style, the same work for everyone: RandomResizedCrop(224) + horizontal flip to uint8
+   NCHW batches of ``--batch-size``, random order, ``--workers`` worker processes (FFCV and
+   ``ThreadedLoader``: that many threads). packer runs the ordinary wiring,
+   ``DataLoader(PackedDataset(path, decode=RandomResizedCrop(224)), batch_sampler=PackedBatchSampler(...),
+   collate_fn=collate)``, and ``ThreadedLoader``.
+2. **Small images** (``--small``, 32x32 PNGs in 10 classes, CIFAR-like): ImageFolder, packer's raw
+   codec (the default DataLoader wiring, the plain ``batch_size=`` wiring, the iterable dataset,
+   ``ThreadedLoader``) and FFCV ``write_mode="raw"``, RandomResizedCrop(32) + flip, batches of
+   ``--small-batch-size``.
+3. **Raw (bytes, label) iteration**, one process, random order; **open time and batched reads at
+   1,000,000 samples**; **where the time goes** (per-stage ms per image, one process); and with
+   ``--choices`` the measurements behind ``packer/transforms``' choices.
 
-Timings on a shared machine are noisy: read the ratios, which compare loaders measured in the
-same run. Targets (from the issue) are printed with PASS/FAIL.
+Loaders run in ``--rounds`` interleaved rounds (``harness.interleave``: the order rotates each
+round, so background load hits them all alike). Tables give the median round's images/s, CPU
+ms per image over all rounds (workers + main process: the steadier figure when other processes
+share the cores), and both as ratios to the first row, measured in the same run. Everything is
+read once first, so every measurement runs from the page cache.
 """
 
 from __future__ import annotations
@@ -66,18 +56,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import harness
+import make_sample
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_sample  # noqa: E402  (scripts/ is not a package)
-
-from packer.bench import child_pids, process_cpu_seconds  # noqa: E402
-
 TARGETS = {
-    "train_vs_imagefolder": 2.5,
     "raw_vs_imagefolder": 20.0,
     "batched_samples_per_s": 1_000_000,
     "open_ms": 100.0,
+    "tiled_cpu_vs_ffcv": 0.5,        # CPU per image, tiled through the default DataLoader wiring / FFCV's
+    "threaded_raw_vs_ffcv": 1.0,     # images/s, ThreadedLoader on raw 32x32 / FFCV raw
+    "default_vs_threaded_raw": 0.8,  # images/s, default DataLoader wiring on raw 32x32 / ThreadedLoader
 }
 
 
@@ -139,17 +128,6 @@ def ensure_wds(files: list[Path], src: Path, out: Path, shards: int) -> list[Pat
         paths.append(path)
     done.write_text(json.dumps({"count": len(files), "shards": shards}))
     return paths
-
-
-def warm(paths: list[Path]) -> int:
-    total = 0
-    for path in paths:
-        if not path.is_file():
-            continue
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                total += len(chunk)
-    return total
 
 
 # --- the ImageFolder baseline -------------------------------------------------------------------
@@ -270,7 +248,7 @@ def loader_packer_map(packed: Path, workers: int, batch: int, backend: str = "mm
 
     from packer.torch import PackedBatchSampler, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
-    dataset = PackedDataset(packed, decode=RandomResizedCrop(224), layout="HWC", backend=backend)
+    dataset = PackedDataset(packed, decode=RandomResizedCrop(224), backend=backend)
     sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
                       persistent_workers=workers > 0)
@@ -282,10 +260,9 @@ def loader_packer_iterable(packed: Path, workers: int, batch: int) -> Any:
     from packer.torch import PackedIterableDataset
     from packer.transforms import RandomResizedCrop
     dataset = PackedIterableDataset(packed, batch_size=batch, order="block", seed=0,
-                                    decode=RandomResizedCrop(224), layout="HWC")
+                                    decode=RandomResizedCrop(224))
     return DataLoader(dataset, batch_size=None, num_workers=workers,
                       persistent_workers=workers > 0)
-
 
 def worker_pss(pid: int, exclude: str) -> tuple[int, int] | None:
     """``(PSS, PSS outside mappings of files under exclude)`` of a process, in bytes.
@@ -314,11 +291,13 @@ def worker_pss(pid: int, exclude: str) -> tuple[int, int] | None:
     return total, outside
 
 
+
+
 def forever(loader: Any) -> Iterator[Any]:
+    """Batches of ``loader``, epoch after epoch (``set_epoch`` where the loader has one)."""
     epoch = 0
     while True:
-        for name in ("batch_sampler", "dataset"):
-            target = getattr(loader, name, None)
+        for target in (loader, getattr(loader, "batch_sampler", None), getattr(loader, "dataset", None)):
             if hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
         yield from loader
@@ -326,86 +305,206 @@ def forever(loader: Any) -> Iterator[Any]:
 
 
 def batch_length(batch: Any) -> int:
-    """Samples in a batch: ``(images, labels)`` tuples, or dict batches (``fields=``)."""
+    """Samples in a batch: ``(images, labels)`` tuples, FFCV's ``[images, labels]``, or dict batches."""
     if isinstance(batch, dict):
         first = batch["image"] if "image" in batch else next(iter(batch.values()))
         return len(first)
     return len(batch[1])
 
 
-def measure_loader(loader: Any, *, warmup: int, images: int, exclude: str) -> dict[str, Any]:
-    """One timed stretch of ``images`` samples after ``warmup`` batches: time, CPU, PSS."""
+def loader_stretch(make: Callable[[], Any], *, warmup: int, images: int, exclude: str = "") -> harness.Stretch:
+    """Make a loader, discard ``warmup`` batches, then time ``images`` samples (``harness.measure``:
+    wall, CPU of this process and its workers); the workers' PSS goes into ``extra``."""
+    loader = make()
     iterator = forever(loader)
     for _ in range(warmup):
         next(iterator)
-    pids = child_pids()
-    cpu0 = {pid: process_cpu_seconds(pid) for pid in pids}
-    main0 = time.process_time()
-    start = time.perf_counter()
-    seen = 0
-    while seen < images:
-        seen += batch_length(next(iterator))
-    seconds = time.perf_counter() - start
-    main_cpu = time.process_time() - main0
-    worker_cpu = [(process_cpu_seconds(pid) or 0) - (cpu0[pid] or 0) for pid in pids]
-    pss = [p for p in (worker_pss(pid, exclude) for pid in pids) if p is not None]
+
+    def body() -> dict[str, Any]:
+        seen = 0
+        while seen < images:
+            seen += batch_length(next(iterator))
+        pss = [p for p in (worker_pss(pid, exclude) for pid in harness.child_pids()) if p is not None]
+        return {"items": seen, "worker_pss_mb": [round(p[0] / 2**20, 1) for p in pss],
+                "worker_pss_excl_shards_mb": [round(p[1] / 2**20, 1) for p in pss]}
+
+    stretch = harness.measure(body)
     iterator.close()
     inner = getattr(loader, "_iterator", None)
     if inner is not None and hasattr(inner, "_shutdown_workers"):
         inner._shutdown_workers()
+    if hasattr(loader, "close") and not hasattr(loader, "_iterator"):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - a peer's close is not what is measured
+            pass
     del loader, iterator
     gc.collect()
-    return {"images": seen, "seconds": seconds, "main_cpu_s": main_cpu,
-            "worker_cpu_s": worker_cpu, "pss": pss}
+    return stretch
 
 
 def measure_training(runs: list[tuple[str, Callable[[], Any]]], *, rounds: int, warmup: int,
-                     images: int, exclude: str) -> list[dict[str, Any]]:
-    """Each loader ``rounds`` times, interleaved, so background load hits them all alike.
-
-    images/s is the best round's (the least disturbed); images per CPU-second (all workers plus
-    the main process) is over all rounds, and barely moves with load from other processes.
-    """
+                     images: int, exclude: str = "") -> list[harness.Row]:
+    """Each loader ``rounds`` times, interleaved; ``harness.Row``s against the first loader."""
     per_round = max(1, images // rounds)
-    stretches: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
-    for r in range(rounds):
-        for name, make in runs:
-            stretch = measure_loader(make(), warmup=warmup, images=per_round, exclude=exclude)
-            stretches[name].append(stretch)
-            print(f"  round {r + 1}/{rounds} {name}: {stretch['images'] / stretch['seconds']:.0f} "
-                  f"images/s", file=sys.stderr)
-    results = []
-    for name, _ in runs:
-        done = stretches[name]
-        cpu_s = sum(s["main_cpu_s"] + sum(s["worker_cpu_s"]) for s in done)
-        wall = sum(s["seconds"] for s in done)
-        last = done[-1]
-        results.append({
-            "name": name,
-            "images": sum(s["images"] for s in done),
-            "images_per_s": max(s["images"] / s["seconds"] for s in done),
-            "images_per_s_rounds": [round(s["images"] / s["seconds"], 1) for s in done],
-            "images_per_cpu_s": sum(s["images"] for s in done) / max(cpu_s, 1e-9),
-            "worker_cpu": [round(c / last["seconds"], 2) for c in last["worker_cpu_s"]],
-            "cores_busy": round(cpu_s / wall, 2),
-            "worker_pss_mb": [round(p[0] / 2**20, 1) for p in last["pss"]],
-            "worker_pss_excl_shards_mb": [round(p[1] / 2**20, 1) for p in last["pss"]],
-        })
-    return results
+    results = harness.interleave([(name, lambda make=make: loader_stretch(make, warmup=warmup, images=per_round,
+                                                                          exclude=exclude))
+                                  for name, make in runs], rounds, unit="images")
+    return harness.summarize(results)
+
+
+
+# --- FFCV -----------------------------------------------------------------------------------------
+
+def have_ffcv() -> str | None:
+    """Why FFCV cannot run here, or None when it imports."""
+    try:
+        import ffcv  # noqa: F401
+        from ffcv.loader import Loader  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "skip FFCV"
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+class _PILFolder:
+    """(PIL image, label) of an ImageFolder tree, in sorted order: what FFCV's writer reads."""
+
+    def __init__(self, root: Path) -> None:
+        self.samples = image_folder(root, None, loader=bytes_loader).samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        return pil_loader(path), label
+
+
+def ensure_ffcv(src: Path, out: Path, mode: str, workers: int) -> Path:
+    """Write (or reuse) an FFCV ``.beton`` of ``src``: ``mode`` ``"jpg"`` (quality 90) or ``"raw"``."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    count = len(image_folder(src, None, loader=bytes_loader))
+    done = out.with_suffix(".done")
+    if out.exists() and done.exists() and done.read_text() == f"{count} {mode}":
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = DatasetWriter(str(out), {"image": RGBImageField(write_mode=mode, jpeg_quality=90),
+                                      "label": IntField()}, num_workers=max(1, workers))
+    writer.from_indexed_dataset(_PILFolder(src))
+    done.write_text(f"{count} {mode}")
+    return out
+
+
+def loader_ffcv(path: Path, workers: int, batch: int, size: int) -> Any:
+    """FFCV's training pipeline: RandomResizedCrop + flip -> uint8 NCHW (``ToTorchImage``), random order."""
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    return Loader(str(path), batch_size=batch, num_workers=workers, order=OrderOption.RANDOM, os_cache=True,
+                  drop_last=False, seed=0,
+                  pipelines={"image": [RandomResizedCropRGBImageDecoder((size, size)), RandomHorizontalFlip(),
+                                       ToTensor(), ToTorchImage()],
+                             "label": [IntDecoder(), ToTensor(), Squeeze()]})
+
+
+# --- packer's loaders -----------------------------------------------------------------------------
+
+def loader_packer_threaded(packed: Path, threads: int, batch: int, size: int, *, seed: int | None = 0) -> Any:
+    """``ThreadedLoader``, NCHW like the others; ``seed`` for the crops as the DataLoader row beside it has."""
+    from packer.threaded import ThreadedLoader
+    from packer.transforms import RandomResizedCrop
+
+    return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
+                          decode=RandomResizedCrop(size, seed=seed), layout="CHW")
+
+
+def loader_packer_plain(packed: Path, workers: int, batch: int, size: int) -> Any:
+    """The plainest wiring: ``DataLoader(dataset, batch_size=..., shuffle=True)``, torch's own sampler and collate."""
+    from torch.utils.data import DataLoader
+
+    from packer.torch import PackedDataset
+    from packer.transforms import RandomResizedCrop
+
+    return DataLoader(PackedDataset(packed, decode=RandomResizedCrop(size, seed=0)), batch_size=batch, shuffle=True,
+                      num_workers=workers, persistent_workers=workers > 0)
+
+
+def loader_packer_iterable_small(packed: Path, workers: int, batch: int, size: int) -> Any:
+    from torch.utils.data import DataLoader
+
+    from packer.torch import PackedIterableDataset
+    from packer.transforms import RandomResizedCrop
+
+    dataset = PackedIterableDataset(packed, batch_size=batch, order="random", seed=0,
+                                    decode=RandomResizedCrop(size, seed=0))
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+
+
+# --- the two training tables ----------------------------------------------------------------------
+
+def train_jpeg(args: argparse.Namespace, src: Path, files: list[Path], results: dict[str, Any]) -> list[harness.Row]:
+    workers, batch = args.workers, args.batch_size
+    packed, build_seconds = ensure_packed(src, args.out / "packed", args.images, workers)
+    tiled, tiled_seconds = ensure_packed(src, args.out / "packed-tiled", args.images, workers, codec="tiled")
+    small, _ = ensure_packed(src, args.out / "packed-jpeg256", args.images, workers, codec=SMALL_CODEC)
+    shards = ensure_wds(files, src, args.out / "wds", max(8, 2 * workers)) if results["webdataset"] else None
+    beton = ensure_ffcv(src, args.out / "ffcv" / "jpeg.beton", "jpg", workers) if results["ffcv"] is None else None
+    warmed = harness.warm(files) + harness.warm(sorted((args.out / "packed").rglob("*.*")))
+    warmed += harness.warm(sorted(small.rglob("*.*"))) + harness.warm(sorted(tiled.rglob("*.*")))
+    warmed += harness.warm(shards or []) + harness.warm([beton] if beton else [])
+    mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1024
+    results["jpeg_data"] = {"images": len(files), "mean_kb": mean_kb, "build_s": build_seconds,
+                            "tiled_build_s": tiled_seconds,
+                            "ffcv_mean_kb": beton.stat().st_size / len(files) / 1024 if beton else None}
+    print(f"data: {len(files)} JPEGs of {mean_kb:.0f} KB on average; {warmed / 1e6:.0f} MB read into the page cache",
+          file=sys.stderr)
+    runs = [("torchvision ImageFolder + PIL" if results["torchvision"] else "ImageFolder + PIL (emulated)",
+             lambda: loader_imagefolder(src, workers, batch))]
+    if beton is not None:
+        runs.append(("FFCV (JPEG q90, RRC decoder)", lambda: loader_ffcv(beton, workers, batch, 224)))
+    if shards is not None:
+        runs.append(("webdataset (tar + PIL)", lambda: loader_webdataset(shards, workers, batch)))
+    runs += [("packer pass-through, DataLoader", lambda: loader_packer_map(packed, workers, batch)),
+             ("packer tiled, DataLoader", lambda: loader_packer_map(tiled, workers, batch)),
+             ("packer tiled, ThreadedLoader", lambda: loader_packer_threaded(tiled, workers, batch, 224, seed=None)),
+             ("packer pass-through, iterable (block)", lambda: loader_packer_iterable(packed, workers, batch)),
+             ("packer re-encoded 256*, DataLoader", lambda: loader_packer_map(small, workers, batch))]
+    print(f"\n== JPEGs: RandomResizedCrop(224) + flip -> uint8 NCHW, {workers} workers, batch {batch}",
+          file=sys.stderr)
+    return measure_training(runs, rounds=args.rounds, warmup=args.warmup, images=args.images,
+                            exclude=str(packed.resolve()))
+
+
+def train_small(args: argparse.Namespace, results: dict[str, Any]) -> list[harness.Row]:
+    import bench_small
+
+    workers, batch, size = args.workers, args.small_batch_size, 32
+    src = args.out / f"small-src{size}-{args.small}"
+    bench_small.ensure_images(src, args.small, size)
+    raw = bench_small.ensure_packed(src, args.out / f"small-raw{size}-{args.small}", f"raw:size={size}x{size}", workers)
+    beton = ensure_ffcv(src, args.out / "ffcv" / f"small-raw{size}-{args.small}.beton", "raw",
+                        workers) if results["ffcv"] is None else None
+    harness.warm(p for p in src.rglob("*") if p.is_file())
+    harness.warm(p for p in raw.rglob("*") if p.is_file())
+    harness.warm([beton] if beton else [])
+    runs = [("torchvision ImageFolder + PIL" if results["torchvision"] else "ImageFolder + PIL (emulated)",
+             lambda: bench_small.loader_imagefolder(src, workers, batch, size))]
+    if beton is not None:
+        runs.append(("FFCV raw RGB", lambda: loader_ffcv(beton, workers, batch, size)))
+    runs += [("packer raw, DataLoader (batch sampler)", lambda: bench_small.loader_packer(raw, workers, batch, size)),
+             ("packer raw, DataLoader (batch_size=)", lambda: loader_packer_plain(raw, workers, batch, size)),
+             ("packer raw, iterable", lambda: loader_packer_iterable_small(raw, workers, batch, size)),
+             ("packer raw, ThreadedLoader", lambda: loader_packer_threaded(raw, workers, batch, size))]
+    print(f"\n== {args.small} PNGs of {size}x{size}: RandomResizedCrop({size}) + flip -> uint8 NCHW, {workers} "
+          f"workers, batch {batch}", file=sys.stderr)
+    per_round = min(args.small, 50_000)
+    return measure_training(runs, rounds=args.rounds, warmup=2, images=per_round * args.rounds)
 
 
 # --- raw (bytes, label) iteration ---------------------------------------------------------------
-
-def timed_loop(body: Callable[[], int], min_seconds: float = 1.0) -> float:
-    """Samples/s of ``body`` (which returns how many samples it handled), repeated >= min_seconds."""
-    body()  # warm
-    count, start = 0, time.perf_counter()
-    while True:
-        count += body()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return count / elapsed
-
 
 def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, float]:
     from packer.dataset import open_dataset
@@ -419,7 +518,7 @@ def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, f
         for i in perm:
             data, label = folder[i]
         return n
-    rates["ImageFolder (open + read per file)"] = timed_loop(imagefolder)
+    rates["ImageFolder (open + read per file)"] = harness.timed_loop(imagefolder)
 
     if shards is not None:
         import webdataset as wds
@@ -431,7 +530,7 @@ def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, f
             for data, label in ds:
                 count += 1
             return count
-        rates["webdataset (tar, shuffle buffer 1000)"] = timed_loop(webdataset)
+        rates["webdataset (tar, shuffle buffer 1000)"] = harness.timed_loop(webdataset)
 
     dataset = open_dataset(packed)
     labels = dataset.index.label
@@ -440,20 +539,20 @@ def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, f
         for i in perm:
             data, label = dataset.read(i), int(labels[i])
         return n
-    rates["packer read(i) -> bytes"] = timed_loop(packer_read)
+    rates["packer read(i) -> bytes"] = harness.timed_loop(packer_read)
 
     def packer_get() -> int:
         for i in perm:
             data, label = dataset.get(i), int(labels[i])
         return n
-    rates["packer get(i) -> zero-copy view"] = timed_loop(packer_get)
+    rates["packer get(i) -> zero-copy view"] = harness.timed_loop(packer_get)
 
     def packer_iter() -> int:
         count = 0
         for data, label in dataset.iter_samples(perm):
             count += 1
         return count
-    rates["packer iter_samples(order) -> zero-copy view"] = timed_loop(packer_iter)
+    rates["packer iter_samples(order) -> zero-copy view"] = harness.timed_loop(packer_iter)
 
     batches = [np.asarray(perm[k:k + 256]) for k in range(0, n, 256)]
 
@@ -461,22 +560,19 @@ def raw_rates(src: Path, packed: Path, shards: list[Path] | None) -> dict[str, f
         for idx in batches:
             batch, batch_labels = dataset.read_batch(idx), labels[idx]
         return n
-    rates["packer read_batch(256) (copies the bytes)"] = timed_loop(packer_batched)
+    rates["packer read_batch(256) (copies the bytes)"] = harness.timed_loop(packer_batched)
     dataset.close()
     return rates
 
 
 def million(out: Path, samples: int) -> dict[str, float] | None:
     """Open time and batched read rate on a synthetic dataset of ``samples`` tiny JPEGs."""
-    try:
-        import bench_memory
-    except ImportError as exc:
-        print(f"  (skipped: scripts/bench_memory.py not importable: {exc})", file=sys.stderr)
-        return None
+    import bench_memory
+
     from packer.dataset import open_dataset, open_index
 
     path = bench_memory.make_synthetic_dataset(out, samples, bench_memory.tiny_jpeg())
-    warm(sorted(path.rglob("*")))
+    harness.warm(sorted(path.rglob("*")))
     opens, index_opens = [], []
     for _ in range(5):
         started = time.perf_counter()
@@ -501,8 +597,8 @@ def million(out: Path, samples: int) -> dict[str, float] | None:
         return body
     result = {"samples": samples, "open_ms": 1e3 * float(np.median(opens)),
               "open_index_ms": 1e3 * float(np.median(index_opens)),
-              "batched_random_per_s": timed_loop(run(random_batches)),
-              "batched_sequential_per_s": timed_loop(run(seq_batches))}
+              "batched_random_per_s": harness.timed_loop(run(random_batches)),
+              "batched_sequential_per_s": harness.timed_loop(run(seq_batches))}
     dataset.close()
     return result
 
@@ -511,7 +607,8 @@ def million(out: Path, samples: int) -> dict[str, float] | None:
 
 def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
     """ms per image of each stage of the fused decode, as RandomResizedCrop runs it (for a tiled
-    dataset, with the tile window cut out and decoded instead of the whole image)."""
+    dataset, with the tile window cut out and decoded instead of the whole image). CPU time of
+    this thread (torch runs one intra-op thread here), so other processes' load does not count."""
     import simplejpeg
     import torch
 
@@ -529,27 +626,27 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
                             "to tensor"], 0.0)
     for begin in range(0, len(order), batch):
         idx = order[begin:begin + batch]
-        t = time.perf_counter()
+        t = time.thread_time()
         data = dataset.read_batch(idx)
-        stages["read (read_batch)"] += time.perf_counter() - t
+        stages["read (read_batch)"] += time.thread_time() - t
         out = np.empty((len(idx), 224, 224, 3), np.uint8)
         for j in range(len(idx)):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             view = data[j]
             height, width, _, _ = simplejpeg.decode_jpeg_header(view)
-            t1 = time.perf_counter()
+            t1 = time.thread_time()
             box, flip = transform._box(width, height, rng)
             m = _dct_scale(box[2] - box[0], box[3] - box[1], transform.size)
-            t2 = time.perf_counter()
+            t2 = time.thread_time()
             window = cut_window(view, box, window_margin(m))
             if window is not None:
                 view, x, y, width, height = window
                 box = (box[0] - x, box[1] - y, box[2] - x, box[3] - y)
-            t2b = time.perf_counter()
+            t2b = time.thread_time()
             kwargs = {} if m == 8 else {"min_width": math.ceil(width * m / 8),
                                         "min_height": math.ceil(height * m / 8)}
             pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=True, **kwargs)
-            t3 = time.perf_counter()
+            t3 = time.thread_time()
             f = m / 8
             x0, y0 = int(box[0] * f + 0.5), int(box[1] * f + 0.5)
             x1, y1 = max(int(box[2] * f + 0.5), x0 + 1), max(int(box[3] * f + 0.5), y0 + 1)
@@ -557,20 +654,20 @@ def profile_packer(packed: Path, count: int, batch: int) -> dict[str, float]:
             src = src.contiguous(memory_format=torch.channels_last)
             resized = torch.nn.functional.interpolate(src, size=(224, 224), mode="bilinear",
                                                       antialias=True)[0].permute(1, 2, 0)
-            t4 = time.perf_counter()
+            t4 = time.thread_time()
             if flip:
                 resized = torch.flip(resized, [1])
             torch.from_numpy(out[j]).copy_(resized)
-            t5 = time.perf_counter()
+            t5 = time.thread_time()
             stages["header"] += t1 - t0
             stages["crop params"] += t2 - t1
             stages["tile window (cut_window)"] += t2b - t2
             stages["decode (simplejpeg)"] += t3 - t2b
             stages["crop + resize (torch AA bilinear)"] += t4 - t3
             stages["flip + copy into the batch"] += t5 - t4
-        t = time.perf_counter()
+        t = time.thread_time()
         torch.from_numpy(out)
-        stages["to tensor"] += time.perf_counter() - t
+        stages["to tensor"] += time.thread_time() - t
     dataset.close()
     return {k: 1e3 * v / len(order) for k, v in stages.items()}
 
@@ -594,32 +691,32 @@ def profile_imagefolder(src: Path, count: int, batch: int) -> dict[str, float]:
     for begin in range(0, len(order), batch):
         samples = []
         for i in order[begin:begin + batch]:
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             path, label = folder.samples[i]
             with open(path, "rb") as f:
                 img = Image.open(f)
-                t1 = time.perf_counter()
+                t1 = time.thread_time()
                 img = img.convert("RGB")
-            t2 = time.perf_counter()
+            t2 = time.thread_time()
             if crop is None:
                 tensor = transform(img)
-                t3 = t4 = t5 = time.perf_counter()
+                t3 = t4 = t5 = time.thread_time()
             else:
                 img = crop(img)
-                t3 = time.perf_counter()
+                t3 = time.thread_time()
                 img = flip(img)
-                t4 = time.perf_counter()
+                t4 = time.thread_time()
                 tensor = to_tensor(img)
-                t5 = time.perf_counter()
+                t5 = time.thread_time()
             samples.append((tensor, label))
             stages["open + read file"] += t1 - t0
             stages["PIL decode + convert RGB"] += t2 - t1
             stages["RandomResizedCrop (PIL)"] += t3 - t2
             stages["RandomHorizontalFlip"] += t4 - t3
             stages["PILToTensor"] += t5 - t4
-        t = time.perf_counter()
+        t = time.thread_time()
         default_collate(samples)
-        stages["collate"] += time.perf_counter() - t
+        stages["collate"] += time.thread_time() - t
     del torch
     return {k: 1e3 * v / len(order) for k, v in stages.items()}
 
@@ -719,28 +816,49 @@ def choices(files: list[Path]) -> dict[str, dict[str, float]]:
 
 # --- main ---------------------------------------------------------------------------------------
 
+
+# --- main ---------------------------------------------------------------------------------------
+
+def row_of(rows: list[harness.Row], prefix: str) -> harness.Row | None:
+    return next((row for row in rows if row.name.startswith(prefix)), None)
+
+
+def training_report(title: str, rows: list[harness.Row]) -> list[str]:
+    lines = [title, harness.table(rows, unit="images", name_width=40, columns=[
+        ("cores", lambda row: f"{row.cores:.2f}"),
+        ("worker PSS MB", lambda row: " ".join(f"{p:.0f}" for p in row.extra.get("worker_pss_mb", [])))])]
+    ffcv = row_of(rows, "FFCV")
+    if ffcv is not None:
+        lines.append("against FFCV (same run): " + ", ".join(
+            f"{row.name}: {row.rate / ffcv.rate:.2f}x images/s, {row.cpu_ms / ffcv.cpu_ms:.2f}x CPU/image"
+            for row in rows if row is not ffcv and row.name.startswith("packer")))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out/peers"))
-    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--images", type=int, default=3000, help="ImageNet-like JPEGs")
+    parser.add_argument("--small", type=int, default=20_000, help="32x32 PNGs")
+    parser.add_argument("--only", default="jpeg,small", help="which training tables: jpeg, small")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=3, help="batches discarded per loader")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds per loader (each reads images/rounds)")
+    parser.add_argument("--small-batch-size", type=int, default=512)
+    parser.add_argument("--warmup", type=int, default=3, help="batches discarded per loader and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per loader")
     parser.add_argument("--open-samples", type=int, default=1_000_000,
                         help="size of the synthetic dataset for open time (0 skips)")
-    parser.add_argument("--profile-images", type=int, default=256)
+    parser.add_argument("--profile-images", type=int, default=256, help="images per-stage profile (0 skips)")
     parser.add_argument("--choices", action="store_true",
-                        help="also measure the decoder/resize choices of packer/transforms.py")
-    parser.add_argument("--skip-train", action="store_true")
+                        help="also measure the decoder/resize choices of packer/transforms")
+    parser.add_argument("--no-raw", action="store_true", help="skip the raw (bytes, label) iteration")
     parser.add_argument("--detection", type=int, default=0, metavar="IMAGES",
-                        help="also run the detection-style comparison (scripts/bench_detection.py: image + boxes + "
-                             "labels, RRC 512, against a CocoDetection + transforms.v2-style loader) on IMAGES images")
+                        help="also run the detection-style comparison (benchmarks/bench_detection.py) on IMAGES images")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    only = {part for part in args.only.split(",") if part}
     if args.detection:
-        import bench_detection  # noqa: E402  (scripts/ is not a package)
+        import bench_detection
 
         bench_detection.run(argparse.Namespace(images=args.detection, workers=args.workers, batch_size=32,
                                                rounds=args.rounds, per_round=0, out=args.out / "detection",
@@ -754,153 +872,103 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         has_wds = False
     tv = have_torchvision()
+    ffcv_missing = have_ffcv()
     command = " ".join([os.path.relpath(sys.executable), *sys.argv])
     print(f"command: {command}", file=sys.stderr)
-    print(f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
-          f"{'yes' if tv else 'NOT importable: emulated ImageFolder (see docstring)'}, webdataset "
-          f"{'yes' if has_wds else 'not installed: skipped'}, {os.cpu_count()} CPUs",
-          file=sys.stderr)
-    results: dict[str, Any] = {"command": command, "torchvision": tv, "webdataset": has_wds,
-                               "workers": args.workers, "batch_size": args.batch_size,
-                               "images": args.images}
-
+    for name, why in (("FFCV", ffcv_missing), ("webdataset", None if has_wds else "not installed")):
+        if why:
+            print(f"{name} skipped: {why}", file=sys.stderr)
+    if not tv:
+        print("torchvision does not import here: ImageFolder is emulated (see the docstring)", file=sys.stderr)
+    results: dict[str, Any] = {"command": command, "torchvision": tv, "webdataset": has_wds, "ffcv": ffcv_missing,
+                               "workers": args.workers, "batch_size": args.batch_size, "images": args.images,
+                               "python": platform.python_version(), "torch": torch.__version__}
+    load_before = harness.machine_load()
     src = args.out / "src"
-    t = time.perf_counter()
-    files = ensure_images(src, args.images)
-    packed, build_seconds = ensure_packed(src, args.out / "packed", args.images, args.workers)
-    # packer's advice for decode-bound training at 224 px: re-encode once, shorter side 256
-    small, _ = ensure_packed(src, args.out / "packed-jpeg256", args.images, args.workers,
-                             codec=SMALL_CODEC)
-    # the same images, losslessly re-tiled so a crop decodes only its own tiles (same pixels)
-    tiled, _ = ensure_packed(src, args.out / "packed-tiled", args.images, args.workers,
-                             codec="tiled")
-    shards = ensure_wds(files, src, args.out / "wds", max(8, 2 * args.workers)) if has_wds else None
-    warmed = warm(files) + warm(sorted((args.out / "packed").rglob("*.*")))
-    warmed += warm(sorted(small.rglob("*.*"))) + warm(sorted(tiled.rglob("*.*")))
-    warmed += warm(shards or [])
-    mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1024
-    print(f"data: {len(files)} JPEGs of {mean_kb:.0f} KB on average; packed"
-          + (f" in {build_seconds:.1f} s" if build_seconds else " (reused)")
-          + f"; {warmed / 1e6:.0f} MB read into the page cache ({time.perf_counter() - t:.1f} s)",
-          file=sys.stderr)
+    files = ensure_images(src, args.images) if ("jpeg" in only or not args.no_raw or args.profile_images) else []
+    lines = [f"\ncommand: {command}"]
+    targets: list[tuple[str, bool | None, str]] = []
+    if "jpeg" in only:
+        rows = train_jpeg(args, src, files, results)
+        results["train"] = [row.as_dict() for row in rows]
+        lines += [""] + training_report(
+            f"JPEGs: {args.images} of ~{results['jpeg_data']['mean_kb']:.0f} KB (500x375), RandomResizedCrop(224) + "
+            f"flip -> uint8 NCHW, batch {args.batch_size}, {args.workers} workers/threads, {args.rounds} interleaved "
+            f"rounds (median):", rows)
+        lines.append(f"  * different bytes: the same images packed with --codec {SMALL_CODEC}")
+        ffcv, tiled = row_of(rows, "FFCV"), row_of(rows, "packer tiled, DataLoader")
+        if ffcv is not None and tiled is not None:
+            ratio = tiled.cpu_ms / ffcv.cpu_ms
+            targets.append(("tiled through the default DataLoader wiring <= 0.5x FFCV's CPU per image",
+                            ratio <= TARGETS["tiled_cpu_vs_ffcv"], f"{ratio:.2f}x ({tiled.cpu_ms:.3f} vs "
+                                                                   f"{ffcv.cpu_ms:.3f} ms)"))
+    if "small" in only:
+        rows = train_small(args, results)
+        results["train_small"] = [row.as_dict() for row in rows]
+        lines += [""] + training_report(
+            f"small images: {args.small} PNGs of 32x32, RandomResizedCrop(32) + flip -> uint8 NCHW, batch "
+            f"{args.small_batch_size}, {args.workers} workers/threads, {args.rounds} interleaved rounds (median):", rows)
+        ffcv, threaded = row_of(rows, "FFCV"), row_of(rows, "packer raw, ThreadedLoader")
+        default = row_of(rows, "packer raw, DataLoader (batch sampler)")
+        if threaded is not None and default is not None:
+            ratio = default.rate / threaded.rate
+            targets.append(("default DataLoader wiring on raw 32x32 within 20 % of ThreadedLoader (images/s)",
+                            ratio >= TARGETS["default_vs_threaded_raw"], f"{ratio:.2f}x"))
+        if ffcv is not None and threaded is not None:
+            ratio = threaded.rate / ffcv.rate
+            targets.append(("ThreadedLoader on raw 32x32 ahead of FFCV raw (images/s)",
+                            ratio >= TARGETS["threaded_raw_vs_ffcv"],
+                            f"{ratio:.2f}x images/s, {threaded.cpu_ms / ffcv.cpu_ms:.2f}x CPU per image"))
 
-    if not args.skip_train:
-        print(f"\n== training-style: RandomResizedCrop(224) + flip -> uint8, {args.workers} "
-              f"workers, batch {args.batch_size}, random order, page cache warm", file=sys.stderr)
-        runs = [("torchvision ImageFolder + PIL" if tv else "ImageFolder + PIL (emulated)",
-                 lambda: loader_imagefolder(src, args.workers, args.batch_size))]
-        if shards is not None:
-            runs.append(("webdataset (tar + PIL)",
-                         lambda: loader_webdataset(shards, args.workers, args.batch_size)))
-        runs.append(("packer map (random)", lambda: loader_packer_map(packed, args.workers,
-                                                                      args.batch_size)))
-        runs.append(("packer map (random, pread)", lambda: loader_packer_map(
-            packed, args.workers, args.batch_size, backend="pread")))
-        runs.append(("packer iterable (block)", lambda: loader_packer_iterable(
-            packed, args.workers, args.batch_size)))
-        runs.append(("packer map (tiled, random)", lambda: loader_packer_map(
-            tiled, args.workers, args.batch_size)))
-        runs.append(("packer map, re-encoded 256*", lambda: loader_packer_map(small, args.workers,
-                                                                            args.batch_size)))
-        train = measure_training(runs, rounds=args.rounds, warmup=args.warmup,
-                                 images=args.images, exclude=str(packed.resolve()))
-        results["train"] = train
-
-    print("\n== raw (bytes, label) iteration, one process, random order", file=sys.stderr)
-    raw = raw_rates(src, packed, shards)
-    results["raw"] = raw
-
-    big = None
+    if not args.no_raw:
+        print("\n== raw (bytes, label) iteration, one process, random order", file=sys.stderr)
+        packed, _ = ensure_packed(src, args.out / "packed", args.images, args.workers)
+        shards = ensure_wds(files, src, args.out / "wds", max(8, 2 * args.workers)) if has_wds else None
+        raw = raw_rates(src, packed, shards)
+        results["raw"] = raw
+        base_raw = next(iter(raw.values()))
+        lines += ["", "raw (bytes, label), one process, random order:"]
+        for name, rate in raw.items():
+            lines.append(f"  {name:44s} {rate:12,.0f}/s {rate / base_raw:8.1f}x")
+        key = "packer iter_samples(order) -> zero-copy view"
+        targets.append((f"raw iteration >= 20x ImageFolder ({key.removeprefix('packer ')})",
+                        raw[key] / base_raw >= TARGETS["raw_vs_imagefolder"], f"{raw[key] / base_raw:.1f}x"))
     if args.open_samples:
         print(f"\n== {args.open_samples:,} samples: open time and batched reads", file=sys.stderr)
         big = million(args.out / f"synthetic-{args.open_samples}", args.open_samples)
         results["million"] = big
-
-    print("\n== where the time goes (one process, ms per image)", file=sys.stderr)
-    prof_packer = profile_packer(packed, args.profile_images, args.batch_size)
-    prof_tiled = profile_packer(tiled, args.profile_images, args.batch_size)
-    prof_folder = profile_imagefolder(src, args.profile_images, args.batch_size)
-    results["profile"] = {"packer": prof_packer, "packer_tiled": prof_tiled,
-                          "imagefolder": prof_folder}
+        if big:
+            lines += ["", f"{big['samples']:,} tiny samples: open_dataset {big['open_ms']:.1f} ms (open_index "
+                      f"{big['open_index_ms']:.1f} ms); read_batch(1024) {big['batched_random_per_s']:,.0f}/s random, "
+                      f"{big['batched_sequential_per_s']:,.0f}/s sequential"]
+            targets.append(("open time on 1M samples < 100 ms", big["open_ms"] < TARGETS["open_ms"],
+                            f"{big['open_ms']:.1f} ms"))
+            targets.append(("batched read path > 1M samples/s (page cache, random, tiny samples)",
+                            big["batched_random_per_s"] > TARGETS["batched_samples_per_s"],
+                            f"{big['batched_random_per_s']:,.0f}/s"))
+    if args.profile_images:
+        print("\n== where the time goes (one thread, CPU ms per image)", file=sys.stderr)
+        packed, _ = ensure_packed(src, args.out / "packed", args.images, args.workers)
+        tiled, _ = ensure_packed(src, args.out / "packed-tiled", args.images, args.workers, codec="tiled")
+        profiles = {"packer fused decode": profile_packer(packed, args.profile_images, args.batch_size),
+                    "packer fused decode, tiled codec": profile_packer(tiled, args.profile_images, args.batch_size),
+                    "ImageFolder + PIL": profile_imagefolder(src, args.profile_images, args.batch_size)}
+        results["profile"] = profiles
+        lines += ["", "where the time goes (CPU ms per image, one thread):"]
+        for title, prof in profiles.items():
+            total = sum(prof.values())
+            lines.append(f"  {title}: {total:.2f} ms")
+            for stage, ms in prof.items():
+                lines.append(f"    {stage:38s} {ms:6.3f} ms  {100 * ms / total:5.1f} %")
     if args.choices:
         results["choices"] = choices(files)
-
-    # --- the report ---
-    lines = [f"\ncommand: {command}", ""]
-    targets: list[tuple[str, bool | None, str]] = []
-    if "train" in results:
-        train = results["train"]
-        base, base_cpu = train[0]["images_per_s"], train[0]["images_per_cpu_s"]
-        lines.append(f"training-style (RRC 224 + flip, uint8), {args.workers} workers, batch "
-                     f"{args.batch_size}, {args.images} images of ~{mean_kb:.0f} KB, best of "
-                     f"{args.rounds} interleaved rounds:")
-        lines.append(f"  {'loader':30s} {'images/s':>8s} {'vs IF':>6s} {'img/CPU-s':>9s} "
-                     f"{'vs IF':>6s} {'cores':>5s} {'worker PSS MB (excl. shards)':>30s}")
-        for run in train:
-            pss = " ".join(f"{p:.0f}" for p in run["worker_pss_mb"])
-            own = " ".join(f"{p:.0f}" for p in run["worker_pss_excl_shards_mb"])
-            lines.append(f"  {run['name']:30s} {run['images_per_s']:8.0f} "
-                         f"{run['images_per_s'] / base:5.2f}x {run['images_per_cpu_s']:9.0f} "
-                         f"{run['images_per_cpu_s'] / base_cpu:5.2f}x {run['cores_busy']:5.2f} "
-                         f"{pss + ' (' + own + ')':>30s}")
-        lines.append(f"  * different bytes: the same images packed with --codec {SMALL_CODEC} (what packer "
-                     f"bench advises when decode is the bottleneck)")
-        packer_runs = [r for r in train if r["name"].startswith("packer") and "*" not in r["name"]]
-        best = max(packer_runs, key=lambda r: r["images_per_s"])
-        targets.append(("training-style >= 2.5x ImageFolder (images/s)",
-                        best["images_per_s"] / base >= TARGETS["train_vs_imagefolder"],
-                        f"{best['images_per_s'] / base:.2f}x ({best['name']}); per CPU-second "
-                        f"{max(r['images_per_cpu_s'] for r in packer_runs) / base_cpu:.2f}x"))
-        folder_pss = float(np.mean(train[0]["worker_pss_mb"] or [np.nan]))
-        for run in packer_runs[:2]:
-            mine = float(np.mean(run["worker_pss_mb"] or [np.nan]))
-            mine_own = float(np.mean(run["worker_pss_excl_shards_mb"] or [np.nan]))
-            # ImageFolder's workers read() the same page cache without mapping it, so their PSS
-            # never counts it: compare like with like, and show the mapped pages beside it.
-            targets.append((f"worker PSS without mapped shard pages <= ImageFolder's "
-                            f"({run['name']})", bool(mine_own <= folder_pss * 1.02),
-                            f"{mine_own:.0f} MB vs {folder_pss:.0f} MB ({mine:.0f} MB counting "
-                            f"the shared page cache it maps)"))
-    base_raw = next(iter(raw.values()))
-    lines.append("")
-    lines.append("raw (bytes, label), one process, random order:")
-    for name, rate in raw.items():
-        lines.append(f"  {name:44s} {rate:12,.0f}/s {rate / base_raw:8.1f}x")
-    # The target is about iterating (bytes, label); get(i)/read(i) are single random lookups,
-    # shown in the table above for reference.
-    key = "packer iter_samples(order) -> zero-copy view"
-    raw_ratio = raw[key] / base_raw
-    targets.append((f"raw iteration >= 20x ImageFolder ({key.removeprefix('packer ')})",
-                    raw_ratio >= TARGETS["raw_vs_imagefolder"], f"{raw_ratio:.1f}x"))
-    if big:
-        lines.append("")
-        lines.append(f"{big['samples']:,} tiny samples: open_dataset {big['open_ms']:.1f} ms "
-                     f"(open_index {big['open_index_ms']:.1f} ms); read_batch(1024) "
-                     f"{big['batched_random_per_s']:,.0f}/s random, "
-                     f"{big['batched_sequential_per_s']:,.0f}/s sequential")
-        targets.append(("open time on 1M samples < 100 ms", big["open_ms"] < TARGETS["open_ms"],
-                        f"{big['open_ms']:.1f} ms"))
-        targets.append(("batched read path > 1M samples/s (page cache, random, tiny samples)",
-                        big["batched_random_per_s"] > TARGETS["batched_samples_per_s"],
-                        f"{big['batched_random_per_s']:,.0f}/s"))
-    lines.append("")
-    lines.append("where the time goes (ms per image, one process):")
-    for title, prof in (("packer fused decode", prof_packer),
-                        ("packer fused decode, tiled codec", prof_tiled),
-                        ("ImageFolder + PIL", prof_folder)):
-        total = sum(prof.values())
-        lines.append(f"  {title}: {total:.2f} ms")
-        for stage, ms in prof.items():
-            lines.append(f"    {stage:38s} {ms:6.3f} ms  {100 * ms / total:5.1f} %")
-    if "choices" in results:
-        lines.append("")
-        lines.append("choices behind packer/transforms.py (best of many, ms):")
+        lines += ["", "choices behind packer/transforms (best of many, ms):"]
         for section, values in results["choices"].items():
             lines.append(f"  {section}:")
             for key, value in values.items():
                 lines.append(f"    {key:48s} {value:8.3f}")
-    lines.append("")
-    lines.append("targets:")
+    results["load"] = {"before": load_before, "after": harness.machine_load()}
+    lines += ["", harness.describe_load(load_before, results["load"]["after"]), "", "targets:"]
     for text, ok, value in targets:
         lines.append(f"  [{'PASS' if ok else 'FAIL'}] {text}: {value}")
     results["targets"] = [{"target": t, "pass": ok, "value": v} for t, ok, v in targets]

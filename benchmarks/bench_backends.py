@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_backends.py [--out bench-out/backends] [--samples 2000] [--size-kb 110]
+    python benchmarks/bench_backends.py [--out bench-out/backends] [--samples 2000] [--size-kb 110]
         [--codec passthrough] [--batch-size 256] [--block 64] [--chunk 8M] [--repeats 2]
         [--modes chunks,sequential,block,random] [--backends mmap,pread,direct] [--threads 1,4]
         [--drop-caches] [--json]
@@ -25,8 +25,10 @@ Each measurement runs *cold* (the shards' pages evicted from the page cache firs
 ``posix_fadvise(DONTNEED)`` on every shard, or the whole cache with ``--drop-caches``, root only)
 and *warm* (every shard read once before). ``direct`` never uses the page cache, so its cold and
 warm numbers differ only by device-side caching. The residency of the shards in the page cache
-before each run is measured with ``mincore`` and printed. Ratios are against ``mmap`` in the same
-mode and cache state of the same run; absolute MB/s depend on the disk and the machine's load.
+before each run is measured with ``mincore`` and printed. The backends of one mode and cache
+state run in ``--repeats`` interleaved rounds (``harness.interleave``); ratios (median MB/s, CPU
+per MB) are against ``mmap`` in the same mode and cache state of the same run; absolute MB/s
+depend on the disk and the machine's load.
 """
 
 from __future__ import annotations
@@ -45,8 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pagecache import evict  # noqa: E402
+import harness
 
 MODES = ("chunks", "sequential", "block", "random")
 BACKENDS = ("mmap", "pread", "direct")
@@ -114,7 +115,7 @@ def ensure_dataset(out: Path, samples: int, size_kb: int, codec: str) -> Path:
         return dataset
     source = out / f"src-{samples}-{size_kb}"
     if not (source / ".complete").exists():
-        import make_sample
+        import make_sample  # scripts/ (on sys.path through harness)
 
         print(f"writing {samples} source JPEGs of ~{size_kb} KiB to {source} ...", file=sys.stderr)
         make_sample.make_big_folder(source, samples, size_kb=size_kb)
@@ -258,46 +259,53 @@ def main(argv: list[str] | None = None) -> int:
 
     thread_counts = [int(t) for t in args.threads.split(",") if t]
     results: list[dict[str, Any]] = []
+    tables: list[str] = []
     for cache in ("cold", "warm"):
         if cache == "warm":
             warm(shard_paths)
         for threads in thread_counts:
             for mode in modes:
-                for backend in backends:
-                    best: tuple[float, int, int] | None = None
-                    residency = []
-                    for repeat in range(args.repeats):
-                        if cache == "cold":
-                            if not evict(shard_paths, whole_cache=args.drop_caches):
-                                sys.exit("cannot evict the shards from the page cache (--drop-caches needs root)")
-                        residency.append(resident_fraction(shard_paths))
-                        if mode == "chunks":
-                            measured = run_chunks(dataset, backend, chunk, threads)
-                        else:
-                            orders = batch_orders(count, mode, args.batch_size, args.block, seed=repeat)
-                            measured = run_batches(dataset, backend, orders, threads)
-                        if best is None or measured[0] < best[0]:
-                            best = measured
-                    assert best is not None
-                    seconds, nbytes, reads = best
-                    results.append({"cache": cache, "threads": threads, "mode": mode, "backend": backend,
-                                    "seconds": seconds, "bytes": nbytes, "reads": reads,
-                                    "mb_per_s": nbytes / seconds / 1e6, "resident_before": min(residency)})
-    baseline = {(r["cache"], r["threads"], r["mode"]): r["mb_per_s"] for r in results if r["backend"] == "mmap"}
-    for r in results:
-        r["ratio_vs_mmap"] = r["mb_per_s"] / baseline[r["cache"], r["threads"], r["mode"]]
+                residency: dict[str, list[float]] = {}
+                rounds = iter(range(10**9))
+
+                def one(backend: str, mode: str = mode, threads: int = threads, cache: str = cache
+                        ) -> harness.Stretch:
+                    if cache == "cold" and not harness.evict(shard_paths, whole_cache=args.drop_caches):
+                        sys.exit("cannot evict the shards from the page cache (--drop-caches needs root)")
+                    residency.setdefault(backend, []).append(resident_fraction(shard_paths))
+                    if mode == "chunks":
+                        work: Callable[[], tuple[float, int, int]] = lambda: run_chunks(dataset, backend, chunk,
+                                                                                          threads)
+                    else:
+                        orders = batch_orders(count, mode, args.batch_size, args.block, seed=next(rounds))
+                        work = lambda: run_batches(dataset, backend, orders, threads)  # noqa: E731
+                    measured: dict[str, Any] = {}
+
+                    def body() -> dict[str, Any]:
+                        seconds, nbytes, reads = work()
+                        measured.update(bytes=nbytes, reads=reads)
+                        return {"items": nbytes / 1e6, "reads": reads}
+                    return harness.measure(body)
+
+                stretches = harness.interleave([(backend, lambda b=backend: one(b)) for backend in backends],
+                                               args.repeats, log=None)
+                rows = harness.summarize(stretches, baseline="mmap")
+                tables.append(f"{cache}, {threads} thread(s), {mode}:\n" + harness.table(
+                    rows, unit="MB", name_width=8, columns=[
+                        ("reads", lambda row: f"{row.extra.get('reads', 0):,}"),
+                        ("cached before", lambda row: f"{min(residency[row.name]):.0%}")]))
+                for row in rows:
+                    results.append({"cache": cache, "threads": threads, "mode": mode, "backend": row.name,
+                                    "mb_per_s": row.rate, "cpu_ms_per_mb": row.cpu_ms, "reads": row.extra.get("reads"),
+                                    "resident_before": min(residency[row.name]), "ratio_vs_mmap": row.ratio,
+                                    "cpu_ratio_vs_mmap": row.cpu_ratio})
 
     if args.json:
         print(json.dumps({"dataset": str(dataset), "samples": count, "shards": len(shard_paths),
                           "payload_bytes": payload_total, "batch_size": args.batch_size, "block": args.block,
                           "chunk": chunk, "results": results}, indent=2, sort_keys=True))
     else:
-        print(f"{'cache':5} {'thr':>3} {'mode':10} {'backend':7} {'MB/s':>9} {'vs mmap':>8} {'reads':>7} "
-              f"{'cached before':>13}")
-        for r in results:
-            print(f"{r['cache']:5} {r['threads']:3d} {r['mode']:10} {r['backend']:7} {r['mb_per_s']:9.0f} "
-                  f"{r['ratio_vs_mmap']:7.2f}x "
-                  f"{r['reads']:7d} {r['resident_before']:12.0%}")
+        print("\n\n".join(tables))
     return 0
 
 

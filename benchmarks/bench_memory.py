@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_memory.py [--out bench-out/memory] [--samples 1000000] [--small 1000]
+    python benchmarks/bench_memory.py [--out bench-out/memory] [--samples 1000000] [--small 1000]
         [--workers 2] [--iterate 512] [--batch-size 32] [--json]
 
 What it does, in one run:
@@ -34,7 +34,8 @@ What it does, in one run:
    copy nothing. (A full ``gc.collect()`` in a worker adds ~30 MiB to every reader alike, from
    torch's own objects; CPython untracks tuples of strings and ints, so the collector does not
    copy ``samples`` by itself.)
-5. Times ``open_dataset`` on the large dataset (warm page cache; median of 5), and prints the
+5. Times ``open_dataset`` on the large dataset (warm page cache; median of 5 rounds,
+   ``harness``), and prints the
    pickled size of each dataset object.
 
 Columns: ``own`` is the worker's private *anonymous* memory (heap, Python objects, pages copied
@@ -63,9 +64,7 @@ from typing import Any
 
 import numpy as np
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import harness
 
 __all__ = ["tiny_jpeg", "make_synthetic_dataset", "ImageFolderLike", "worker_memory", "measure", "main"]
 
@@ -317,15 +316,12 @@ def _prepare_imagefolder(root: Path, num_samples: int, payload: bytes, iterate: 
 
 
 def _time_open(path: Path, repeats: int = 5) -> float:
+    """Median seconds of ``open_dataset`` + ``close`` over ``repeats`` rounds."""
     from packer.dataset import open_dataset
 
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        dataset = open_dataset(path)
-        times.append(time.perf_counter() - started)
-        dataset.close()
-    return float(np.median(times))
+    results = harness.interleave([("open", lambda: harness.measure(lambda: open_dataset(path).close(), items=1))],
+                                 repeats, log=None)
+    return 1 / harness.summarize(results)[0].rate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Plan a build of N synthetic entries (default 10,000,000): time and peak memory of the planner.
 
-    python scripts/bench_plan.py [--entries 10000000] [--out /tmp/plan-bench]
+    python benchmarks/bench_plan.py [--entries 10000000] [--out /tmp/plan-bench]
 
 The listing is synthesised as flat arrays (keys like ``c0042/000001234.jpg`` in one UTF-8 blob,
 sizes drawn around 110 KB), exactly the form ``packer.build.sources`` produces while walking a folder,
@@ -14,9 +14,9 @@ import argparse
 import resource
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 from packer.writer.plan import BuildOptions, make_plan, save_plan
@@ -52,19 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="packer-plan-"))
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    listing = synthetic_listing(args.entries)
-    t1 = time.perf_counter()
-    plan = make_plan(listing, BuildOptions())
-    t2 = time.perf_counter()
-    save_plan(plan, out / "plan.pkp")
-    t3 = time.perf_counter()
+    made: dict[str, object] = {}
+    synthesise = harness.measure(lambda: made.update(listing=synthetic_listing(args.entries)), items=args.entries)
+    planning = harness.measure(lambda: made.update(plan=make_plan(made["listing"], BuildOptions())),
+                               items=args.entries)
+    plan = made["plan"]
+    saving = harness.measure(lambda: save_plan(plan, out / "plan.pkp"), items=args.entries)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     size_mib = (out / "plan.pkp").stat().st_size / 2**20
     print(f"entries            {args.entries:,}")
-    print(f"synthesise listing {t1 - t0:6.2f} s")
-    print(f"plan (permute+cut) {t2 - t1:6.2f} s   -> {plan.shard_count:,} shards of <= 512 MiB")
-    print(f"save plan          {t3 - t2:6.2f} s   -> {size_mib:,.0f} MiB plan file")
+    print(f"synthesise listing {synthesise.seconds:6.2f} s")
+    print(f"plan (permute+cut) {planning.seconds:6.2f} s   -> {plan.shard_count:,} shards of <= 512 MiB "  # type: ignore[attr-defined]
+          f"({1e9 * planning.cpu_seconds / args.entries:,.0f} CPU ns per entry)")
+    print(f"save plan          {saving.seconds:6.2f} s   -> {size_mib:,.0f} MiB plan file")
     print(f"peak RSS           {peak_mib:,.0f} MiB ({peak_mib * 2**20 / args.entries:.0f} bytes per entry)")
     (out / "plan.pkp").unlink()
     return 0

@@ -1,11 +1,12 @@
 """Time ``format.parse_manifest`` on a huge manifest against ``json.loads`` of the same bytes.
 
-    python scripts/bench_manifest.py [--shards 380000] [--repeat 3]
+    python benchmarks/bench_manifest.py [--shards 380000] [--repeat 3]
 
 ``json.loads`` is the floor (every reader must parse the JSON); the ratios say what validation
 adds on top: for a valid manifest (every shard entry checked), and for two crafted ones that
 must be refused cheaply (more shards than samples; shard counts that do not add up to
-``sample_count``), which are checked before any entry is.
+``sample_count``), which are checked before any entry is. The two run in ``--repeat``
+interleaved rounds (``harness.interleave``); the table gives the median round and its ratio.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness
 
-from packer import format as fmt  # noqa: E402
-from packer.errors import ManifestError  # noqa: E402
+from packer import format as fmt
+from packer.errors import ManifestError
 
 
 def manifest_bytes(shards: int, sample_count: int) -> bytes:
@@ -32,20 +31,11 @@ def manifest_bytes(shards: int, sample_count: int) -> bytes:
                        "shards": entries}, indent=2).encode()
 
 
-def best(seconds: list[float]) -> float:
-    return min(seconds)
-
-
-def timed(function, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    runs = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        try:
-            function()
-        except ManifestError:
-            pass
-        runs.append(time.perf_counter() - started)
-    return best(runs)
+def parse(data: bytes) -> None:
+    try:
+        fmt.parse_manifest(data)
+    except ManifestError:
+        pass  # the crafted manifests must be refused: the time to refuse is what is measured
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = {"valid": manifest_bytes(args.shards, args.shards),
              "more shards than samples": manifest_bytes(args.shards, 10),
              "counts do not add up": manifest_bytes(args.shards, 10**9)}
-    print(f"{args.shards} shards, {len(cases['valid']) / 2**20:.1f} MiB manifest; best of {args.repeat}")
+    print(f"{args.shards} shards, {len(cases['valid']) / 2**20:.1f} MiB manifest; {args.repeat} rounds")
     for label, data in cases.items():
-        floor = timed(lambda: json.loads(data), args.repeat)
-        parse = timed(lambda: fmt.parse_manifest(data), args.repeat)
-        print(f"{label:26s} json.loads {floor:6.2f} s   parse_manifest {parse:6.2f} s   ratio {parse / floor:5.2f}x")
+        results = harness.interleave([("json.loads", lambda: harness.measure(lambda: json.loads(data), items=1)),
+                                      ("parse_manifest", lambda: harness.measure(lambda: parse(data), items=1))],
+                                     args.repeat, log=None)
+        print(f"\n{label}:")
+        print(harness.table(harness.summarize(results), unit="manifests", name_width=20,
+                            columns=[("median s", lambda row: f"{1 / row.rate:.3f}")]))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Does ``packer verify`` run as fast as reading the shards? Time it against plain reads, same run.
 
-    python scripts/bench_verify.py [--images 3000] [--size-kb 110] [--workers N] [--rounds 3] [--work DIR]
+    python benchmarks/bench_verify.py [--images 3000] [--size-kb 110] [--workers N] [--rounds 3] [--work DIR]
 
 Builds (or reuses) a dataset of ~110 KB JPEGs from ``make_sample.make_big_folder`` (about 330 MB
 for 3000 images), then alternates, ``--rounds`` times:
@@ -12,9 +12,9 @@ for 3000 images), then alternates, ``--rounds`` times:
 
 Each is measured cold (the dataset's pages evicted with ``posix_fadvise(DONTNEED)``, which needs
 no root and touches no other file; ``--drop-caches`` uses ``/proc/sys/vm/drop_caches`` instead
-when run as root) and warm (files already in the page cache). Prints the median MB/s per mode
-and the ratios verify / cat (1.0 = as fast as reading). Numbers on a shared or virtual machine
-are noisy: compare the ratios, not the absolute speeds.
+when run as root) and warm (files already in the page cache). Prints the median MB/s per mode,
+CPU ms per MB, and the ratios to ``cat`` (1.0 = as fast as reading). Numbers on a shared or
+virtual machine are noisy: compare the ratios, not the absolute speeds.
 """
 
 from __future__ import annotations
@@ -22,23 +22,19 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import make_sample  # noqa: E402
-from pagecache import evict  # noqa: E402
+import harness
+import make_sample
 
-from packer.writer import build  # noqa: E402
-from packer.dataset import open_index  # noqa: E402
-from packer.writer.plan import BuildOptions  # noqa: E402
-from packer.verify import CHUNK_SIZE, verify  # noqa: E402
+from packer.dataset import open_index
+from packer.verify import CHUNK_SIZE, verify
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 
 
 def dataset_files(folder: Path) -> list[Path]:
@@ -118,37 +114,32 @@ def main() -> None:
     if args.workers > 1 and len(files) > 1:
         modes[f"cat x{args.workers}"] = lambda: cat(files, args.workers)
         modes[f"verify x{args.workers}"] = lambda: run_verify(args.workers)
-    speeds: dict[tuple[str, str], list[float]] = {}
     residency: list[float] = []
-    for _ in range(args.rounds):
-        for cache in ("cold", "warm"):
-            for name, body in modes.items():
-                if cache == "cold":
-                    if not evict(files, whole_cache=args.drop_caches):
-                        sys.exit("cannot evict the dataset from the page cache (--drop-caches needs root)")
-                    fraction = resident_fraction(files)
-                    if fraction is not None:
-                        residency.append(fraction)
-                else:
-                    body()  # warm the cache (and the code path) before timing
-                started = time.perf_counter()
-                body()
-                speeds.setdefault((cache, name), []).append(total / (time.perf_counter() - started) / 1e6)
+    megabytes = total / 1e6
+
+    def stretch(cache: str, body: Callable[[], None]) -> harness.Stretch:
+        if cache == "cold":
+            if not harness.evict(files, whole_cache=args.drop_caches):
+                sys.exit("cannot evict the dataset from the page cache (--drop-caches needs root)")
+            fraction = resident_fraction(files)
+            if fraction is not None:
+                residency.append(fraction)
+        else:
+            body()  # warm the cache (and the code path) before timing
+        return harness.measure(body, items=megabytes)
+
+    tables = {}
+    for cache in ("cold", "warm"):
+        results = harness.interleave([(name, lambda body=body, cache=cache: stretch(cache, body))
+                                      for name, body in modes.items()], args.rounds, unit="MB")
+        tables[cache] = harness.table(harness.summarize(results), unit="MB", name_width=12)
     if residency:
         print(f"after eviction, {100 * max(residency):.1f} % of the shard bytes were still cached (worst round)")
     else:
         print("fincore not found: could not confirm the eviction")
-    for cache in ("cold", "warm"):
-        median = {name: statistics.median(speeds[(cache, name)]) for name in modes}
-        line = ", ".join(f"{name} {mbps:,.0f} MB/s" for name, mbps in median.items())
-        print(f"{cache} ({args.rounds} rounds, median): {line}")
-        ratios = [f"verify/cat {median['verify'] / median['cat']:.2f}",
-                  f"verify/preadv {median['verify'] / median['preadv']:.2f}"]
-        if f"verify x{args.workers}" in median:
-            ratios.append(f"verify x{args.workers}/cat x{args.workers} "
-                          f"{median[f'verify x{args.workers}'] / median[f'cat x{args.workers}']:.2f}")
-            ratios.append(f"verify x{args.workers}/cat {median[f'verify x{args.workers}'] / median['cat']:.2f}")
-        print(f"{cache} ratios: " + ", ".join(ratios) + "   (1.00 = as fast as reading)")
+    for cache, text in tables.items():
+        print(f"\n{cache} page cache, {args.rounds} rounds (median):\n{text}")
+    print("(1.00x = as fast as reading the shards with cat)")
 
 
 if __name__ == "__main__":

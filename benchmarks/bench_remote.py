@@ -10,8 +10,11 @@ sample bytes read in the block order, batches of 256 (decoding left out: this is
 - first-batch latency (open included; the epoch rates leave the open out) and GET requests per
   epoch (from the proxy's log).
 
-Usage: ``python scripts/bench_remote.py [--samples 3000] [--latency-ms 20] [--bandwidth-mb 200]``.
-The machine is shared: compare the ratios of one run, not absolute numbers across runs.
+Usage: ``python benchmarks/bench_remote.py [--samples 3000] [--latency-ms 20] [--bandwidth-mb 200]``.
+Each run is timed by ``harness.measure`` (wall and CPU seconds of this process and its children,
+which include the loopback server and its proxy: CPU per image is the reader's plus the store's);
+ratios are against the floor of the same run. The machine is shared: compare the ratios of one
+run, not absolute numbers across runs.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import harness
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+SCRIPTS = harness.REPO / "scripts"
+sys.path.insert(0, str(harness.REPO / "tests"))
 
 
 def _control(proxy: str, path: str, body: dict | None = None):
@@ -39,19 +43,24 @@ def _control(proxy: str, path: str, body: dict | None = None):
         return json.loads(response.read())
 
 
-def _epoch(dataset, order: np.ndarray, batch: int) -> tuple[float, float, int]:
-    """(seconds to the first batch, seconds for the epoch, payload bytes)."""
+def _epoch(dataset, order: np.ndarray, batch: int) -> tuple[float, harness.Stretch]:
+    """(seconds to the first batch, the epoch's stretch: samples, wall and CPU seconds, bytes)."""
     started = time.perf_counter()
-    dataset.plan_reads(order)
-    first = None
-    nbytes = 0
-    for k in range(0, len(order), batch):
-        dataset.reads_advanced(k)
-        part = dataset.read_batch(order[k:k + batch])
-        nbytes += int(part.sizes.sum())
-        if first is None:
-            first = time.perf_counter() - started
-    return first or 0.0, time.perf_counter() - started, nbytes
+    first: list[float] = []
+
+    def body() -> dict:
+        dataset.plan_reads(order)
+        nbytes = 0
+        for k in range(0, len(order), batch):
+            dataset.reads_advanced(k)
+            part = dataset.read_batch(order[k:k + batch])
+            nbytes += int(part.sizes.sum())
+            if not first:
+                first.append(time.perf_counter() - started)
+        return {"items": len(order), "bytes": nbytes}
+
+    stretch = harness.measure(body)
+    return (first[0] if first else 0.0), stretch
 
 
 def main() -> None:
@@ -78,7 +87,7 @@ def main() -> None:
         os.environ[name] = "bench"
     os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    server = subprocess.Popen([sys.executable, str(HERE / "loopback_s3.py")], stdin=subprocess.PIPE,
+    server = subprocess.Popen([sys.executable, str(SCRIPTS / "loopback_s3.py")], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     try:
         endpoints = json.loads(server.stdout.readline())  # type: ignore[union-attr]
@@ -106,11 +115,9 @@ def main() -> None:
         from packer.remote.store import store_for
 
         store = store_for(parse_url(url), RemoteOptions(**base))
-        started = time.perf_counter()
-        for relative in shards:
-            store.read_object(relative)
-        floor_s = time.perf_counter() - started
-        rows.append(("store floor (one GET per shard)", None, floor_s, shard_bytes, len(shards)))
+        floor = harness.measure(lambda: [store.read_object(relative) for relative in shards], items=len(order))
+        floor.extra["bytes"] = shard_bytes
+        rows.append(("store floor (one GET per shard)", None, floor, len(shards)))
 
         for transport in ("fsspec", "obstore"):
             cache = work / f"cache-{transport}"
@@ -120,35 +127,36 @@ def main() -> None:
             opened = time.perf_counter()
             with packer.open_dataset(url, remote=options) as remote:
                 open_s = time.perf_counter() - opened
-                first, seconds, nbytes = _epoch(remote, order, args.batch)
+                first, stretch = _epoch(remote, order, args.batch)
             requests = len([e for e in _control(proxy, "/__proxy__/log") if e["method"] == "GET"])
-            rows.append((f"cold epoch, {transport}", open_s + first, seconds, nbytes, requests))
+            rows.append((f"cold epoch, {transport}", open_s + first, stretch, requests))
             if transport == "fsspec":
                 _control(proxy, "/__proxy__/reset", {})
                 opened = time.perf_counter()
                 with packer.open_dataset(url, remote=options) as remote:
                     open_s = time.perf_counter() - opened
-                    first, seconds, nbytes = _epoch(remote, order, args.batch)
+                    first, stretch = _epoch(remote, order, args.batch)
                 requests = len([e for e in _control(proxy, "/__proxy__/log") if e["method"] == "GET"])
-                rows.append(("warm epoch (node cache)", open_s + first, seconds, nbytes, requests))
+                rows.append(("warm epoch (node cache)", open_s + first, stretch, requests))
         opened = time.perf_counter()
         with packer.open_dataset(local, backend="pread") as dataset:
             open_s = time.perf_counter() - opened
-            first, seconds, nbytes = _epoch(dataset, order, args.batch)
-        rows.append(("local-disk epoch (pread, page cache warm)", open_s + first, seconds, nbytes, 0))
+            first, stretch = _epoch(dataset, order, args.batch)
+        rows.append(("local-disk epoch (pread, page cache warm)", open_s + first, stretch, 0))
     finally:
         server.stdin.close()  # type: ignore[union-attr]
         server.wait(timeout=30)
 
-    floor_rate = shard_bytes / floor_s
+    floor_rate = shard_bytes / floor.seconds
     print(f"{len(order)} samples, {shard_bytes / 1e6:.1f} MB of shards; proxy: {args.latency_ms:g} ms per request, "
           f"{args.bandwidth_mb:g} MB/s cap; machine shared (2 cores)")
-    print(f"| run | images/s | MB/s | vs floor | first batch s | GET requests |")
-    print(f"|---|---:|---:|---:|---:|---:|")
-    for name, first, seconds, nbytes, requests in rows:
-        rate = nbytes / seconds
-        print(f"| {name} | {len(order) / seconds if first is not None else float('nan'):,.0f} | {rate / 1e6:,.1f} | "
-              f"{rate / floor_rate:.2f}x | {'' if first is None else f'{first:.2f}'} | {requests} |")
+    print("| run | images/s | MB/s | vs floor | CPU ms/image | first batch s | GET requests |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, first, stretch, requests in rows:
+        rate = stretch.extra["bytes"] / stretch.seconds
+        print(f"| {name} | {stretch.rate if first is not None else float('nan'):,.0f} | {rate / 1e6:,.1f} | "
+              f"{rate / floor_rate:.2f}x | {1e3 * stretch.cpu_seconds / stretch.items:.3f} | "
+              f"{'' if first is None else f'{first:.2f}'} | {requests} |")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage::
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_small.py [--images 50000] [--size 32]
+    .venv/bin/python benchmarks/bench_small.py [--images 50000] [--size 32]
         [--workers 2] [--threads 2] [--batch-size 512] [--rounds 3] [--out bench-out/small]
         [--raw224 2000] [--json FILE]
 
@@ -21,16 +21,16 @@ What one run does:
      exist"), ``bench_peers.ImageFolderLike`` + the same transform transcribed from
      torchvision's PIL path (get_params on torch's RNG, PIL crop + bilinear resize, flip,
      tensor), and the table says ``(emulated)``;
-   * ``packer pass-through``: ``PackedDataset(decode=RandomResizedCrop(size), layout="HWC")`` +
-     ``PackedBatchSampler``, ``--workers`` workers (decodes each PNG);
+   * ``packer pass-through``: ``PackedDataset(decode=RandomResizedCrop(size))`` +
+     ``PackedBatchSampler`` + ``collate`` (the default wiring), ``--workers`` workers (decodes each PNG);
    * ``packer raw batched, N workers``: the same over the raw dataset: each batch is one
      gather + one vectorised crop-resize (``packer.rawcrop``) in a worker;
    * ``packer raw batched, main process``: the same with ``num_workers=0``;
    * ``packer raw threaded, T threads``: ``packer.threaded.ThreadedLoader``.
 
-   The loaders run in ``--rounds`` interleaved rounds (background load hits all of them alike);
-   the table shows the median round's images/s, its ratio to ImageFolder's median, and
-   CPU-seconds per image over all rounds (workers + main process, from ``/proc``).
+   The loaders run in ``--rounds`` interleaved rounds (``harness.interleave``: background load
+   hits all of them alike); the table shows the median round's images/s and CPU ms per image
+   over all rounds (workers + main process), with their ratios to ImageFolder's.
 3. **Raw batch reads** (no augmentation), random batches: ``read_raw_batch`` (one gather per
    batch, one thread), ``ThreadedLoader(decode=True)``, a ``memcpy`` (``numpy.copyto``) of
    the same number of bytes from one cache-resident buffer, and the gather's floor: the same
@@ -59,9 +59,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_peers  # noqa: E402  (scripts/ is not a package)
-import make_sample  # noqa: E402
+import bench_peers
+import harness
+import make_sample
 
 
 TARGETS = {"raw_vs_imagefolder": 25.0, "raw_batch_reads_per_s": 2_000_000}
@@ -87,22 +87,7 @@ def ensure_packed(src: Path, out: Path, codec: str, workers: int) -> Path:
 
 
 def warm(folder: Path) -> None:
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb") as handle:
-                while handle.read(1 << 20):
-                    pass
-
-
-def machine_load() -> dict[str, Any]:
-    """The 1-minute load average and the CPU pressure (PSI ``some avg60``, in %) when the kernel has it."""
-    pressure = None
-    try:
-        first = Path("/proc/pressure/cpu").read_text().split("\n")[0]
-        pressure = float(first.split("avg60=")[1].split()[0])
-    except (OSError, IndexError, ValueError):
-        pass
-    return {"loadavg_1m": os.getloadavg()[0], "cpu_pressure_avg60": pressure}
+    harness.warm(p for p in folder.rglob("*") if p.is_file())
 
 
 # --- loaders --------------------------------------------------------------------------------------
@@ -130,8 +115,7 @@ def loader_packer(packed: Path, workers: int, batch: int, size: int, *, decode: 
 
     from packer.torch import PackedBatchSampler, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
-    dataset = PackedDataset(packed, decode=RandomResizedCrop(size, seed=0) if decode is None else decode,
-                            layout="HWC")
+    dataset = PackedDataset(packed, decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
     sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
                       persistent_workers=workers > 0)
@@ -144,52 +128,18 @@ def loader_threaded(packed: Path, threads: int, batch: int, size: int, *, decode
                           decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
 
 
-def forever(loader: Any) -> Iterator[Any]:
-    epoch = 0
-    while True:
-        for target in (loader, getattr(loader, "batch_sampler", None)):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
-def measure(loader: Any, *, warmup: int, images: int) -> dict[str, float]:
-    """One timed stretch: images/s and CPU-seconds (main process and its worker children).
-
-    ``bench_peers.measure_loader`` does the timing; this keeps the totals the tables here print.
-    """
-    stretch = bench_peers.measure_loader(loader, warmup=warmup, images=images, exclude="")
-    return {"images": stretch["images"], "seconds": stretch["seconds"],
-            "cpu_s": stretch["main_cpu_s"] + sum(stretch["worker_cpu_s"])}
+forever = bench_peers.forever
 
 
 def training_table(runs: list[tuple[str, Callable[[], Any]]], *, rounds: int, images: int,
-                   warmup: int) -> list[dict[str, Any]]:
-    stretches: dict[str, list[dict[str, float]]] = {name: [] for name, _ in runs}
-    for r in range(rounds):
-        for name, make in runs:
-            stretch = measure(make(), warmup=warmup, images=images)
-            stretches[name].append(stretch)
-            print(f"  round {r + 1}/{rounds} {name}: {stretch['images'] / stretch['seconds']:,.0f} "
-                  f"images/s", file=sys.stderr)
-    rows = []
-    for name, _ in runs:
-        done = stretches[name]
-        rates = [s["images"] / s["seconds"] for s in done]
-        rows.append({"name": name, "images_per_s": statistics.median(rates),
-                     "rounds": [round(x, 1) for x in rates],
-                     "cpu_us_per_image": 1e6 * sum(s["cpu_s"] for s in done) / sum(s["images"] for s in done)})
-    base = rows[0]["images_per_s"]
-    for row in rows:
-        row["vs_imagefolder"] = row["images_per_s"] / base
-    return rows
+                   warmup: int) -> list[harness.Row]:
+    """Each loader ``rounds`` times, interleaved (``bench_peers.measure_training``), against the first."""
+    return bench_peers.measure_training(runs, rounds=rounds, warmup=warmup, images=images * rounds)
 
 
 # --- raw reads and stages -------------------------------------------------------------------------
 
-def median_rate(body: Callable[[], int], repeats: int = 3, min_seconds: float = 0.5) -> float:
-    return statistics.median(bench_peers.timed_loop(body, min_seconds) for _ in range(repeats))
+median_rate = harness.median_rate
 
 
 def raw_reads(raw: Path, batch: int, threads: int) -> dict[str, float]:
@@ -252,7 +202,7 @@ def raw_reads(raw: Path, batch: int, threads: int) -> dict[str, float]:
     for _ in range(3):  # interleaved: the three see the same background load
         for name, body in (("memcpy", memcpy), ("random_rows", random_rows), ("read_raw_batch", gather),
                            ("threaded", threaded_body)):
-            rates.setdefault(name, []).append(bench_peers.timed_loop(body, 0.5))
+            rates.setdefault(name, []).append(harness.timed_loop(body, 0.5))
     stream.close()
     del far, far_rows, far_positions
     anonymous.close()
@@ -387,14 +337,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"packer raw threaded, {threads} threads", lambda: loader_threaded(raw, threads, batch, size)),
     ]
     print(f"training-style loaders, RandomResizedCrop({size}) + flip, batch {batch}:", file=sys.stderr)
-    load_before = machine_load()
+    load_before = harness.machine_load()
     table = training_table(runs, rounds=args.rounds, images=per_round, warmup=2)
     reads = raw_reads(raw, batch, threads)
     stages = {"raw batched": stages_raw(raw, batch, size),
               "imagefolder": stages_imagefolder(src, batch, size)}
     extra = raw224(out, args.raw224, 256, threads) if args.raw224 else None
 
-    load_after = machine_load()
+    load_after = harness.machine_load()
     disk = {name: sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             for name, path in (("png files", src), ("pass-through", passthrough), ("raw", raw))}
     print(f"\n{args.images:,} {size}x{size} PNGs, RandomResizedCrop({size}) + flip, uint8, batch {batch}, "
@@ -403,10 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine load (1-min load average; CPU pressure, share of time some task waited for a core): "
           f"before {load_before['loadavg_1m']:.2f} / {load_before['cpu_pressure_avg60']}, after "
           f"{load_after['loadavg_1m']:.2f} / {load_after['cpu_pressure_avg60']} (other work on the machine)")
-    print(f"{'loader':<40} {'images/s':>12} {'vs ImageFolder':>15} {'CPU us/image':>13}")
-    for row in table:
-        print(f"{row['name']:<40} {row['images_per_s']:>12,.0f} {row['vs_imagefolder']:>14.1f}x "
-              f"{row['cpu_us_per_image']:>13.1f}")
+    print(harness.table(table, unit="images", name_width=40))
     print(f"\nraw batch reads (no augmentation), random batches of {batch}:")
     print(f"  memcpy of the same bytes   {reads['memcpy_samples_per_s']:>14,.0f} samples/s "
           f"{reads['memcpy_gb_per_s']:6.2f} GB/s (one buffer, cache-resident)")
@@ -431,13 +378,13 @@ def main(argv: list[str] | None = None) -> int:
               f"ThreadedLoader {extra['reads_threaded_gb_per_s']:.2f} GB/s")
         print(f"  RandomResizedCrop(224): per-sample {extra['rrc224_per_sample_images_per_s']:,.0f} "
               f"images/s, batched {extra['rrc224_batched_images_per_s']:,.0f} images/s")
-    best_raw = max(row["vs_imagefolder"] for row in table if "raw" in row["name"])
+    best_raw = max(row.ratio for row in table if "raw" in row.name)
     print(f"\ntargets: raw >= {TARGETS['raw_vs_imagefolder']:.0f}x ImageFolder: {best_raw:.1f}x "
           f"{'PASS' if best_raw >= TARGETS['raw_vs_imagefolder'] else 'FAIL'}; raw batch reads >= "
           f"{TARGETS['raw_batch_reads_per_s']:,}/s: {reads['read_raw_batch_samples_per_s']:,.0f} "
           f"{'PASS' if reads['read_raw_batch_samples_per_s'] >= TARGETS['raw_batch_reads_per_s'] else 'FAIL'}")
     if args.json:
-        args.json.write_text(json.dumps({"table": table, "reads": reads, "stages": stages, "disk": disk,
+        args.json.write_text(json.dumps({"table": [row.as_dict() for row in table], "reads": reads, "stages": stages, "disk": disk,
                                          "raw224": extra, "emulated_imagefolder": emulated,
                                          "load": {"before": load_before, "after": load_after},
                                          "machine": platform.platform(), "args": vars(args)},

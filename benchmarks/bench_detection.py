@@ -4,10 +4,10 @@ torchvision ``CocoDetection``-style loader with transforms-v2-style box handling
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python scripts/bench_detection.py [--images 2000] [--workers 2] [--batch-size 32]
+    python benchmarks/bench_detection.py [--images 2000] [--workers 2] [--batch-size 32]
         [--rounds 3] [--out bench-out/detection] [--json FILE]
 
-(``scripts/bench_peers.py --detection`` runs the same measurement beside the classification table.)
+(``benchmarks/bench_peers.py --detection`` runs the same measurement beside the classification table.)
 
 What one run does:
 
@@ -27,13 +27,13 @@ What one run does:
      ``CocoDetection`` + ``wrap_dataset_for_transforms_v2`` + ``transforms.v2`` are measured too.
    * packer: ``PackedDataset(fields=("image", "boxes", "labels"), decode=RandomResizedCrop(512),
      geometry={"boxes": "xyxy", "labels": "per-box"}, layout="HWC")`` with
-     ``PackedBatchSampler``.
+     ``PackedBatchSampler`` (HWC, like the baseline's ``np.array(image)``).
 3. **Raw iteration with fields**: ``read_batch`` of 256 random samples with and without the
    fixed-width ``image_id`` field gathered alongside (the cost of an extra fixed column).
 
-Loaders run in ``--rounds`` interleaved rounds; the table shows the best round's images/s and
-images per CPU-second over all rounds (``/proc``: workers + main process), and ratios to the
-baseline measured in the same run. The machine is shared: read the ratios.
+Loaders run in ``--rounds`` interleaved rounds (``harness.interleave``); the table shows the
+median round's images/s and CPU ms per image over all rounds (workers + main process), and
+ratios to the baseline measured in the same run. The machine is shared: read the ratios.
 """
 
 from __future__ import annotations
@@ -44,15 +44,14 @@ import math
 import os
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_sample  # noqa: E402  (scripts/ is not a package)
-from bench_peers import have_torchvision, measure_training  # noqa: E402
+import harness
+import make_sample
+from bench_peers import have_torchvision, measure_training
 
 CATEGORIES = [{"id": 10 + 3 * k, "name": f"thing{k}"} for k in range(8)]
 SIZE = 512
@@ -210,25 +209,29 @@ def loader_packer(packed: Path, workers: int, batch: int) -> Any:
 
 def raw_field_rates(packed: Path, batch: int = 256, seconds: float = 0.5, rounds: int = 5) -> dict[str, float]:
     """read_batch samples/s with and without gathering a fixed-width field alongside: the two
-    alternate for ``rounds`` rounds (the machine's noise hits both), best round each."""
+    alternate for ``rounds`` rounds (the machine's noise hits both), median round each."""
     from packer.dataset import open_dataset
 
-    rates: dict[str, float] = {"read_batch": 0.0, "read_batch + image_id": 0.0}
     with open_dataset(packed) as ds:
         n = len(ds)
         rng = np.random.default_rng(0)
         image_id = ds.field_array("image_id")
-        for _ in range(rounds):
-            for name in rates:
-                count, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    idx = rng.integers(0, n, batch)
-                    data = ds.read_batch(idx)
-                    if name != "read_batch":
-                        np.asarray(image_id[idx])
-                    count += len(data)
-                rates[name] = max(rates[name], count / (time.perf_counter() - start))
-    return rates
+
+        def plain() -> int:
+            ds.read_batch(rng.integers(0, n, batch))
+            return batch
+
+        def with_field() -> int:
+            idx = rng.integers(0, n, batch)
+            ds.read_batch(idx)
+            np.asarray(image_id[idx])
+            return batch
+
+        results = harness.interleave([("read_batch", lambda: harness.measure(harness.run_for(plain, seconds))),
+                                      ("read_batch + image_id",
+                                       lambda: harness.measure(harness.run_for(with_field, seconds)))],
+                                     rounds, log=None)
+    return {row.name: row.rate for row in harness.summarize(results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,24 +258,20 @@ def run(args: argparse.Namespace) -> int:
     runs.append(("packer fields + RandomResizedCrop(512)", lambda: loader_packer(packed, args.workers,
                                                                                 args.batch_size)))
     per_round = args.per_round or args.images
+    load = harness.machine_load()
     results = measure_training(runs, rounds=args.rounds, warmup=2, images=per_round * args.rounds,
                                exclude=str(packed))
-    base = results[0]["images_per_s"]
-    base_cpu = results[0]["images_per_cpu_s"]
     print(f"\ndetection-style load: {args.images} JPEGs 500x375, RRC({SIZE}) + flip on image and boxes, "
-          f"batch {args.batch_size}, {args.workers} workers, best of {args.rounds} rounds (nproc={os.cpu_count()}, "
-          f"load {os.getloadavg()[0]:.1f})")
-    print(f"{'loader':48} {'images/s':>9} {'ratio':>6} {'img/CPU-s':>10} {'ratio':>6}")
-    for r in results:
-        print(f"{r['name']:48} {r['images_per_s']:9.0f} {r['images_per_s'] / base:6.2f} "
-              f"{r['images_per_cpu_s']:10.0f} {r['images_per_cpu_s'] / base_cpu:6.2f}")
+          f"batch {args.batch_size}, {args.workers} workers, {args.rounds} interleaved rounds (median); "
+          + harness.describe_load(load, harness.machine_load()))
+    print(harness.table(results, unit="images", name_width=48))
     rates = raw_field_rates(packed)
     plain = rates["read_batch"]
     print("\nraw read_batch(256), random order, one process:")
     for name, rate in rates.items():
         print(f"  {name:28} {rate:12,.0f} samples/s  {rate / plain:5.2f}x")
     if args.json:
-        args.json.write_text(json.dumps({"training": results, "raw": rates}, indent=2, sort_keys=True))
+        args.json.write_text(json.dumps({"training": [row.as_dict() for row in results], "raw": rates}, indent=2, sort_keys=True))
     return 0
 
 

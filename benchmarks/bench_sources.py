@@ -1,9 +1,10 @@
 """Build time from each source kind against reading the container once, and memory against member count.
 
-    python scripts/bench_sources.py [--images 2000] [--size-kb 110] [--workers 2] [--members 20000,100000]
-                                    [--work DIR]
+    python benchmarks/bench_sources.py [--images 2000] [--size-kb 110] [--workers 2] [--members 20000,100000]
+                                       [--rounds 2] [--work DIR]
 
-In one run, with the page cache warm (each step runs once to warm up, then is timed):
+In one run, with the page cache warm (each step runs once to warm up, then is timed in
+``--rounds`` interleaved rounds, ``harness.interleave``; the median round is shown):
   1. the same JPEGs as a folder, an uncompressed tar, a tar of class tars (ImageNet's layout),
      a stored zip, WebDataset shards (1,000 samples each, .jpg + .cls), a Parquet file in the
      HuggingFace layout (when pyarrow is installed) and a gzipped tar;
@@ -27,30 +28,25 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_sample  # noqa: E402
+import harness
+import make_sample
 
 PYTHON = sys.executable
 
 
-def timed(command: list[str] | str, *, shell: bool = False) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, shell=shell, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+def run_shell(command: str) -> None:
+    subprocess.run(command, shell=True, check=True, stdout=subprocess.DEVNULL)
 
 
-def timed_build(source: Path | str, out: Path, workers: int) -> float:
+def library_build(source: Path | str, out: Path, workers: int) -> None:
     """``packer build`` through the library, in this process (no interpreter start-up in the time)."""
     from packer.writer import build
     from packer.writer.plan import BuildOptions
 
-    start = time.perf_counter()
     build(source, out, BuildOptions(), workers=workers, overwrite=True, progress=False)
-    return time.perf_counter() - start
 
 
 def build_command(source: Path | str, out: Path, workers: int) -> list[str]:
@@ -157,6 +153,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--members", default="20000,100000")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-sources-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -166,19 +163,24 @@ def main() -> None:
     sources = make_sources(work, folder)
     total = sum(p.stat().st_size for p in folder.rglob("*.jpg"))
     print(f"{args.images} JPEGs, {total / 1e6:.0f} MB, {args.workers} workers, warm page cache, {work}")
-    print(f"{'source':<22} {'read once':>10} {'build':>8} {'/read':>6} {'/folder':>8} {'MB/s':>7}")
-    rows = []
+    rows: list[dict[str, object]] = []
+    out = work / "out"
+    folder_rate = None
     for name, (source, baseline) in sources.items():
-        out = work / "out"
-        timed(baseline, shell=True)
-        base = timed(baseline, shell=True)
-        timed_build(source, out, args.workers)  # warm-up
-        seconds = timed_build(source, out, args.workers)
-        folder_seconds = rows[0]["build_s"] if rows else seconds
-        rows.append({"source": name, "baseline_s": base, "build_s": seconds, "ratio": seconds / base,
-                     "ratio_to_folder": seconds / folder_seconds})
-        print(f"{name:<22} {base:>9.2f}s {seconds:>7.2f}s {seconds / base:>5.1f}x {seconds / folder_seconds:>7.2f}x "
-              f"{total / 1e6 / seconds:>7.0f}")
+        run_shell(baseline)
+        library_build(source, out, args.workers)  # warm-up
+        results = harness.interleave([
+            (f"read once ({name})", lambda baseline=baseline: harness.measure(lambda: run_shell(baseline),
+                                                                              items=total / 1e6)),
+            (f"build from {name}", lambda source=source: harness.measure(
+                lambda: library_build(source, out, args.workers), items=total / 1e6))], args.rounds, log=None)
+        base, built = harness.summarize(results)
+        folder_rate = folder_rate or built.rate
+        rows.append({"source": name, "baseline_s": total / 1e6 / base.rate, "build_s": total / 1e6 / built.rate,
+                     "ratio": base.rate / built.rate, "ratio_to_folder": folder_rate / built.rate,
+                     "build_cpu_ms_per_mb": built.cpu_ms})
+        print(harness.table([base, built], unit="MB", name_width=34, columns=[
+            ("vs folder", lambda row: f"{row.rate / folder_rate:.2f}x" if row is built else "")]), flush=True)
         shutil.rmtree(out, ignore_errors=True)
     print(f"\n{'members':>9} {'tar MB':>7} {'build':>8} {'peak RSS':>9}")
     for count in [int(n) for n in args.members.split(",")]:
