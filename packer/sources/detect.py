@@ -1,6 +1,7 @@
 """Recognising a source by its bytes (``--source-kind auto``) and handing it to its door: a
-WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, Parquet, a zip, a tar of
-class folders or class tars, else an image folder or a manifest."""
+WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, a Hugging Face
+``save_to_disk`` folder, Parquet, a zip, a tar of class folders or class tars, else an image
+folder or a manifest."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..fields import FieldSpec
 from .archive_listing import DEFAULT_MAX_MEMBER_SIZE
 from .coco import list_coco, looks_like_coco
 from .folder import list_image_folder
+from .hf_disk import hf_disk_folder, list_hf_disk
 from .listing import SourceListing
 from .manifest import list_manifest
 from .parquet import _parquet_files, list_parquet
@@ -23,7 +25,7 @@ from .webdataset import _looks_like_webdataset, list_webdataset
 from .zip import list_zip
 
 #: Accepted values of ``source_kind``.
-SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco")
+SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf")
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -83,8 +85,8 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
         progress: called with the running member count every 10,000 members.
         spool_dir: where a compressed tar is decompressed to (required for one).
         source_kind: ``"auto"`` (by content) or one of ``SOURCE_KINDS`` to insist.
-        label_field: the WebDataset ``.json`` field, or the Parquet column, holding the label.
-        image_column: the Parquet column holding the images (default: found by its type).
+        label_field: the WebDataset ``.json`` field, or the Parquet / Hugging Face column, holding the label.
+        image_column: the Parquet / Hugging Face column holding the images (default: found by its type).
         max_member_size: larger archive members are rejected.
         classes, label_type: as for ``sources.list_source`` (folders and manifests; archives
             number the classes they find).
@@ -110,6 +112,10 @@ def list_any_source(source: str | os.PathLike[str], root: str | os.PathLike[str]
             raise OptionError("--classes does not apply to a COCO source: its samples have no main label (-1); "
                               "the objects' categories are the 'labels' field")
         return list_coco(path, root, progress=progress)
+    if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
+        _no_fields(fields, "a Hugging Face save_to_disk folder declares its fields from its features")
+        return list_hf_disk(path, progress=progress, spool_dir=spool_dir, label_column=label_field,
+                            image_column=image_column, max_member_size=max_member_size)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:
         _no_fields(fields, "a Parquet source")
