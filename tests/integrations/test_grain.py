@@ -87,7 +87,7 @@ def test_a_checkpointed_iterator_resumes_exactly(packed):
     resumed = iter(pipeline())
     resumed.set_state(state)
     got = _take(resumed, 6)
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         assert np.array_equal(a["index"], b["index"]) and np.array_equal(a["image"], b["image"])
     fresh = _take(iter(pipeline()), 15)
     assert [b["index"].tolist() for b in fresh] == [b["index"].tolist() for b in head + expected]
