@@ -6,8 +6,13 @@ TORCH_SPEC ?= torch==2.13.0
 # DALI's CPU pipelines run here; set DALI_SPEC= to skip the ~200 MB wheel.
 DALI_SPEC ?= nvidia-dali-cuda130
 PY := $(VENV)/bin/python
+# torchvision does not import beside the local CPU torch 2.13.0 (its C ops are built for another
+# torch), so the tests marked `torchvision` run in a venv of their own with a matching pair.
+TV_VENV ?= .venv-tv
+TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
+TV_PY := $(TV_VENV)/bin/python
 
-.PHONY: venv demo test bench mutate clean
+.PHONY: venv venv-tv demo test test-torchvision bench mutate clean
 
 $(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_rawresample.c Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +23,26 @@ $(VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_r
 
 venv: $(VENV)/.installed
 
+$(TV_VENV)/.installed: pyproject.toml setup.py packer/codecs/_jpegtiles.c packer/_rawresample.c Makefile
+	$(PYTHON) -m venv $(TV_VENV)
+	$(TV_PY) -m pip install --quiet --upgrade pip
+	$(TV_PY) -m pip install --quiet $(TV_SPEC)
+	$(TV_PY) -m pip install --quiet -e ".[torchvision]" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" pycocotools
+	touch $@
+
+venv-tv: $(TV_VENV)/.installed
+
 demo: venv
 	$(PY) scripts/demo.py --out demo-out
 
 # PACKER_REQUIRE_EXTENSION: the tiled codec's C extension must have been built here.
 test: venv
 	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
+	$(MAKE) test-torchvision
+
+# Only the tests marked `torchvision` (in the main venv they skip: no torchvision there).
+test-torchvision: venv-tv
+	PACKER_REQUIRE_EXTENSION=1 $(TV_PY) -m pytest -q -m torchvision
 
 # Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about 80
 # minutes on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
@@ -40,4 +59,4 @@ bench: venv
 	$(PY) benchmarks/bench_backends.py
 
 clean:
-	rm -rf $(VENV) demo-out bench-out .mutate
+	rm -rf $(VENV) $(TV_VENV) demo-out bench-out .mutate

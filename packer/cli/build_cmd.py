@@ -26,7 +26,7 @@ def describe_labels(summary: dict, class_count: int) -> str:
         return f"labels: none (no sample has a label: every sample's label is -1{targets})"
     if summary.get("label_type") == "int" and not class_count:
         why = " (auto: every label is a plain integer)" if asked == "auto" else ""
-        where = {"webdataset": "the .cls/.json members", "parquet": "the label column"}.get(
+        where = {"webdataset": "the .cls/.json members", "parquet": "the label column", "hf": "the label column"}.get(
             summary.get("source_kind"), "the manifest")
         return f"labels: integers as written in {where}{why}"
     source = "folder names" if summary.get("source_kind") == "folder" else "label strings, sorted"
@@ -76,16 +76,17 @@ def describe_labels(summary: dict, class_count: int) -> str:
 @click.option("--finish", "finish_only", is_flag=True, help="Combine the finished parts into the dataset.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--source-kind", default="auto", show_default=True,
-              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco"]),
+              type=click.Choice(["auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf"]),
               help="What SOURCE is; auto recognises archives by their bytes, a COCO annotation JSON by its "
-                   "images/annotations/categories.")
+                   "images/annotations/categories, a Hugging Face save_to_disk folder by its state.json.")
 @click.option("--label-field", default="label", show_default=True,
               help="WebDataset: the .json member's field holding the label (a .cls member wins); "
-                   "Parquet: the label column.")
+                   "Parquet, Hugging Face: the label column.")
 @click.option("--normalize-formats", is_flag=True,
               help="Convert images in formats other than JPEG, PNG and WEBP (TGA, PPM, TIFF, BMP, GIF, ...) to "
                    "lossless PNG at build, so every loader can decode them; counted in the summary.")
-@click.option("--image-column", default=None, help="Parquet: the image column (default: found by its type).")
+@click.option("--image-column", default=None,
+              help="Parquet, Hugging Face: the image column (default: found by its type).")
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
 @click.option("--classes", "classes_spec", default=None,
               help="Fix the class list (label i = i-th name): a file (one name per line, or a .json list) "

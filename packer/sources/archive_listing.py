@@ -33,7 +33,7 @@ from .members import RAW, MemberBounds, MemberTable, container_stat
 from .sidefiles import MAX_TEXT_MEMBER_BYTES, TEXT_EXTENSIONS
 
 #: Listing kinds whose members live in archives (``SourceListing.kind``).
-ARCHIVE_KINDS = frozenset({"tar", "zip", "webdataset", "parquet"})
+ARCHIVE_KINDS = frozenset({"tar", "zip", "webdataset", "parquet", "hf"})
 #: Members larger than this are rejected (``oversize-member``) before anything is read.
 DEFAULT_MAX_MEMBER_SIZE = 1 << 30
 #: Largest accepted ratio of uncompressed to compressed bytes (decompression-bomb guard).

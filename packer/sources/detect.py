@@ -1,6 +1,7 @@
 """Recognising a source by its bytes (``--source-kind auto``) and handing it to its door: a
-WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, Parquet, a zip, a tar of
-class folders or class tars, else an image folder or a manifest.
+WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, a Hugging Face
+``save_to_disk`` folder, Parquet, a zip, a tar of class folders or class tars, else an image
+folder or a manifest.
 
 ``list_raw`` is the one dispatcher. It hands each door a ``DoorOptions`` and nothing else: the
 rules (class list, label type, unlabeled samples, bounds) are applied to what it returns by
@@ -20,6 +21,7 @@ from ..fields import FieldSpec
 from ..files import open_user_file
 from .coco import list_coco, looks_like_coco
 from .folder import list_image_folder
+from .hf_disk import hf_disk_folder, list_hf_disk
 from .listing import DoorOptions, RawListing
 from .manifest import list_manifest
 from .parquet import _parquet_files, list_parquet
@@ -31,7 +33,7 @@ from .zip import list_zip
 __all__ = ["SOURCE_KINDS", "MAX_BRACE_NAMES", "expand_braces", "list_raw"]
 
 #: Accepted values of ``source_kind``.
-SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco")
+SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf")
 #: A brace pattern may name at most this many shards (counted before anything is expanded).
 MAX_BRACE_NAMES = 1_000_000
 _BRACE = re.compile(r"\{([^{}]*)\}")
@@ -156,6 +158,9 @@ def list_raw(source: str | os.PathLike[str], door: DoorOptions = DoorOptions()) 
         _no_fields(door.fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, "
                                 "image_id)")
         return list_coco(path, door)
+    if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
+        _no_fields(door.fields, "a Hugging Face save_to_disk folder declares its fields from its features")
+        return list_hf_disk(path, door)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:
         _no_fields(door.fields, "a Parquet source")

@@ -33,6 +33,8 @@ LAYERS = {
     # readers, checkers and converters over a dataset
     "torch": 10, "dali": 10, "verify": 10, "export": 10, "inspect": 10,
     "threaded": 11, "gpu": 11, "bench": 11,
+    # integrations with other frameworks: over the torch readers, or over the dataset and orders
+    "lightning": 11, "grain": 11, "tvtensors": 11,
     # the shells
     "cli": 12, "__main__": 13, "packer": 13,
 }

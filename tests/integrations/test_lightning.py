@@ -1,0 +1,234 @@
+"""packer.lightning with the real Lightning: a 2-rank CPU fit (DDP over gloo) killed mid-epoch
+resumes from its checkpoint in another world size and trains on every sample exactly once per
+epoch; class lists across splits; the Trainer settings the module needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+L = pytest.importorskip("lightning", reason="the Lightning tests need lightning: pip install 'packer-shards[lightning]'")
+import torch  # noqa: E402  (lightning imports torch)
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
+
+from helpers import write_images  # noqa: E402
+from packer import ClassListMismatchError, OptionError  # noqa: E402
+from packer.lightning import PackedDataModule  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
+
+SAMPLES = 48
+BATCH = 4
+
+
+def _build(root: Path, name: str, classes: dict[str, int]) -> Path:
+    write_images(root / f"{name}-src", classes, size=8)
+    out = root / name
+    build(root / f"{name}-src", out, BuildOptions(shard_size=8 << 10, classes=("a", "b", "c")), workers=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lightning")
+    return {"train": _build(root, "train", {"a": 20, "b": 16, "c": 12}),
+            "val": _build(root, "val", {"a": 3, "b": 2, "c": 2})}
+
+
+class Recorder(L.LightningModule):
+    """Trains nothing; appends every batch it trains on to ``log/rank-R.jsonl``."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.log_dir = log
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.val_seen: list[int] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        record = {"epoch": self.current_epoch, "step": self.global_step + 1, "rank": self.global_rank,
+                  "batch_idx": batch_idx, "indices": batch["index"].tolist()}
+        with open(Path(self.log_dir) / f"rank-{self.global_rank}.jsonl", "a") as out:
+            out.write(json.dumps(record) + "\n")
+        return (self.weight * batch["label"].float()).sum()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_seen.extend(batch["index"].tolist())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class KillAt(Callback):
+    """SIGKILLs every rank when it is about to train batch ``batch_idx`` of epoch 0 (the
+    checkpoint of an earlier step is on disk; what was trained since is lost)."""
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.current_epoch == 0 and batch_idx == self.batch_idx:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _trainer(tmp: Path, *, devices: int, epochs: int = 2, callbacks: list | None = None, **kw) -> L.Trainer:
+    options = dict(accelerator="cpu", devices=devices, max_epochs=epochs, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, use_distributed_sampler=False, default_root_dir=str(tmp),
+                   callbacks=callbacks or [], num_sanity_val_steps=0, enable_checkpointing=bool(callbacks))
+    if devices > 1:
+        options["strategy"] = "ddp_fork"  # DDP over gloo in forked processes: no re-import per rank
+    options.update(kw)
+    return L.Trainer(**options)
+
+
+def _module(splits: dict[str, Path], **kw) -> PackedDataModule:
+    return PackedDataModule(splits["train"], splits["val"], batch_size=BATCH, seed=7,
+                            train_options={"fields": ("index", "label"), "decode": False},
+                            eval_options={"fields": ("index", "label"), "decode": False}, **kw)
+
+
+def _records(log: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(log.glob("rank-*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def test_killed_two_rank_fit_resumes_in_one_rank_with_every_sample_once(splits, tmp_path):
+    log = tmp_path / "log"
+    log.mkdir()
+    checkpoints = tmp_path / "ckpt"
+    saver = ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=2, save_top_k=-1, save_last=False)
+    trainer = _trainer(tmp_path, devices=2, callbacks=[saver, KillAt(batch_idx=3)])
+    with pytest.raises(Exception, match="SIGKILL|signal 9|exit"):
+        trainer.fit(Recorder(str(log)), datamodule=_module(splits))
+    saved = sorted(checkpoints.glob("*.ckpt"))
+    assert [p.name for p in saved] == ["epoch=0-step=2.ckpt"]  # step 3 trained, killed before step 4
+    before = _records(log)
+    assert {r["rank"] for r in before} == {0, 1} and max(r["step"] for r in before) == 3
+    kept = [i for r in before if r["step"] <= 2 for i in r["indices"]]  # what the checkpoint holds
+    assert len(kept) == 2 * 2 * BATCH and len(set(kept)) == len(kept)
+
+    for path in log.glob("*.jsonl"):
+        path.unlink()
+    resumed = Recorder(str(log))
+    data = _module(splits)
+    trainer = _trainer(tmp_path, devices=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt2")])
+    trainer.fit(resumed, datamodule=data, ckpt_path=str(saved[0]))
+    after = _records(log)
+    assert {r["rank"] for r in after} == {0}
+    epoch0 = kept + [i for r in after if r["epoch"] == 0 for i in r["indices"]]
+    epoch1 = [i for r in after if r["epoch"] == 1 for i in r["indices"]]
+    assert sorted(epoch0) == list(range(SAMPLES)), Counter(epoch0).most_common(3)
+    assert sorted(epoch1) == list(range(SAMPLES)), Counter(epoch1).most_common(3)
+    # Lightning counted the resumed epoch from its checkpoint (2 batches) plus this run's 8, and
+    # the next epoch as a whole one-rank epoch (12 batches): its loader was made again.
+    assert [r["batch_idx"] for r in after if r["epoch"] == 0] == list(range(2, 10))
+    assert [r["batch_idx"] for r in after if r["epoch"] == 1] == list(range(12))
+    assert trainer.reload_dataloaders_every_n_epochs == 0  # borrowed once, put back
+    assert sorted(resumed.val_seen) == sorted(list(range(7)) * 2)  # validated after each epoch
+    assert trainer.global_step == 2 + 8 + 12
+
+
+def test_state_is_the_position_after_the_batches_lightning_processed_and_resumes_on_two_ranks(splits, tmp_path):
+    """A one-process fit stopped after a checkpoint at step 5 of 12: the module's state (the
+    checkpoint holds it under its class name) is the position after 5 batches, whatever a worker
+    prefetched; resumed on 2 ranks, the rest of the epoch is dealt between them, none twice."""
+    log = tmp_path / "log"
+    log.mkdir()
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1)
+    trainer = _trainer(tmp_path, devices=1, epochs=1, callbacks=[saver], max_steps=5)
+    trainer.fit(Recorder(str(log)), datamodule=_module(splits, num_workers=1))  # a worker prefetches ahead
+    path = tmp_path / "ckpt" / "epoch=0-step=5.ckpt"
+    state = torch.load(path, weights_only=False)["PackedDataModule"]
+    assert state["loop_batches"] == 5
+    assert state["train"]["consumed"] == 5 * BATCH and state["train"]["epoch"] == 0
+    assert state["train"]["order"] == "random" and state["train"]["seed"] == 7
+    seen = [i for r in _records(log) for i in r["indices"]]
+    first = PackedDataModule(splits["train"], batch_size=BATCH, seed=7,
+                             train_options={"fields": ("index", "label"), "decode": False})
+    order = [i for batch in first.train_dataloader() for i in batch["index"].tolist()]
+    assert seen == order[:5 * BATCH]
+
+    for record in log.glob("*.jsonl"):
+        record.unlink()
+    trainer = _trainer(tmp_path, devices=2, epochs=2)
+    trainer.fit(Recorder(str(log)), datamodule=_module(splits), ckpt_path=str(path))
+    records = _records(log)
+    rest = [i for r in records if r["epoch"] == 0 for i in r["indices"]]
+    assert sorted(rest) == sorted(order[5 * BATCH:])  # 28 samples: 3 full steps and 2 x 2
+    assert sorted(i for r in records if r["epoch"] == 1 for i in r["indices"]) == list(range(SAMPLES))
+    for rank in (0, 1):
+        assert [r["batch_idx"] for r in records if r["rank"] == rank and r["epoch"] == 0] == [5, 6, 7, 8]
+        assert [r["batch_idx"] for r in records if r["rank"] == rank and r["epoch"] == 1] == list(range(6))
+
+
+def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next(splits, tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    log = tmp_path / "log"
+    log.mkdir()
+    trainer = _trainer(tmp_path, devices=1, epochs=1, callbacks=[saver])
+    trainer.fit(Recorder(str(log)), datamodule=_module(splits))
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+    for record in log.glob("*.jsonl"):
+        record.unlink()
+    trainer = _trainer(tmp_path, devices=1, epochs=2)
+    trainer.fit(Recorder(str(log)), datamodule=_module(splits), ckpt_path=str(path))
+    records = _records(log)
+    assert {r["epoch"] for r in records} == {1}
+    assert sorted(i for r in records for i in r["indices"]) == list(range(SAMPLES))
+
+
+def test_one_class_list_across_splits(splits, tmp_path):
+    other = _build(tmp_path, "other", {"a": 2, "b": 2})
+    build(tmp_path / "other-src", tmp_path / "ab", BuildOptions(shard_size=8 << 10), workers=1)  # classes a, b
+    with pytest.raises(ClassListMismatchError, match="'c'"):
+        PackedDataModule(splits["train"], tmp_path / "ab", batch_size=BATCH)
+    with pytest.raises(ClassListMismatchError):
+        PackedDataModule(splits["train"], test=tmp_path / "ab", batch_size=BATCH)
+    data = PackedDataModule(splits["train"], splits["val"], other, batch_size=BATCH)  # built with one list
+    assert data.classes == ("a", "b", "c")
+
+
+def test_options_are_checked(splits):
+    with pytest.raises(OptionError, match="at least one split"):
+        PackedDataModule(batch_size=BATCH)
+    with pytest.raises(OptionError, match="batch_size must be a positive integer"):
+        PackedDataModule(splits["train"], batch_size=0)
+    from packer.torch import PackedDataset
+
+    with pytest.raises(OptionError, match="only to splits given as paths"):
+        PackedDataModule(PackedDataset(splits["train"]), batch_size=BATCH, train_options={"decode": False})
+    with pytest.raises(OptionError, match="dataset folder or a packer.torch.PackedDataset"):
+        PackedDataModule(42, batch_size=BATCH)
+    data = _module(splits)
+    with pytest.raises(OptionError, match="version"):
+        data.load_state_dict({"version": 99, "train": {}, "loop_batches": 0})
+    with pytest.raises(OptionError, match="loop_batches"):
+        data.load_state_dict({"version": 1, "train": {}, "loop_batches": -1})
+    data.load_state_dict({"version": 1, "train": {"version": 1, "order": "random", "seed": 8, "num_samples": SAMPLES,
+                                                  "epoch": 0, "consumed": 8}, "loop_batches": 1})
+    with pytest.raises(OptionError, match="seed=8"):
+        data.train_dataloader()  # saved with another seed: the rest of that epoch is not this order's
+
+
+def test_the_distributed_sampler_setting_is_refused_with_the_fix(splits, tmp_path):
+    trainer = _trainer(tmp_path, devices=2, epochs=1, use_distributed_sampler=True)
+    with pytest.raises(Exception, match="use_distributed_sampler=False"):
+        trainer.fit(Recorder(str(tmp_path)), datamodule=_module(splits))
+
+
+def test_without_a_trainer_the_loader_counts_what_it_handed_out(splits):
+    data = _module(splits)
+    loader = data.train_dataloader()
+    assert len(loader) == SAMPLES // BATCH
+    batches = iter(loader)
+    taken = [next(batches)["index"].tolist() for _ in range(3)]
+    state = data.state_dict()
+    assert state["loop_batches"] == 3 and state["train"]["consumed"] == 3 * BATCH
+    again = _module(splits)
+    again.load_state_dict(state)
+    rest = [i for batch in again.train_dataloader() for i in batch["index"].tolist()]
+    assert sorted(rest + [i for b in taken for i in b]) == list(range(SAMPLES))
+    assert len(again.train_dataloader()) == SAMPLES // BATCH  # a second loader starts the epoch afresh

@@ -1,0 +1,172 @@
+"""The Hugging Face ``save_to_disk`` door, against folders written by the real ``datasets``
+library: ClassLabel names, image columns as {bytes, path} structs or plain bytes, the other
+columns as declared fields, several data files, and a DatasetDict's splits sharing one class list."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+hf = pytest.importorskip("datasets", reason="writing save_to_disk folders needs datasets (the dev extra)")
+pytest.importorskip("pyarrow")
+
+import packer  # noqa: E402
+from packer import SourceError  # noqa: E402
+from packer.classes import check_classes  # noqa: E402
+from packer.decode import decode_as_stored  # noqa: E402
+from packer.writer import build  # noqa: E402
+from packer.writer.plan import BuildOptions  # noqa: E402
+
+
+def _png(seed: int, size: tuple[int, int] = (8, 10), mode: str = "RGB") -> bytes:
+    rng = np.random.default_rng(seed)
+    shape = size + ((3,) if mode == "RGB" else ())
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8), mode=mode).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+FEATURES = {
+    "image": hf.Image(), "label": hf.ClassLabel(names=["cat", "dog", "owl"]), "caption": hf.Value("string"),
+    "score": hf.Value("float32"), "count": hf.Value("int16"), "ok": hf.Value("bool"),
+    "pose": hf.Sequence(hf.Value("float32"), length=3),
+    "boxes": hf.Sequence(hf.Sequence(hf.Value("float32"), length=4)),
+    "tags": hf.Sequence(hf.ClassLabel(names=["indoor", "outdoor", "night"])),
+    "weather": hf.ClassLabel(names=["sun", "rain"]), "mask": hf.Image(),
+    "meta": {"x": hf.Value("int32")}, "Camera Model": hf.Value("string"),
+}
+
+
+def _rows(count: int, offset: int = 0) -> dict[str, list]:
+    n = range(offset, offset + count)
+    return {
+        "image": [{"bytes": _png(i), "path": f"photos/{i:03d}.png"} for i in n],
+        "label": [i % 3 for i in n], "caption": [f"photo {i} ✓" for i in n], "score": [i / 4 for i in n],
+        "count": [i - 3 for i in n], "ok": [i % 2 == 0 for i in n], "pose": [[i, -1.5, 0.25] for i in n],
+        "boxes": [[[i, 1, i + 2, 5]] * (i % 3) for i in n], "tags": [[2, 0][: i % 3] for i in n],
+        "weather": [i % 2 for i in n], "mask": [{"bytes": _png(100 + i, mode="L"), "path": None} for i in n],
+        "meta": [{"x": i} for i in n], "Camera Model": ["X100"] * count,
+    }
+
+
+@pytest.fixture(scope="module")
+def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hf")
+
+
+def _build(source: Path, out: Path, **kw) -> Path:
+    build(source, out, BuildOptions(shard_size=16 << 10), workers=1, **kw)
+    return out
+
+
+def test_a_dataset_keeps_its_class_names_images_and_columns_as_fields(hf_root, caplog):
+    data = hf.Dataset.from_dict(_rows(10), features=hf.Features(FEATURES))
+    data.save_to_disk(str(hf_root / "one"), num_shards=3)  # three Arrow data files, rows in order
+    assert len(list((hf_root / "one").glob("*.arrow"))) == 3
+    with caplog.at_level(logging.WARNING, logger="packer.build"):
+        out = _build(hf_root / "one", hf_root / "one-packed")
+    warned = caplog.text
+    assert "'meta' is not stored (a struct column)" in warned and "'Camera Model' is not stored" in warned
+    ds = packer.open_dataset(out)
+    assert ds.classes == ("cat", "dog", "owl") and len(ds) == 10
+    assert ds.manifest.build["source_kind"] == "hf"
+    declared = {spec.name: spec for spec in ds.fields}
+    assert {name: spec.describe() for name, spec in declared.items()} == {
+        "caption": "caption: text", "score": "score: float32", "count": "count: int16", "ok": "ok: bool",
+        "pose": "pose: float32[3]", "boxes": "boxes: float32[N,4]", "tags": "tags: classes(3)",
+        "weather": "weather: int64", "mask": "mask: image"}
+    assert declared["tags"].classes == ("indoor", "outdoor", "night")
+    assert declared["weather"].classes == ("sun", "rain")
+    saved = hf.load_from_disk(str(hf_root / "one"))  # what datasets itself reads back (paths: base names)
+    rows = saved.cast_column("image", hf.Image(decode=False)).cast_column("mask", hf.Image(decode=False))
+    for i in range(len(ds)):
+        key = ds.key(i)
+        row = rows[int(key.split(".")[0])]  # datasets keeps the base name of a path
+        assert key == row["image"]["path"]
+        assert bytes(ds.get(i)) == row["image"]["bytes"]
+        assert ds.labels[i] == row["label"]
+        assert ds.field_value("caption", i) == row["caption"]
+        assert ds.field_value("score", i) == np.float32(row["score"])
+        assert ds.field_value("count", i) == row["count"] and bool(ds.field_value("ok", i)) == row["ok"]
+        assert ds.field_value("pose", i).tolist() == row["pose"]
+        assert ds.field_value("boxes", i).reshape(-1, 4).tolist() == row["boxes"]
+        assert ds.field_value("tags", i).tolist() == sorted(row["tags"])
+        assert ds.field_value("weather", i) == row["weather"]
+        assert bytes(ds.field_bytes("mask", i)) == row["mask"]["bytes"]
+        assert np.array_equal(ds.field_image("mask", i), decode_as_stored(row["mask"]["bytes"]))
+    assert packer.verify_dataset(out).ok
+
+
+def test_a_dataset_dict_gives_its_splits_one_class_list(hf_root):
+    features = hf.Features({"image": hf.Image(), "label": hf.Value("string")})
+    train = hf.Dataset.from_dict({"image": [_png(i) for i in range(6)],
+                                  "label": ["wolf", "ant", "wolf", "ant", "ant", "wolf"]}, features=features)
+    test = hf.Dataset.from_dict({"image": [_png(50 + i) for i in range(3)], "label": ["zebra", "ant", None]},
+                                features=features)
+    hf.DatasetDict({"train": train, "test": test}).save_to_disk(str(hf_root / "dict"))
+    with pytest.raises(SourceError, match="a DatasetDict with splits train, test: build each split") as caught:
+        _build(hf_root / "dict", hf_root / "dict-packed")
+    assert f"packer build {hf_root / 'dict' / 'train'} OUT-train" in str(caught.value)
+    packed_train = packer.open_dataset(_build(hf_root / "dict" / "train", hf_root / "dict-train"))
+    packed_test = packer.open_dataset(_build(hf_root / "dict" / "test", hf_root / "dict-test"))
+    # train alone has no zebra, test no wolf: both number the names of every split
+    assert packed_train.classes == packed_test.classes == ("ant", "wolf", "zebra")
+    check_classes(packed_train, packed_test)
+    assert sorted(packed_test.labels.tolist()) == [0, 2]
+    report = (hf_root / "dict-test" / "build-report.jsonl").read_text()
+    assert '"unlabeled"' in report and "has no label" in report  # a dataset with classes: R40, the contract's rule
+    assert sorted(packed_train.key(i) for i in range(6)) == [f"{i:09d}" for i in range(6)]  # no path: row numbers
+
+
+def test_class_label_splits_must_share_names_and_keep_minus_one(hf_root):
+    image = hf.Image()
+    train = hf.Dataset.from_dict({"image": [_png(i) for i in range(3)], "label": [0, 1, 1]},
+                                 features=hf.Features({"image": image, "label": hf.ClassLabel(names=["a", "b"])}))
+    test = hf.Dataset.from_dict({"image": [_png(9)], "label": [-1]},
+                                features=hf.Features({"image": image, "label": hf.ClassLabel(names=["a", "b"])}))
+    other = hf.Dataset.from_dict({"image": [_png(8)], "label": [0]},
+                                 features=hf.Features({"image": image, "label": hf.ClassLabel(names=["b", "a"])}))
+    hf.DatasetDict({"train": train, "test": test, "extra": other}).save_to_disk(str(hf_root / "cl"))
+    with pytest.raises(SourceError, match="split 'extra' names the classes of 'label' \\['b', 'a'\\]"):
+        _build(hf_root / "cl" / "train", hf_root / "cl-train")
+    hf.DatasetDict({"train": train, "test": test}).save_to_disk(str(hf_root / "cl2"))
+    with pytest.raises(SourceError, match="unlabeled"):  # the test split's only row has no label
+        _build(hf_root / "cl2" / "test", hf_root / "cl2-test")
+    packed = packer.open_dataset(_build(hf_root / "cl2" / "test", hf_root / "cl2-test-unlabeled", label_field=""))
+    assert packed.classes == () and packed.labels.tolist() == [-1]
+    packed = packer.open_dataset(_build(hf_root / "cl2" / "train", hf_root / "cl2-train"))
+    assert packed.classes == ("a", "b") and sorted(packed.labels.tolist()) == [0, 1, 1]
+
+
+def test_a_binary_image_column_and_rejected_rows(hf_root):
+    features = hf.Features({"jpeg": hf.Value("binary"), "label": hf.Value("int64"),
+                            "depth": hf.Sequence(hf.Value("float32"), length=2)})
+    data = hf.Dataset.from_dict({"jpeg": [_png(1), None, _png(3), _png(4)], "label": [3, 1, 2, 7],
+                                 "depth": [[1, 2], [3, 4], None, [7, 8]]}, features=features)
+    data.save_to_disk(str(hf_root / "bin"))
+    with pytest.raises(SourceError, match="no Image column"):
+        _build(hf_root / "bin", hf_root / "bin-packed")
+    out = _build(hf_root / "bin", hf_root / "bin-packed", image_column="jpeg")
+    ds = packer.open_dataset(out)
+    assert sorted(ds.key(i) for i in range(len(ds))) == ["000000000", "000000003"]
+    assert sorted(ds.labels.tolist()) == [3, 7] and ds.classes == ()  # integer labels as written
+    report = (out / "build-report.jsonl").read_text()
+    assert '"not-an-image"' in report and '"bad-field"' in report and "'depth' is null" in report
+
+
+def test_damaged_or_foreign_folders_are_source_errors(hf_root, tmp_path):
+    data = hf.Dataset.from_dict({"image": [_png(0)]}, features=hf.Features({"image": hf.Image()}))
+    data.save_to_disk(str(tmp_path / "d"))
+    (tmp_path / "d" / "state.json").write_text('{"_data_files": [{"filename": "../../etc/passwd"}]}')
+    with pytest.raises(SourceError, match="a plain file name in the folder"):
+        _build(tmp_path / "d", tmp_path / "d-packed")
+    data.save_to_disk(str(tmp_path / "e"))
+    arrow = next((tmp_path / "e").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[:100])
+    with pytest.raises(SourceError, match="damaged or not Arrow"):
+        _build(tmp_path / "e", tmp_path / "e-packed")
