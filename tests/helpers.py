@@ -8,7 +8,7 @@ import json
 import struct
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -114,3 +114,73 @@ def bmp_bomb() -> bytes:
 
 
 BOMBS = {"png": png_bomb, "jpeg": jpeg_bomb, "gif": gif_bomb, "bmp": bmp_bomb}
+
+
+# --- small sources, index tables and the spec's vectors ---------------------------------------------
+
+def png_folder(root: Path, count: int, *, seed: int = 0, bad: int = 0) -> Path:
+    """``count`` noisy PNGs (heights 12 + i) alternating between cat/ and dog/, and ``bad`` files that are not images."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (12 + i, 16, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    for i in range(bad):
+        (root / "dog" / f"bad{i}.png").write_bytes(b"not an image at all")
+    return root
+
+
+TWO_SHARDS = [fmt.ShardEntry("shards/shard-00000-00000000000000aa.pks", 16384, 1, 2),
+              fmt.ShardEntry("shards/shard-00001-00000000000000bb.pks", 8192, 2, 1)]
+
+
+def index_columns(**changes: Any) -> dict[str, np.ndarray]:
+    """A valid 3-sample index over TWO_SHARDS (alignment 4096), with ``changes`` applied."""
+    dtypes = {name: typestr for name, (typestr, _) in fmt.INDEX_COLUMNS.items()}
+    values: dict[str, Any] = {
+        "shard": [0, 0, 1], "offset": [4096, 8192, 4096], "size": [100, 5000, 10], "checksum": [1, 2, 3],
+        "label": [0, 1, 0], "width": [1, 2, 3], "height": [1, 2, 3], "channels": [3, 3, 1],
+        "image_format": [1, 2, 1], "key_offsets": [0, 1, 2, 3], "keys": list(b"abc"),
+        "meta_offsets": [0, 0, 0, 0], "meta": []}
+    values.update(changes)
+    return {name: np.array(value, dtype=dtypes[name]) if not isinstance(value, np.ndarray) else value
+            for name, value in values.items()}
+
+
+VECTORS = Path(__file__).resolve().parents[1] / "formats" / "vectors"
+
+
+def edit_manifest(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to a dataset's manifest document in place (the index checksum is left as it was)."""
+    manifest = json.loads((folder / fmt.MANIFEST_NAME).read_text())
+    change(manifest)
+    (folder / fmt.MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def jpeg_bytes(height: int, width: int, **options: Any) -> bytes:
+    """A JPEG of smooth gradients plus a little noise (``options`` go to Pillow's encoder)."""
+    rng = np.random.default_rng(3)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1) + rng.integers(0, 20, (height, width, 3))
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", **options)
+    return buffer.getvalue()
+
+
+def png_bytes(seed: int, size: tuple[int, int] = (10, 14), grey: bool = False) -> bytes:
+    """The bytes of a noisy RGB (or grey) PNG."""
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, size if grey else (*size, 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def make_png_classes(root: Path, count: int = 10, seed: int = 0) -> Path:
+    """Noisy PNGs of different sizes in two class folders (so payloads need padding)."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (20 + i, 24 + 2 * i, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
