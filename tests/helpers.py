@@ -1,11 +1,17 @@
 """Builders shared by test files in several folders: image folders, a source with declared fields,
-a hand-edited index, and decompression bombs. (``tests/`` is on ``sys.path``: its conftest.)"""
+a hand-edited index, decompression bombs, small index tables, and the CLI runners of the hostile-input
+tests. (``tests/`` is on ``sys.path``: its conftest.)"""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import shutil
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any, Callable
@@ -184,3 +190,77 @@ def make_png_classes(root: Path, count: int = 10, seed: int = 0) -> Path:
         pixels = rng.integers(0, 256, (20 + i, 24 + 2 * i, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(folder / f"{i}.png")
     return root
+
+
+# --- hostile input: the CLI in a subprocess or in this process, trial counts ----------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Trials per kind of hostile input, printed at the end of a session that ran tests/hostile/
+#: (tests/hostile/conftest.py) for scripts/reliability_report.py.
+HOSTILE_TRIALS: dict[str, int] = {}
+
+
+def count_trial(label: str, n: int = 1) -> None:
+    HOSTILE_TRIALS[label] = HOSTILE_TRIALS.get(label, 0) + n
+
+
+def strict_json(text: str) -> Any:
+    """json.loads that refuses NaN, Infinity and -Infinity (what RFC 8259 allows)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def noisy_png(path: Path, seed: int = 0, size: tuple[int, int] = (12, 16)) -> Path:
+    """Write a PNG of RGB noise at ``path`` (folders made)."""
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def noisy_png_classes(root: Path, classes: int = 2, per_class: int = 3) -> Path:
+    """An image folder ``class{c}/img{i}.png`` of noisy PNGs."""
+    for c in range(classes):
+        for i in range(per_class):
+            noisy_png(root / f"class{c}" / f"img{i}.png", seed=c * 10 + i)
+    return root
+
+
+def run_cli(argv: list[str], timeout: float = 60) -> tuple[int, str]:
+    """``packer ARGV`` in a subprocess: (exit status, stdout + stderr)."""
+    done = subprocess.run([sys.executable, "-m", "packer", *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``packer.cli.main(argv)`` in this process: (exit status, stdout, stderr)."""
+    from packer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except Exception:  # noqa: BLE001 - reported as a failure with its traceback
+            import traceback
+            return 99, out.getvalue(), err.getvalue() + traceback.format_exc()
+    return (code if isinstance(code, int) else (0 if code is None else 1)), out.getvalue(), err.getvalue()
+
+
+def copy_dataset(ds: Path, target: Path) -> Path:
+    shutil.copytree(ds, target)
+    return target
+
+
+def noisy_jpeg(seed: int = 0, size: tuple[int, int] = (48, 64)) -> bytes:
+    """The bytes of a JPEG of RGB noise."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=85)
+    return buffer.getvalue()

@@ -29,7 +29,7 @@ from packer.verify import verify
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 
-from helpers import jpeg_bytes
+from helpers import count_trial, jpeg_bytes, noisy_jpeg
 
 pytestmark = pytest.mark.skipif(not tiles.transcoder_available(),
                                 reason="packer.codecs._jpegtiles was not built")
@@ -611,3 +611,51 @@ def test_window_jpeg_of_a_window_wider_than_32767_pixels() -> None:
         assert image.size == (40_000, 16 - layout.tile_height)
     with Image.open(_io.BytesIO(data)) as whole:
         assert np.array_equal(np.asarray(Image.open(_io.BytesIO(bytes(window)))), np.asarray(whole)[layout.tile_height:])
+
+
+# --- class 11: the C extension --------------------------------------------------------------------
+
+
+def test_window_refuses_nan_infinite_and_huge_boxes():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    tiled = transcode(noisy_jpeg(1, (64, 96)), max_pixels=10**8)
+    assert _jpegtiles.window(tiled, 0.0, 0.0, 16.0, 16.0, 8) is not None
+    for box in ((math.nan, 0.0, 8.0, 8.0), (0.0, 0.0, math.inf, 8.0), (-math.inf, 0.0, 8.0, 8.0),
+                (0.0, 0.0, 8.0, 1e300), (-1e300, 0.0, 8.0, 8.0)):
+        with pytest.raises(ValueError, match="finite"):
+            _jpegtiles.window(tiled, *box, 8)
+    with pytest.raises(ValueError):
+        _jpegtiles.window(tiled, 0.0, 0.0, 8.0, 8.0, -1)
+    count_trial("class11-window-box", 6)
+
+
+def test_writable_buffers_give_the_same_bytes_as_read_only_ones():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    source = noisy_jpeg(2, (64, 96))
+    tiled = transcode(source, max_pixels=10**8)
+    assert transcode(bytearray(source), max_pixels=10**8) == tiled
+    assert transcode(np.frombuffer(source, dtype=np.uint8).copy(), max_pixels=10**8) == tiled
+    expected = _jpegtiles.window(tiled, 16.0, 8.0, 40.0, 30.0, 8)
+    assert _jpegtiles.window(bytearray(tiled), 16.0, 8.0, 40.0, 30.0, 8) == expected
+    count_trial("class11-writable-buffers", 3)
+
+
+def test_huffman_table_with_an_all_ones_code_is_refused_like_libjpeg():
+    from packer.codecs.tiles import transcode
+
+    source = noisy_jpeg(3)
+    position = source.index(b"\xff\xc4")
+    length = struct.unpack(">H", source[position + 2:position + 4])[0]
+    # One DC table (class 0, id 0) with two 1-bit codes: "0" and "1", the second all ones.
+    table = bytes([0x00]) + bytes([2] + [0] * 15) + bytes([0, 1])
+    bad = source[:position] + b"\xff\xc4" + struct.pack(">H", 2 + len(table)) + table + source[position + 2 + length:]
+    with pytest.raises(ValueError, match="Huffman table has too many codes"):
+        transcode(bad, max_pixels=10**8)
+    # Pillow (libjpeg-turbo) refuses the table too.
+    with pytest.raises(Exception):
+        Image.open(io.BytesIO(bad)).load()
+    count_trial("class11-all-ones-huffman", 1)
