@@ -22,8 +22,15 @@ demo: venv
 	$(PY) scripts/demo.py --out demo-out
 
 # PACKER_REQUIRE_EXTENSION: the tiled codec's C extension must have been built here.
+# The suite runs under branch coverage with the test that ran each line (pytest-cov contexts);
+# then the promise inventory fails on a typed-error raise site no test reaches unless
+# scripts/promise_unreached.txt gives the reason, and the coverage figure is printed
+# (docs/development.md, "Coverage").
 test: venv
-	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
+	rm -f .coverage
+	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q --cov --cov-context=test --cov-report=
+	$(PY) scripts/promise_inventory.py --check
+	@echo "coverage of packer/ (statements and branches): $$($(PY) -m coverage report --format=total) %"
 
 # Mutation testing (mutmut) of the modules that hold the data; not part of `make test` (about 80
 # minutes on 2 cores when nothing is cached). MUTATE="order atomic" runs some groups; see README.
@@ -38,4 +45,4 @@ bench: venv
 	$(PY) scripts/bench_backends.py
 
 clean:
-	rm -rf $(VENV) demo-out bench-out .mutate
+	rm -rf $(VENV) demo-out bench-out .mutate .coverage

@@ -164,15 +164,16 @@ def attach_tests(sites: list[Site], data_file: Path) -> None:
         site.tests = sorted(tests)
 
 
-def load_allowlist(path: Path = ALLOWLIST) -> dict[str, str]:
+def load_allowlist(path: Path | None = None) -> dict[str, str]:
     """``key -> reason`` from the allowlist (``KEY  # reason`` lines; ``#`` lines are comments)."""
+    path = ALLOWLIST if path is None else path
     listed: dict[str, str] = {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            key, _, reason = line.partition("#")
-            listed[key.strip()] = reason.strip()
+            key, _, rest = line.strip().partition(" ")  # the key holds a '#' of its own
+            listed[key] = rest.strip().removeprefix("#").strip()
     return listed
 
 

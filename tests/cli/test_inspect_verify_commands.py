@@ -255,3 +255,18 @@ def test_python_m_packer_help() -> None:
                               timeout=120)
         assert done.returncode == 0, done.stderr
         assert "Usage:" in done.stdout and fragment in done.stdout
+
+
+def test_inspect_writes_only_a_new_regular_file(dataset: Path, tmp_path: Path) -> None:
+    """--extract and --grid refuse a folder or a device in place of the file (exit 2), and name a
+    file that cannot be written (exit 3), without writing through any of them."""
+    (tmp_path / "folder").mkdir()
+    into_folder = run("inspect", dataset, "--sample", 0, "--extract", tmp_path / "folder")
+    assert into_folder.exit_code == 2 and "is a directory" in into_folder.output  # click's path check, first
+    assert not any((tmp_path / "folder").iterdir())
+    device = run("inspect", dataset, "--sample", 0, "--extract", "/dev/null", "--force")
+    assert device.exit_code == 2
+    assert "error: /dev/null: is not a regular file (a FIFO, device or socket); give a file name" in device.output
+    missing = run("inspect", dataset, "--sample", 0, "--extract", tmp_path / "no" / "such" / "folder.jpg")
+    assert missing.exit_code == 3
+    assert f"error: {tmp_path / 'no' / 'such' / 'folder.jpg'}: cannot write: No such file or directory" in missing.output

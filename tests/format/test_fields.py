@@ -675,3 +675,33 @@ def test_validate_index_checks_each_field_with_the_index_path() -> None:
         fmt.validate_index(3, columns, shards, 4096, path=FIELD_INDEX, fields=(TAGS,))
     assert (caught.value.message, caught.value.path, caught.value.sample) == (
         "field 'tags' holds class id 5 outside 0..2", FIELD_INDEX, 2)
+
+
+# --- declarations that are not a list, schema files that cannot be read --------------------------------
+
+def test_a_fields_schema_file_that_is_unreadable_not_json_or_not_a_list(tmp_path: Path) -> None:
+    from packer.errors import OptionError
+    from packer.fields import load_schema_file
+
+    missing = tmp_path / "missing.json"
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(missing))
+    assert caught.value.message == f"--fields {missing}: cannot read it (No such file or directory)"
+    broken = tmp_path / "broken.json"
+    broken.write_text('["boxes=float32[N,4]",')
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(broken))
+    assert caught.value.message.startswith(f"--fields {broken}: not JSON (")
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text('{"boxes": "float32[N,4]"}')
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(mapping))
+    assert caught.value.message == f"--fields {mapping} must be a JSON array of field declarations"
+
+
+def test_a_manifest_whose_fields_are_not_a_list_is_a_manifest_error() -> None:
+    doc = manifest_doc()
+    doc["fields"] = {"boxes": "float32[N,4]"}
+    error = refusal(doc)
+    assert isinstance(error, ManifestError)
+    assert error.message == "manifest 'fields' must be an array of field declarations"

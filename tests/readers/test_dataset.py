@@ -604,3 +604,34 @@ def test_read_batch_runs_and_padding_per_backend(reader_datasets: dict[str, Path
                 assert [bytes(batch[j]) for j in range(2)] == [(src / "img" / f"{i}.png").read_bytes() for i in (1, 0)]
                 gap = batch.data[sizes[0]:offsets[1] - offsets[0]]
                 assert gap.size and not gap.any()  # the alignment padding between them is in the block, zeros
+
+
+# --- refusals at the reader doors: backend names, bytes that are not an image, pixel limits ------------
+
+def test_an_unknown_backend_is_refused_before_anything_is_opened() -> None:
+    with pytest.raises(OptionError) as caught:
+        open_dataset(VECTORS / "valid" / "base-align512", backend="mmapp")
+    assert caught.value.message == "unknown backend 'mmapp'; choose one of mmap, pread, direct, kvikio"
+
+
+def test_decoding_as_stored_refuses_no_bytes_and_raw_pixels() -> None:
+    from packer.decode import decode_as_stored
+    from packer.format import ImageFormat
+
+    with pytest.raises(DecodeError) as caught:
+        decode_as_stored(b"", name="mask of 3")
+    assert caught.value.message == "no bytes to decode: expected an encoded image, found 0 bytes"
+    assert caught.value.path == "mask of 3"
+    with pytest.raises(DecodeError) as caught:
+        decode_as_stored(bytes(12), ImageFormat.RAW)
+    assert caught.value.message == f"cannot decode image_format {int(ImageFormat.RAW)} as a stored image"
+
+
+@pytest.mark.parametrize("limit", [0, -5, True, 2.5])
+def test_a_pixel_limit_that_is_not_a_positive_integer_is_refused(limit: object) -> None:
+    from packer.codecs import dataset_max_pixels
+
+    with open_index(VECTORS / "valid" / "base-align512") as index:
+        with pytest.raises(OptionError) as caught:
+            dataset_max_pixels(index.manifest, limit)  # type: ignore[arg-type]
+    assert caught.value.message == f"max_pixels must be a positive number of pixels, got {limit!r}"
