@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from click.testing import CliRunner
 
 from packer.cli import _register, cli
@@ -222,3 +223,27 @@ def test_append_refuses_a_source_with_declared_fields(tmp_path: Path) -> None:
         append(out, tmp_path / "coco" / "instances.json", workers=1)
     assert caught.value.message == "append does not support datasets with declared fields yet"
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_append_keeps_the_recorded_normalize_formats_and_label_type(tmp_path: Path) -> None:
+    """options_from_manifest read only the options to_json() writes at their defaults' absence:
+    an append to a --normalize-formats build stored a TIFF verbatim, and one to a --label-type str
+    build read '0'/'1' labels as integers (found by tests/writer/test_options_crossed.py)."""
+    from packer.dataset import open_dataset
+    from packer.writer.append import options_from_manifest
+
+    def source(root: Path, seed: int) -> Path:
+        (root / "img").mkdir(parents=True)
+        Image.new("RGB", (5, 4), (seed, 0, 0)).save(root / "img" / f"{seed}.tif")
+        (root / "rows.csv").write_text(f"path,label\nimg/{seed}.tif,{seed % 2}\n")
+        return root / "rows.csv"
+
+    build(source(tmp_path / "a", 0), tmp_path / "ds", BuildOptions(normalize_formats=True, label_type="str"),
+          workers=1, progress=False)
+    with open_dataset(tmp_path / "ds") as ds:
+        options = options_from_manifest(ds.manifest)
+    assert options.normalize_formats is True and options.label_type == "str"
+    append(tmp_path / "ds", source(tmp_path / "b", 1), workers=1)
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.classes == ("0", "1") and ds.labels.tolist() == [0, 1]
+        assert all(ds.read(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in range(len(ds)))
