@@ -270,3 +270,21 @@ def test_inspect_writes_only_a_new_regular_file(dataset: Path, tmp_path: Path) -
     missing = run("inspect", dataset, "--sample", 0, "--extract", tmp_path / "no" / "such" / "folder.jpg")
     assert missing.exit_code == 3
     assert f"error: {tmp_path / 'no' / 'such' / 'folder.jpg'}: cannot write: No such file or directory" in missing.output
+
+
+def test_an_environment_failure_outside_the_library_checks_exits_3(dataset: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError no library check turned into a PackerError (EIO, EPIPE) is still one line, exit 3."""
+    import errno
+
+    import packer.verify
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(packer.verify, "verify", failing)
+    done = run("verify", dataset)
+    assert done.exit_code == 3
+    assert done.output.strip().splitlines()[-1] == "error: Input/output error"
+    as_json = run("verify", dataset, "--json")
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout)["error"] == "OSError"

@@ -893,3 +893,33 @@ def test_damaged_padding_after_the_last_sample_of_a_shard_is_found(
     report = verify(dataset, progress=False, workers=1)
     assert [p.kind for p in report.problems] == ["padding", "shard-checksum"]
     assert report.problems[0].sample == last
+
+
+@pytest.mark.parametrize("chunk", [None, 2048])
+def test_verify_decode_names_a_damaged_payload_once(vds: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    chunk: int | None) -> None:
+    """With --decode, a payload whose checksum fails is a checksum problem only: decoding damaged
+    bytes would name the sample a second time (and count it twice)."""
+    if chunk is not None:
+        monkeypatch.setattr(verify_module, "CHUNK_SIZE", chunk)
+    lay = _layout(vds)
+    start = lay["offset"][4]
+    _poke(vds / lay["paths"][1], start, b"\x00" * 16)  # the PNG signature: it cannot decode either
+    report = verify(vds, workers=1, decode=True)
+    assert [(p.kind, p.sample) for p in report.problems] == [("checksum", 4), ("shard-checksum", None)]
+    assert report.damaged_samples == [4] and report.damaged_sample_count == 1
+
+
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_verify_finds_damage_in_a_padding_of_one_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      chunk: int | None) -> None:
+    """1x5 RGB raw payloads are 15 bytes: at alignment 16 each is followed by one byte of padding."""
+    if chunk is not None:
+        monkeypatch.setattr(verify_module, "CHUNK_SIZE", chunk)
+    build(png_folder(tmp_path / "src", 6), tmp_path / "ds", BuildOptions(codec="raw:size=1x5", alignment=16),
+          workers=1, progress=False)
+    lay = _layout(tmp_path / "ds")
+    assert set(lay["size"]) == {15}
+    _poke(tmp_path / "ds" / lay["paths"][0], lay["offset"][2] + 15, b"\x01")
+    report = verify(tmp_path / "ds", workers=1)
+    assert [(p.kind, p.sample) for p in report.problems if p.kind != "shard-checksum"] == [("padding", 2)]
