@@ -36,3 +36,19 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = noisy_png_classes(work / "src")
     build(src, work / "ds", workers=1, progress=False)
     return work / "ds"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Run a test marked ``measures_memory`` untraced when coverage runs (make test): the tracer
+    writes into the coverage data a forked DataLoader worker inherited, which grows the worker's
+    private memory with the size of the whole run's data, not with what the test measures.
+    (Coverage stays started, so pytest-cov's per-test context switch still works.)"""
+    tracer = sys.gettrace()
+    if tracer is None or item.get_closest_marker("measures_memory") is None:
+        return (yield)
+    sys.settrace(None)
+    try:
+        return (yield)
+    finally:
+        sys.settrace(tracer)
