@@ -47,8 +47,12 @@ def pytest_runtest_call(item: pytest.Item):
     tracer = sys.gettrace()
     if tracer is None or item.get_closest_marker("measures_memory") is None:
         return (yield)
+    import gc
+
     sys.settrace(None)
+    gc.freeze()  # nor may a forked worker's collector touch (and so copy) the inherited coverage data
     try:
         return (yield)
     finally:
+        gc.unfreeze()
         sys.settrace(tracer)

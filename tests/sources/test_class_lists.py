@@ -327,3 +327,12 @@ def test_a_given_class_list_keeps_its_order_for_name_labels(tmp_path: Path) -> N
         assert index.classes == ("dog", "cat")
         assert {index.key(i): int(index.labels[i]) for i in range(len(index))} == {
             "x/000.jpg": 1, "x/001.jpg": 0, "x/002.jpg": 1}
+
+
+def test_the_int64_range_is_read_to_its_ends(tmp_path: Path) -> None:
+    low, high = -(1 << 63), (1 << 63) - 1
+    manifest = make_manifest(tmp_path, [("", str(low)), ("", str(high)), ("", str(low - 1)), ("", str(high + 1))])
+    listing = list_manifest(manifest, tmp_path / "img", label_type="int")
+    assert listing.labels.tolist() == [low, high]
+    assert [r.message for r in listing.rejected] == [f"label {low - 1} does not fit in a signed 64-bit integer",
+                                                     f"label {high + 1} does not fit in a signed 64-bit integer"]

@@ -923,3 +923,12 @@ def test_verify_finds_damage_in_a_padding_of_one_byte(tmp_path: Path, monkeypatc
     _poke(tmp_path / "ds" / lay["paths"][0], lay["offset"][2] + 15, b"\x01")
     report = verify(tmp_path / "ds", workers=1)
     assert [(p.kind, p.sample) for p in report.problems if p.kind != "shard-checksum"] == [("padding", 2)]
+
+
+@pytest.mark.parametrize("position", [44, 63])
+def test_verify_checks_the_first_and_last_reserved_header_byte(vds: Path, position: int) -> None:
+    lay = _layout(vds)
+    _poke(vds / lay["paths"][1], position, b"\x01")
+    assert _verify_json(vds)["problems"] == [
+        _problem("header", "reserved header bytes 44..63 are not zero", shard=1, path=lay["paths"][1]),
+        _shard_checksum_problem(vds, 1)]
