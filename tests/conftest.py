@@ -37,22 +37,3 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build(src, work / "ds", workers=1, progress=False)
     return work / "ds"
 
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    """Run a test marked ``measures_memory`` untraced when coverage runs (make test): the tracer
-    writes into the coverage data a forked DataLoader worker inherited, which grows the worker's
-    private memory with the size of the whole run's data, not with what the test measures.
-    (Coverage stays started, so pytest-cov's per-test context switch still works.)"""
-    tracer = sys.gettrace()
-    if tracer is None or item.get_closest_marker("measures_memory") is None:
-        return (yield)
-    import gc
-
-    sys.settrace(None)
-    gc.freeze()  # nor may a forked worker's collector touch (and so copy) the inherited coverage data
-    try:
-        return (yield)
-    finally:
-        gc.unfreeze()
-        sys.settrace(tracer)
