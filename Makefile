@@ -36,8 +36,17 @@ demo: venv
 	$(PY) scripts/demo.py --out demo-out
 
 # PACKER_REQUIRE_EXTENSION: the tiled codec's C extension must have been built here.
+# The suite runs under branch coverage with the test that ran each line (pytest-cov contexts);
+# then the promise inventory fails on a typed-error raise site no test reaches unless
+# scripts/promise_unreached.txt gives the reason, and the coverage figure is printed
+# (docs/development.md, "Coverage"). Tests that measure a process's memory run apart, untraced: a
+# forked worker inherits the tracer and the whole run's coverage data, which grows its memory.
 test: venv
-	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q
+	rm -f .coverage
+	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q -m "not measures_memory" --cov --cov-context=test --cov-report=
+	PACKER_REQUIRE_EXTENSION=1 $(PY) -m pytest -q -m measures_memory
+	$(PY) scripts/promise_inventory.py --check
+	@echo "coverage of packer/ (statements and branches): $$($(PY) -m coverage report --format=total) %"
 	$(MAKE) test-torchvision
 
 # Only the tests marked `torchvision` (in the main venv they skip: no torchvision there).
@@ -59,4 +68,4 @@ bench: venv
 	$(PY) benchmarks/bench_backends.py
 
 clean:
-	rm -rf $(VENV) $(TV_VENV) demo-out bench-out .mutate
+	rm -rf $(VENV) $(TV_VENV) demo-out bench-out .mutate .coverage

@@ -42,8 +42,20 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutate"
 EQUIVALENT_FILE = REPO / "scripts" / "mutate_equivalent.txt"
 
-#: Tests every group runs: the ones written to kill mutants, and the commit-order checks.
-COMMON_TESTS = ("tests/project/test_mutation_survivors.py", "tests/project/test_mutation_kills.py", "tests/writer/test_durability_order.py")
+#: Tests every group runs: the unit tests of every data module (the tests written to kill mutants
+#: live beside the behaviour they check, and a mutant of one module is also caught by another
+#: module's tests that reach it: dataset tests kill format mutants), and the commit-order checks.
+#: From the two slow end-to-end files only the tests written for mutants, by node id.
+COMMON_TESTS = (
+    "tests/order/test_order.py", "tests/format/test_format.py", "tests/format/test_fields.py",
+    "tests/format/test_vectors.py", "tests/writer/test_durability_order.py", "tests/writer/test_commit.py",
+    "tests/writer/test_plan.py", "tests/images/test_imageinfo.py", "tests/verify/test_verify.py",
+    "tests/verify/test_verify_fields.py", "tests/readers/test_dataset.py", "tests/codecs/test_tiles.py",
+    "tests/torch/test_orders_and_state.py",
+    "tests/writer/test_interrupted_builds.py::test_resume_repacks_a_finished_shard_whose_file_was_truncated",
+    "tests/writer/test_interrupted_builds.py::test_a_record_of_a_truncated_shard_is_redone_by_pack",
+    "tests/writer/test_split_builds_and_append.py::test_append_refuses_a_source_with_declared_fields",
+)
 
 
 @dataclass(frozen=True)
@@ -84,25 +96,27 @@ _SLOW_BUILD = ("sigkill_cli_from_outside", "concurrent_cli_builds", "listing_rep
 #: that build many datasets (test_hostile, test_reliability_*, test_dataloader) would make one
 #: module take hours here. They still run in `make test`.
 GROUPS = (
-    Group("format", ("packer/format.py",), ("tests/format/test_format.py", "tests/format/test_vectors.py", "tests/format/test_fields.py",
-                                            "tests/format/test_format_mutation_kills.py")),
+    Group("format", ("packer/format.py",), ("tests/format/test_format.py", "tests/format/test_vectors.py",
+                                            "tests/format/test_fields.py")),
     Group("order", ("packer/order.py",), ("tests/order/test_order.py",)),
     Group("atomic", ("packer/writer/atomic.py",), ("tests/writer/test_interrupted_builds.py",), skip=_SLOW_BUILD),
     Group("records", ("packer/writer/records.py", "packer/writer/commit.py"),
-          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_writer_mutation_kills.py"), skip=_SLOW_BUILD),
+          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_commit.py"),
+          skip=_SLOW_BUILD),
     Group("plan", ("packer/writer/plan.py",),
-          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_writer_mutation_kills.py"), skip=_SLOW_BUILD),
+          ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_plan.py"),
+          skip=_SLOW_BUILD),
     Group("imageinfo", ("packer/imageinfo.py",), ("tests/images/test_imageinfo.py",)),
     Group("verify", ("packer/verify.py",),
-          ("tests/verify/test_verify.py", "tests/verify/test_verify_fields.py", "tests/verify/test_verify_mutation_kills.py")),
+          ("tests/verify/test_verify.py", "tests/verify/test_verify_fields.py")),
     Group("dataset", ("packer/dataset.py",),
-          ("tests/readers/test_backends.py", "tests/format/test_format.py", "tests/format/test_vectors.py", "tests/format/test_fields.py",
-           "tests/readers/test_readers_mutation_kills.py"), skip=("vectors_regenerate",)),
+          ("tests/readers/test_backends.py", "tests/format/test_format.py", "tests/format/test_vectors.py",
+           "tests/format/test_fields.py", "tests/readers/test_dataset.py"), skip=("vectors_regenerate",)),
     Group("tiles", ("packer/codecs/tiles.py",), ("tests/codecs/test_tiles.py",)),
     Group("torch", ("packer/torch/runtime.py", "packer/torch/epochs.py", "packer/torch/samplers.py",
                     "packer/torch/loader.py", "packer/torch/iterable.py"),
           ("tests/torch/test_torch.py", "tests/torch/test_resume.py", "tests/torch/test_torch_fields.py",
-           "tests/readers/test_readers_mutation_kills.py"), only=_TORCH_STATE),
+           "tests/torch/test_orders_and_state.py"), only=_TORCH_STATE),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 
@@ -124,6 +138,13 @@ def load_equivalent() -> dict[str, str]:
     return equivalent
 
 
+def test_selection(group: Group) -> list[str]:
+    """The group's test files and COMMON_TESTS, each once (a node id only when its file is not listed)."""
+    tests = [t for t in dict.fromkeys(group.tests + COMMON_TESTS) if (REPO / t.split("::")[0]).exists()]
+    files = {t for t in tests if "::" not in t}
+    return [t for t in tests if t.split("::")[0] not in files or "::" not in t]
+
+
 def group_dir(group: Group) -> Path:
     return WORK / group.name
 
@@ -143,7 +164,7 @@ def prepare(group: Group) -> Path:
         link = folder / "mutants" / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)
-    tests = [t for t in group.tests + COMMON_TESTS if (REPO / t).exists()]
+    tests = test_selection(group)
     lines = ["[mutmut]", "source_paths =", "    packer/", "only_mutate ="]
     lines += [f"    {m}" for m in group.modules]
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
@@ -279,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = [GROUPS_BY_NAME[g] for g in args.groups] if args.groups else list(GROUPS)
     if args.list:
         for group in groups:
-            print(f"{group.name}: {', '.join(group.modules)}  <-  {', '.join(group.tests + COMMON_TESTS)}")
+            print(f"{group.name}: {', '.join(group.modules)}  <-  {', '.join(test_selection(group))}")
             if group.only:
                 print(f"  only the mutants named {', '.join(group.only)}")
         return 0

@@ -2,11 +2,13 @@
 
     python scripts/reliability_report.py [--json]
 
-Runs ``tests/writer/test_interrupted_builds.py``, ``test_corruption.py``, ``test_crafted_inputs.py``,
-``test_no_crash_hang_or_exhaustion.py``, ``test_header_fuzzing.py``, ``test_messy_folder.py``,
-``test_concurrent_readers.py``, and the source doors' suites (``test_every_door_holds.py``: issue 25's
-examples; ``test_every_door_matrix.py``: every door against the folder path; ``test_fuzz_sources.py``:
-a bounded structure-aware fuzzing run) with pytest (``-s``, so each suite's
+Runs ``tests/writer/test_interrupted_builds.py``, ``test_corruption.py``, the hostile-input tests
+(``tests/hostile/`` and the ones that moved beside the module whose rule they check: decompression
+bombs, decoder limits, the C extension's, the package scan), ``test_header_fuzzing.py``,
+``test_messy_folder.py``, ``test_concurrent_readers.py`` and the source doors' suites
+(``test_every_door_holds.py``: issue 25's examples; ``test_every_door_matrix.py``: every door
+against the folder path; ``test_fuzz_sources.py``: a bounded structure-aware fuzzing run) with
+pytest (``-s``, so each suite's
 summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
 Exit status: pytest's.
 """
@@ -22,10 +24,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = ["tests/writer/test_interrupted_builds.py", "tests/verify/test_corruption.py", "tests/hostile/test_crafted_inputs.py",
-          "tests/hostile/test_no_crash_hang_or_exhaustion.py", "tests/images/test_header_fuzzing.py", "tests/sources/test_messy_folder.py",
-          "tests/readers/test_concurrent_readers.py", "tests/sources/test_every_door_holds.py",
-          "tests/sources/test_every_door_matrix.py", "tests/sources/test_fuzz_sources.py"]
+SUITES = ["tests/writer/test_interrupted_builds.py", "tests/verify/test_corruption.py", "tests/hostile",
+          "tests/images/test_decompression_bombs.py", "tests/readers/test_decoder_limits.py",
+          "tests/project/test_no_pickle_eval_or_shell.py",
+          "tests/images/test_decode.py::test_animated_multiframe_and_exotic_modes_follow_the_rule",
+          "tests/codecs/test_tiles.py::test_window_refuses_nan_infinite_and_huge_boxes",
+          "tests/codecs/test_tiles.py::test_writable_buffers_give_the_same_bytes_as_read_only_ones",
+          "tests/codecs/test_tiles.py::test_huffman_table_with_an_all_ones_code_is_refused_like_libjpeg",
+          "tests/images/test_header_fuzzing.py", "tests/sources/test_messy_folder.py",
+          "tests/readers/test_concurrent_readers.py",
+          "tests/sources/test_every_door_holds.py", "tests/sources/test_every_door_matrix.py",
+          "tests/sources/test_fuzz_sources.py"]
 #: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
 _SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
                       r"hostile input trials|header fuzzing trials|source fuzzing|door matrix|"

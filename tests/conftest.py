@@ -27,3 +27,16 @@ def sample_folder(tmp_path: Path) -> Path:
         formats=("jpeg", "png", "png-rgba", "webp", "gif", "jpeg-gray", "png-palette", "bmp",
                  "tiff", "png16", "png-gray", "jpeg-cmyk"))
     return root
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built dataset of six noisy PNGs in two classes (one per test module)."""
+    from helpers import noisy_png_classes
+    from packer.writer import build
+
+    work = tmp_path_factory.mktemp("hostile-input")
+    src = noisy_png_classes(work / "src")
+    build(src, work / "ds", workers=1, progress=False)
+    return work / "ds"
+

@@ -1,14 +1,20 @@
 """Builders shared by test files in several folders: image folders, a source with declared fields,
-a hand-edited index, and decompression bombs. (``tests/`` is on ``sys.path``: its conftest.)"""
+a hand-edited index, decompression bombs, small index tables, and the CLI runners of the hostile-input
+tests. (``tests/`` is on ``sys.path``: its conftest.)"""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import shutil
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -114,3 +120,147 @@ def bmp_bomb() -> bytes:
 
 
 BOMBS = {"png": png_bomb, "jpeg": jpeg_bomb, "gif": gif_bomb, "bmp": bmp_bomb}
+
+
+# --- small sources, index tables and the spec's vectors ---------------------------------------------
+
+def png_folder(root: Path, count: int, *, seed: int = 0, bad: int = 0) -> Path:
+    """``count`` noisy PNGs (heights 12 + i) alternating between cat/ and dog/, and ``bad`` files that are not images."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (12 + i, 16, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    for i in range(bad):
+        (root / "dog" / f"bad{i}.png").write_bytes(b"not an image at all")
+    return root
+
+
+TWO_SHARDS = [fmt.ShardEntry("shards/shard-00000-00000000000000aa.pks", 16384, 1, 2),
+              fmt.ShardEntry("shards/shard-00001-00000000000000bb.pks", 8192, 2, 1)]
+
+
+def index_columns(**changes: Any) -> dict[str, np.ndarray]:
+    """A valid 3-sample index over TWO_SHARDS (alignment 4096), with ``changes`` applied."""
+    dtypes = {name: typestr for name, (typestr, _) in fmt.INDEX_COLUMNS.items()}
+    values: dict[str, Any] = {
+        "shard": [0, 0, 1], "offset": [4096, 8192, 4096], "size": [100, 5000, 10], "checksum": [1, 2, 3],
+        "label": [0, 1, 0], "width": [1, 2, 3], "height": [1, 2, 3], "channels": [3, 3, 1],
+        "image_format": [1, 2, 1], "key_offsets": [0, 1, 2, 3], "keys": list(b"abc"),
+        "meta_offsets": [0, 0, 0, 0], "meta": []}
+    values.update(changes)
+    return {name: np.array(value, dtype=dtypes[name]) if not isinstance(value, np.ndarray) else value
+            for name, value in values.items()}
+
+
+VECTORS = Path(__file__).resolve().parents[1] / "formats" / "vectors"
+
+
+def edit_manifest(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to a dataset's manifest document in place (the index checksum is left as it was)."""
+    manifest = json.loads((folder / fmt.MANIFEST_NAME).read_text())
+    change(manifest)
+    (folder / fmt.MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def jpeg_bytes(height: int, width: int, **options: Any) -> bytes:
+    """A JPEG of smooth gradients plus a little noise (``options`` go to Pillow's encoder)."""
+    rng = np.random.default_rng(3)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1) + rng.integers(0, 20, (height, width, 3))
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", **options)
+    return buffer.getvalue()
+
+
+def png_bytes(seed: int, size: tuple[int, int] = (10, 14), grey: bool = False) -> bytes:
+    """The bytes of a noisy RGB (or grey) PNG."""
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, size if grey else (*size, 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def make_png_classes(root: Path, count: int = 10, seed: int = 0) -> Path:
+    """Noisy PNGs of different sizes in two class folders (so payloads need padding)."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (20 + i, 24 + 2 * i, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+# --- hostile input: the CLI in a subprocess or in this process, trial counts ----------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Trials per kind of hostile input, printed at the end of a session that ran tests/hostile/
+#: (tests/hostile/conftest.py) for scripts/reliability_report.py.
+HOSTILE_TRIALS: dict[str, int] = {}
+
+
+def count_trial(label: str, n: int = 1) -> None:
+    HOSTILE_TRIALS[label] = HOSTILE_TRIALS.get(label, 0) + n
+
+
+def strict_json(text: str) -> Any:
+    """json.loads that refuses NaN, Infinity and -Infinity (what RFC 8259 allows)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def noisy_png(path: Path, seed: int = 0, size: tuple[int, int] = (12, 16)) -> Path:
+    """Write a PNG of RGB noise at ``path`` (folders made)."""
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def noisy_png_classes(root: Path, classes: int = 2, per_class: int = 3) -> Path:
+    """An image folder ``class{c}/img{i}.png`` of noisy PNGs."""
+    for c in range(classes):
+        for i in range(per_class):
+            noisy_png(root / f"class{c}" / f"img{i}.png", seed=c * 10 + i)
+    return root
+
+
+def run_cli(argv: list[str], timeout: float = 60) -> tuple[int, str]:
+    """``packer ARGV`` in a subprocess: (exit status, stdout + stderr)."""
+    done = subprocess.run([sys.executable, "-m", "packer", *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``packer.cli.main(argv)`` in this process: (exit status, stdout, stderr)."""
+    from packer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except Exception:  # noqa: BLE001 - reported as a failure with its traceback
+            import traceback
+            return 99, out.getvalue(), err.getvalue() + traceback.format_exc()
+    return (code if isinstance(code, int) else (0 if code is None else 1)), out.getvalue(), err.getvalue()
+
+
+def copy_dataset(ds: Path, target: Path) -> Path:
+    shutil.copytree(ds, target)
+    return target
+
+
+def noisy_jpeg(seed: int = 0, size: tuple[int, int] = (48, 64)) -> bytes:
+    """The bytes of a JPEG of RGB noise."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=85)
+    return buffer.getvalue()

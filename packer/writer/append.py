@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,9 @@ def options_from_manifest(manifest: fmt.Manifest) -> BuildOptions:
     """
     stored = manifest.build.get("options") if isinstance(manifest.build, dict) else None
     options = BuildOptions(alignment=manifest.alignment)
-    defaults = options.to_json()
+    # Every option, not to_json()'s: it leaves out the ones at their default (normalize_formats,
+    # label_type), and a recorded --normalize-formats or --label-type str must be kept too.
+    defaults = asdict(options)
     codec = manifest.codec.get("name") if isinstance(manifest.codec, dict) else None
     for name, value in (stored.items() if isinstance(stored, dict) else ()):
         if name == "classes" and isinstance(value, list) and all(isinstance(c, str) for c in value):

@@ -255,3 +255,36 @@ def test_python_m_packer_help() -> None:
                               timeout=120)
         assert done.returncode == 0, done.stderr
         assert "Usage:" in done.stdout and fragment in done.stdout
+
+
+def test_inspect_writes_only_a_new_regular_file(dataset: Path, tmp_path: Path) -> None:
+    """--extract and --grid refuse a folder or a device in place of the file (exit 2), and name a
+    file that cannot be written (exit 3), without writing through any of them."""
+    (tmp_path / "folder").mkdir()
+    into_folder = run("inspect", dataset, "--sample", 0, "--extract", tmp_path / "folder")
+    assert into_folder.exit_code == 2 and "is a directory" in into_folder.output  # click's path check, first
+    assert not any((tmp_path / "folder").iterdir())
+    device = run("inspect", dataset, "--sample", 0, "--extract", "/dev/null", "--force")
+    assert device.exit_code == 2
+    assert "error: /dev/null: is not a regular file (a FIFO, device or socket); give a file name" in device.output
+    missing = run("inspect", dataset, "--sample", 0, "--extract", tmp_path / "no" / "such" / "folder.jpg")
+    assert missing.exit_code == 3
+    assert f"error: {tmp_path / 'no' / 'such' / 'folder.jpg'}: cannot write: No such file or directory" in missing.output
+
+
+def test_an_environment_failure_outside_the_library_checks_exits_3(dataset: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError no library check turned into a PackerError (EIO, EPIPE) is still one line, exit 3."""
+    import errno
+
+    import packer.verify
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(packer.verify, "verify", failing)
+    done = run("verify", dataset)
+    assert done.exit_code == 3
+    assert done.output.strip().splitlines()[-1] == "error: Input/output error"
+    as_json = run("verify", dataset, "--json")
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout)["error"] == "OSError"

@@ -3,13 +3,16 @@ decode transform and the build."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import io as _io
 import json
 import math
 import struct
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +27,12 @@ from packer.codecs import TiledCodec, get_codec
 from packer.errors import MissingDependencyError, OptionError
 from packer.format import ImageFormat
 from packer.writer.plan import BuildOptions
+from packer.codecs import tiles as tiles_module
 from packer.codecs.tiles import WINDOW_MARGIN, read_layout, transcode, window_jpeg, window_margin
 from packer.transforms import CenterCrop, RandomResizedCrop
 from packer.verify import verify
+
+from helpers import count_trial, jpeg_bytes, noisy_jpeg
 
 pytestmark = pytest.mark.skipif(not tiles.transcoder_available(),
                                 reason="packer.codecs._jpegtiles was not built")
@@ -505,3 +511,156 @@ def test_compiled_window_equals_the_python_reference_on_damaged_files() -> None:
         assert compiled == reference, (trial, box, margin)
         outcomes["same window" if compiled else "both none"] += 1
     assert min(outcomes.values()) > 100, outcomes
+
+
+# --- codecs/tiles: the tiled window cutter and the reasons a JPEG stays untiled -------------------
+
+
+def _with_comment(jpeg: bytes, size: int) -> bytes:
+    """``jpeg`` with a COM segment of ``size`` payload bytes right after SOI (a length >= 256 spans two bytes)."""
+    return jpeg[:2] + b"\xff\xfe" + struct.pack(">H", size + 2) + bytes(range(256)) * (size // 256) + bytes(size % 256) + jpeg[2:]
+
+
+def _frame(marker: int, precision: int = 8) -> bytes:
+    """SOI and a bare frame header: enough for the marker walk, not a decodable JPEG."""
+    return b"\xff\xd8\xff" + bytes([marker]) + struct.pack(">HB", 11, precision) + bytes(8)
+
+
+def _as_buffers(data: bytes) -> list[Any]:
+    return [data, bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)]
+
+
+def test_untiled_reason_reads_every_frame_kind() -> None:
+    expected = {0xC2: "progressive", 0xC6: "progressive", 0xC3: "lossless", 0xC7: "lossless",
+                **{m: "arithmetic" for m in (0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)}}
+    for marker, reason in expected.items():
+        assert tiles_module.untiled_reason(_frame(marker)) == reason, hex(marker)
+    assert tiles_module.untiled_reason(_frame(0xC0, 12)) == "12-bit"
+    assert tiles_module.untiled_reason(_frame(0xC1, 16)) == "16-bit"
+    for marker in (0xCC, 0xD0, 0xC0, 0xC4):  # DAC, RST0, an 8-bit baseline frame, DHT: no verdict from the header
+        assert tiles_module.untiled_reason(_frame(marker)) == "damaged or multi-scan", hex(marker)
+
+
+def test_untiled_reason_at_the_end_of_the_bytes() -> None:
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc2\x00\x02") == "progressive"  # a 4-byte segment at the end
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc0\x00\x11") == "damaged or multi-scan"  # no precision byte
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc0\x00\x11\x0c") == "12-bit"  # the precision is the last byte
+    assert tiles_module.untiled_reason(b"\xff\xd8\xff\xc2\x00") == "damaged or multi-scan"
+
+
+def test_untiled_reason_skips_long_segments_in_any_buffer() -> None:
+    progressive = _with_comment(jpeg_bytes(16, 16, progressive=True), 300)
+    for data in _as_buffers(progressive):
+        assert tiles_module.untiled_reason(data) == "progressive", type(data)
+    twelve_bit = _with_comment(_frame(0xC0, 12), 700)
+    assert [tiles_module.untiled_reason(d) for d in _as_buffers(twelve_bit)] == ["12-bit"] * 4
+
+
+def test_untiled_reason_asks_the_transcoder_after_the_header() -> None:
+    baseline = jpeg_bytes(24, 40)
+    for data in _as_buffers(baseline + b"trailing bytes"):
+        assert tiles_module.untiled_reason(data) == "data after the image"
+    assert tiles_module.untiled_reason(baseline[:200]) == "damaged or multi-scan"
+
+
+def test_transcoder_available_is_false_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.codecs as codecs_package
+
+    assert tiles_module.transcoder_available() is True  # the suite runs with the extension built
+    monkeypatch.delattr(codecs_package, "_jpegtiles", raising=False)
+    monkeypatch.setitem(sys.modules, "packer.codecs._jpegtiles", None)  # import now raises ImportError
+    assert tiles_module.transcoder_available() is False
+
+
+def _tiled(height: int, width: int) -> tuple[bytes, tiles_module.TileLayout]:
+    data = tiles_module.transcode(jpeg_bytes(height, width, quality=90), max_pixels=10**8)
+    layout = tiles_module.read_layout(data)
+    assert layout is not None and layout.rows >= 2 and layout.columns >= 2
+    return data, layout
+
+
+def test_window_jpeg_reads_any_contiguous_buffer_by_bytes() -> None:
+    data, layout = _tiled(96, 160)
+    expected = tiles_module.window_jpeg(data, layout, 1, 2, 0, 2)
+    as_matrix = np.frombuffer(data, dtype=np.uint8).reshape(1, -1)
+    for buffer in _as_buffers(data)[1:] + [as_matrix]:
+        assert tiles_module.window_jpeg(buffer, layout, 1, 2, 0, 2) == expected, type(buffer)
+
+
+def test_window_jpeg_checks_the_marker_before_the_second_row() -> None:
+    """A table whose second row starts one byte late, with its first tile one byte shorter: the tile
+    still ends at a restart marker, only the marker before it can tell."""
+    data, layout = _tiled(96, 160)
+    starts, lengths = layout.starts.copy(), layout.lengths.copy()
+    first = layout.columns  # tile (row 1, column 0)
+    starts[first] += 1
+    lengths[first] -= 1
+    shifted = dataclasses.replace(layout, starts=starts, lengths=lengths)
+    with pytest.raises(ValueError) as caught:
+        tiles_module.window_jpeg(data, shifted, 0, layout.columns, 0, 2)
+    assert str(caught.value) == "the tile table does not match the JPEG's restart markers"
+
+
+def test_window_jpeg_of_a_window_wider_than_32767_pixels() -> None:
+    """JPEG dimensions are unsigned 16-bit: a 40,000-pixel-wide window is valid."""
+    x = np.arange(40_000)
+    pixels = np.tile(((x // 50) % 256).astype(np.uint8), (16, 1))
+    buffer = _io.BytesIO()
+    Image.fromarray(pixels, "L").save(buffer, "JPEG", quality=80)
+    data = tiles_module.transcode(buffer.getvalue(), max_pixels=10**9)
+    layout = tiles_module.read_layout(data)
+    assert layout is not None and layout.rows == 2
+    window, left, top = tiles_module.window_jpeg(data, layout, 0, layout.columns, 1, 2)
+    assert (left, top) == (0, layout.tile_height)
+    with Image.open(_io.BytesIO(bytes(window))) as image:
+        assert image.size == (40_000, 16 - layout.tile_height)
+    with Image.open(_io.BytesIO(data)) as whole:
+        assert np.array_equal(np.asarray(Image.open(_io.BytesIO(bytes(window)))), np.asarray(whole)[layout.tile_height:])
+
+
+# --- class 11: the C extension --------------------------------------------------------------------
+
+
+def test_window_refuses_nan_infinite_and_huge_boxes():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    tiled = transcode(noisy_jpeg(1, (64, 96)), max_pixels=10**8)
+    assert _jpegtiles.window(tiled, 0.0, 0.0, 16.0, 16.0, 8) is not None
+    for box in ((math.nan, 0.0, 8.0, 8.0), (0.0, 0.0, math.inf, 8.0), (-math.inf, 0.0, 8.0, 8.0),
+                (0.0, 0.0, 8.0, 1e300), (-1e300, 0.0, 8.0, 8.0)):
+        with pytest.raises(ValueError, match="finite"):
+            _jpegtiles.window(tiled, *box, 8)
+    with pytest.raises(ValueError):
+        _jpegtiles.window(tiled, 0.0, 0.0, 8.0, 8.0, -1)
+    count_trial("class11-window-box", 6)
+
+
+def test_writable_buffers_give_the_same_bytes_as_read_only_ones():
+    from packer.codecs import _jpegtiles
+    from packer.codecs.tiles import transcode
+
+    source = noisy_jpeg(2, (64, 96))
+    tiled = transcode(source, max_pixels=10**8)
+    assert transcode(bytearray(source), max_pixels=10**8) == tiled
+    assert transcode(np.frombuffer(source, dtype=np.uint8).copy(), max_pixels=10**8) == tiled
+    expected = _jpegtiles.window(tiled, 16.0, 8.0, 40.0, 30.0, 8)
+    assert _jpegtiles.window(bytearray(tiled), 16.0, 8.0, 40.0, 30.0, 8) == expected
+    count_trial("class11-writable-buffers", 3)
+
+
+def test_huffman_table_with_an_all_ones_code_is_refused_like_libjpeg():
+    from packer.codecs.tiles import transcode
+
+    source = noisy_jpeg(3)
+    position = source.index(b"\xff\xc4")
+    length = struct.unpack(">H", source[position + 2:position + 4])[0]
+    # One DC table (class 0, id 0) with two 1-bit codes: "0" and "1", the second all ones.
+    table = bytes([0x00]) + bytes([2] + [0] * 15) + bytes([0, 1])
+    bad = source[:position] + b"\xff\xc4" + struct.pack(">H", 2 + len(table)) + table + source[position + 2 + length:]
+    with pytest.raises(ValueError, match="Huffman table has too many codes"):
+        transcode(bad, max_pixels=10**8)
+    # Pillow (libjpeg-turbo) refuses the table too.
+    with pytest.raises(Exception):
+        Image.open(io.BytesIO(bad)).load()
+    count_trial("class11-all-ones-huffman", 1)

@@ -4,19 +4,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from packer import format as fmt
-from packer.writer import BuildOptions, build
 from packer.dataset import open_dataset, open_index
-from packer.errors import (CorruptHeaderError, IndexMismatchError, ManifestError, OptionError,
-                           OverlappingRecordsError, UnsafePathError)
-from packer.fields import (FieldSpec, FieldValueError, decode_value, encode_value, multi_hot, parse_field_option,
-                           parse_fields_schema, ClassVocabulary)
+from packer.errors import (
+                           CorruptHeaderError,
+                           IndexMismatchError,
+                           ManifestError,
+                           OffsetOutOfBoundsError,
+                           OptionError,
+                           OverlappingRecordsError,
+                           UnsafePathError,
+)
+from packer.fields import (
+                           ClassVocabulary,
+                           FieldSpec,
+                           FieldValueError,
+                           decode_value,
+                           encode_value,
+                           multi_hot,
+                           parse_field_option,
+                           parse_fields_schema,
+)
+from packer.writer import BuildOptions, build
+
 from helpers import FIELDS, make_field_source
+from test_format import _manifest, manifest_doc, refusal
 
 
 # --- declarations -------------------------------------------------------------------------------
@@ -409,3 +427,281 @@ def test_sample_indices_must_be_integers(built: tuple[Path, Path]) -> None:
         with pytest.raises(TypeError, match="past int64"):
             ds.read_batch(np.array([2**64 - 1], dtype=np.uint64))
         assert len(ds.read_batch(np.array([1, 2], dtype=np.uint32))) == 2 and len(ds.read_batch([])) == 0
+
+
+# --- checksums and names --------------------------------------------------------------------------
+
+
+def test_field_shard_file_name_bounds() -> None:
+    assert fmt.field_shard_file_name("mask", 0, 0xAB) == "shards/field-mask-00000-00000000000000ab.pks"
+    top = fmt.MAX_SHARD_NUMBER
+    assert fmt.field_shard_file_name("mask", top, 1) == f"shards/field-mask-{top}-0000000000000001.pks"
+    for bad in (-1, top + 1):
+        with pytest.raises(ValueError) as caught:
+            fmt.field_shard_file_name("mask", bad, 1)
+        assert str(caught.value) == f"shard number {bad} outside 0..{top}"
+
+
+def test_unsafe_field_shard_path_names_the_expected_form() -> None:
+    from packer.errors import UnsafePathError
+    with pytest.raises(UnsafePathError) as caught:
+        fmt.check_relative_path("shards/field-mask-1-00.pks", fmt._FIELD_SHARD_PATH, what="field shard")
+    assert caught.value.message == (
+        "field shard 'shards/field-mask-1-00.pks' is not a valid dataset path (expected "
+        "shards/field-<field name>-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)")
+
+
+def test_manifest_field_lookup_raises_keyerror_with_the_name() -> None:
+    spec = FieldSpec("tags", "classes", dtype="int64", num_classes=3)
+    manifest = _manifest(fields=(spec,))
+    assert manifest.field("tags") is spec
+    with pytest.raises(KeyError) as caught:
+        manifest.field("boxes")
+    assert caught.value.args == ("boxes",)
+
+
+# --- declared fields in the index: columns (R46), offsets (R47), class numbers (R49), images (R48) ---
+
+
+FIELD_INDEX = "/data/ds/index-00000000000000dd.pki"
+
+
+def field_columns(spec: FieldSpec, values: list[Any]) -> dict[str, np.ndarray]:
+    """The index columns of ``spec`` holding ``values`` (one per sample), as the writer lays them out."""
+    if spec.variable:
+        dtype = "|u1" if spec.kind == "text" else spec.numpy_dtype
+        parts = [np.frombuffer(v.encode(), "|u1") if spec.kind == "text"
+                 else np.asarray(v, dtype=dtype).reshape(-1).view("|u1") for v in values]
+        offsets = np.zeros(len(values) + 1, dtype="<u8")
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        blob = np.concatenate(parts) if parts else np.zeros(0, "|u1")
+        return {spec.column: blob.astype("|u1"), spec.offsets_column: offsets}
+    blob = np.asarray(values, dtype=spec.numpy_dtype).reshape(-1).view("|u1")
+    return {spec.column: blob.copy()}
+
+
+def validate_fields(spec: FieldSpec, columns: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    counts = np.array([rows], dtype=np.int64)
+    return fmt._validate_field(spec, rows, columns, counts, 4096, path=FIELD_INDEX)
+
+
+LABELS = FieldSpec("labels", "array", dtype="int16", shape=(2,), classes=("a", "b", "c"), num_classes=3)
+
+
+BOX_LABELS = FieldSpec("boxlab", "array", dtype="uint64", shape=(-1,), classes=("cat", "dog"), num_classes=2)
+
+
+TAGS = FieldSpec("tags", "classes", dtype="int64", num_classes=3)
+
+
+CLASS_NUMBER_CASES = [
+    # fixed records of two int16: the bad value's sample is byte // record_bytes
+    (LABELS, [[0, 1], [2, 0], [1, 3]], "field 'labels' holds value 3, not a class number 0..2", 2),
+    (LABELS, [[0, 2], [-1, 0], [1, 2]], "field 'labels' holds value -1, not a class number 0..2", 1),
+    (LABELS, [[0, 1], [2, 0], [7, -4]], "field 'labels' holds value 7, not a class number 0..2", 2),
+    (LABELS, [[0, 1], [2, 2], [0, -300]], "field 'labels' holds value -300, not a class number 0..2", 2),
+    # variable arrays (boxes' labels): the sample is found from the offsets (empty samples between)
+    (BOX_LABELS, [[0, 1], [], [1, 0, 2]], "field 'boxlab' holds value 2, not a class number 0..1", 2),
+    (BOX_LABELS, [[0], [], [], [1 << 63]], f"field 'boxlab' holds value {1 << 63}, not a class number 0..1", 3),
+    (BOX_LABELS, [[5], [0]], "field 'boxlab' holds value 5, not a class number 0..1", 0),
+    # class-id sets: ids are int64, the offsets count bytes
+    (TAGS, [[0], [], [1, 3]], "field 'tags' holds class id 3 outside 0..2", 2),
+    (TAGS, [[0, 1, 2, 0, 1, 2, 0, 1], [9]], "field 'tags' holds class id 9 outside 0..2", 1),
+    (TAGS, [[0, 1], [-2], [1]], "field 'tags' holds class id -2 outside 0..2", 1),
+    (TAGS, [[3], [1]], "field 'tags' holds class id 3 outside 0..2", 0),
+]
+
+
+@pytest.mark.parametrize("spec, values, message, sample", CLASS_NUMBER_CASES,
+                         ids=[f"case{i}" for i in range(len(CLASS_NUMBER_CASES))])
+def test_field_class_numbers_out_of_range_name_the_sample(spec: FieldSpec, values: list[Any], message: str,
+                                                          sample: int) -> None:
+    with pytest.raises(IndexMismatchError) as caught:
+        validate_fields(spec, field_columns(spec, values), len(values))
+    assert type(caught.value) is IndexMismatchError
+    assert (caught.value.message, caught.value.path, caught.value.sample) == (message, FIELD_INDEX, sample)
+
+
+@pytest.mark.parametrize("spec, values", [
+    (LABELS, [[0, 1], [2, 0], [1, 2]]), (BOX_LABELS, [[0, 1], [], [1]]), (TAGS, [[0, 2], [], [1]]),
+    (BOX_LABELS, [[], []]), (TAGS, [[], [], []])], ids=["fixed", "variable", "sets", "no-boxes", "no-tags"])
+def test_field_class_numbers_in_range_pass(spec: FieldSpec, values: list[Any]) -> None:
+    columns = field_columns(spec, values)
+    found = validate_fields(spec, columns, len(values))
+    assert set(found) == set(spec.columns()) and all(found[name] is columns[name] for name in found)
+
+
+BOXES = FieldSpec("boxes", "array", dtype="float32", shape=(-1, 4))
+
+
+CAPTION = FieldSpec("caption", "text")
+
+
+def test_field_offsets_are_checked_with_the_field_names_and_records() -> None:
+    columns = field_columns(BOXES, [[[1, 2, 3, 4]], [], [[5, 6, 7, 8], [9, 9, 9, 9]]])
+    assert validate_fields(BOXES, columns, 3)[BOXES.column] is columns[BOXES.column]
+    decreasing = dict(columns, **{BOXES.offsets_column: np.array([0, 32, 16, 48], dtype="<u8")})
+    with pytest.raises(OverlappingRecordsError) as caught:
+        validate_fields(BOXES, decreasing, 3)
+    assert (caught.value.message, caught.value.path) == (
+        "index column 'f_boxes__offsets' must start at 0, never decrease and end at the 'f_boxes' length 48",
+        FIELD_INDEX)
+    half_box = dict(columns, **{BOXES.offsets_column: np.array([0, 8, 16, 48], dtype="<u8")})
+    with pytest.raises(OverlappingRecordsError) as caught:
+        validate_fields(BOXES, half_box, 3)
+    assert (caught.value.message, caught.value.path, caught.value.sample) == (
+        "index column 'f_boxes__offsets' entry 1 = 8 is not a multiple of the field's 16-byte record",
+        FIELD_INDEX, 0)
+    for offsets, sample in (([0, 16, 24, 48], 1), ([0, 16, 32, 40, 48], 2), ([0, 16, 32, 48, 48], None)):
+        rows = len(offsets) - 1
+        blob = np.zeros(48, dtype="|u1")
+        damaged = {BOXES.column: blob, BOXES.offsets_column: np.array(offsets, dtype="<u8")}
+        if sample is None:
+            assert validate_fields(BOXES, damaged, rows)[BOXES.offsets_column].tolist() == offsets
+            continue
+        with pytest.raises(OverlappingRecordsError) as caught:
+            validate_fields(BOXES, damaged, rows)
+        assert caught.value.sample == sample
+        assert caught.value.message.startswith(f"index column 'f_boxes__offsets' entry {sample + 1} = ")
+    ids = FieldSpec("ids", "array", dtype="int16", shape=(-1,))
+    odd = {ids.column: np.zeros(4, dtype="|u1"), ids.offsets_column: np.array([0, 3, 4], dtype="<u8")}
+    with pytest.raises(OverlappingRecordsError) as caught:
+        validate_fields(ids, odd, 2)
+    assert (caught.value.message, caught.value.sample) == (
+        "index column 'f_ids__offsets' entry 1 = 3 is not a multiple of the field's 2-byte record", 0)
+    # a text field's offsets step in bytes: any split of the blob is valid
+    text = field_columns(CAPTION, ["a", "bcd", ""])
+    text[CAPTION.offsets_column] = np.array([0, 3, 3, 4], dtype="<u8")
+    assert validate_fields(CAPTION, text, 3)[CAPTION.column].tobytes() == b"abcd"
+    tags = field_columns(TAGS, [[0], [1, 2]])
+    tags[TAGS.offsets_column] = np.array([0, 4, 24], dtype="<u8")
+    with pytest.raises(OverlappingRecordsError) as caught:
+        validate_fields(TAGS, tags, 2)
+    assert caught.value.message == "index column 'f_tags__offsets' entry 1 = 4 is not a multiple of the field's 8-byte record"
+
+
+def test_missing_field_column_names_the_index() -> None:
+    columns = field_columns(LABELS, [[0, 1]])
+    with pytest.raises(CorruptHeaderError) as caught:
+        validate_fields(LABELS, {}, 1)
+    assert (caught.value.message, caught.value.path) == (
+        "index (field 'labels') lacks required column 'f_labels'", FIELD_INDEX)
+    with pytest.raises(IndexMismatchError) as caught:
+        validate_fields(LABELS, columns, 2)
+    assert (caught.value.message, caught.value.path) == (
+        "index (field 'labels') column 'f_labels' has 4 entries, expected 8", FIELD_INDEX)
+
+
+def test_image_field_payloads_are_checked_against_its_own_shards() -> None:
+    shard = fmt.ShardEntry("shards/field-mask-00000-00000000000000ee.pks", 8192, 0xEE, 2)
+    spec = FieldSpec("mask", "image", shards=(shard,))
+    columns = {spec.image_column(part): np.array(values, dtype=typestr) for part, typestr, values in (
+        ("offset", "<u8", [4096, 8192]), ("size", "<u8", [10, 20]), ("checksum", "<u8", [1, 2]),
+        ("format", "|u1", [1, 1]), ("width", "<u4", [2, 2]), ("height", "<u4", [2, 2]), ("channels", "|u1", [1, 1]))}
+    counts = np.array([2], dtype=np.int64)
+    with pytest.raises(OffsetOutOfBoundsError) as caught:
+        fmt._validate_field(spec, 2, columns, counts, 4096, path=FIELD_INDEX)
+    assert (caught.value.message, caught.value.path, caught.value.sample) == (
+        "field 'mask': shard 0 (shards/field-mask-00000-00000000000000ee.pks) is 8192 bytes but its samples "
+        "end at 12288", FIELD_INDEX, 1)
+    fine = dataclasses_replace(spec, shards=(fmt.ShardEntry(shard.path, 12288, 0xEE, 2),))
+    assert fmt._validate_field(fine, 2, columns, counts, 4096, path=FIELD_INDEX).keys() == columns.keys()
+
+
+def dataclasses_replace(spec: FieldSpec, **changes: Any) -> FieldSpec:
+    import dataclasses
+    return dataclasses.replace(spec, **changes)
+
+
+# --- the manifest: the shard-count pre-scan (R36, R18) and field declarations with their path -----
+
+
+FIELD_REFUSALS = [
+    (lambda f: f[0].update(shards=[]), "manifest field 0 (boxes) is not an image field and lists shards"),
+    (lambda f: f[4].update(shards=f[4]["shards"][:1]),
+     "manifest field 4 (mask) must list one shard per main shard (2), got 1"),
+    (lambda f: f[4].update(shards={"a": 1}), "manifest field 4 (mask) must list one shard per main shard (2), got dict"),
+    (lambda f: f[4].update(shards=None), "manifest field 4 (mask) must list one shard per main shard (2), got NoneType"),
+    (lambda f: f[4]["shards"][1].update(size=321),
+     "manifest field 4 (mask) shard 1 size 321 is not a multiple of the alignment 64"),
+    (lambda f: f[4]["shards"][1].update(sample_count=3),
+     "manifest field 4 (mask) shard 1 (shards/field-mask-00001-6300daef48d33298.pks) must be the 'mask' shard "
+     "numbered 1 with 2 samples, like main shard 1"),
+    (lambda f: f[4]["shards"][0].update(path="shards/field-mask-00001-cb4fa04c5f00816f.pks"),
+     "manifest field 4 (mask) shard 0 (shards/field-mask-00001-cb4fa04c5f00816f.pks) must be the 'mask' shard "
+     "numbered 0 with 2 samples, like main shard 0"),
+    (lambda f: f[4]["shards"][0].update(path="shards/field-boxes-00000-cb4fa04c5f00816f.pks"),
+     "manifest field 4 (mask) shard 0 (shards/field-boxes-00000-cb4fa04c5f00816f.pks) must be the 'mask' shard "
+     "numbered 0 with 2 samples, like main shard 0"),
+    (lambda f: f[4]["shards"].__setitem__(0, 7), "manifest field 4 (mask) shard 0 must be an object"),
+]
+
+
+@pytest.mark.parametrize("change, message", FIELD_REFUSALS, ids=[f"case{i}" for i in range(len(FIELD_REFUSALS))])
+def test_field_declaration_refusals_name_the_field_and_the_manifest(change: Any, message: str) -> None:
+    doc = manifest_doc("fields")
+    change(doc["fields"])
+    error = refusal(doc)
+    assert type(error) is ManifestError and error.message == message
+
+
+def test_bad_field_declarations_and_field_shard_paths_carry_the_manifest_path() -> None:
+    doc = manifest_doc("fields")
+    doc["fields"][1]["dtype"] = "complex"
+    assert "dtype 'complex' is not one of" in refusal(doc).message
+    doc = manifest_doc("fields")
+    doc["fields"][4]["shards"][0]["path"] = "shards/field-mask-0-cb4fa04c5f00816f.pks"
+    error = refusal(doc)
+    assert type(error) is UnsafePathError
+    assert error.message.startswith("manifest field 4 (mask) shard 0 path 'shards/field-mask-0-cb4fa04c5f00816f.pks'")
+    parsed = fmt.parse_manifest(json.dumps(manifest_doc("fields")).encode())
+    assert [s.path for s in parsed.field("mask").shards] == [
+        "shards/field-mask-00000-cb4fa04c5f00816f.pks", "shards/field-mask-00001-6300daef48d33298.pks"]
+
+
+def test_validate_index_checks_each_field_with_the_index_path() -> None:
+    shards = [fmt.ShardEntry("shards/shard-00000-00000000000000aa.pks", 16384, 1, 2),
+              fmt.ShardEntry("shards/shard-00001-00000000000000bb.pks", 8192, 2, 1)]
+    values = {"shard": [0, 0, 1], "offset": [4096, 8192, 4096], "size": [100, 5000, 10], "checksum": [1, 2, 3],
+              "label": [0, 1, 0], "width": [1, 2, 3], "height": [1, 2, 3], "channels": [3, 3, 1],
+              "image_format": [1, 2, 1], "key_offsets": [0, 1, 2, 3], "keys": list(b"abc"),
+              "meta_offsets": [0, 0, 0, 0], "meta": []}
+    columns = {name: np.array(values[name], dtype=typestr) for name, (typestr, _) in fmt.INDEX_COLUMNS.items()}
+    columns.update(field_columns(TAGS, [[0], [1, 2], [2]]))
+    ix = fmt.validate_index(3, columns, shards, 4096, path=FIELD_INDEX, fields=(TAGS,))
+    assert ix.field_columns[TAGS.offsets_column].tolist() == [0, 8, 24, 32]
+    columns.update(field_columns(TAGS, [[0], [1, 2], [5]]))
+    with pytest.raises(IndexMismatchError) as caught:
+        fmt.validate_index(3, columns, shards, 4096, path=FIELD_INDEX, fields=(TAGS,))
+    assert (caught.value.message, caught.value.path, caught.value.sample) == (
+        "field 'tags' holds class id 5 outside 0..2", FIELD_INDEX, 2)
+
+
+# --- declarations that are not a list, schema files that cannot be read --------------------------------
+
+def test_a_fields_schema_file_that_is_unreadable_not_json_or_not_a_list(tmp_path: Path) -> None:
+    from packer.errors import OptionError
+    from packer.fields import load_schema_file
+
+    missing = tmp_path / "missing.json"
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(missing))
+    assert caught.value.message == f"--fields {missing}: cannot read it (No such file or directory)"
+    broken = tmp_path / "broken.json"
+    broken.write_text('["boxes=float32[N,4]",')
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(broken))
+    assert caught.value.message.startswith(f"--fields {broken}: not JSON (")
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text('{"boxes": "float32[N,4]"}')
+    with pytest.raises(OptionError) as caught:
+        load_schema_file(str(mapping))
+    assert caught.value.message == f"--fields {mapping} must be a JSON array of field declarations"
+
+
+def test_a_manifest_whose_fields_are_not_a_list_is_a_manifest_error() -> None:
+    doc = manifest_doc()
+    doc["fields"] = {"boxes": "float32[N,4]"}
+    error = refusal(doc)
+    assert isinstance(error, ManifestError)
+    assert error.message == "manifest 'fields' must be an array of field declarations"

@@ -16,6 +16,22 @@ from hypothesis import strategies as st
 
 import packer
 from packer import format as fmt
+from packer.dataset import open_dataset
+from packer.errors import (
+    ChecksumMismatchError,
+    CorruptHeaderError,
+    DatasetChangedError,
+    IndexMismatchError,
+    ManifestError,
+    MisalignedRecordError,
+    NotAPackerFileError,
+    OffsetOutOfBoundsError,
+    OverlappingRecordsError,
+    PackerError,
+    TruncatedFileError,
+    UnsafePathError,
+    UnsupportedVersionError,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "formats" / "vectors"
@@ -364,3 +380,96 @@ def test_symlink_out_of_the_folder_is_refused(tmp_path: Path, which: str) -> Non
         with packer.open_dataset(folder) as dataset:
             with pytest.raises(packer.UnsafePathError, match="resolves outside the dataset folder"):
                 _read_all(dataset)
+
+
+# --- dataset: open errors, lookups, pickling, the shard cache, reads ------------------------------
+
+
+# Every invalid vector, opened and read: (error class, exact message, the file it names relative to
+# the vector's folder, the sample it names). "{invalid}" stands for formats/vectors/invalid.
+INVALID_VECTOR_ERRORS = {
+    'index-checksum-mismatch': (ChecksumMismatchError, 'index checksum mismatch: manifest says 917373e8036c0734, file hashes to e7e643c11d83d4e6 (the index is damaged or belongs to another build)', 'index-917373e8036c0734.pki', None),
+    'index-column-bad-dtype': (CorruptHeaderError, "column 'label' has unsupported dtype '<f8'", 'index-ac1df22296e4b444.pki', None),
+    'index-column-bad-name': (CorruptHeaderError, "column 4 has an invalid or repeated name 'Label'", 'index-d511f47d65d0d63b.pki', None),
+    'index-column-count-0': (CorruptHeaderError, 'column_count 0 outside 1..64', 'index-fe367d84e27b9a01.pki', None),
+    'index-column-past-end': (OffsetOutOfBoundsError, "column 'meta' (2305843009213693952 x 1 bytes at 1664) runs past the end (1664)", 'index-e2f69e303e6864cc.pki', None),
+    'index-column-wrong-dtype': (CorruptHeaderError, "index column 'label' has dtype <u8, expected <i8", 'index-778b7add6fb23e76.pki', None),
+    'index-column-wrong-length': (IndexMismatchError, "index column 'width' has 2 entries, expected 3", 'index-093a3a0c86b39207.pki', None),
+    'index-columns-overlap': (OverlappingRecordsError, "column 'offset' starts at 896: must be a multiple of 64 at or after 908", 'index-92c212fa5de9b8aa.pki', None),
+    'index-extended': (TruncatedFileError, 'index file is 1728 bytes on disk but its header says 1664 (extended)', 'index-5c5f58b598de5f08.pki', None),
+    'index-gap': (OverlappingRecordsError, 'starts at 1536 but the layout requires 1024 (samples must be packed in order at aligned offsets without overlap or gaps)', 'index-0bf3d1141ebada68.pki', 1),
+    'index-header-size': (CorruptHeaderError, 'header_size 960 does not match 13 columns', 'index-d0686b0fd5670b61.pki', None),
+    'index-key-offsets-decrease': (OverlappingRecordsError, "index column 'key_offsets' must start at 0, never decrease and end at the 'keys' length 27", 'index-ef6f505ac1f2776d.pki', None),
+    'index-lfs-pointer': (NotAPackerFileError, "not a packer index file (starts with b'version ')", 'index-cdf888787fe6c8d8.pki', None),
+    'index-misaligned-offset': (MisalignedRecordError, 'starts at 1032, not a multiple of 512', 'index-304500358b600ddb.pki', 1),
+    'index-missing': (DatasetChangedError, 'index-917373e8036c0734.pki is missing: the dataset was replaced or deleted while in use, or the copy is incomplete', 'index-917373e8036c0734.pki', None),
+    'index-missing-column': (CorruptHeaderError, "index lacks required column 'checksum'", 'index-c90ea7bc7f748584.pki', None),
+    'index-offset-2pow62': (OffsetOutOfBoundsError, 'has an offset or size beyond 2^62', 'index-ec28fa22ffa81806.pki', 2),
+    'index-offset-past-end': (OffsetOutOfBoundsError, 'shard 1 (shards/shard-00001-2dcae0495225d083.pks) is 1024 bytes but its samples end at 1536', 'index-6daa582d71d818c1.pki', 2),
+    'index-overlap': (OverlappingRecordsError, 'starts at 512 but the layout requires 1024 (samples must be packed in order at aligned offsets without overlap or gaps)', 'index-bb547f5958c48607.pki', 1),
+    'index-path-dotdot': (UnsafePathError, "index path '../index-917373e8036c0734.pki' is not a valid dataset path (expected index-<16 hex digits>.pki, relative, inside the dataset)", 'manifest.json', None),
+    'index-row-count-2pow63': (CorruptHeaderError, 'row_count 9223372036854775808 exceeds the limit 1099511627776', 'index-280763de4e675a39.pki', None),
+    'index-row-count-mismatch': (IndexMismatchError, "index holds 2 samples but the manifest's shards hold 3", 'index-812b89bc9cbc526b.pki', None),
+    'index-shard-order': (OverlappingRecordsError, "is in shard 1 but the manifest's per-shard counts place it in shard 0", 'index-811dd1077b09005f.pki', 1),
+    'index-shard-out-of-range': (OffsetOutOfBoundsError, 'names shard 7 but the manifest lists 2', 'index-3303bcf6741ac87d.pki', 2),
+    'index-short': (TruncatedFileError, 'index file is 10 bytes, shorter than its 64-byte header', 'index-8bd86b4b938f4ecc.pki', None),
+    'index-size-zero': (CorruptHeaderError, 'has size 0; every sample holds at least one byte', 'index-849a29a2686450c6.pki', 1),
+    'index-truncated': (TruncatedFileError, 'is 1600 bytes on disk but the manifest says 1664 (truncated)', 'index-917373e8036c0734.pki', None),
+    'index-version-2': (UnsupportedVersionError, 'index format version 2 is not supported (this reader accepts [1]); upgrade packer', 'index-44b0e9c9c6f5083c.pki', None),
+    'label-out-of-range': (IndexMismatchError, 'has label 2 but the manifest lists 2 classes', 'index-0a0f7228b99bbcf4.pki', 0),
+    'manifest-alignment-768': (ManifestError, 'alignment must be a power of two between 1 and 16777216, got 768', 'manifest.json', None),
+    'manifest-bool-as-int': (ManifestError, "manifest field 'sample_count' must be an integer, got a boolean", 'manifest.json', None),
+    'manifest-checksum-algorithm': (ManifestError, "checksum_algorithm 'crc32' is not 'xxh3_64'", 'manifest.json', None),
+    'manifest-checksum-uppercase': (ManifestError, "shard 0 checksum must be 16 lowercase hex digits, got '73B4D06BBB44B44D'", 'manifest.json', None),
+    'manifest-classes-string': (ManifestError, "manifest field 'classes' must be an array, got a string", 'manifest.json', None),
+    'manifest-count-2pow63': (ManifestError, "manifest field 'sample_count' = 9223372036854775808 outside 0..1099511627776", 'manifest.json', None),
+    'manifest-history-not-list': (ManifestError, "manifest 'build' must be an object and 'history' a list of objects", 'manifest.json', None),
+    'manifest-is-a-folder': (NotAPackerFileError, 'manifest.json is not a regular file', 'manifest.json', None),
+    'manifest-lfs-pointer': (NotAPackerFileError, "not a packer manifest (starts with b'version https://')", 'manifest.json', None),
+    'manifest-missing': (NotAPackerFileError, 'no manifest.json: not a packer dataset (an unfinished build is here: finish it with `packer build --resume`)', '.', None),
+    'manifest-missing-codec': (ManifestError, "manifest lacks required field 'codec'", 'manifest.json', None),
+    'manifest-nan': (ManifestError, 'manifest is not valid UTF-8 JSON: NaN is not valid JSON', 'manifest.json', None),
+    'manifest-not-utf8': (ManifestError, "manifest is not valid UTF-8 JSON: 'utf-8' codec can't decode byte 0xff in position 678: invalid start byte", 'manifest.json', None),
+    'manifest-shard-size-2pow62': (ManifestError, "manifest shard 0 field 'size' = 4611686018427387904 outside 1..4611686018427387903", 'manifest.json', None),
+    'manifest-truncated-json': (ManifestError, 'manifest is not valid UTF-8 JSON: Unterminated string starting at: line 29 column 25 (char 646)', 'manifest.json', None),
+    'manifest-version-2': (UnsupportedVersionError, 'dataset format version 2 is not supported (this reader accepts [1]); upgrade packer', 'manifest.json', None),
+    'manifest-version-string': (ManifestError, "manifest field 'format_version' must be an integer, got a string", 'manifest.json', None),
+    'manifest-wrong-format': (NotAPackerFileError, "manifest format is 'webdataset', expected 'packer-dataset'", 'manifest.json', None),
+    'path-absolute': (UnsafePathError, "shard 0 path '/tmp/shards/shard-00000-73b4d06bbb44b44d.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'path-dotdot': (UnsafePathError, "shard 1 path 'shards/../shards/shard-00001-2dcae0495225d083.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'path-short-number': (UnsafePathError, "shard 0 path 'shards/shard-0-73b4d06bbb44b44d.pks' is not a valid dataset path (expected shards/shard-<number, at least 5 digits>-<16 hex digits>.pks, relative, inside the dataset)", 'manifest.json', None),
+    'sample-count-sum': (ManifestError, "sample_count 4 differs from the sum of the shards' counts 3", 'manifest.json', None),
+    'shard-alignment-3': (CorruptHeaderError, 'alignment must be a power of two between 1 and 16777216, got 3', 'shards/shard-00000-056e254f620e0927.pks', None),
+    'shard-bad-magic': (NotAPackerFileError, "not a packer shard (starts with b'\\x1f\\x8b\\x08\\x00\\x00\\x00\\x00\\x00')", 'shards/shard-00000-6ea95062343d6360.pks', None),
+    'shard-count-2pow63': (CorruptHeaderError, 'sample_count 9223372036854775808 outside 1..1099511627776', 'shards/shard-00000-eaf8789143aaad97.pks', None),
+    'shard-data-offset': (CorruptHeaderError, 'data_offset 64 must be 512 for alignment 512', 'shards/shard-00000-7e992f356290da6b.pks', None),
+    'shard-extended': (TruncatedFileError, 'is 1536 bytes on disk but the manifest says 1024 (extended)', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-extended-manifest-updated': (OffsetOutOfBoundsError, 'shard 1 (shards/shard-00001-2a9822bb6e3fafbc.pks) is 1536 bytes but its samples end at 1024', 'index-917373e8036c0734.pki', 2),
+    'shard-file-size-not-multiple': (CorruptHeaderError, 'file_size 1000 must be a multiple of 512, hold at least one sample and be below 2^62', 'shards/shard-00000-86c9395e89daeaaf.pks', None),
+    'shard-header-alignment-mismatch': (ManifestError, 'shard header (alignment 256, 2 samples, number 0) disagrees with the manifest (alignment 512, 2 samples, number 0)', 'shards/shard-00000-a92e4d12ce4d53f2.pks', None),
+    'shard-header-count-mismatch': (ManifestError, 'shard header (alignment 512, 1 samples, number 0) disagrees with the manifest (alignment 512, 2 samples, number 0)', 'shards/shard-00000-d95eeb7603d921a8.pks', None),
+    'shard-header-number-mismatch': (ManifestError, 'shard header (alignment 512, 1 samples, number 5) disagrees with the manifest (alignment 512, 1 samples, number 1)', 'shards/shard-00001-a73b54fcd8e55ba0.pks', None),
+    'shard-header-size-mismatch': (TruncatedFileError, 'shard is 1536 bytes on disk but its header says 2048 (truncated)', 'shards/shard-00000-bd1810c75afd1316.pks', None),
+    'shard-is-a-folder': (NotAPackerFileError, 'shards/shard-00001-2dcae0495225d083.pks is not a regular file', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-listed-twice': (ManifestError, 'manifest shard 2 (shards/shard-00000-73b4d06bbb44b44d.pks) is not numbered after the shard before it (1); shards must be listed in increasing number order', 'manifest.json', None),
+    'shard-missing': (DatasetChangedError, 'shards/shard-00001-2dcae0495225d083.pks is missing: the dataset was replaced or deleted while in use, or the copy is incomplete', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-size-not-multiple': (ManifestError, 'manifest shard 1 size 1000 is not a multiple of the alignment 512', 'manifest.json', None),
+    'shard-truncated': (TruncatedFileError, 'is 924 bytes on disk but the manifest says 1024 (truncated)', 'shards/shard-00001-2dcae0495225d083.pks', None),
+    'shard-version-2': (UnsupportedVersionError, 'shard format version 2 is not supported (this reader accepts [1]); upgrade packer', 'shards/shard-00000-01752482eaed4b87.pks', None),
+    'shards-not-increasing': (ManifestError, 'manifest shard 1 (shards/shard-00000-73b4d06bbb44b44d.pks) is not numbered after the shard before it (1); shards must be listed in increasing number order', 'manifest.json', None),
+    'symlink-escape': (UnsafePathError, "'shards/shard-00001-2dcae0495225d083.pks' resolves outside the dataset folder (to {invalid}/outside-the-dataset.pks)", '.', None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_VECTOR_ERRORS))
+def test_invalid_vectors_name_the_exact_error_file_and_sample(name: str) -> None:
+    folder = (VECTORS / "invalid" / name).resolve()
+    error, message, where, sample = INVALID_VECTOR_ERRORS[name]
+    with pytest.raises(PackerError) as caught:
+        with open_dataset(folder) as dataset:
+            for i in range(len(dataset)):
+                dataset.read(i)
+    assert type(caught.value) is error
+    assert caught.value.message == message.replace("{invalid}", str(VECTORS.resolve() / "invalid"))
+    assert caught.value.path is not None and os.path.relpath(caught.value.path, folder) == where
+    assert caught.value.sample == sample

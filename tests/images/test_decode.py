@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 import packer.decode
+from packer.dataset import open_dataset
 from packer.decode import decode_image, decode_jpeg_rgb
 from packer.errors import DecodeError, RejectedImageError
 from packer.format import ImageFormat
 from packer.imageinfo import probe_image
+from packer.writer import build
+from packer.writer.plan import BuildOptions
 
 
 def encode(img: Image.Image, fmt: str, **options: object) -> bytes:
@@ -445,3 +448,55 @@ def test_mutated_bytes_decode_or_raise_decode_error(seed: int, data: st.DataObje
         return
     assert pixels.dtype == np.uint8 and pixels.ndim == 3 and pixels.shape[2] == 3
     assert pixels.flags.c_contiguous
+
+
+# --- files that are not what the manifest says ----------------------------------------------------
+
+
+def _animated_gif(path: Path) -> list[np.ndarray]:
+    frames = [Image.new("RGB", (20, 10), color) for color in ("red", "green", "blue")]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=50, loop=0)
+    return [np.asarray(f) for f in frames]
+
+
+def test_animated_multiframe_and_exotic_modes_follow_the_rule(tmp_path):
+    """The documented rule: animated and multi-frame images are packed whole (the stored bytes are
+    the file) and described and decoded by their first frame; every Pillow mode decodes to HxWx3
+    uint8 RGB."""
+    from packer.decode import decode_image
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    _animated_gif(src / "anim.gif")
+    first, second = Image.new("RGB", (30, 12), "yellow"), Image.new("RGB", (8, 8), "black")
+    first.save(src / "pages.tiff", save_all=True, append_images=[second])
+    first.save(src / "anim.webp", save_all=True, append_images=[Image.new("RGB", (30, 12), "black")],
+               duration=40, lossless=True)
+    first.save(src / "anim.png", save_all=True, append_images=[Image.new("RGB", (30, 12), "black")])  # APNG
+    rng = np.random.default_rng(0)
+    modes = {
+        "cmyk.jpg": Image.fromarray(rng.integers(0, 256, (9, 11, 4), dtype=np.uint8), "CMYK"),
+        "gray16.png": Image.fromarray(rng.integers(0, 65535, (9, 11), dtype=np.uint16)),
+        "la.png": Image.fromarray(rng.integers(0, 256, (9, 11, 2), dtype=np.uint8), "LA"),
+        "rgba.png": Image.fromarray(rng.integers(0, 256, (9, 11, 4), dtype=np.uint8), "RGBA"),
+        "bilevel.png": Image.new("1", (11, 9), 1),
+        "float.tiff": Image.fromarray(rng.random((9, 11), dtype=np.float32) * 300, "F"),
+        "palette.png": Image.new("P", (11, 9), 3),
+        "progressive.jpg": Image.fromarray(rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)),
+    }
+    for name, image in modes.items():
+        image.save(src / name, **({"progressive": True} if name == "progressive.jpg" else {}))
+    result = build(tmp_path / "src", tmp_path / "out", BuildOptions(validate="full"), workers=1, progress=False)
+    assert result.rejected == [], result.rejected
+    with open_dataset(tmp_path / "out", verify_checksums=True) as dataset:
+        for i in range(len(dataset)):
+            key = dataset.key(i)
+            stored = dataset.read(i)
+            assert stored == (src.parent / key).read_bytes()  # packed whole, every frame kept
+            pixels = decode_image(stored, int(dataset.index.image_format[i]), name=key)
+            with Image.open(src.parent / key) as reference:  # frame 0
+                assert pixels.shape == (reference.height, reference.width, 3) and pixels.dtype == np.uint8, key
+                assert (int(dataset.index.width[i]), int(dataset.index.height[i])) == reference.size, key
+                if reference.mode in ("RGB", "L", "P", "RGBA", "CMYK"):
+                    expected = np.asarray(reference.convert("RGBA" if reference.mode == "P" and
+                                                            "transparency" in reference.info else "RGB"))[..., :3]
+                    assert np.abs(pixels.astype(int) - expected.astype(int)).max() <= 2, key

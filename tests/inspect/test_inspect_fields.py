@@ -308,3 +308,28 @@ def test_cli_grid_overlays(drawn: Path, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "not an [N,4] array" in bad.output
     lonely = _cli("inspect", str(drawn), "--boxes", "bbox")
     assert lonely.exit_code == 2 and "need --grid" in lonely.output
+
+
+def test_the_contact_sheet_refuses_an_unknown_box_format(built: tuple[list[dict[str, Any]], Path],
+                                                         tmp_path: Path) -> None:
+    from packer.errors import OptionError
+    from packer.inspect.grid import contact_sheet
+
+    _, folder = built
+    with open_dataset(folder) as ds, pytest.raises(OptionError) as caught:
+        contact_sheet(ds, tmp_path / "sheet.png", count=2, box_format="yolo")
+    assert caught.value.message == "box format must be one of xyxy, xywh, cxcywh, got 'yolo'"
+    assert not (tmp_path / "sheet.png").exists()
+
+
+def test_a_contact_sheet_that_cannot_be_written_is_a_packer_error(built: tuple[list[dict[str, Any]], Path],
+                                                                  tmp_path: Path) -> None:
+    from packer.errors import PackerError
+    from packer.inspect.grid import contact_sheet
+
+    _, folder = built
+    target = tmp_path / "no" / "such" / "sheet.png"
+    with open_dataset(folder) as ds, pytest.raises(PackerError) as caught:
+        contact_sheet(ds, target, count=2)
+    assert caught.value.message.startswith("cannot write the contact sheet: ")
+    assert not target.parent.exists()

@@ -77,3 +77,22 @@ def test_torch_group_counts_only_the_state_functions() -> None:
     assert torch_group.in_scope("packer.torch.runtime.x_resolve_rank__mutmut_1")
     assert not torch_group.in_scope("packer.torch.collate.x_collate__mutmut_1")
     assert mutate.GROUPS_BY_NAME["order"].in_scope("anything")
+
+
+def test_every_group_names_test_files_and_tests_that_exist() -> None:
+    """The groups follow the tests when they move: each listed file exists, each node id names a test in it."""
+    import ast
+
+    listed = {t for g in mutate.GROUPS for t in g.tests} | set(mutate.COMMON_TESTS)
+    for entry in sorted(listed):
+        path, _, name = entry.partition("::")
+        assert (REPO / path).is_file(), f"{entry}: no such test file"
+        if name:
+            tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+            assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, f"{entry}: no such test"
+    atomic = mutate.test_selection(mutate.GROUPS_BY_NAME["atomic"])
+    assert "tests/writer/test_interrupted_builds.py" in atomic
+    assert not any(t.startswith("tests/writer/test_interrupted_builds.py::") for t in atomic), "a file and its node ids"
+    order = mutate.test_selection(mutate.GROUPS_BY_NAME["order"])
+    assert len(order) == len(set(order))
+    assert "tests/writer/test_interrupted_builds.py::test_a_record_of_a_truncated_shard_is_redone_by_pack" in order

@@ -4,16 +4,22 @@ sources refuse formats DALI cannot decode at construction, not inside a running 
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from packer import format as fmt
+from packer.dataset import open_index
+from packer.errors import DecodeError, PackerError
 from packer.writer import build
 from packer.writer.plan import BuildOptions
-from packer.errors import DecodeError, PackerError
+
+from helpers import copy_dataset, count_trial, noisy_png_classes, run_main
 
 torch = pytest.importorskip("torch")
 from packer.torch import PackedDataset, PackedIterableDataset  # noqa: E402
@@ -70,3 +76,94 @@ def test_dali_sources_refuse_formats_dali_cannot_decode(tmp_path: Path) -> None:
     png = tmp_path / "png"
     build(_folder(tmp_path / "src2", "PNG", "png"), png, BuildOptions(), workers=1)
     assert PackedSampleSource(png, 2).num_samples == 3
+
+
+# --- class 7: readers enforce the SPEC ------------------------------------------------------------
+
+
+def _edit_manifest(ds: Path, edit: Any) -> None:
+    manifest = json.loads((ds / fmt.MANIFEST_NAME).read_text())
+    edit(manifest)
+    (ds / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def test_unknown_codec_is_refused_by_every_decoding_reader(small_dataset, tmp_path):
+    from packer.codecs import check_decodable
+    from packer.errors import DecodeError
+
+    ds = copy_dataset(small_dataset, tmp_path / "ds")
+    _edit_manifest(ds, lambda m: m.update(codec={"name": "zstd-future", "level": 3}))
+    code, out, err = run_main(["verify", str(ds), "-q"])
+    assert code == 0, out + err  # checksums only: the codec does not matter (SPEC 6 MAY)
+    code, out, err = run_main(["verify", str(ds), "-q", "--decode"])
+    assert code == 1 and "zstd-future" in out and "not one this packer can decode" in out, out + err
+    code, out, err = run_main(["inspect", str(ds), "--grid", str(tmp_path / "g.png"), "--grid-count", "2"])
+    assert code == 1 and "zstd-future" in err and not (tmp_path / "g.png").exists(), err
+    code, out, err = run_main(["inspect", str(ds), "--sample", "0", "--extract", str(tmp_path / "x.bin")])
+    assert code == 0, err  # stored bytes only: allowed
+    for entry in ({"name": "zstd-future"}, {"name": 5}, {}, "raw",
+                  {"name": "raw", "layout": "CHW", "dtype": "uint8"}, {"name": "raw", "layout": "HWC", "dtype": "f4"}):
+        with pytest.raises(DecodeError):
+            check_decodable(entry)
+    check_decodable({"name": "raw", "layout": "HWC", "dtype": "uint8", "height": 2, "width": 2})
+    count_trial("class7-unknown-codec", 10)
+
+
+def test_max_pixels_is_recorded_and_honoured_by_readers(tmp_path, monkeypatch):
+    from packer import decode as decode_module
+    from packer.codecs import dataset_max_pixels
+    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer.verify import verify
+
+    src = noisy_png_classes(tmp_path / "src")
+    build(src, tmp_path / "default", workers=1, progress=False)
+    with open_index(tmp_path / "default") as index:
+        assert index.manifest.max_pixels is None and "limits" not in index.manifest.raw
+        assert dataset_max_pixels(index.manifest) == DEFAULT_MAX_PIXELS
+    build(src, tmp_path / "big", BuildOptions(max_pixels=300_000_000), workers=1, progress=False)
+    with open_index(tmp_path / "big") as index:
+        assert index.manifest.raw["limits"] == {"max_pixels": 300_000_000}
+        assert dataset_max_pixels(index.manifest) == 300_000_000
+        assert dataset_max_pixels(index.manifest, 5) == 5
+    seen: list[int] = []
+    real = decode_module.decode_image
+
+    def spy(data: Any, image_format: int, **kwargs: Any) -> Any:
+        seen.append(kwargs["max_pixels"])
+        return real(data, image_format, **kwargs)
+
+    monkeypatch.setattr(decode_module, "decode_image", spy)
+    assert verify(tmp_path / "big", decode=True, workers=1, progress=False).ok
+    assert seen and set(seen) == {300_000_000}
+    monkeypatch.setattr(decode_module, "decode_image", real)
+    code, out, err = run_main(["verify", str(tmp_path / "big"), "--decode", "-q", "--workers", "1",
+                               "--max-pixels", "10"])
+    assert code == 1 and "max_pixels" in out, out  # the override is applied
+    # append keeps the recorded limit
+    new = noisy_png_classes(tmp_path / "new", classes=1, per_class=1)
+    (new / "class0").rename(new / "class7")
+    code, out, err = run_main(["append", str(tmp_path / "big"), str(new), "-q", "--workers", "1"])
+    assert code == 0, err
+    with open_index(tmp_path / "big") as index:
+        assert index.manifest.max_pixels == 300_000_000
+    count_trial("class7-max-pixels", 4)
+
+
+def test_pillow_global_limit_never_decides(monkeypatch):
+    """WEBP (checked by Pillow's own plugin at open) follows max_pixels like every format."""
+    from PIL import Image as PILImage
+
+    from packer.decode import decode_image
+    from packer.imageinfo import probe_image
+
+    buffer = io.BytesIO()
+    PILImage.fromarray(np.zeros((40, 50, 3), dtype=np.uint8)).save(buffer, "WEBP", lossless=True)
+    data = buffer.getvalue()
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 100)  # Pillow refuses over 200 px now
+    info = probe_image(data, max_pixels=10_000)
+    assert (info.width, info.height) == (50, 40)
+    assert decode_image(data, info.image_format, max_pixels=10_000).shape == (40, 50, 3)
+    assert PILImage.MAX_IMAGE_PIXELS == 100  # restored
+    with pytest.raises(PackerError):
+        probe_image(data, max_pixels=1_000)
+    count_trial("class7-pillow-limit", 3)

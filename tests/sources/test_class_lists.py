@@ -298,3 +298,42 @@ def test_no_usable_rows_names_reasons_and_header_fixes(tmp_path: Path) -> None:
     lists.write_text("".join(json.dumps({"path": f"x/{i:03d}.jpg", "label": [0, 1]}) + "\n" for i in range(3)))
     with pytest.raises(EmptySourceError, match="is a list \\(multi-label\\)"):
         list_source(lists, SourceOptions(root=tmp_path / "img"))
+
+
+# --- label kinds crossed with a given class list (issue 31: survivors of the hand-written round) ------
+
+def test_integer_labels_followed_only_by_names_are_refused_as_a_mix(tmp_path: Path) -> None:
+    manifest = make_manifest(tmp_path, [("", "3"), ("", "0"), ("", "cat")])
+    with pytest.raises(SourceError) as caught:
+        list_source(manifest, SourceOptions(root=tmp_path / "img"))
+    assert caught.value.message.startswith("labels mix integers (first: 3) and class names (first: 'cat'): "
+                                           "x/000.jpg and x/002.jpg")
+
+
+def test_integer_labels_with_a_given_class_list_must_be_below_its_length(tmp_path: Path) -> None:
+    manifest = make_manifest(tmp_path, [("", "0"), ("", "2"), ("", "3"), ("", "-1")])
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", classes=("a", "b", "c"), label_type="int"))
+    assert listing.classes == ("a", "b", "c") and listing.labels.tolist() == [0, 2]
+    assert [(r.reason, r.message) for r in listing.rejected] == [
+        ("unknown-class", "label 3 is outside the 3 classes given (--classes)"),
+        ("unknown-class", "label -1 is outside the 3 classes given (--classes)")]
+
+
+def test_a_given_class_list_keeps_its_order_for_name_labels(tmp_path: Path) -> None:
+    manifest = make_manifest(tmp_path, [("", "cat"), ("", "dog"), ("", "cat")])
+    result = build(manifest, tmp_path / "ds", BuildOptions(classes=("dog", "cat")), root=tmp_path / "img",
+                   workers=1, progress=False)
+    assert result.classes == ("dog", "cat")
+    with open_index(tmp_path / "ds") as index:
+        assert index.classes == ("dog", "cat")
+        assert {index.key(i): int(index.labels[i]) for i in range(len(index))} == {
+            "x/000.jpg": 1, "x/001.jpg": 0, "x/002.jpg": 1}
+
+
+def test_the_int64_range_is_read_to_its_ends(tmp_path: Path) -> None:
+    low, high = -(1 << 63), (1 << 63) - 1
+    manifest = make_manifest(tmp_path, [("", str(low)), ("", str(high)), ("", str(low - 1)), ("", str(high + 1))])
+    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="int"))
+    assert listing.labels.tolist() == [low, high]
+    assert [r.message for r in listing.rejected] == [f"label {low - 1} does not fit in a signed 64-bit integer",
+                                                     f"label {high + 1} does not fit in a signed 64-bit integer"]

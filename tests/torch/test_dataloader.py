@@ -320,6 +320,7 @@ def _worker_own_memory(dataset, *, iterable: bool, samples: int = 96) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps")
+@pytest.mark.measures_memory
 def test_worker_memory_and_pickles_stay_flat(tmp_path: Path) -> None:
     import bench_memory
 

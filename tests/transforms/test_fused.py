@@ -363,3 +363,17 @@ def test_normalize_on_gpu_on_the_cpu() -> None:
     from packer.errors import OptionError
     with pytest.raises(OptionError, match="N, H, W, 3"):  # a typed error, not a ValueError
         normalize_on_gpu(batch[0], device="cpu")
+
+
+def test_normalize_on_gpu_refuses_a_layout_it_does_not_know_or_a_batch_of_the_other_shape() -> None:
+    pytest.importorskip("torch")
+    from packer.errors import OptionError
+    from packer.transforms import normalize_on_gpu
+
+    batch = np.zeros((2, 8, 8, 3), np.uint8)
+    with pytest.raises(OptionError) as caught:
+        normalize_on_gpu(batch, device="cpu", layout="HWC")
+    assert caught.value.message == "layout must be 'NHWC' or 'NCHW', got 'HWC'"
+    with pytest.raises(OptionError) as caught:
+        normalize_on_gpu(batch, device="cpu", layout="NCHW")
+    assert caught.value.message == "expected an (N, 3, H, W) batch for layout 'NCHW', got shape (2, 8, 8, 3)"

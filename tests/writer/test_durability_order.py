@@ -28,7 +28,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -38,6 +38,7 @@ import packer.writer.atomic as atomic
 from packer import format as fmt
 from packer.writer import build
 from packer.writer.append import append
+from packer.writer.atomic import fsync_dir, write_atomic
 from packer.writer.plan import BuildOptions
 from packer.writer.staging import PLAN_NAME, RECORD_DIR, STAGING_DIR
 
@@ -242,3 +243,61 @@ def test_reordering_a_step_breaks_a_rule(recorded: tuple[list[Event], Path], wha
         j = next(j for j, e in enumerate(moved) if e.op == "replace" and name(e) == fmt.REPORT_NAME)
         moved.insert(i, moved.pop(j))
     assert violations(moved, out)
+
+
+# --- build: atomic, records, commit, plan ---------------------------------------------------------
+
+
+def test_write_atomic_returns_the_digest_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "f.bin"
+    digest = write_atomic(target, [b"hello ", memoryview(b"world")])
+    assert digest == fmt.checksum(b"hello world") and target.read_bytes() == b"hello world"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+    def failing() -> Any:
+        yield b"new bytes"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_atomic(target, failing())
+    assert target.read_bytes() == b"hello world", "a failed write leaves the old file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"], "and removes its temp file"
+
+
+def test_write_atomic_temp_name_is_the_one_cleanup_looks_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        seen.append(os.path.basename(src))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    write_atomic(tmp_path / "manifest.json", [b"{}"])
+    assert seen == [f".manifest.json.{os.getpid()}.tmp"]
+
+
+def test_fsync_dir_needs_a_folder(tmp_path: Path) -> None:
+    fsync_dir(tmp_path)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(NotADirectoryError):
+        fsync_dir(tmp_path / "file")
+
+
+# --- format: the index table and the column-file writer -------------------------------------------
+
+
+def test_write_atomic_reports_the_real_error_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing folder fsync (after the temp file is renamed away) raises that error, not a
+    FileNotFoundError from cleaning up a temp file that no longer exists."""
+    import errno
+
+    import packer.writer.atomic as atomic_module
+
+    def broken_fsync_dir(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(atomic_module, "fsync_dir", broken_fsync_dir)
+    with pytest.raises(OSError) as caught:
+        write_atomic(tmp_path / "f.bin", [b"x"])
+    assert caught.value.errno == errno.EIO

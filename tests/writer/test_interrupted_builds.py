@@ -33,12 +33,17 @@ import packer.writer.records as records_module
 import packer.writer.run as run_module
 import packer.writer.staging as staging_module
 from packer import format as fmt
-from packer.writer import build
-from packer.writer.staging import build_lock
 from packer.dataset import open_dataset
 from packer.errors import (BuildError, BuildLockedError, NotAPackerFileError, OptionError, OutputExistsError,
                            PackerError)
-from packer.writer.plan import BuildOptions
+from packer.verify import verify
+from packer.writer import build
+from packer.writer.pack import pack_planned_shard
+from packer.writer.plan import BuildOptions, load_plan
+from packer.writer.records import read_record, record_path
+from packer.writer.staging import PLAN_NAME, STAGING_DIR, build_lock
+
+from helpers import make_png_classes
 
 OPTIONS = BuildOptions(shard_size=16 << 10)
 REPO = Path(__file__).resolve().parents[2]
@@ -752,3 +757,43 @@ def test_concurrent_cli_builds_never_mix(sources, tmp_path):
     _count("concurrent-builds", trials)
     for outcome, n in results.items():
         _count(f"concurrent-builds-{outcome}", n)
+
+
+# --- build resume: a finished shard whose file was truncated is packed again ----------------------
+
+
+def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path) -> None:
+    """Mutant: ``read_record`` no longer compares the shard file's size with its record."""
+    src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
+    options = BuildOptions(shard_size=16 << 10)
+    build(src, out, options, workers=1, part=(0, 1), progress=False)  # every shard packed, no manifest
+    plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
+    assert plan.shard_count >= 2
+    header, _ = read_record(record_path(out, 1), plan.fingerprint, out)
+    shard = out / header["path"]
+    full_size = shard.stat().st_size
+    assert full_size == header["size"]
+    with open(shard, "r+b") as handle:  # a crash or a full disk cut it short after its record landed
+        handle.truncate(full_size - 4096)
+    assert read_record(record_path(out, 1), plan.fingerprint, out) is None
+
+    result = build(src, out, options, workers=1, resume=True, progress=False)
+    assert result.sample_count == 10
+    report = verify(out, progress=False, workers=1)
+    assert report.ok, report.problems
+    assert shard.stat().st_size == full_size  # packed again: same plan, same bytes, same name
+
+
+def test_a_record_of_a_truncated_shard_is_redone_by_pack(tmp_path: Path) -> None:
+    src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
+    build(src, out, BuildOptions(shard_size=16 << 10), workers=1, part=(0, 1), progress=False)
+    plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
+    header, _ = read_record(record_path(out, 0), plan.fingerprint, out)
+    shard = out / header["path"]
+    shard.write_bytes(shard.read_bytes()[:-1])  # one byte short is as bad as half
+    again = pack_planned_shard(plan, out, 0)
+    assert again["size"] == header["size"] == shard.stat().st_size
+    # and a shard file one byte too long is not trusted either
+    with open(shard, "ab") as handle:
+        handle.write(b"\0")
+    assert read_record(record_path(out, 0), plan.fingerprint, out) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 import tracemalloc
@@ -10,16 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from click.testing import CliRunner
 
-from packer.writer.append import append
-from packer.writer import build, finish
 from packer.cli import _register, cli
 from packer.dataset import open_dataset
 from packer.errors import BuildError, OptionError
+from packer.writer import build, finish
+from packer.writer.append import append
 from packer.writer.plan import BuildOptions, make_plan
 
-from helpers import dataset_files, write_images
+from helpers import dataset_files, png_bytes, write_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -197,3 +199,52 @@ def test_generations_are_numbered_one_by_one(source: Path, tmp_path: Path) -> No
     history = open_dataset(ds_path).manifest.history
     assert [h["generation"] for h in history] == [0, 1, 2]
     assert [h["options"]["seed"] for h in history[1:]] == [OPTIONS.seed + 1, OPTIONS.seed + 2]
+
+
+# --- commit: the build report ---------------------------------------------------------------------
+
+
+def test_append_refuses_a_source_with_declared_fields(tmp_path: Path) -> None:
+    """A COCO source always declares fields; an append cannot store them (the dataset is left as it was)."""
+    from packer.writer.append import append
+    from packer.errors import BuildError
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "1.png").write_bytes(png_bytes(1))
+    (tmp_path / "src" / "list.jsonl").write_text(json.dumps({"path": "1.png", "label": -1}) + "\n")
+    out = tmp_path / "ds"
+    build(tmp_path / "src" / "list.jsonl", out, BuildOptions(), workers=1)
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    (tmp_path / "coco").mkdir()
+    (tmp_path / "coco" / "x.png").write_bytes(png_bytes(2))
+    (tmp_path / "coco" / "instances.json").write_text(json.dumps(
+        {"images": [{"id": 1, "file_name": "x.png", "width": 14, "height": 10}], "annotations": [],
+         "categories": [{"id": 1, "name": "c"}]}))
+    with pytest.raises(BuildError) as caught:
+        append(out, tmp_path / "coco" / "instances.json", workers=1)
+    assert caught.value.message == "append does not support datasets with declared fields yet"
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_append_keeps_the_recorded_normalize_formats_and_label_type(tmp_path: Path) -> None:
+    """options_from_manifest read only the options to_json() writes at their defaults' absence:
+    an append to a --normalize-formats build stored a TIFF verbatim, and one to a --label-type str
+    build read '0'/'1' labels as integers (found by tests/writer/test_options_crossed.py)."""
+    from packer.dataset import open_dataset
+    from packer.writer.append import options_from_manifest
+
+    def source(root: Path, seed: int) -> Path:
+        (root / "img").mkdir(parents=True)
+        Image.new("RGB", (5, 4), (seed, 0, 0)).save(root / "img" / f"{seed}.tif")
+        (root / "rows.csv").write_text(f"path,label\nimg/{seed}.tif,{seed % 2}\n")
+        return root / "rows.csv"
+
+    build(source(tmp_path / "a", 0), tmp_path / "ds", BuildOptions(normalize_formats=True, label_type="str"),
+          workers=1, progress=False)
+    with open_dataset(tmp_path / "ds") as ds:
+        options = options_from_manifest(ds.manifest)
+    assert options.normalize_formats is True and options.label_type == "str"
+    append(tmp_path / "ds", source(tmp_path / "b", 1), workers=1)
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.classes == ("0", "1") and ds.labels.tolist() == [0, 1]
+        assert all(ds.read(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in range(len(ds)))

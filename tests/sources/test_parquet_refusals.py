@@ -1,0 +1,80 @@
+"""The Parquet door (HuggingFace datasets on disk) refuses what it cannot read as images and labels,
+naming the file and the columns: no image column, an --image-column that is not one, a file that is
+not Parquet, files whose ClassLabel names disagree, a label past the ClassLabel names, and a call
+without a spool folder (issue 31's promise inventory)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import packer
+from packer.errors import SourceError
+from packer.sources.parquet import list_parquet
+
+from helpers import png_bytes
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def write_parquet(path: Path, columns: dict[str, list], class_names: list[str] | None = None) -> Path:
+    table = pa.table(columns)
+    if class_names is not None:
+        features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": class_names}}
+        table = table.replace_schema_metadata({b"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, path)
+    return path
+
+
+def refused(source: Path, tmp_path: Path, **options) -> SourceError:
+    with pytest.raises(SourceError) as caught:
+        packer.build_dataset(source, tmp_path / "out", workers=1, **options)
+    assert type(caught.value) is SourceError
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    return caught.value
+
+
+def test_a_file_without_an_image_column(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "rows.parquet", {"label": [0, 1], "text": ["a", "b"]})
+    error = refused(path, tmp_path)
+    assert error.message == "no image column (binary, or a struct with 'bytes'); columns: label, text"
+    assert error.path == str(path)
+
+
+def test_an_image_column_that_is_not_one(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0), png_bytes(1)], "label": [0, 1]})
+    error = refused(path, tmp_path, image_column="label")
+    assert error.message == "--image-column 'label': no binary or {bytes, path} column of that name (columns: image, label)"
+
+
+def test_a_file_that_is_not_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "rows.parquet"
+    path.write_bytes(b"PAR1 but not really" * 10)
+    error = refused(path, tmp_path, source_kind="parquet")
+    assert error.message.startswith("not a readable Parquet file: ")
+
+
+def test_files_that_name_their_classes_differently(tmp_path: Path) -> None:
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_parquet(folder / "a.parquet", {"image": [png_bytes(0)], "label": [0]}, ["cat", "dog"])
+    write_parquet(folder / "b.parquet", {"image": [png_bytes(1)], "label": [1]}, ["dog", "cat"])
+    error = refused(folder, tmp_path)
+    assert error.message == "the Parquet files declare different ClassLabel names"
+    assert error.path == str(folder / "b.parquet")
+
+
+def test_a_label_past_the_class_label_names(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0), png_bytes(1)], "label": [0, 2]},
+                         ["cat", "dog"])
+    assert refused(path, tmp_path).message == "a label is 2, but ClassLabel names only 2 classes"
+
+
+def test_listing_needs_a_spool_folder(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]})
+    with pytest.raises(SourceError) as caught:
+        list_parquet([path])
+    assert caught.value.message == "a Parquet source needs a spool folder (build it through packer build)"

@@ -1,0 +1,81 @@
+"""The build and append doors refuse bad options and contradicting sources before writing a dataset:
+--on-error, --engine, a split build over a finished dataset, --resume over a dataset built from
+another kind of source, and an append whose labels are of the other kind (issue 31)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import packer
+from packer.errors import BuildError, OptionError, OutputExistsError
+
+from helpers import png_folder
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return png_folder(tmp_path / "src", 4)
+
+
+def _manifest(src: Path, labels: list[object]) -> Path:
+    rows = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.png"))
+    manifest = src.parent / "rows.csv"
+    manifest.write_text("path,label\n" + "".join(f"{r},{label}\n" for r, label in zip(rows, labels)))
+    return manifest
+
+
+def test_on_error_and_engine_are_checked_by_name(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(OptionError) as caught:
+        packer.build_dataset(src, tmp_path / "out", on_error="ignore")
+    assert caught.value.message == "--on-error must be 'skip' or 'fail', got 'ignore'"
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(OptionError) as caught:
+        packer.build_dataset(src, tmp_path / "out", engine="dask", workers=1)
+    assert caught.value.message == "unknown engine 'dask' (use 'local' or 'ray')"
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_split_build_over_a_finished_dataset_needs_overwrite(src: Path, tmp_path: Path) -> None:
+    packer.build_dataset(src, tmp_path / "out", workers=1)
+    before = (tmp_path / "out" / "manifest.json").read_bytes()
+    with pytest.raises(OutputExistsError) as caught:
+        packer.build_dataset(src, tmp_path / "out", plan_only=True)
+    assert caught.value.message == "a dataset already exists here; pass --overwrite to replace it"
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == before
+
+
+def test_resume_over_a_dataset_built_from_another_kind_of_source(src: Path, tmp_path: Path) -> None:
+    packer.build_dataset(src, tmp_path / "out", workers=1)
+    manifest = _manifest(src, ["cat", "dog", "cat", "dog"])
+    with pytest.raises(BuildError) as caught:
+        packer.build_dataset(manifest, tmp_path / "out", workers=1, resume=True, root=src)
+    assert caught.value.message == ("--resume: the finished dataset here was built from a folder, not a manifest; "
+                                    "pass --overwrite to rebuild it")
+
+
+def test_append_refuses_labels_of_the_other_kind(src: Path, tmp_path: Path) -> None:
+    packer.build_dataset(src, tmp_path / "named", workers=1)  # class names from the folders
+    ints = _manifest(src, [0, 1, 0, 1])
+    more = png_folder(tmp_path / "more", 3, seed=5)
+    manifest = more.parent / "more.csv"
+    manifest.write_text("path,label\n" + "".join(f"{p.relative_to(more).as_posix()},1\n"
+                                                 for p in sorted(more.rglob("*.png"))))
+    with pytest.raises(BuildError) as caught:
+        packer.append_dataset(tmp_path / "named", manifest, root=more, workers=1)
+    assert caught.value.message == ("the dataset has class names but the new source has integer labels; "
+                                    "label the new source by class name")
+    packer.build_dataset(ints, tmp_path / "numbered", workers=1, root=src)
+    with pytest.raises(BuildError) as caught:
+        packer.append_dataset(tmp_path / "numbered", more, workers=1)
+    assert caught.value.message == "the dataset has integer labels but the new source has class names"
+
+
+def test_on_error_fail_stops_the_build_at_the_first_rejection_and_names_it(tmp_path: Path) -> None:
+    src = png_folder(tmp_path / "src", 4, bad=1)
+    with pytest.raises(BuildError) as caught:
+        packer.build_dataset(src, tmp_path / "out", on_error="fail", workers=1)
+    assert caught.value.message.startswith("not-an-image: ") and caught.value.message.endswith("(--on-error fail)")
+    assert caught.value.path == str(src / "dog" / "bad0.png")
+    assert not (tmp_path / "out" / "manifest.json").exists()

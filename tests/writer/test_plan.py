@@ -1,0 +1,406 @@
+"""The shard plan (packer/writer/plan.py): build options and their refusals, order and cuts, shard
+capacity, and the saved plan a resumed build trusts.
+
+Builds run with workers=1: packing then happens in this process, where mutmut sees it."""
+
+from __future__ import annotations
+import io
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer import format as fmt
+from packer.dataset import open_index
+from packer.errors import BuildError, OptionError
+from packer.sources import list_source
+from packer.writer import build
+from packer.writer.plan import (
+    DEFAULT_MAX_FILE_SIZE,
+    DEFAULT_SHARD_SIZE,
+    BuildOptions,
+    load_plan,
+    make_plan,
+    plan_shards,
+    save_plan,
+)
+
+from helpers import png_bytes, png_folder
+
+
+# --- build: atomic, records, commit, plan ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"alignment": 3}, "--alignment must be a power of two between 1 and 16777216, got 3"),
+    ({"alignment": 0}, "--alignment must be a power of two between 1 and 16777216, got 0"),
+    ({"alignment": 1 << 25}, "--alignment must be a power of two between 1 and 16777216, got 33554432"),
+    ({"alignment": 4096, "shard_size": 4095},
+     "--shard-size must be at least the alignment (4096 bytes) and below 2^62, got 4095"),
+    ({"shard_size": fmt.MAX_FILE_SIZE},
+     f"--shard-size must be at least the alignment (4096 bytes) and below 2^62, got {fmt.MAX_FILE_SIZE}"),
+    ({"max_pixels": 0}, "--max-pixels must be a positive number of pixels, got 0"),
+    ({"validate": "some"}, "--validate must be 'header' or 'full', got 'some'"),
+])
+def test_build_options_are_checked_by_name(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(**changes).check()
+    assert caught.value.message == message
+
+
+def test_build_options_edges_are_accepted() -> None:
+    BuildOptions(alignment=1, shard_size=1, max_pixels=1, validate="full").check()
+    BuildOptions(alignment=fmt.MAX_ALIGNMENT, shard_size=fmt.MAX_ALIGNMENT).check()
+    BuildOptions(shard_size=fmt.MAX_FILE_SIZE - 1).check()
+    assert BuildOptions().to_json() == {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
+                                        "seed": 0, "codec": "passthrough", "validate": "header",
+                                        "max_pixels": BuildOptions().max_pixels,
+                                        "max_file_size": DEFAULT_MAX_FILE_SIZE}
+    assert DEFAULT_SHARD_SIZE == 512 << 20
+    with pytest.raises(OptionError, match="codec"):
+        BuildOptions(codec="nope").check()
+
+
+def test_plan_order_and_cuts(tmp_path: Path) -> None:
+    listing = list_source(png_folder(tmp_path / "src", 9))
+    shuffled = make_plan(listing, BuildOptions(seed=4, shard_size=3 * 4096 + 4096))
+    assert shuffled.order.tolist() == np.random.Generator(np.random.PCG64(4)).permutation(9).tolist()
+    assert shuffled.order.dtype == np.int64
+    kept = make_plan(listing, BuildOptions(shuffle=False, shard_size=3 * 4096 + 4096))
+    assert kept.order.tolist() == list(range(9)) and kept.order.dtype == np.int64
+    assert kept.shard_starts.tolist() == [0, 3, 6, 9] and kept.shard_count == 3
+    assert kept.shard_members(1).tolist() == [3, 4, 5]
+    assert plan_shards(np.zeros(0, dtype=np.uint64), 4096, 1 << 20).tolist() == [0]
+    # an oversize sample gets a shard of its own; the greedy cut closes before the sample that overflows
+    sizes = np.array([100, 9000, 100, 100, 5000], dtype=np.uint64)
+    assert plan_shards(sizes, 4096, 16384).tolist() == [0, 1, 2, 4, 5]
+    assert plan_shards(sizes, 1, 9000 + 64).tolist() == [0, 1, 2, 5]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 20).tolist() == [0, 2]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 19).tolist() == [0, 1, 2]
+    assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 10).tolist() == [0, 1, 2]
+    with pytest.raises(BuildError, match="^shard size 100 is smaller than the alignment 4096$"):
+        make_plan(listing, BuildOptions(shard_size=100))
+
+
+def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:
+    src = png_folder(tmp_path / "src", 7)
+    (src / "stray.png").write_bytes(b"outside every class folder")
+    listing = list_source(src)
+    plan = make_plan(listing, BuildOptions(seed=2, shard_size=8192), source="src", first_shard_number=5)
+    path = tmp_path / "plan.pkp"
+    digest = save_plan(plan, path)
+    assert digest == plan.fingerprint == fmt.checksum(path.read_bytes()) != 0
+    loaded = load_plan(path, src)
+    assert loaded.fingerprint == digest and loaded.source == "src" and loaded.first_shard_number == 5
+    assert loaded.options == plan.options and loaded.listing.kind == "folder"
+    assert loaded.order.tolist() == plan.order.tolist() and loaded.order.dtype == np.int64
+    assert loaded.shard_starts.tolist() == plan.shard_starts.tolist() and loaded.shard_starts.dtype == np.int64
+    assert loaded.listing.classes == listing.classes and loaded.listing.root == src
+    assert [loaded.listing.key(i) for i in range(7)] == [listing.key(i) for i in range(7)]
+    assert loaded.listing.sizes.tolist() == listing.sizes.tolist()
+    assert loaded.listing.labels.tolist() == listing.labels.tolist()
+    assert [r.to_json() for r in loaded.listing.rejected] == [r.to_json() for r in listing.rejected] != []
+    data = path.read_bytes()
+    path.write_bytes(data[:40])  # cut short (a column file has no checksum of its own: see SPEC)
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert "the saved build plan is damaged" in caught.value.message and f"delete {tmp_path}" in caught.value.message
+    assert caught.value.path == str(path)
+    with pytest.raises(BuildError) as caught:
+        load_plan(tmp_path / "missing.pkp", src)
+    assert caught.value.message == "cannot read the build plan: No such file or directory"
+
+
+# --- format: the index table and the column-file writer -------------------------------------------
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _saved_plan(tmp_path: Path, **overrides: Any) -> tuple[Path, Path]:
+    """A saved plan of a small JSONL source with metadata; ``overrides`` replace plan fields first."""
+    from dataclasses import replace
+
+    src = png_folder(tmp_path / "src", 6)
+    lines = [json.dumps({"path": f"{'cat' if i % 2 else 'dog'}/{i:03d}.png", "label": i % 2, "metadata": {"i": i}})
+             for i in range(6)]
+    manifest = src / "list.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    plan = make_plan(list_source(manifest), BuildOptions(shard_size=8192))
+    plan = replace(plan, **overrides)
+    path = tmp_path / "plan.pkp"
+    save_plan(plan, path)
+    return path, src
+
+
+def test_loaded_plan_keeps_the_metadata(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    loaded = load_plan(path, src)
+    assert [json.loads(loaded.listing.metadata(i)) for i in range(6)] == [{"i": i} for i in range(6)]
+    assert loaded.source == "" and loaded.first_shard_number == 0
+
+
+@pytest.mark.parametrize("what", ["order-short", "order-high", "order-negative", "starts-not-at-0", "starts-short",
+                                  "starts-decrease", "starts-empty"])
+def test_an_inconsistent_plan_is_refused(tmp_path: Path, what: str) -> None:
+    overrides: dict[str, Any] = {
+        "order-short": {"order": np.arange(5)},
+        "order-high": {"order": np.array([0, 1, 2, 3, 4, 6])},
+        "order-negative": {"order": np.array([0, 1, 2, 3, 4, -1])},
+        "starts-not-at-0": {"shard_starts": np.array([1, 3, 6])},
+        "starts-short": {"shard_starts": np.array([0, 3, 5])},
+        "starts-decrease": {"shard_starts": np.array([0, 4, 3, 6])},
+        "starts-empty": {"shard_starts": np.zeros(0, dtype=np.int64)},
+    }[what]
+    path, src = _saved_plan(tmp_path, **overrides)
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message == f"the saved build plan is inconsistent; delete {tmp_path} to start over"
+    assert caught.value.path == str(path)
+
+
+def test_plan_edges_that_are_accepted(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path, order=np.array([5, 4, 3, 2, 1, 0]), shard_starts=np.array([0, 6]))
+    assert load_plan(path, src).order.tolist() == [5, 4, 3, 2, 1, 0]
+
+
+def _rewrite_header(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    rows, columns = fmt.parse_column_file(path.read_bytes(), fmt.PLAN_MAGIC)
+    header = json.loads(columns["header"].tobytes())
+    change(header)
+    columns = {name: np.array(column) for name, column in columns.items()}
+    columns["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    path.write_bytes(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, columns)))
+
+
+def test_plan_header_defaults_and_unusable_headers(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    _rewrite_header(path, lambda h: (h.pop("source"), h.pop("first_shard_number")))
+    loaded = load_plan(path, src)  # a plan written before these fields existed
+    assert loaded.source == "" and loaded.first_shard_number == 0
+    _rewrite_header(path, lambda h: h["options"].update(bogus=1))
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message.startswith("the saved build plan is unusable (TypeError(")
+    assert caught.value.message.endswith(f"); delete {tmp_path} to start over") and caught.value.path == str(path)
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(BuildError) as damaged:
+        load_plan(path, src)
+    assert damaged.value.message == (f"the saved build plan is damaged ({path}: plan file is 40 bytes, shorter than its "
+                                     f"64-byte header); delete {tmp_path} to start over")
+    with pytest.raises(BuildError) as unreadable:
+        load_plan(tmp_path / "nope.pkp", src)
+    assert unreadable.value.path == str(tmp_path / "nope.pkp")
+
+
+def test_make_plan_edges(tmp_path: Path) -> None:
+    listing = list_source(png_folder(tmp_path / "src", 3))
+    plan = make_plan(listing, BuildOptions(shard_size=4096, alignment=4096))  # shard size == alignment is allowed
+    assert plan.source == "" and plan.shard_count == 3 and plan.first_shard_number == 0
+    empty = plan_shards(np.zeros(0, dtype=np.uint64), 1, 64)
+    assert empty.dtype == np.int64
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 64).tolist() == [0, 1, 2, 3]  # no room after the header
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 65).tolist() == [0, 1, 2, 3]
+    assert plan_shards(np.ones(3, dtype=np.uint64), 1, 66).tolist() == [0, 2, 3]
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(codec="nope").check()
+    assert caught.value.message == "unknown codec 'nope'; available: jpeg, passthrough, raw, tiled"
+
+
+def test_plan_consistency_edges(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from packer.sources.listing import select_rows
+
+    path, src = _saved_plan(tmp_path, shard_starts=np.array([0, 3, 3, 6]))
+    assert load_plan(path, src).shard_starts.tolist() == [0, 3, 3, 6]  # an empty planned shard is tolerated
+    listing = list_source(png_folder(tmp_path / "src2", 2))
+    empty = make_plan(select_rows(listing, np.zeros(2, dtype=bool)), BuildOptions())
+    assert empty.shard_starts.tolist() == [0]
+    save_plan(empty, tmp_path / "empty.pkp")
+    assert load_plan(tmp_path / "empty.pkp", src).shard_count == 0
+    plan = make_plan(listing, BuildOptions())
+    short_labels = replace(plan, listing=replace(plan.listing, labels=plan.listing.labels[:-1]))
+    save_plan(short_labels, tmp_path / "labels.pkp")
+    with pytest.raises(BuildError, match="inconsistent"):
+        load_plan(tmp_path / "labels.pkp", src)
+
+
+# --- build/plan: class lists, the file-size option, what a saved plan keeps -----------------------
+
+
+def test_build_options_class_lists(tmp_path: Path) -> None:
+    assert BuildOptions(classes=["b", "a"]).classes == ("b", "a")  # from JSON: a list becomes a tuple
+    assert BuildOptions(classes="dog,cat").classes == ("dog", "cat")  # names separated by commas
+    listed = tmp_path / "classes.txt"
+    listed.write_text("zebra\n\n  ant \n")
+    assert BuildOptions(classes=listed).classes == ("zebra", "ant") == BuildOptions(classes=str(listed)).classes
+    assert BuildOptions(classes=("x",)).classes == ("x",) and BuildOptions().classes is None
+    assert BuildOptions(classes=["b", "a"]).to_json()["classes"] == ["b", "a"]
+    assert "classes" not in BuildOptions().to_json()
+    for classes, message in [([], "classes: the class list is empty"), (["a", "a"], "classes: class 'a' is listed twice"),
+                             (("a", 3), "classes: class names must be non-empty strings, got 3")]:
+        with pytest.raises(OptionError) as caught:
+            BuildOptions(classes=classes).check()
+        assert caught.value.message == message
+
+
+def test_build_options_max_file_size_bounds() -> None:
+    for value in (0, -1, True, 1.5, fmt.MAX_FILE_SIZE):
+        with pytest.raises(OptionError) as caught:
+            BuildOptions(max_file_size=value).check()
+        assert caught.value.message == f"--max-file-size must be between 1 byte and 2^62, got {value}"
+    for value in (1, 2, fmt.MAX_FILE_SIZE - 1):
+        BuildOptions(max_file_size=value).check()
+
+
+def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> None:
+    from packer.classes import split_folder_warning
+
+    src = tmp_path / "src"
+    rng = np.random.default_rng(2)
+    for split in ("train", "val"):
+        (src / split).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(src / split / f"{i}.png")
+    listing = list_source(src)
+    plan = make_plan(listing, BuildOptions(shard_size=8192))
+    path = tmp_path / "plan.pkp"
+    save_plan(plan, path)
+    loaded = load_plan(path, src).listing
+    assert loaded.warnings == [split_folder_warning(["train", "val"])] == listing.warnings
+    assert loaded.label_type == listing.label_type
+    assert loaded.stamps.tolist() == listing.stamps.tolist() and len(loaded.stamps) == 4
+    assert loaded.stamps.dtype == np.uint64
+    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings")))  # a plan from before these fields
+    older = load_plan(path, src).listing
+    assert older.label_type == "str" and older.warnings == []
+
+
+def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    rows, columns = fmt.parse_column_file(path.read_bytes(), fmt.PLAN_MAGIC)
+    assert "stamps" in columns
+    kept = {name: np.array(column) for name, column in columns.items() if name != "stamps"}
+    path.write_bytes(b"".join(bytes(p) for p in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, kept)))
+    stamps = load_plan(path, src).listing.stamps
+    assert stamps.dtype == np.uint64 and stamps.shape == (0,)
+
+
+def test_the_build_result_names_the_class_list(tmp_path: Path) -> None:
+    result = build(png_folder(tmp_path / "src", 4), tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    assert result.classes == ("cat", "dog") and result.sample_count == 4
+
+
+# --- plan: options, the saved plan ----------------------------------------------------------------
+
+
+def test_option_refusals_name_the_option() -> None:
+    from packer.errors import OptionError
+
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(fields=(3,))
+    assert caught.value.message == ("a field is declared by a --field string, a FieldSpec or a declaration "
+                                    "object, got 3")
+    with pytest.raises(OptionError) as caught:
+        BuildOptions(normalize_formats="yes").check()
+    assert caught.value.message == "normalize_formats must be True or False, got 'yes'"
+
+
+def test_a_plan_that_is_not_a_regular_file_is_refused_by_name(tmp_path: Path) -> None:
+    import os
+
+    from packer.writer.plan import load_plan
+    from packer.errors import BuildError
+
+    (tmp_path / "plan.pkp").mkdir()
+    os.mkfifo(tmp_path / "fifo.pkp")  # never opened for reading: it would hang
+    for name in ("plan.pkp", "fifo.pkp"):
+        with pytest.raises(BuildError) as caught:
+            load_plan(tmp_path / name, tmp_path)
+        assert (caught.value.message, caught.value.path) == (
+            f"cannot read the build plan: {name} is not a regular file", str(tmp_path / name))
+
+
+def test_a_rejected_key_that_is_not_utf8_survives_the_saved_plan(tmp_path: Path) -> None:
+    """A COCO ``file_name`` "x\\udcff.jpg" (the file b"x\\xff.jpg") rejected while listing: the plan
+    saves and loads it (it used to fail with UnicodeEncodeError), and the report holds its bytes."""
+    from packer.sources import SourceOptions, list_source
+    from packer.writer.plan import load_plan, make_plan, save_plan
+
+    root = tmp_path / "src"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "a.png").write_bytes(png_bytes(1))
+    document = {"images": [{"id": 1, "file_name": "x\udcff.jpg", "width": 4, "height": 4},
+                           {"id": 2, "file_name": "a.png", "width": 14, "height": 10}],
+                "annotations": [{"id": 7, "image_id": 1, "category_id": 3, "bbox": [0, 0, -1, 1]}],
+                "categories": [{"id": 3, "name": "caf\u00e9"}]}
+    annotations = root / "instances.json"
+    annotations.write_text(json.dumps(document), "utf-8")
+    listing = list_source(annotations, SourceOptions(root=root / "images"))
+    assert [r.key for r in listing.rejected] == ["x\udcff.jpg"]
+    plan = make_plan(listing, BuildOptions())
+    save_plan(plan, tmp_path / "plan.pkp")
+    loaded = load_plan(tmp_path / "plan.pkp", root / "images")
+    assert [r.to_json() for r in loaded.listing.rejected] == [r.to_json() for r in listing.rejected]
+    assert loaded.listing.fields.specs == listing.fields.specs  # the category names, non-ASCII
+    result = build(annotations, tmp_path / "ds", BuildOptions(), root=root / "images", workers=1)
+    assert result.sample_count == 1 and [r.key for r in result.rejected] == ["x\udcff.jpg"]
+    lines = (tmp_path / "ds" / fmt.REPORT_NAME).read_bytes().split(b"\n")
+    assert len(lines) == 3 and lines[1].startswith(b'{"key": "x\xff.jpg", "message": "annotation 7: ')
+
+
+# --- plan: shard capacity leaves room for the header's data offset --------------------------------
+
+
+@pytest.mark.parametrize("alignment", [1, 512, 4096])
+def test_planned_shards_never_exceed_the_shard_size(alignment: int) -> None:
+    """Mutant: capacity = shard_size (the header's data offset forgotten): 20 KiB shards for 16 KiB."""
+    shard_size = 16 << 10
+    sizes = np.full(40, 4096, dtype=np.uint64)
+    starts = plan_shards(sizes, alignment, shard_size)
+    data_offset = fmt.shard_data_offset(alignment)
+    for a, b in zip(starts[:-1], starts[1:]):
+        padded = sum(fmt.align_up(int(s), alignment) for s in sizes[a:b])
+        assert data_offset + padded <= shard_size, (alignment, a, b)
+    # and greedily full: one more sample would not have fitted
+    per_shard = (shard_size - data_offset) // fmt.align_up(4096, alignment)
+    assert np.all(np.diff(starts)[:-1] == per_shard)
+
+
+def test_built_shards_are_at_most_the_shard_size(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "x").mkdir(parents=True)
+    for i in range(8):  # stored images of exactly 4 KiB: four of them fill 16 KiB of payload
+        (src / "x" / f"{i}.png").write_bytes(_png_of_size(4096, seed=i))
+    out = tmp_path / "ds"
+    build(src, out, BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    with open_index(out) as index:
+        sizes = [s.size for s in index.manifest.shards]
+    assert sizes and max(sizes) <= 16 << 10, sizes
+    assert len(sizes) == 3  # 3 + 3 + 2 samples after the 4 KiB header region
+
+
+def _png_of_size(size: int, seed: int) -> bytes:
+    """A valid PNG padded to exactly ``size`` bytes with an ancillary chunk before IEND."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), seed, dtype=np.uint8)).save(buffer, "PNG")
+    data = buffer.getvalue()
+    body, iend = data[:-12], data[-12:]
+    import zlib
+
+    filler = size - len(data) - 12
+    assert filler >= 0
+    chunk = b"zzZz" + bytes(filler)
+    crc = zlib.crc32(chunk).to_bytes(4, "big")
+    result = body + filler.to_bytes(4, "big") + chunk + crc + iend
+    assert len(result) == size
+    return result
