@@ -398,10 +398,10 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         except ImportError:
             if loader == "torch":
                 raise MissingDependencyError(
-                    "--loader torch needs PyTorch: pip install 'packer[torch]'") from None
+                    "--loader torch needs PyTorch: pip install 'packer-shards[torch]'") from None
             loader = "simple"
             notes.append("torch is not installed: measured a plain in-process loop (one process, "
-                         "no DataLoader workers); pip install 'packer[torch]' to measure the "
+                         "no DataLoader workers); pip install 'packer-shards[torch]' to measure the "
                          "DataLoader a training job would use")
         else:
             loader = "torch"
@@ -530,7 +530,7 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
     cpu_bound = _busy(result.worker_cpu, result.worker_wait) if workers else _busy(
         [result.main_cpu], None if result.main_wait is None else [result.main_wait])
     if result.loader == "simple":
-        advice.append("install torch (pip install 'packer[torch]') and use DataLoader workers: "
+        advice.append("install torch (pip install 'packer-shards[torch]') and use DataLoader workers: "
                       "this run decoded in one process")
     if cpu_bound and workers < result.cores:
         suggested = min(result.cores, max(workers + 1, math.ceil(max(workers, 1) * factor)))

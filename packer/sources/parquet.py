@@ -63,7 +63,7 @@ def _pyarrow() -> Any:
     try:
         import pyarrow.parquet as parquet
     except ImportError:
-        raise MissingDependencyError("reading Parquet needs pyarrow: pip install 'packer[parquet]'") from None
+        raise MissingDependencyError("reading Parquet needs pyarrow: pip install 'packer-shards[parquet]'") from None
     return parquet
 
 

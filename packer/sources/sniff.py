@@ -39,8 +39,8 @@ def decompressor(path: Path, name: str, raw: IO[bytes] | None = None) -> IO[byte
     try:
         import zstandard
     except ImportError:
-        raise MissingDependencyError("reading a .tar.zst needs the zstandard package: pip install 'packer[zstd]'") \
-            from None
+        raise MissingDependencyError("reading a .tar.zst needs the zstandard package: "
+                                     "pip install 'packer-shards[zstd]'") from None
     return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
 
 

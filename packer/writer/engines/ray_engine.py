@@ -55,7 +55,7 @@ def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: s
     try:
         import ray
     except ImportError:
-        raise MissingDependencyError("the Ray engine needs Ray: pip install 'packer[ray]'") from None
+        raise MissingDependencyError("the Ray engine needs Ray: pip install 'packer-shards[ray]'") from None
     from ..staging import PLAN_NAME, STAGING_DIR
 
     started_here = not ray.is_initialized()
