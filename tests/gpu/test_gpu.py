@@ -347,7 +347,7 @@ def test_kvikio_backend_without_kvikio_or_gpu_is_a_clear_error(raw_dataset: Path
 
     monkeypatch.setattr(kvikio_backend, "import_kvikio", no_kvikio)
     with open_dataset(raw_dataset, backend="kvikio") as ds:
-        with pytest.raises(MissingDependencyError, match=r"packer\[gpu\]"):
+        with pytest.raises(MissingDependencyError, match=r"packer-shards\[gpu\]"):
             ds.read(0)
     monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: types.SimpleNamespace())
     monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (False, "no NVIDIA driver: libcuda.so.1 is missing"))

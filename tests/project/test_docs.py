@@ -225,3 +225,27 @@ def test_split_claims_hold_after_the_blocks_ran() -> None:
     assert (train / "manifest.json").is_file() and (val / "manifest.json").is_file(), \
         f"{SPLITS_PAGE} no longer builds packed/train and packed/val"
     check_classes(train, val)  # "same labels in every split", though val lacks a class
+
+
+def test_site_hooks_rewrite_links_and_list_new_pages(tmp_path: Path) -> None:
+    """scripts/docs_hooks.py: links of generated pages point at site pages, new guides join the nav."""
+    pytest.importorskip("mkdocs")
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import docs_hooks
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    readme = ("[a](docs/guides/gpu.md#x) [spec](formats/SPEC.md) ![s](docs/images/report.png) "
+              "[l](LICENSE) [`tool`](scripts/check_dist.py) [w](https://example.org/a.md) [t](#top)")
+    assert docs_hooks.rewrite_links(readme, "README.md", "index.md") == (
+        "[a](guides/gpu.md#x) [spec](reference/spec.md) ![s](images/report.png) "
+        "`l` `tool` [w](https://example.org/a.md) [t](#top)")
+    assert docs_hooks.rewrite_links("[r](../README.md) [c](../CHANGELOG.md)", "formats/SPEC.md",
+                                    "reference/spec.md") == "[r](../index.md) [c](../changelog.md)"
+    docs = tmp_path / "docs"
+    (docs / "guides").mkdir(parents=True)
+    for name in ("listed.md", "new-guide.md"):
+        (docs / "guides" / name).write_text(f"# {name}\n")
+    config = {"docs_dir": str(docs), "nav": [{"Home": "index.md"}, {"Guides": ["guides/listed.md"]}]}
+    docs_hooks.on_config(config)
+    assert config["nav"][1] == {"Guides": ["guides/listed.md", "guides/new-guide.md"]}

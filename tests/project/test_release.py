@@ -24,7 +24,7 @@ DISTRIBUTION = "packer-shards"
 #: distribution's name, as a whole word (``packer-shards`` and ``-e .`` do not match).
 OLD_INSTALL = re.compile(r"pip install\s+(-\S+\s+)*['\"]?packer(\[|['\"\s]|$)", re.MULTILINE)
 #: ``packer[zstd]``-style extras named outside a pip command ("with packer[zstd]").
-OLD_EXTRA = re.compile(r"(?<![\w-])packer\[(torch|gpu|dali|ray|parquet|zstd|dev|mutate|docs|release)\]")
+OLD_EXTRA = re.compile(r"(?<![\w-])packer(\\{0,2})\[[a-z][a-z,]*\1\]")  # also a regex's packer\\[torch\\]
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".yml", ".yaml", ".c", ".sh", ".html", ""}
 
 
@@ -43,7 +43,10 @@ def test_old_install_pattern_matches_what_it_should() -> None:
     assert OLD_INSTALL.search('run pip install "packer[gpu]" first') and OLD_INSTALL.search("pip install -U packer")
     assert not OLD_INSTALL.search("pip install 'packer-shards[torch]'")
     assert not OLD_INSTALL.search("pip install packer-shards") and not OLD_INSTALL.search("pip install -e .")
-    assert OLD_EXTRA.search("a .tar.zst (with packer[zstd])") and not OLD_EXTRA.search("packer-shards[zstd]")
+    assert OLD_EXTRA.search("a .tar.zst (with packer[zstd])") and OLD_EXTRA.search("packer[remote,torch]")
+    assert not OLD_EXTRA.search("packer-shards[zstd]") and not OLD_EXTRA.search("packer[0]")
+    assert OLD_EXTRA.search(r'match=r"packer\[gpu\]"') and OLD_EXTRA.search('match="packer\\\\[torch\\\\]"')
+    assert not OLD_EXTRA.search(r'match=r"packer-shards\[gpu\]"')
 
 
 def test_no_install_hint_names_the_old_distribution() -> None:
