@@ -494,10 +494,10 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         except ImportError:
             if loader == "torch":
                 raise MissingDependencyError(
-                    "--loader torch needs PyTorch: pip install 'packer[torch]'") from None
+                    "--loader torch needs PyTorch: pip install 'packer-shards[torch]'") from None
             loader = "simple"
             notes.append("torch is not installed: measured a plain in-process loop (one process, "
-                         "no DataLoader workers); pip install 'packer[torch]' to measure the "
+                         "no DataLoader workers); pip install 'packer-shards[torch]' to measure the "
                          "DataLoader a training job would use")
         else:
             loader = "torch"

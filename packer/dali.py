@@ -386,7 +386,7 @@ class _PackedSource:
         except ImportError as exc:  # pragma: no cover - exercised only without DALI
             from .errors import MissingDependencyError
 
-            raise MissingDependencyError(f"DALI is not installed ({exc}); pip install 'packer[dali]'") from None
+            raise MissingDependencyError(f"DALI is not installed ({exc}); pip install 'packer-shards[dali]'") from None
         dataset = self._open()
         raw = self._raw_shape is not None
         dtypes, ndims = [], []

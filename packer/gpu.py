@@ -2,7 +2,7 @@
 
 Nothing here imports torch, kvikio, torchvision or CuPy at module import: ``import packer.gpu``
 is cheap and works on a machine without a GPU. Each class imports what it needs when it is
-created and says which extra to install when something is missing (``pip install 'packer[gpu]'``).
+created and says which extra to install when something is missing (``pip install 'packer-shards[gpu]'``).
 The kvikio backend itself (``open_dataset(path, backend="kvikio")``, ``KvikioShard``) lives in
 ``packer.backends.kvikio``; ``gds_status``, ``cuda_driver_status`` and ``set_kvikio_threads``
 are re-exported here because GPU users look for them here.
@@ -123,7 +123,7 @@ def _import_torch() -> Any:
         import torch
     except ImportError as exc:
         raise MissingDependencyError(f"GPU batches need PyTorch, which is not installed ({exc}); install it "
-                                     f"with pip install 'packer[torch]' (and {GPU_EXTRA} for kvikio)") from None
+                                     f"with pip install 'packer-shards[torch]' (and {GPU_EXTRA} for kvikio)") from None
     return torch
 
 
@@ -644,7 +644,7 @@ class TorchvisionJpegDecoder:
         except ImportError as exc:
             raise MissingDependencyError(
                 f"GPU JPEG decoding needs torchvision (nvJPEG), which cannot be imported ({exc}); install "
-                f"torchvision, or decode on the GPU with DALI (packer.dali, pip install 'packer[dali]')"
+                f"torchvision, or decode on the GPU with DALI (packer.dali, pip install 'packer-shards[dali]')"
             ) from None
         self._decode_jpeg = decode_jpeg
         self._rgb = ImageReadMode.RGB

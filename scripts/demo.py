@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         from torch.utils.data import DataLoader
     except ImportError:
-        print("torch is not installed: pip install 'packer[torch]' to load batches")
+        print("torch is not installed: pip install 'packer-shards[torch]' to load batches")
         return 0
     from packer.torch import PackedDataset
     from packer.transforms import CenterCrop

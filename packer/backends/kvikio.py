@@ -2,7 +2,7 @@
 kvikio's compatibility mode), plus what the machine offers for it (driver, GDS mode, threads).
 
 Nothing here imports kvikio at module import; ``KvikioShard`` imports it when created and says
-which extra to install when it is missing (``pip install 'packer[gpu]'``). Host buffers and
+which extra to install when it is missing (``pip install 'packer-shards[gpu]'``). Host buffers and
 ``view`` use plain ``pread``.
 """
 
@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_TASK_SIZE", "GPU_EXTRA", "KvikioShard", "gds_status", "cuda_
 #: Bytes per kvikio task: large enough for full NVMe/GDS bandwidth, small enough to spread over threads.
 DEFAULT_TASK_SIZE = 8 << 20
 
-GPU_EXTRA = "pip install 'packer[gpu]'"
+GPU_EXTRA = "pip install 'packer-shards[gpu]'"
 
 
 # --- environment -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``packer inspect DATASET``: the summary, one sample (``--sample``, ``--extract``), a contact sheet."""
+"""``packer inspect DATASET``: the summary, one sample (``--sample``, ``--extract``), a contact sheet, an HTML report."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from . import cli, echo, emit_json, run_command, terminal_safe
+from . import EXIT_DAMAGED, EXIT_OK, cli, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, location_type, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
 
@@ -162,25 +162,36 @@ def _overlay(text: str | None) -> str | None:
               help="With --grid: how the boxes' 4 numbers are spelt (xywh: COCO; cxcywh: YOLO).")
 @click.option("--box-normalized", is_flag=True,
               help="With --grid: box coordinates are fractions of the image's size, not pixels.")
-@click.option("--force", is_flag=True, help="Overwrite an existing --extract or --grid file.")
+@click.option("--html", "html", type=path_type(dir_okay=False), default=None, metavar="REPORT.html",
+              help="Write a self-contained HTML report (plots, rejected files, contact sheet, verify status).")
+@click.option("--verify", "run_verify", is_flag=True,
+              help="With --html: run packer verify and show its verdict in the report (exit 1 if damaged).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --extract, --grid or --html file.")
 def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
                     grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None,
-                    boxes: str | None, mask: str | None, box_format: str, box_normalized: bool) -> None:
+                    boxes: str | None, mask: str | None, box_format: str, box_normalized: bool,
+                    html: Path | None, run_verify: bool) -> None:
     """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
     image sizes, declared fields (their table and statistics) and rejected files. Never reads
     the shards unless asked for sample bytes. The contact sheet (--grid) outlines boxes and
-    overlays masks of declared fields."""
+    overlays masks of declared fields. --html writes all of it, with plots and a contact sheet,
+    as one page that needs no network (add --verify to check every checksum too)."""
     if extract is not None and sample is None:
         raise click.UsageError("--extract needs --sample to say which sample to write")
-    if grid is None and (boxes is not None or mask is not None or box_normalized or box_format != "xyxy"):
+    if run_verify and html is None:
+        raise click.UsageError("--verify adds the verify status to the HTML report: it needs --html "
+                               "(or run packer verify DATASET)")
+    if grid is None and html is None and (boxes is not None or mask is not None or box_normalized
+                                          or box_format != "xyxy"):
         raise click.UsageError("--boxes, --mask, --box-format and --box-normalized draw on the contact sheet: "
-                               "they need --grid")
+                               "they need --grid or --html")
     if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
         dataset = dataset.parent
 
     def body() -> int:
         document: dict[str, Any] = {"ok": True}
-        if sample is None and grid is None:
+        code = EXIT_OK
+        if sample is None and grid is None and html is None:
             from ..inspect.summary import format_summary, summarize
 
             summary = summarize(dataset)
@@ -190,13 +201,17 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
                 echo(format_summary(summary))
         if sample is not None:
             _sample(dataset, sample, extract, force, as_json, document)
+        overlays = {"boxes": _overlay(boxes), "mask": _overlay(mask), "box_format": box_format,
+                    "box_normalized": box_normalized}
         if grid is not None:
-            overlays = {"boxes": _overlay(boxes), "mask": _overlay(mask), "box_format": box_format,
-                        "box_normalized": box_normalized}
             _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document, max_pixels, overlays)
+        if html is not None:
+            code = _html(dataset, html, run_verify, grid_count, grid_columns, seed, force, document, max_pixels,
+                         overlays)
+            document["ok"] = code == EXIT_OK
         if as_json:
             emit_json(document)
-        return 0
+        return code
 
     run_command(body, as_json=as_json)
 
@@ -256,3 +271,43 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                      if result["mask_failed"] else ""])
     echo(f"wrote a {result['height']}x{result['width']} (HxW) contact sheet of {len(result['samples'])} "
                f"samples to {out}{failed}{drawn}", err=True)
+
+
+def _html(dataset: Path | str, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
+          document: dict[str, Any], max_pixels: int | None, overlays: dict[str, Any]) -> int:
+    """Write the HTML report; with ``run_verify``, verify first and return exit 1 when damaged."""
+    from ..dataset import open_dataset, open_index
+    from ..errors import DecodeError
+    from ..inspect.grid import contact_sheet
+    from ..inspect.html import REJECTED_READ, render_html, report_arrays
+    from ..inspect.summary import summarize
+
+    if not force and (out.exists() or out.is_symlink()):  # fail before any work
+        raise OutputExistsError("already exists; pass --force to overwrite it", path=out)
+    summary = summarize(dataset, rejected_shown=REJECTED_READ)
+    with open_index(dataset) as index:
+        arrays = report_arrays(index)
+    verify_json = None
+    if run_verify:
+        from ..verify import verify
+
+        verify_json = verify(dataset, max_pixels=max_pixels).to_json()
+    sheet_png = sheet = sheet_error = None
+    if summary["samples"]:
+        png = io.BytesIO()
+        try:
+            with open_dataset(dataset) as ds:
+                sheet = contact_sheet(ds, png, count=count, columns=columns, seed=seed, max_pixels=max_pixels,
+                                      **overlays)
+            sheet_png = png.getvalue()
+        except DecodeError as exc:  # a codec this packer cannot decode: the rest of the report still helps
+            sheet_error = str(exc)
+    page = render_html(summary, arrays, sheet_png=sheet_png, sheet=sheet, sheet_error=sheet_error,
+                       verify=verify_json).encode("utf-8")
+    write_new_file(out, page, force=force)
+    document["html"] = {"path": str(out), "bytes": len(page), "verified": verify_json is not None,
+                        "verify_ok": None if verify_json is None else verify_json["ok"]}
+    verdict = ("verify did not run" if verify_json is None
+               else "verify: OK" if verify_json["ok"] else "verify: DAMAGED")
+    echo(f"wrote a {len(page):,}-byte report of {summary['samples']:,} samples to {out} ({verdict})", err=True)
+    return EXIT_OK if verify_json is None or verify_json["ok"] else EXIT_DAMAGED

@@ -25,13 +25,13 @@ class TiledCodec:
 
     @classmethod
     def from_options(cls, params: Mapping[str, str]) -> "TiledCodec":
-        from .tiles import transcoder_available
+        from .tiles import TILED_FIX, transcoder_available
 
         check_keys("tiled", params, cls.OPTIONS)
         if not transcoder_available():
             raise MissingDependencyError("codec 'tiled' needs packer's compiled extension packer.codecs._jpegtiles, "
-                             "which was not built when packer was installed (no C compiler?); "
-                             "reinstall packer where a C compiler is available")
+                                         "which was not built when packer was installed (no C compiler?): "
+                                         + TILED_FIX)
         return cls()
 
     def encode(self, data: bytes, info: ImageInfo, *, name: str = "") -> tuple[bytes, ImageInfo]:

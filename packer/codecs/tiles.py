@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import MissingDependencyError
 
 __all__ = ["TileLayout", "read_layout", "window_jpeg", "cut_window", "transcode",
-           "transcoder_available", "untiled_reason",
+           "transcoder_available", "untiled_reason", "TILED_FIX",
            "TILE_SIGNATURE", "WINDOW_MARGIN", "window_margin"]
 
 #: APP9 payloads that start with these 8 bytes are packer tile tables.
@@ -325,6 +325,11 @@ def untiled_reason(data: Any) -> str:
     return "damaged or multi-scan"
 
 
+#: The advice of every refusal for want of the transcoder.
+TILED_FIX = ("install a packer-shards wheel (pip install --force-reinstall --only-binary packer-shards packer-shards), "
+             "or reinstall it from source where a C compiler is available")
+
+
 def transcoder_available() -> bool:
     """Whether the compiled transcoder (``packer.codecs._jpegtiles``) is installed."""
     try:
@@ -346,6 +351,6 @@ def transcode(data: Any, *, max_pixels: int) -> bytes:
         from . import _jpegtiles
     except ImportError:
         raise MissingDependencyError("the tiled codec needs packer's compiled extension packer.codecs._jpegtiles, "
-                         "which was not built when packer was installed (no C compiler?); "
-                         "reinstall packer with a C compiler available") from None
+                                     "which was not built when packer was installed (no C compiler?): "
+                                     + TILED_FIX) from None
     return _jpegtiles.transcode(data, int(max_pixels))

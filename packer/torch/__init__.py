@@ -1,4 +1,4 @@
-"""PyTorch readers: which one for which situation (``pip install 'packer[torch]'``).
+"""PyTorch readers: which one for which situation (``pip install 'packer-shards[torch]'``).
 
 * **Map-style + a sampler** (the classic DataLoader wiring): ``PackedDataset`` with
   ``PackedBatchSampler`` (or ``PackedSampler``, or torch's own ``DistributedSampler``), in
@@ -33,7 +33,7 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise MissingDependencyError(
         f"packer.torch needs PyTorch, which is not installed ({_exc}); install it with "
-        f"pip install 'packer[torch]'") from None
+        f"pip install 'packer-shards[torch]'") from None
 
 from ..classes import check_classes
 from .collate import PaddedCollate, collate

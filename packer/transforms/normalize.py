@@ -70,7 +70,7 @@ def normalize_on_gpu(images: Any, mean: Sequence[float] = IMAGENET_MEAN,
         import torch
     except ImportError as exc:
         from ..errors import MissingDependencyError
-        raise MissingDependencyError("normalize_on_gpu needs torch: pip install 'packer[torch]'") \
+        raise MissingDependencyError("normalize_on_gpu needs torch: pip install 'packer-shards[torch]'") \
             from exc
     if isinstance(images, np.ndarray):
         images = torch.from_numpy(images)

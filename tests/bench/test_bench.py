@@ -148,7 +148,7 @@ def test_without_torch_falls_back_to_the_in_process_loop(dataset: Path,
     assert any("torch is not installed" in note for note in result.notes)
     assert any("--workers 2 ignored" in note for note in result.notes)
     from packer.errors import MissingDependencyError
-    with pytest.raises(MissingDependencyError, match="packer\\[torch\\]"):
+    with pytest.raises(MissingDependencyError, match="packer-shards\\[torch\\]"):
         run_bench(dataset, BenchOptions(batch_size=4, batches=1, warmup=0, loader="torch"))
 
 

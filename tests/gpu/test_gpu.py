@@ -346,11 +346,11 @@ def test_jpeg_batches_on_cuda_need_a_gpu_jpeg_decoder(jpeg_dataset: Path, monkey
 def test_kvikio_backend_without_kvikio_or_gpu_is_a_clear_error(raw_dataset: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     def no_kvikio() -> None:
-        raise MissingDependencyError("the kvikio backend needs kvikio ...; install it with pip install 'packer[gpu]'")
+        raise MissingDependencyError("the kvikio backend needs kvikio ...; install it with pip install 'packer-shards[gpu]'")
 
     monkeypatch.setattr(kvikio_backend, "import_kvikio", no_kvikio)
     with open_dataset(raw_dataset, backend="kvikio") as ds:
-        with pytest.raises(MissingDependencyError, match=r"packer\[gpu\]"):
+        with pytest.raises(MissingDependencyError, match=r"packer-shards\[gpu\]"):
             ds.read(0)
     monkeypatch.setattr(kvikio_backend, "import_kvikio", lambda: types.SimpleNamespace())
     monkeypatch.setattr(kvikio_backend, "cuda_driver_status", lambda: (False, "no NVIDIA driver: libcuda.so.1 is missing"))
@@ -366,7 +366,7 @@ def test_kvikio_backend_here_fails_cleanly(raw_dataset: Path) -> None:
         try:
             data = ds.read(3)
         except MissingDependencyError as exc:
-            assert "packer[gpu]" in str(exc) or "NVIDIA GPU" in str(exc)
+            assert "packer-shards[gpu]" in str(exc) or "NVIDIA GPU" in str(exc)
         else:
             assert data == reference.read(3)
 
@@ -375,7 +375,7 @@ def test_gds_status_never_raises() -> None:
     status = gpu.gds_status()
     assert {"kvikio", "cuda_driver", "compat_mode", "gds_available", "gds_possible", "gds_verified", "requested_mode", "error"} <= set(status)
     if not status["kvikio"]:
-        assert "packer[gpu]" in status["error"] and status["gds_possible"] is False and status["gds_verified"] is False
+        assert "packer-shards[gpu]" in status["error"] and status["gds_possible"] is False and status["gds_verified"] is False
 
 
 class _FakeCudaBuffer:

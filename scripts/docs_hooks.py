@@ -1,0 +1,93 @@
+"""MkDocs hooks of the documentation site (mkdocs.yml names this file under ``hooks:``).
+
+* **Pages from the repository's own files**, so nothing is written twice: the home page is
+  ``README.md``, ``reference/spec.md`` is ``formats/SPEC.md`` and ``changelog.md`` is
+  ``CHANGELOG.md``. Their links are rewritten for the site: a link to a file the site holds
+  (``docs/guides/x.md``, ``formats/SPEC.md``, an image under ``docs/``) points at its page,
+  and a link to anything else in the repository (``LICENSE``, a script) becomes its text in
+  code style, since the site has no copy of it.
+* **The CLI's commands** are registered before mkdocs-click documents ``packer.cli:cli`` (each
+  command module adds itself to the group when imported).
+* **Pages nobody listed**: every ``docs/guides/*.md`` and ``docs/reference/*.md`` that the nav
+  does not name is appended to its section, so a new guide shows up without editing mkdocs.yml
+  (list it there to choose its place).
+"""
+
+from __future__ import annotations
+
+import importlib
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+REPO = Path(__file__).resolve().parents[1]
+#: repository file -> the site page generated from it
+GENERATED = {"README.md": "index.md", "formats/SPEC.md": "reference/spec.md", "CHANGELOG.md": "changelog.md"}
+#: nav section -> docs sub-folder whose unlisted pages are appended to it
+AUTO_SECTIONS = {"Guides": "guides", "Reference": "reference"}
+LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
+
+
+def site_target(repo_path: str) -> str | None:
+    """The docs-relative path of a repository file on the site, or None when the site lacks it."""
+    if repo_path in GENERATED:
+        return GENERATED[repo_path]
+    if repo_path.startswith("docs/") and (REPO / repo_path).is_file():
+        return repo_path.removeprefix("docs/")
+    return None
+
+
+def rewrite_links(markdown: str, source: str, page: str) -> str:
+    """Links of the repository file ``source``, rewritten for the generated page ``page``."""
+    source_dir, page_dir = posixpath.dirname(source), posixpath.dirname(page)
+
+    def replace(match: re.Match[str]) -> str:
+        bang, label, target = match.groups()
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        repo_path = posixpath.normpath(posixpath.join(source_dir, path))
+        found = site_target(repo_path)
+        if found is None:
+            return label if label.startswith("`") else f"`{label}`"
+        relative = posixpath.relpath(found, page_dir or ".")
+        return f"{bang}[{label}]({relative}{'#' + anchor if anchor else ''})"
+
+    return LINK.sub(replace, markdown)
+
+
+def on_config(config: Any) -> Any:
+    from packer.cli import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"packer.cli.{name}")
+    docs = Path(config["docs_dir"])
+    listed: set[str] = set()
+
+    def walk(items: Any) -> None:
+        for item in items or []:
+            if isinstance(item, str):
+                listed.add(item)
+            elif isinstance(item, dict):
+                for value in item.values():
+                    walk(value if isinstance(value, list) else [value])
+
+    walk(config["nav"])
+    for entry in config["nav"] or []:
+        if isinstance(entry, dict):
+            for title, items in entry.items():
+                folder = AUTO_SECTIONS.get(title)
+                if folder and isinstance(items, list):
+                    items.extend(f"{folder}/{path.name}" for path in sorted((docs / folder).glob("*.md"))
+                                 if f"{folder}/{path.name}" not in listed)
+    return config
+
+
+def on_files(files: Files, config: Any) -> Files:
+    for source, page in GENERATED.items():
+        text = (REPO / source).read_text("utf-8")
+        files.append(File.generated(config, page, content=rewrite_links(text, source, page)))
+    return files
