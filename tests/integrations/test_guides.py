@@ -1,6 +1,6 @@
 """The integration guides run as written: every ```python / ```sh block of each page, in page
 order, in a fresh working folder with ``packer`` on PATH (the README test's rules and markers:
-``tests/project/test_readme.py``).
+``tests/project/test_docs.py``).
 
 The torchvision page runs under ``make test-torchvision`` (torchvision does not import beside the
 main venv's torch): its blocks are marked ``skip needs torchvision...`` for the main docs run,
@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = REPO / "docs" / "guides"
 TORCHVISION_SKIP = "needs torchvision"
-_spec = importlib.util.spec_from_file_location("_readme_blocks", REPO / "tests" / "project" / "test_readme.py")
+_spec = importlib.util.spec_from_file_location("_readme_blocks", REPO / "tests" / "project" / "test_docs.py")
 _readme = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _readme  # its dataclass looks its module up there
 _spec.loader.exec_module(_readme)  # type: ignore[union-attr]
