@@ -34,9 +34,11 @@ def export_command(dataset: Path, out: Path, target: str, classes: str | None, s
                    keys: Path | None, samples_per_shard: int, overwrite: bool, skip_unsafe: bool,
                    as_json: bool) -> None:
     """Write the samples of DATASET to OUT: the stored bytes verbatim, keys as names, labels as
-    class folders (folder, tar) or .cls members (webdataset). Every name is checked before anything
-    is written; a sample the target cannot hold safely (unsafe name, collision, a value a build
-    would not read back) refuses the export (exit 2) unless --skip-unsafe."""
+    class folders (folder, tar) or .cls members (webdataset).
+
+    Every name is checked before anything is written; a sample the target cannot hold safely
+    (unsafe name, collision, a value a build would not read back) refuses the export (exit 2)
+    unless --skip-unsafe."""
     from ..export import export
 
     def body() -> int:

@@ -174,8 +174,10 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
     image sizes, declared fields (their table and statistics) and rejected files. Never reads
     the shards unless asked for sample bytes. The contact sheet (--grid) outlines boxes and
-    overlays masks of declared fields. --html writes all of it, with plots and a contact sheet,
-    as one page that needs no network (add --verify to check every checksum too)."""
+    overlays masks of declared fields.
+
+    --html writes all of it, with plots and a contact sheet, as one page that needs no network
+    (add --verify to check every checksum too)."""
     if extract is not None and sample is None:
         raise click.UsageError("--extract needs --sample to say which sample to write")
     if run_verify and html is None:
