@@ -1,7 +1,7 @@
 """packer export's options and refusals: it refuses what it cannot write verbatim or safely before
 writing anything (a build whose payloads are not the source files: a re-encoding codec or
---normalize-formats; a bad target or shard size; an unreadable keys file), skips and counts keys
-that would leave OUT, writes tar members as the docstring says, cuts WebDataset shards of
+--normalize-formats; a bad target or shard size; an unreadable keys file), refuses keys that would
+leave OUT (or, with skip_unsafe, skips and counts them), writes tar members as the docstring says, cuts WebDataset shards of
 samples_per_shard, names side files by the key up to the first dot, and the CLI splits --classes
 (issue 31: the promise inventory's export sites and the hand-written round's survivors)."""
 
@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from packer.errors import OptionError
+from packer.errors import OptionError, UnsafeExportError
 from packer.export import export
 from packer.writer import build
 from packer.writer.plan import BuildOptions
@@ -33,7 +33,7 @@ def passthrough(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("to, per_shard, message", [
     ("zip", 10, "--to must be one of folder, tar, webdataset, got 'zip'"),
-    ("webdataset", 0, "--samples-per-shard must be at least 1, got 0"),
+    ("webdataset", 0, "--samples-per-shard must be a positive integer, got 0"),
 ])
 def test_a_bad_target_or_shard_size_is_refused_by_name(passthrough: Path, tmp_path: Path, to: str, per_shard: int,
                                                         message: str) -> None:
@@ -48,8 +48,9 @@ def test_an_unreadable_keys_file_is_an_option_error(passthrough: Path, tmp_path:
     keys.write_bytes(b"cat/001.png\n\xff\xfe not text\n")
     with pytest.raises(OptionError) as caught:
         export(passthrough, tmp_path / "out", keys=keys)
-    assert caught.value.message.startswith(f"--keys: cannot read {keys}: ")
-    with pytest.raises(OptionError, match="--keys: cannot read .*missing.txt"):
+    assert caught.value.message.startswith(f"--keys: {keys} is not UTF-8 (invalid start byte at byte 12); ")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(OptionError, match="--keys: cannot open .*missing.txt: No such file"):
         export(passthrough, tmp_path / "out2", keys=tmp_path / "missing.txt")
 
 
@@ -88,15 +89,21 @@ UNSAFE = ["../escaped.png", "cat/../../escaped2.png", "/etc/escaped3.png"]
 
 
 @pytest.mark.parametrize("to", ["folder", "tar", "webdataset"])
-def test_keys_that_would_leave_the_output_are_skipped_and_counted(passthrough: Path, tmp_path: Path,
-                                                                 to: str) -> None:
+def test_keys_that_would_leave_the_output_refuse_the_export_or_are_skipped_and_counted(
+        passthrough: Path, tmp_path: Path, to: str) -> None:
+    """Refused before anything is written by default; with skip_unsafe the others are exported."""
     import shutil
 
     ds = Path(shutil.copytree(passthrough, tmp_path / "ds"))
     set_keys(ds, UNSAFE + ["cat/safe.png"])
     out = tmp_path / "out"
-    result = export(ds, out, to=to)
-    assert (result.samples, result.skipped_unsafe) == (1, 3)
+    with pytest.raises(UnsafeExportError) as caught:
+        export(ds, out, to=to)
+    assert caught.value.message.startswith(f"3 of the 4 selected samples cannot be exported safely to {to} "
+                                           f"(3 unsafe-name); first: '../escaped.png'")
+    assert not out.exists()
+    result = export(ds, out, to=to, skip_unsafe=True)
+    assert (result.samples, result.skipped_unsafe) == (1, 3) and result.skipped == {"unsafe-name": 3}
     assert sorted(p.name for p in tmp_path.rglob("escaped*")) == []
     if to == "folder":
         written = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()]
