@@ -680,23 +680,27 @@ def test_validate_index_checks_each_field_with_the_index_path() -> None:
 # --- declarations that are not a list, schema files that cannot be read --------------------------------
 
 def test_a_fields_schema_file_that_is_unreadable_not_json_or_not_a_list(tmp_path: Path) -> None:
-    from packer.errors import OptionError
-    from packer.fields import load_schema_file
+    """``packer build --fields FILE``: each refusal is a usage error (exit 2) naming the file, and no
+    dataset is started."""
+    from click.testing import CliRunner
 
-    missing = tmp_path / "missing.json"
-    with pytest.raises(OptionError) as caught:
-        load_schema_file(str(missing))
-    assert caught.value.message == f"--fields {missing}: cannot read it (No such file or directory)"
+    from packer.cli import cli
+
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(src / "a.png")
     broken = tmp_path / "broken.json"
     broken.write_text('["boxes=float32[N,4]",')
-    with pytest.raises(OptionError) as caught:
-        load_schema_file(str(broken))
-    assert caught.value.message.startswith(f"--fields {broken}: not JSON (")
     mapping = tmp_path / "mapping.json"
     mapping.write_text('{"boxes": "float32[N,4]"}')
-    with pytest.raises(OptionError) as caught:
-        load_schema_file(str(mapping))
-    assert caught.value.message == f"--fields {mapping} must be a JSON array of field declarations"
+    missing = tmp_path / "missing.json"
+    for schema, message in ((missing, f"{missing}: --fields: no such file"),
+                            (broken, f"{broken}: --fields: not JSON (Expecting value: line 1 column 23"),
+                            (mapping, f"--fields {mapping} must be a JSON array of field declarations")):
+        done = CliRunner().invoke(cli, ["build", str(tmp_path / "src"), str(tmp_path / "out"), "--fields", str(schema)])
+        assert done.exit_code == 2, done.output
+        assert f"error: {message}" in done.output
+        assert not (tmp_path / "out").exists()
 
 
 def test_a_manifest_whose_fields_are_not_a_list_is_a_manifest_error() -> None:
