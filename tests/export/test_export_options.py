@@ -100,7 +100,8 @@ def test_keys_that_would_leave_the_output_refuse_the_export_or_are_skipped_and_c
     with pytest.raises(UnsafeExportError) as caught:
         export(ds, out, to=to)
     assert caught.value.message.startswith(f"3 of the 4 selected samples cannot be exported safely to {to} "
-                                           f"(3 unsafe-name); first: '../escaped.png'")
+                                           f"(3 unsafe-name); first: '../escaped.png' (unsafe-name: its key: '..' path "
+                                           f"component). Nothing was written")
     assert not out.exists()
     result = export(ds, out, to=to, skip_unsafe=True)
     assert (result.samples, result.skipped_unsafe) == (1, 3) and result.skipped == {"unsafe-name": 3}
