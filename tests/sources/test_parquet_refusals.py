@@ -1,7 +1,7 @@
 """The Parquet door (HuggingFace datasets on disk) refuses what it cannot read as images and labels,
 naming the file and the columns: no image column, an --image-column that is not one, a file that is
-not Parquet, files whose ClassLabel names disagree, a label past the ClassLabel names, and a call
-without a spool folder (issue 31's promise inventory)."""
+not Parquet, files whose ClassLabel names disagree, and a call without a spool folder; a label past
+the ClassLabel names is the source contract's unknown-class (issue 31's promise inventory)."""
 
 from __future__ import annotations
 
@@ -68,9 +68,19 @@ def test_files_that_name_their_classes_differently(tmp_path: Path) -> None:
 
 
 def test_a_label_past_the_class_label_names(tmp_path: Path) -> None:
+    """The source contract's rule for a source that numbers its classes: the row is ``unknown-class``
+    (in the build report), the rest is packed with the declared names; ``on_error="fail"`` refuses."""
     path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0), png_bytes(1)], "label": [0, 2]},
                          ["cat", "dog"])
-    assert refused(path, tmp_path).message == "a label is 2, but ClassLabel names only 2 classes"
+    packer.build_dataset(path, tmp_path / "ds", workers=1)
+    with packer.open_dataset(tmp_path / "ds") as ds:
+        assert (ds.classes, len(ds), ds.labels.tolist()) == (("cat", "dog"), 1, [0])
+    report = [json.loads(line) for line in (tmp_path / "ds" / "build-report.jsonl").read_text().splitlines()[1:]]
+    assert [(r["reason"], r["message"]) for r in report] == [
+        ("unknown-class", "label 2 is outside the 2 class names the source declares (ClassLabel)")]
+    error = refused(path, tmp_path, on_error="fail")
+    assert error.message.startswith("1 sample(s) are not in the class list (--on-error fail), e.g. ")
+    assert error.message.endswith(": label 2 is outside the 2 class names the source declares (ClassLabel)")
 
 
 def test_listing_needs_a_spool_folder(tmp_path: Path) -> None:

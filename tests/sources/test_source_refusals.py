@@ -53,21 +53,42 @@ def test_a_manifest_that_is_not_text_or_not_csv_is_a_source_error(tmp_path: Path
 
 
 def test_an_unreadable_manifest_names_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open that fails (detection opens the source first, with ``files.open_user_file``) and a read that
+    fails after it (a failing disk) each name the reason; both are injected (root reads anything)."""
+    import errno
+    import os
+
+    import packer.sources.manifest as manifest_door
+    from packer.sources import list_source
+
     manifest = tmp_path / "rows.jsonl"
     manifest.write_text('{"path": "a.png", "label": 0}\n')
-    real_open = open
+    real_open = os.open
 
-    def deny(path, *args, **kwargs):  # root reads anything: the permission error is injected
-        if str(path) == str(manifest):
-            raise PermissionError(13, "Permission denied", str(path))
+    def deny(path, *args, **kwargs):
+        if os.fspath(path) == str(manifest):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", deny)
-    from packer.sources.manifest import list_manifest
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", deny)
+        with pytest.raises(SourceError) as caught:
+            list_source(manifest)
+    assert caught.value.message == "the source: cannot open it (Permission denied)"
+    assert caught.value.path == str(manifest)
 
+    class FailingDisk(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(manifest_door, "open_user_file", lambda path, **_: (io.BufferedReader(FailingDisk()), None))
     with pytest.raises(SourceError) as caught:
-        list_manifest(manifest)
-    assert caught.value.message == "cannot read the manifest: Permission denied"
+        list_source(manifest)
+    assert caught.value.message == "cannot read the manifest: Input/output error"
+    assert caught.value.path == str(manifest)
 
 
 def test_a_missing_source_folder(tmp_path: Path) -> None:
@@ -81,7 +102,10 @@ def test_a_missing_source_folder(tmp_path: Path) -> None:
 
 def test_brace_patterns_and_webdataset_shards_that_do_not_exist(tmp_path: Path) -> None:
     pattern = str(tmp_path / "train-{3..1}.tar")
-    assert refused(pattern, tmp_path, SourceError) == "brace range {3..1} must go up, and name at most 10 million files"
+    assert refused(pattern, tmp_path, SourceError) == "brace range {3..1} must go up"
+    huge = str(tmp_path / "train-{0..9999}-{0..9999}.tar")  # counted before anything is expanded
+    assert refused(huge, tmp_path, SourceError) == (
+        "the brace pattern names more than 1000000 files (its groups multiply); give fewer shards, or a folder of them")
     with tarfile.open(tmp_path / "train-0.tar", "w") as archive:
         info = tarfile.TarInfo("000.png")
         data = png_bytes(0)
@@ -108,7 +132,7 @@ def _tar_of_classes(path: Path) -> Path:
 
 def test_a_source_kind_that_is_not_the_archive_given(tmp_path: Path) -> None:
     assert refused(png_folder(tmp_path / "src", 2), tmp_path, OptionError, source_kind="rar") == (
-        "--source-kind must be one of auto, folder, manifest, tar, zip, webdataset, parquet, coco, got 'rar'")
+        "--source-kind must be one of auto, folder, manifest, tar, zip, webdataset, parquet, coco, hf, got 'rar'")
     assert refused(_zip_of_classes(tmp_path / "a.zip"), tmp_path, SourceError, source_kind="tar") == (
         "--source-kind tar: the source is a zip archive")
     assert refused(_tar_of_classes(tmp_path / "a.tar"), tmp_path, SourceError, source_kind="zip") == (
@@ -139,7 +163,8 @@ def test_a_coco_file_whose_root_is_not_a_folder_or_that_cannot_be_read(tmp_path:
     assert message == "the image folder (--root) is not a folder"
     with pytest.raises(SourceError) as caught:
         list_coco(tmp_path / "missing.json", tmp_path)
-    assert caught.value.message == "cannot read the annotation file: No such file or directory"
+    assert caught.value.message == "the annotation file: no such file"
+    assert caught.value.path == str(tmp_path / "missing.json")
 
 
 # --- class lists (--classes, --classes-from, classes=) ------------------------------------------------
@@ -158,13 +183,14 @@ def test_class_lists_that_cannot_be_one(tmp_path: Path, monkeypatch: pytest.Monk
     big.write_text("cat\ndog\nowl\nemu\nelk\n")
     with pytest.raises(OptionError) as caught:
         load_class_list(str(big))
-    assert caught.value.message == f"--classes {big}: over 16 bytes (is it a manifest?)"
+    assert caught.value.message == "--classes: 20 bytes, over the 16 bytes such a file may hold"
+    assert caught.value.path == str(big)
     monkeypatch.setattr("packer.classes.MAX_CLASS_FILE_BYTES", MAX_CLASS_FILE_BYTES)
     latin = tmp_path / "latin.txt"
     latin.write_bytes(b"caf\xe9\n")
     with pytest.raises(OptionError) as caught:
         load_class_list(str(latin))
-    assert caught.value.message.startswith(f"--classes {latin}: cannot read the class list ('utf-8' codec")
+    assert caught.value.message == f"--classes {latin}: cannot read the class list (not UTF-8: invalid continuation byte)"
     with pytest.raises(OptionError) as caught:
         classes_of(42)
     assert caught.value.message == "expected a dataset, a dataset path or a list of class names, got int"
