@@ -26,7 +26,9 @@ the same way for every door:
      a class name, and refuses text that only looks like an integer (``" 1"``, ``1_0``,
      ``007``: ``bad-label``). With a class list given, ``auto`` reads text as class names.
      A source that numbers its own classes (``ClassLabel``) has its integers read as those names.
-   * Integers and class names never mix in one build (``SourceError``).
+   * Integers and class names never mix in one build (``SourceError``); nor in an ``append`` to
+     a dataset with class names, where text of plain digits that is not one of its names would
+     otherwise become a new class named like an integer (``auto`` only).
    * The class list: a given one (``--classes``, ``--classes-from``, the dataset ``append``
      adds to) numbers the names, and an integer label ``k`` means its ``k``-th class; a name not
      in it, or an integer outside it, is ``unknown-class`` (``append`` without a fixed list adds
@@ -492,6 +494,8 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
                               f"samples have no main label (-1){coco}")
         classes = list(given)
         position = {name: i for i, name in enumerate(classes)}
+        if options.new_classes == "extend" and options.label_type == "auto":
+            _refuse_integers_as_new_names(raw, names, value, live_name[is_text[live_name]], position)
         if options.new_classes == "extend":
             for name in sorted({names[i] for i in value[live_name].tolist()} - set(position), key=str.encode):
                 position[name] = len(classes)
@@ -538,6 +542,25 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
         return (), labels, "int"
     # no label at all: an unlabeled dataset (a folder of only empty class folders lists nothing)
     return (), labels, "none"
+
+
+def _refuse_integers_as_new_names(raw: RawListing, names: list[str], value: np.ndarray, text_rows: np.ndarray,
+                                  known: dict[str, int]) -> None:
+    """``append`` (``--label-type auto``) to a dataset with class names: a text label of plain
+    digits that is not one of its names would become a new class named like an integer, while a
+    build without a class list reads that text as an integer and never mixes it with names. So it
+    is refused, as in a build (a dataset built with ``--label-type str`` takes it as a name)."""
+    digits = [number for number, name in enumerate(names) if name not in known and STRICT_INT.match(name)]
+    if not digits or not len(text_rows):
+        return
+    found = text_rows[np.isin(value[text_rows], np.asarray(digits, dtype=np.int64))]
+    if len(found):
+        row = int(found[0])
+        name = names[int(value[row])]
+        raise SourceError(f"the dataset has class names, but the source labels {raw.key(row)} with the integer "
+                          f"{name}: appending would add a class named {name!r}; label the new source by class "
+                          f"name (a dataset built with --label-type str reads every label as a name)",
+                          path=raw.empty_path or raw.root)
 
 
 def _reject_unlabeled(raw: RawListing, unlabeled: np.ndarray, keep: np.ndarray,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.errors import BuildError, OptionError, OutputExistsError
+from packer.errors import BuildError, OptionError, OutputExistsError, SourceError
 
 from helpers import png_folder
 
@@ -56,20 +56,37 @@ def test_resume_over_a_dataset_built_from_another_kind_of_source(src: Path, tmp_
 
 
 def test_append_refuses_labels_of_the_other_kind(src: Path, tmp_path: Path) -> None:
+    """The source contract refuses the mix (SourceError, nothing appended): a CSV of integer labels
+    appended to a dataset with class names would otherwise add a class named '1', and a folder of
+    class names appended to a dataset of integer labels has no names to number."""
+    from packer.dataset import open_dataset
+
     packer.build_dataset(src, tmp_path / "named", workers=1)  # class names from the folders
     ints = _manifest(src, [0, 1, 0, 1])
     more = png_folder(tmp_path / "more", 3, seed=5)
     manifest = more.parent / "more.csv"
-    manifest.write_text("path,label\n" + "".join(f"{p.relative_to(more).as_posix()},1\n"
-                                                 for p in sorted(more.rglob("*.png"))))
-    with pytest.raises(BuildError) as caught:
+    rows = sorted(p.relative_to(more).as_posix() for p in more.rglob("*.png"))
+    manifest.write_text("path,label\n" + "".join(f"new/{row},1\n" for row in rows))
+    (more / "new").mkdir()
+    for row in rows:
+        (more / "new" / row).parent.mkdir(parents=True, exist_ok=True)
+        (more / "new" / row).write_bytes((more / row).read_bytes())
+    with pytest.raises(SourceError) as caught:
         packer.append_dataset(tmp_path / "named", manifest, root=more, workers=1)
-    assert caught.value.message == ("the dataset has class names but the new source has integer labels; "
-                                    "label the new source by class name")
+    assert caught.value.message == (f"the dataset has class names, but the source labels new/{rows[0]} with the integer "
+                                    f"1: appending would add a class named '1'; label the new source by class name (a "
+                                    f"dataset built with --label-type str reads every label as a name)")
+    with open_dataset(tmp_path / "named") as ds:
+        assert ds.classes == ("cat", "dog") and len(ds) == 4
+    manifest.write_text("path,label\n" + "".join(f"new/{row},{row.split('/')[0]}\n" for row in rows))
+    packer.append_dataset(tmp_path / "named", manifest, root=more, workers=1)  # by class name: appended
+    with open_dataset(tmp_path / "named") as ds:
+        assert ds.classes == ("cat", "dog") and len(ds) == 7
     packer.build_dataset(ints, tmp_path / "numbered", workers=1, root=src)
-    with pytest.raises(BuildError) as caught:
+    with pytest.raises(SourceError) as caught:
         packer.append_dataset(tmp_path / "numbered", more, workers=1)
-    assert caught.value.message == "the dataset has integer labels but the new source has class names"
+    assert caught.value.message.startswith("the dataset has integer labels (no class names), but the source labels "
+                                           "its samples by class name (first: ")
 
 
 def test_on_error_fail_stops_the_build_at_the_first_rejection_and_names_it(tmp_path: Path) -> None:
