@@ -155,11 +155,11 @@ def list_raw(source: str | os.PathLike[str], door: DoorOptions = DoorOptions()) 
         return list_webdataset(shards, door)
     path = Path(text)
     if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
-        _no_fields(door.fields, "a COCO annotation file declares its own fields (boxes, labels, iscrowd, area, "
+        _no_fields(door.fields, "a COCO annotation file (it declares its own fields: boxes, labels, iscrowd, area, "
                                 "image_id)")
         return list_coco(path, door)
     if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
-        _no_fields(door.fields, "a Hugging Face save_to_disk folder declares its fields from its features")
+        _no_fields(door.fields, "a Hugging Face save_to_disk folder (its fields come from its features)")
         return list_hf_disk(path, door)
     parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:

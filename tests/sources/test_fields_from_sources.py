@@ -454,8 +454,11 @@ def test_coco_without_root_says_to_pass_it(tmp_path: Path) -> None:
     annotations, _ = coco_source(tmp_path / "src")
     with pytest.raises(EmptySourceError, match="pass the image folder, e.g. --root train2017/"):
         list_source(annotations)
-    with pytest.raises(OptionError, match="a COCO annotation file declares its own fields"):
+    with pytest.raises(OptionError) as caught:
         list_source(annotations, SourceOptions(fields=BuildOptions(fields=("boxes=float32[N,4]",)).field_specs))
+    assert caught.value.message == ("--field: a COCO annotation file (it declares its own fields: boxes, labels, "
+                                    "iscrowd, area, image_id) does not take declared fields; fields come from a "
+                                    "CSV/JSONL manifest, an image folder with side files, or a WebDataset")
     with pytest.raises(OptionError, match="--classes does not apply to a COCO source"):
         list_source(annotations, SourceOptions(classes=("dog",)))
 
