@@ -104,17 +104,19 @@ class PackerError(Exception):
         super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Errors cross process boundaries (build workers, DataLoader workers) intact.
-        return (_rebuild_error, (type(self), self.message, self.path, self.sample, self.offset,
-                                 getattr(self, "reason", None)))
+        # Errors cross process boundaries (build workers, DataLoader workers) intact: the place and
+        # message rebuild the text; every other attribute a subclass sets (a rejection's reason, an
+        # export refusal's counts) travels as the instance's state.
+        state = {name: value for name, value in vars(self).items() if name not in _PLACE}
+        return (_rebuild_error, (type(self), self.message, self.path, self.sample, self.offset), state or None)
 
 
-def _rebuild_error(cls: type, message: str, path: object, sample: int | None, offset: int | None,
-                   reason: str | None) -> "PackerError":
+_PLACE = ("message", "path", "sample", "offset")
+
+
+def _rebuild_error(cls: type, message: str, path: object, sample: int | None, offset: int | None) -> "PackerError":
     error = cls.__new__(cls)
     PackerError.__init__(error, message, path=path, sample=sample, offset=offset)
-    if reason is not None:
-        error.reason = reason
     return error
 
 

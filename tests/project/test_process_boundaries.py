@@ -40,11 +40,23 @@ def all_error_classes() -> list[type[PackerError]]:
     return sorted(set(found), key=lambda c: c.__name__)
 
 
+#: Values (not the defaults) for the keyword fields a subclass adds to path, sample and offset.
+EXTRA_FIELDS: dict[str, Any] = {
+    "skipped": {"unsafe-name": 2, "name-collision": 1},
+    "examples": [("../a.png", "unsafe-name", "its key: '..' path component"),
+                 ("cat/b.png", "name-collision", "'cat/b.png' is already written for another sample")],
+}
+
+
 def make_error(cls: type[PackerError]) -> PackerError:
     """An instance with every field set to a value that is not its default."""
-    where = dict(path="/data/ds/shards/shard-00001.pks", sample=7, offset=2 ** 40 + 3)
+    where: dict[str, Any] = dict(path="/data/ds/shards/shard-00001.pks", sample=7, offset=2 ** 40 + 3)
     params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for extra in (p.name for p in params if p.kind == p.KEYWORD_ONLY and p.name not in where):
+        if extra not in EXTRA_FIELDS:
+            raise AssertionError(f"{cls.__name__} has the field {extra!r}: give it a value in EXTRA_FIELDS")
+        where[extra] = EXTRA_FIELDS[extra]
     if positional == ["message"]:
         return cls(f"{cls.__name__}: expected this, got that ✓", **where)
     if positional == ["reason", "message"]:
