@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import DatasetChangedError, MissingDependencyError, PackerError, RemoteStoreError
+from ..errors import DatasetChangedError, MissingDependencyError, OptionError, PackerError, RemoteStoreError
 from .options import RemoteOptions
 from .url import DatasetURL
 
@@ -164,10 +164,15 @@ class ObstoreTransport:
         config.update(options.storage_options)
         root = f"{url.scheme}://{url.bucket}/"
         # packer retries (one policy for every transport): object_store's own retries are off.
-        self.store = from_url(root, config=config or None, client_options=client_options,
-                              retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline_s),
-                                            "backoff": {"init_backoff": timedelta(milliseconds=10),
-                                                        "max_backoff": timedelta(milliseconds=10), "base": 2}})
+        try:
+            self.store = from_url(root, config=config or None, client_options=client_options,
+                                  retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline_s),
+                                                "backoff": {"init_backoff": timedelta(milliseconds=10),
+                                                            "max_backoff": timedelta(milliseconds=10), "base": 2}})
+        except Exception as exc:  # noqa: BLE001 - obstore's configuration errors (no Azure account, a bad key)
+            raise OptionError(f"cannot make an obstore client for {url.text}: {_first_line(exc)} (give the store's "
+                              f"settings in RemoteOptions.storage_options or its environment variables, e.g. "
+                              f"AZURE_STORAGE_ACCOUNT_NAME)", path=url.text) from None
 
     def _classify(self, exc: Exception) -> Exception:
         from obstore import exceptions as errors
