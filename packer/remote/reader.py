@@ -235,7 +235,10 @@ class RemoteFiles:
             if path.is_file():
                 return path.read_bytes(), where
             size = min(fmt.SHARD_HEADER_SIZE, entry.size)
-            head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
+            try:
+                head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
+            except RemoteStoreError as exc:  # a replaced generation's objects are deleted after its successor lands
+                raise self._changed() or exc from None
             write_atomic(path, [head])
             return head, where
         finally:
@@ -328,7 +331,10 @@ class RemoteFiles:
         table = self.table(family)
         entry = self._entries(family)[int(table.shard[extents[0]])]
         start, end = int(table.start[extents[0]]), int(table.end[extents[-1]])
-        data = memoryview(self.store.read_range(entry.path, start, end, what=f"shard {entry.path}")).cast("B")
+        try:
+            data = memoryview(self.store.read_range(entry.path, start, end, what=f"shard {entry.path}")).cast("B")
+        except RemoteStoreError as exc:  # a replaced generation's objects are deleted after its successor lands
+            raise self._changed() or exc from None
         written = 0
         for extent in extents:
             lo, hi = int(table.start[extent]), int(table.end[extent])
@@ -357,15 +363,22 @@ class RemoteFiles:
                 return i
         return None
 
-    def _damage(self, family: str, extent: int, sample: int, relative: str) -> Exception:
+    def _changed(self) -> DatasetChangedError | None:
+        """``DatasetChangedError`` if the store now holds another manifest than the one opened."""
         try:
             now = self.store.read_object(fmt.MANIFEST_NAME)
         except RemoteStoreError:
-            now = self.manifest_bytes
-        if now != self.manifest_bytes:
-            return DatasetChangedError(
-                f"the dataset has a new manifest generation ({_generation(now)}) since it was opened at "
-                f"generation {self.generation}; refusing to mix generations: open it again", path=self.url.text)
+            return None
+        if now == self.manifest_bytes:
+            return None
+        return DatasetChangedError(
+            f"the dataset has a new manifest generation ({_generation(now)}) since it was opened at "
+            f"generation {self.generation}; refusing to mix generations: open it again", path=self.url.text)
+
+    def _damage(self, family: str, extent: int, sample: int, relative: str) -> Exception:
+        changed = self._changed()
+        if changed is not None:
+            return changed
         offsets, sizes, _ = self._sample_columns(family)
         table = self.table(family)
         return ChecksumMismatchError(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import DatasetChangedError, MissingDependencyError, OptionError, PackerError, RemoteStoreError
+from ..errors import MissingDependencyError, OptionError, PackerError, RemoteStoreError
 from .options import RemoteOptions
 from .url import DatasetURL
 
@@ -180,8 +180,6 @@ class ObstoreTransport:
         if isinstance(exc, (FileNotFoundError, errors.NotFoundError, errors.PermissionDeniedError,
                             errors.UnauthenticatedError, PermissionError)):
             return _Permanent(str(exc).splitlines()[0])
-        if isinstance(exc, errors.PreconditionError):
-            return DatasetChangedError("the object changed since the dataset was opened (its ETag differs)")
         return exc
 
     def get_range(self, key: str, start: int, end: int) -> Any:
@@ -255,8 +253,6 @@ class Store:
                     with self._lock:
                         self.bytes_read += len(data)
                 return data
-            except DatasetChangedError as exc:
-                raise DatasetChangedError(f"{what}: {exc.message}", path=self.url.text) from None
             except (_Permanent, FileNotFoundError, PermissionError) as exc:
                 raise RemoteStoreError(f"{what} failed: {_first_line(exc)} (not retried: the store answered "
                                        f"that it does not exist or may not be read)", path=self.url.text) from None
@@ -280,7 +276,6 @@ class Store:
         Raises:
             RemoteStoreError: a permanent failure, or transient ones past the retries or deadline;
                 the message names the object and the range.
-            DatasetChangedError: the object changed (a precondition failed).
         """
         key = self.key(relative)
         label = what or relative

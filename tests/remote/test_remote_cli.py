@@ -13,6 +13,7 @@ from conftest import options_for
 from helpers import write_images
 
 import packer
+from packer import format as fmt
 from packer.cli import _register, cli
 from packer.errors import RemoteStoreError
 from packer.remote.upload import upload_dataset
@@ -97,3 +98,34 @@ def test_a_killed_upload_leaves_the_previous_dataset_and_a_rerun_continues(s3, s
     assert report.uploaded[-1] == "manifest.json" and not set(report.uploaded) & set(sent)  # the manifest last
     with packer.open_dataset(url.text, remote=options) as dataset, packer.open_dataset(small_dataset) as local:
         assert [bytes(dataset.get(i)) for i in range(len(local))] == [bytes(local.get(i)) for i in range(len(local))]
+
+
+def test_overwrite_deletes_the_replaced_generations_objects_after_the_new_manifest(cli_env, tmp_path):
+    import boto3
+
+    from packer.errors import DatasetChangedError
+
+    s3 = cli_env
+    write_images(tmp_path / "old", {"a": 20, "b": 20}, size=40)
+    write_images(tmp_path / "new", {"c": 6}, seed=5)
+    url = f"s3://{s3.bucket}/ds"
+    _run("build", str(tmp_path / "old"), url, "--shard-size", "32K", "--workers", "1", "--quiet")
+    client = boto3.client("s3", endpoint_url=s3.direct, region_name="us-east-1")
+
+    def keys() -> set[str]:
+        listing = client.list_objects_v2(Bucket=s3.bucket, Prefix="ds/").get("Contents", [])
+        return {entry["Key"].removeprefix("ds/") for entry in listing}
+
+    old_keys = keys()
+    reader = packer.open_dataset(url, remote=options_for(s3, tmp_path / "reader-cache"))
+    first = bytes(reader.get(0))  # its extent is in the reader's node cache now
+    _run("build", str(tmp_path / "new"), url, "--overwrite", "--workers", "1", "--quiet")
+    with packer.open_dataset(url, remote=options_for(s3, tmp_path / "c2")) as dataset:
+        new_keys = {entry.path for entry in dataset.manifest.shards} | {dataset.manifest.index.path, "manifest.json"}
+        assert len(dataset) == 6 and dataset.classes == ("c",)
+    assert keys() - {fmt.REPORT_NAME} == new_keys  # nothing of the old generation is left
+    assert old_keys - new_keys - {fmt.REPORT_NAME}  # and there was something to delete
+    assert bytes(reader.get(0)) == first  # a reader of the old generation: what its cache holds ...
+    with pytest.raises(DatasetChangedError, match="new manifest generation"):
+        reader.get(len(reader) - 1)  # ... and a typed refusal for the rest
+    reader.close()

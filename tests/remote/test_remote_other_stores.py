@@ -34,12 +34,12 @@ def test_gs_and_az_urls_parse(text, scheme, bucket, prefix):
 def test_a_dataset_uploads_to_and_reads_from_gs_and_az(monkeypatch, small_dataset, tmp_path, scheme, protocol,
                                                        module, name):
     fake = fake_fsspec_store(monkeypatch, protocol, module, name)
-    url = f"{scheme}://bucket/team/ds"
+    url = f"{scheme}://both-{scheme}/team/ds"  # a bucket of its own: clients are kept per process and bucket
     options = RemoteOptions(cache_dir=str(tmp_path / "cache"), extent_bytes=64 << 10, request_bytes=128 << 10,
                             storage_options={"project": "p"} if scheme == "gs" else {"account_name": "acct"})
     report = upload_dataset(small_dataset, parse_url(url), options)
     assert report.uploaded[-1] == "manifest.json"
-    assert "/bucket/team/ds/manifest.json" in fake.store  # the key is bucket/prefix/name
+    assert f"/both-{scheme}/team/ds/manifest.json" in fake.store  # the key is bucket/prefix/name
     assert fake.made[-1].get("project" if scheme == "gs" else "account_name")  # storage_options reach the client
     order = np.random.default_rng(2).permutation(120)
     with packer.open_dataset(url, remote=options) as remote, packer.open_dataset(small_dataset) as local:
@@ -80,7 +80,7 @@ def test_an_az_url_without_an_account_is_a_typed_error(tmp_path):
 
 def test_fsspec_maps_each_scheme_to_its_protocol(monkeypatch, tmp_path):
     fake = fake_fsspec_store(monkeypatch, "gcs", "gcsfs", "GCSFileSystem")
-    transport = FsspecTransport(parse_url("gs://b/p"), RemoteOptions(cache_dir=str(tmp_path)))
-    assert isinstance(transport.fs, fake) and transport._path("p/manifest.json") == "b/p/manifest.json"
-    with pytest.raises(RemoteStoreError, match="not retried"):
-        packer.open_dataset("gs://b/p", remote=RemoteOptions(cache_dir=str(tmp_path), retries=1))
+    transport = FsspecTransport(parse_url("gs://empty/p"), RemoteOptions(cache_dir=str(tmp_path)))
+    assert isinstance(transport.fs, fake) and transport._path("p/manifest.json") == "empty/p/manifest.json"
+    with pytest.raises(RemoteStoreError, match="GET manifest.json failed: .*not retried"):
+        packer.open_dataset("gs://empty/p", remote=RemoteOptions(cache_dir=str(tmp_path), retries=1))
