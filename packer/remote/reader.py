@@ -128,6 +128,7 @@ class RemoteFiles:
         self._index: Any = None
         self._tables: dict[str, ExtentTable] = {}
         self._paths: dict[tuple[str, int], str] = {}  # each extent's cache file, as a string (hot)
+        self._path_keys: dict[str, tuple[str, int]] = {}
         self._pid = os.getpid()
         self._state: _ProcessState | None = None
 
@@ -203,6 +204,7 @@ class RemoteFiles:
             path = self._paths[(family, extent)] = os.path.join(
                 self.root, "extents", _family_dir(family), str(int(table.shard[extent])),
                 f"{int(table.start[extent])}-{int(table.end[extent])}")
+            self._path_keys[path] = (family, extent)
         return path
 
     def _local(self) -> _ProcessState:
@@ -498,14 +500,24 @@ class RemoteFiles:
             state.usage = -1 if state.usage < 0 or state.inserts % _RESCAN_EVERY == 0 else state.usage + added
             over = state.usage < 0 or state.usage > bound
         if over:
-            total, _removed = evict(self.cache_root, bound, lambda path, mtime: self._evict_rank(state, path, mtime))
+            gone: list[Path] = []
+            total, _removed = evict(self.cache_root, bound, lambda path, mtime: self._evict_rank(state, path, mtime),
+                                    removed_paths=gone)
             with state.lock:
                 state.usage = total
+                # an unlinked file's space is freed when its last mapping goes: drop ours (a reader
+                # holding a view keeps it until it lets go; the next read fetches it again)
+                for path in gone:
+                    key = self._path_keys.get(str(path))
+                    if key is not None and state.maps.pop(key, None) is not None:
+                        self._slot(state, key[0], key[1], None)
 
     def _evict_rank(self, state: _ProcessState, path: Path, mtime: float) -> tuple[float, ...]:
-        """Eviction order (lowest first): other datasets and generations (oldest first); extents
-        this process's order no longer needs; then those needed latest. Never: in flight, or
-        needed within the read-ahead window."""
+        """Eviction order (lowest first), from the read order (Belady's rule: the extent needed
+        again furthest in the future goes first): other datasets and generations (oldest first);
+        extents this process's order does not read again; then those whose next need is latest.
+        Never: in flight, or needed again before the prefetcher's frontier (what it has already
+        fetched ahead would otherwise be fetched twice)."""
         try:
             relative = path.relative_to(self.root)
         except ValueError:
@@ -523,13 +535,15 @@ class RemoteFiles:
         plan = state.plans.get(family)
         if plan is None:
             return (2.0, mtime)
-        rank = int(plan.first_need[extent])
-        if rank < 0 or int(plan.last_need[extent]) < state.position.get(family, 0):
+        position = state.position.get(family, 0)
+        upcoming = plan.next_need(extent, position)
+        if upcoming < 0:
             return (2.0, mtime)  # not needed again in this pass
-        progress = state.progress.get(family, 0)
-        if rank <= state.cursor.get(family, 0) or rank <= progress:
-            return (float("inf"),)  # in use or about to be
-        return (3.0, -float(rank))  # needed latest goes first
+        cursor = min(state.cursor.get(family, 0), len(plan.sequence))
+        frontier = int(plan.sequence_sample[cursor - 1]) if cursor > 0 else position
+        if upcoming <= max(frontier, position):
+            return (float("inf"),)  # in use, or needed before what is already fetched ahead
+        return (3.0, -float(upcoming))  # needed latest goes first
 
     # --- bookkeeping ---
     def stats(self) -> dict[str, int]:
