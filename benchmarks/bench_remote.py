@@ -261,6 +261,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 if not (lit / "index.json").is_file():
                     _write_litdata(samples, labels, lit, args.shard_mb << 20)
                 _upload_folder(client, lit, "litdata")
+                # LitData fetches through obstore when it is installed, with client options of its own
+                # that leave plain http out ("builder error" against http://127.0.0.1, whatever
+                # AWS_ALLOW_HTTP says): it runs its boto3 path here, as it does without obstore.
+                import litdata.streaming.downloader as litdata_downloader
+
+                litdata_downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
 
                 def litdata_round() -> harness.Stretch:
                     cache = work / "cache-litdata"
