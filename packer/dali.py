@@ -189,7 +189,8 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
                     except DecodeError as exc:
                         raise DecodeError(f"field {spec.name!r}: {exc.message}; or pass field_images='decoded' "
                                           f"to decode image fields on the CPU", path=index.path) from None
-        return str(index.path), index.manifest.index.checksum, len(index), outputs, specs
+        # a dataset URL stays a URL (a worker reopens it through its node cache), a folder its path
+        return index.location, index.manifest.index.checksum, len(index), outputs, specs
 
     if isinstance(source, DatasetIndex):
         return checked(source)
@@ -216,6 +217,8 @@ class _PackedSource:
                                batch_size=batch_size, drop_last=drop_last)
         self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
             dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
+        #: a dataset URL's RemoteOptions (endpoint, cache) for the workers that reopen it
+        self.remote = getattr(getattr(dataset, "_remote", None), "options", None)
         self.field_images = field_images
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
@@ -279,7 +282,8 @@ class _PackedSource:
             from .dataset import open_dataset
 
             self._reset_process_state()
-            dataset = open_dataset(self.path, backend=self.backend, verify_checksums=self.verify_checksums)
+            dataset = open_dataset(self.path, backend=self.backend, verify_checksums=self.verify_checksums,
+                                   remote=self.remote)
             if dataset.manifest.index.checksum != self._index_checksum:
                 dataset.close()
                 raise DatasetChangedError("the dataset was replaced after the DALI source was created",

@@ -105,12 +105,13 @@ def scan_extents(root: Path) -> list[tuple[Path, int, float]]:
 
 
 def evict(root: Path, bound: int, priority: Callable[[Path, float], tuple[float, ...]], *,
-          target: float = 0.9) -> tuple[int, int]:
+          target: float = 0.9, removed_paths: list[Path] | None = None) -> tuple[int, int]:
     """Bring the cache under ``bound`` bytes: remove extents in ``priority`` order (lowest first)
     until the total is at most ``target * bound``. One process evicts at a time (a lock file).
 
     A removed file stays readable by a process that has it open or mapped (Linux unlink
-    semantics), so eviction never pulls bytes from under a reader.
+    semantics), so eviction never pulls bytes from under a reader; its disk space is freed when
+    the last mapping goes, so the evicting process drops its own (``removed_paths`` lists them).
 
     Returns:
         ``(bytes in the cache after, bytes removed)``.
@@ -131,6 +132,8 @@ def evict(root: Path, bound: int, priority: Callable[[Path, float], tuple[float,
                 path.unlink(missing_ok=True)
                 total -= size
                 removed += size
+                if removed_paths is not None:
+                    removed_paths.append(path)
         return total, removed
     finally:
         os.close(lock)

@@ -108,6 +108,7 @@ class FetchPlan:
         sequence: the extents in first-need order (each once).
         first_need, last_need: per extent (``-1`` when the order never reads it), the position in
             ``sequence`` terms of its first need, and the sample position of its last need.
+        next_need(extent, position): the sample position of its next need (the eviction key).
     """
 
     def __init__(self, table: ExtentTable, indices: np.ndarray) -> None:
@@ -123,9 +124,19 @@ class FetchPlan:
         if len(extents):
             reverse_unique, reverse_pos = np.unique(extents[::-1], return_index=True)
             self.last_need[reverse_unique] = len(extents) - 1 - reverse_pos
+        # every need of every extent, by extent then position (CSR): the next need of an extent
+        # after a position is one searchsorted in its slice
+        self._need_positions = np.argsort(extents, kind="stable").astype(np.int64)
+        self._need_starts = np.searchsorted(extents[self._need_positions], np.arange(len(table) + 1), side="left")
 
     def __len__(self) -> int:
         return len(self.sequence)
+
+    def next_need(self, extent: int, position: int) -> int:
+        """The first sample position at or after ``position`` that reads ``extent``, or -1 (never again)."""
+        needs = self._need_positions[self._need_starts[extent]:self._need_starts[extent + 1]]
+        k = int(np.searchsorted(needs, position, side="left"))
+        return int(needs[k]) if k < len(needs) else -1
 
     def rank_of_sample(self, position: int) -> int:
         """How many sequence entries are first needed at or before sample ``position``."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from ..errors import DatasetChangedError, MissingDependencyError, PackerError, RemoteStoreError
+from ..errors import MissingDependencyError, OptionError, PackerError, RemoteStoreError
 from .options import RemoteOptions
 from .url import DatasetURL
 
@@ -164,10 +164,15 @@ class ObstoreTransport:
         config.update(options.storage_options)
         root = f"{url.scheme}://{url.bucket}/"
         # packer retries (one policy for every transport): object_store's own retries are off.
-        self.store = from_url(root, config=config or None, client_options=client_options,
-                              retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline_s),
-                                            "backoff": {"init_backoff": timedelta(milliseconds=10),
-                                                        "max_backoff": timedelta(milliseconds=10), "base": 2}})
+        try:
+            self.store = from_url(root, config=config or None, client_options=client_options,
+                                  retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline_s),
+                                                "backoff": {"init_backoff": timedelta(milliseconds=10),
+                                                            "max_backoff": timedelta(milliseconds=10), "base": 2}})
+        except Exception as exc:  # noqa: BLE001 - obstore's configuration errors (no Azure account, a bad key)
+            raise OptionError(f"cannot make an obstore client for {url.text}: {_first_line(exc)} (give the store's "
+                              f"settings in RemoteOptions.storage_options or its environment variables, e.g. "
+                              f"AZURE_STORAGE_ACCOUNT_NAME)", path=url.text) from None
 
     def _classify(self, exc: Exception) -> Exception:
         from obstore import exceptions as errors
@@ -175,8 +180,6 @@ class ObstoreTransport:
         if isinstance(exc, (FileNotFoundError, errors.NotFoundError, errors.PermissionDeniedError,
                             errors.UnauthenticatedError, PermissionError)):
             return _Permanent(str(exc).splitlines()[0])
-        if isinstance(exc, errors.PreconditionError):
-            return DatasetChangedError("the object changed since the dataset was opened (its ETag differs)")
         return exc
 
     def get_range(self, key: str, start: int, end: int) -> Any:
@@ -250,8 +253,6 @@ class Store:
                     with self._lock:
                         self.bytes_read += len(data)
                 return data
-            except DatasetChangedError as exc:
-                raise DatasetChangedError(f"{what}: {exc.message}", path=self.url.text) from None
             except (_Permanent, FileNotFoundError, PermissionError) as exc:
                 raise RemoteStoreError(f"{what} failed: {_first_line(exc)} (not retried: the store answered "
                                        f"that it does not exist or may not be read)", path=self.url.text) from None
@@ -275,7 +276,6 @@ class Store:
         Raises:
             RemoteStoreError: a permanent failure, or transient ones past the retries or deadline;
                 the message names the object and the range.
-            DatasetChangedError: the object changed (a precondition failed).
         """
         key = self.key(relative)
         label = what or relative

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import format as fmt
-from ..errors import DatasetChangedError, OutputExistsError, RemoteStoreError
+from ..errors import DatasetChangedError, OutputExistsError, PackerError, RemoteStoreError
 from .cache import write_atomic
 from .options import RemoteOptions
 from .store import Store, store_for
@@ -32,12 +32,14 @@ __all__ = ["UploadReport", "dataset_objects", "upload_dataset", "mirror"]
 
 @dataclass
 class UploadReport:
-    """What an upload did: objects sent, objects already there, bytes sent."""
+    """What an upload did: objects sent, objects already there, bytes sent, and the replaced
+    generation's objects deleted after the new manifest landed."""
 
     url: str
     uploaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     bytes_uploaded: int = 0
+    deleted: list[str] = field(default_factory=list)
 
 
 def dataset_objects(manifest: fmt.Manifest) -> list[tuple[str, int]]:
@@ -59,8 +61,10 @@ def upload_dataset(local: str | os.PathLike[str], url: DatasetURL, options: Remo
         url: a writable dataset URL.
         expect_manifest: for an append, the manifest the new generation was built on: the store
             must still hold exactly it when the new manifest is written (else nothing is committed).
-        overwrite: replace a dataset already at ``url`` (its objects stay until deleted; readers
-            of it keep working until they reopen).
+        overwrite: replace a dataset already at ``url``. Once the new manifest has landed, the
+            objects only the old manifest names are deleted (a store would otherwise keep every
+            replaced generation): a reader still at the old generation then reads what its node
+            cache holds, and gets ``DatasetChangedError`` for anything else.
         workers: files uploaded at once.
         on_object: called with (relative path, bytes) after each object is sent.
 
@@ -107,7 +111,28 @@ def upload_dataset(local: str | os.PathLike[str], url: DatasetURL, options: Remo
                                   path=url.text)
     store.put_bytes(fmt.MANIFEST_NAME, manifest_bytes)  # the commit record, last
     report.uploaded.append(fmt.MANIFEST_NAME)
+    if expect_manifest is None and current is not None and current != manifest_bytes:
+        report.deleted = _delete_replaced(store, current, manifest, url)
     return report
+
+
+def _delete_replaced(store: Store, old_bytes: bytes, new: fmt.Manifest, url: DatasetURL) -> list[str]:
+    """Delete the objects the replaced manifest names and the new one does not (after the commit).
+
+    Only names a valid old manifest lists, each inside the dataset, are deleted: never an object
+    the new generation uses, never one outside the prefix. An old manifest that does not parse
+    (not a packer dataset) leaves everything as it was.
+    """
+    try:
+        old = fmt.parse_manifest(old_bytes, path=f"{url}/{fmt.MANIFEST_NAME}")
+    except PackerError:
+        return []
+    keep = {relative for relative, _size in dataset_objects(new)}
+    gone = sorted({relative for relative, _size in dataset_objects(old)} - keep)
+    for relative in gone:
+        object_key("", relative, where=url.text)  # stays inside the dataset (R19)
+        store.delete(relative)
+    return gone
 
 
 def _current_manifest(store: Store) -> bytes | None:

@@ -153,3 +153,30 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_images(root / "src", {"cat": 40, "dog": 40, "eel": 40}, size=40)
     build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10), workers=1)
     return root / "ds"
+
+
+def fake_fsspec_store(monkeypatch: pytest.MonkeyPatch, protocol: str, module: str, class_name: str) -> type:
+    """Stand in for gcsfs / adlfs (not installed by the dev extra, and their servers are not on
+    loopback): an in-memory fsspec filesystem registered for ``protocol`` and importable as
+    ``module.class_name``, so packer's fsspec transport builds and uses it exactly as the real one.
+    Its keyword arguments are recorded (``Fake.made``)."""
+    import importlib
+    import types
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Fake(MemoryFileSystem):
+        store: dict = {}
+        pseudo_dirs = [""]
+        made: list = []
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            Fake.made.append(dict(kwargs))
+            super().__init__()
+
+    Fake.__name__ = class_name
+    fake = types.ModuleType(module)
+    setattr(fake, class_name, Fake)
+    monkeypatch.setitem(sys.modules, module, fake)
+    monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, protocol, Fake)
+    return Fake
