@@ -3,7 +3,7 @@
     python benchmarks/bench_plan.py [--entries 10000000] [--out /tmp/plan-bench]
 
 The listing is synthesised as flat arrays (keys like ``c0042/000001234.jpg`` in one UTF-8 blob,
-sizes drawn around 110 KB), exactly the form ``packer.build.sources`` produces while walking a folder,
+sizes drawn around 110 KB), exactly the form ``packer.sources.folder`` produces while walking a folder,
 then planned (seeded permutation + greedy shard cut) and saved as the plan file a split build
 uses. Prints the seconds of each step, the plan file size, and the peak RSS of the process.
 """

@@ -24,6 +24,6 @@ from .commit import BuildResult
 from .plan import BuildOptions
 from .run import build, finish
 
-# ``append`` stays in its module (``packer.build.append.append``, or ``packer.append_dataset``):
+# ``append`` stays in its module (``packer.writer.append.append``, or ``packer.append_dataset``):
 # re-exporting it here would shadow the module of the same name.
 __all__ = ["build", "finish", "BuildOptions", "BuildResult"]

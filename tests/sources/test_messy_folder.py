@@ -1,7 +1,7 @@
 """A real-world messy image folder, built through the real CLI: every entry is packed or rejected
 with a reason, and the build report and index together account for every one of them.
 
-The documented rules this checks (``packer.build.sources``): every file is a candidate whatever its
+The documented rules this checks (``packer.sources.folder``): every file is a candidate whatever its
 extension, the bytes decide; hidden entries and top-level files are rejected; symlinks are
 followed (to files and folders, inside or outside the source), a dangling one or a loop is
 rejected; nested folders belong to their top-level class; an empty class folder still gets its
