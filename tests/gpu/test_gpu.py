@@ -133,7 +133,7 @@ def jpeg_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
-def _collect(loader: gpu._GpuBatches) -> tuple[list[int], list]:
+def _collect(loader: gpu.loader.GpuBatchReader) -> tuple[list[int], list]:
     """Iterate one epoch: (sample indices in order, the batches), checking the plan's batch sizes."""
     plan = loader.plan()
     assert len(loader) == plan.num_batches
@@ -543,7 +543,7 @@ def test_raw_batches_kvikio_read_path_with_a_fake_kvikio(raw_dataset: Path, monk
 
 # --- device placement (host-side, with a fake torch.cuda) -----------------------------------
 
-def _recording_produce(loader: gpu._GpuBatches, seen: list) -> object:
+def _recording_produce(loader: gpu.loader.GpuBatchReader, seen: list) -> object:
     def produce(indices: np.ndarray) -> tuple:
         seen.append((threading.current_thread().name, torch.cuda.current_device()))
         return torch.zeros(len(indices)), torch.zeros(len(indices), dtype=torch.int64)
