@@ -121,10 +121,7 @@ class BuildOptions:
             raise OptionError(f"normalize_formats must be True or False, got {self.normalize_formats!r}")
         if self.validate not in ("header", "full"):
             raise OptionError(f"--validate must be 'header' or 'full', got {self.validate!r}")
-        try:
-            get_codec(self.codec)
-        except BuildError as exc:
-            raise OptionError(exc.message) from None
+        get_codec(self.codec)  # an unknown codec, option or value is an OptionError naming it
         check_label_type(self.label_type)
         if self.classes is not None:
             load_class_list(self.classes)  # refuses an empty list, duplicates, non-strings
