@@ -143,14 +143,19 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                     if len(parts) == segments[result.shard]:
                         assemble_shard(plan, out, result.shard, parts)
         except BaseException as exc:
-            for future in pending:
-                future.cancel()
             if isinstance(exc, KeyboardInterrupt):
                 # Workers ignore SIGINT: stop them now rather than wait for their current shard
-                # (their temp files are removed below or by the next --resume).
+                # (their temp files are removed below or by the next --resume). The pool is then
+                # broken and its manager thread fails every pending future itself; cancelling
+                # them first makes that thread (Python 3.11's terminate_broken) die with
+                # InvalidStateError and print a traceback above the one-line message.
                 for process in list(getattr(pool, "_processes", {}).values()):  # no public API in 3.11
                     process.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown(wait=True)
+            else:
+                for future in pending:
+                    future.cancel()
+                pool.shutdown(wait=True, cancel_futures=True)
             # Segments of shards that will not be assembled, whoever wrote them (finished,
             # finished in the same wait, or still running at shutdown): this run owns these shards.
             temp_dir = out / STAGING_DIR / TEMP_DIR
