@@ -182,12 +182,17 @@ def test_masks_and_boxes_match_real_torchvision() -> None:
         height, width = int(rng.integers(20, 200)), int(rng.integers(20, 200))
         mask = rng.integers(0, 255, (height, width), dtype=np.uint8)
         out = (int(rng.integers(5, 80)), int(rng.integers(5, 80)))
+        geometry = RandomResizedCrop(out, scale=(0.05, 1.0), seed=trial, flip=False).geometry(width, height, trial)
+        left, top, right, bottom = (int(v) for v in geometry.box)
+        crop = (top, left, bottom - top, right - left, list(out))
+        # Each mode against torch's own kernel for that mode (a plain tensor honours the mode)...
         for mode, tv_mode in (("nearest", InterpolationMode.NEAREST), ("nearest-exact", InterpolationMode.NEAREST_EXACT)):
-            geometry = RandomResizedCrop(out, scale=(0.05, 1.0), seed=trial, flip=False).geometry(width, height, trial)
-            left, top, right, bottom = (int(v) for v in geometry.box)
-            expected = TF.resized_crop(tv_tensors.Mask(torch.from_numpy(mask)), top, left, bottom - top, right - left,
-                                       list(out), interpolation=tv_mode)
+            expected = TF.resized_crop(torch.from_numpy(mask)[None], *crop, interpolation=tv_mode)[0]
             np.testing.assert_array_equal(geometry.resample_nearest(mask, mode), expected.numpy())
+        # ...and the default against what a transforms.v2 pipeline does to a Mask: torchvision 0.29
+        # resizes tv_tensors.Mask with NEAREST whatever interpolation it is given.
+        expected = TF.resized_crop(tv_tensors.Mask(torch.from_numpy(mask)), *crop)
+        np.testing.assert_array_equal(geometry.resample_nearest(mask, "nearest"), expected.numpy())
     geometry = CropGeometry(box=(10.0, 20.0, 110.0, 70.0), flip=False, size=(25, 50), source_size=(200, 100))
     x1 = rng.uniform(-20, 130, 300)
     y1 = rng.uniform(0, 90, 300)
