@@ -29,3 +29,18 @@ def test_import_packer_imports_no_integration() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("module", "library", "extra"), CASES, ids=[c[0] for c in CASES])
+def test_a_missing_library_names_the_extra_in_this_process(monkeypatch: pytest.MonkeyPatch, module: str,
+                                                           library: str, extra: str) -> None:
+    # The same refusal in the test process itself (the promise inventory counts only this one).
+    import importlib
+
+    from packer import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, library, None)  # an import of it raises ImportError
+    monkeypatch.delitem(sys.modules, module, raising=False)  # restored after the test
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'packer-shards\[{extra}\]'"):
+        importlib.import_module(module)
+    assert module not in sys.modules  # a failed import leaves nothing half-made behind

@@ -188,5 +188,7 @@ def test_batches_and_options(coco):
         TvTensorDataset(coco["packed"], fields=("image", "area"), boxes=("area",))
     with pytest.raises(OptionError, match="box_format"):
         TvTensorDataset(coco["packed"], box_format="xyxy")
+    with pytest.raises(OptionError, match="mask field 'area' must be among the fields and declared as an image"):
+        TvTensorDataset(coco["packed"], fields=("image", "area"), masks=("area",))
     xywh = TvTensorDataset(coco["packed"], fields=("image", "boxes"), box_format="XYWH")
     assert xywh[0][1]["boxes"].format == tv_tensors.BoundingBoxFormat.XYWH
