@@ -24,6 +24,7 @@ stored values (``Dataset.field_image``).
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Any, Callable, Sequence
 
@@ -140,7 +141,7 @@ class PackedDataSource:
     def __getitem__(self, record_key: int) -> dict[str, Any]:
         count = len(self.dataset)
         try:
-            i = int(record_key)
+            i = operator.index(record_key)  # an int or numpy integer; int() would take '3' and 2.7
         except TypeError:
             raise OptionError(f"record keys are integers, got {type(record_key).__name__}") from None
         if not 0 <= i < count:

@@ -12,7 +12,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from packer.cli import _register, cli
 from packer.dataset import open_dataset
 from packer.errors import OptionError, OutputExistsError, UnsafeExportError
 from packer.export import export
+from packer.export import safewrite
 from packer.export.safewrite import remove_entry
 from packer.writer import build
 from packer.writer.plan import BuildOptions
@@ -459,3 +460,78 @@ def test_a_path_2000_folders_deep_is_written_and_replaced_without_recursion(tmp_
             remove_entry(parent, b"out")
         finally:
             os.close(parent)
+
+
+# --- what changes under the writer between the plan and the last file ----------------------------------
+
+def on_stage_created(monkeypatch: pytest.MonkeyPatch, out: Path, act: Callable[[Path], None]) -> None:
+    """Run ``act(stage)`` once the safe writer has made OUT's stage, before its first file: what
+    another process that found the stage (or edits the dataset) could do while the export writes."""
+
+    def checkpoint(point: str) -> None:
+        if point == "stage-created":
+            prefix = "." + out.name + safewrite.STAGE_MARK.decode()
+            (stage,) = [entry for entry in out.parent.iterdir() if entry.name.startswith(prefix)]
+            act(stage)
+
+    monkeypatch.setattr(safewrite, "checkpoint", checkpoint)
+
+
+def plant_link(victim: Path) -> Callable[[Path], None]:
+    return lambda stage: (stage / "cat").symlink_to(victim, target_is_directory=True)
+
+
+def plant_file(stage: Path) -> None:
+    (stage / "cat").write_bytes(b"planted")
+
+
+def plant_image(stage: Path) -> None:
+    (stage / "cat").mkdir()
+    (stage / "cat" / "0.png").write_bytes(b"planted")
+
+
+@pytest.mark.parametrize("plant, message", [
+    ("link", "cannot create the folder 'cat' in the export: Not a directory (a file or link is in its place)"),
+    ("file", "cannot create the folder 'cat' in the export: Not a directory (a file or link is in its place)"),
+    ("image", "'cat/0.png' would be written twice (the file system treats two exported names as one, e.g. by case)"),
+])
+def test_what_is_planted_in_the_stage_is_never_followed_or_written_over(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch, plant: str,
+                                                                       message: str) -> None:
+    """A link or file where the export makes a folder, or a file where it writes one (what a file
+    system that folds case makes of two names): every file is created O_EXCL and every folder
+    opened O_NOFOLLOW in the stage, so the export stops naming the path, follows nothing, publishes
+    nothing and leaves no stage."""
+    ds = folder_dataset(tmp_path, {"cat/0.png": png(1), "dog/0.png": png(2)})
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "out"
+    on_stage_created(monkeypatch, out, {"link": plant_link(victim), "file": plant_file, "image": plant_image}[plant])
+    with pytest.raises(OptionError) as caught:
+        export(ds, out)
+    assert caught.value.message == message
+    assert sorted(os.listdir(tmp_path)) == ["ds", "src", "victim"] and os.listdir(victim) == []
+
+
+def test_an_index_edited_in_place_after_the_plan_stops_the_export(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer names each sample again and refuses one that no longer passes the plan's checks
+    (its index rewritten in place, which the reader's mapping sees): the sample is named, nothing
+    is published."""
+    ds = folder_dataset(tmp_path, {"cat/0.png": png(1), "dog/0.png": png(2)})
+    (index,) = ds.glob("index-*.pki")
+    out = tmp_path / "out"
+
+    def hide_dog(stage: Path) -> None:
+        data = index.read_bytes()
+        assert data.count(b"dog/0.png") == 1
+        with open(index, "r+b") as handle:  # in place: the open dataset's mapping sees the new key
+            handle.seek(data.index(b"dog/0.png"))
+            handle.write(b".")
+
+    on_stage_created(monkeypatch, out, hide_dog)
+    with pytest.raises(OptionError) as caught:
+        export(ds, out)
+    assert caught.value.message == ("sample '.og/0.png' changed since the export was planned: its key: the hidden "
+                                    "component '.og' (a build skips names starting with '.')")
+    assert sorted(os.listdir(tmp_path)) == ["ds", "src"]

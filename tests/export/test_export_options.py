@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from packer.errors import OptionError, UnsafeExportError
-from packer.export import export
+from packer.export import export, read_keys_file
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 
@@ -163,3 +163,33 @@ def test_the_cli_splits_classes_at_commas(passthrough: Path, tmp_path: Path) -> 
     only_cat = CliRunner().invoke(cli, ["export", str(passthrough), str(tmp_path / "cats"), "--classes", "cat"])
     assert only_cat.exit_code == 0
     assert {p.parent.name for p in (tmp_path / "cats").rglob("*.png")} == {"cat"}
+
+
+def test_a_keys_file_over_the_bound_unreadable_or_growing_is_an_option_error_naming_it(passthrough: Path,
+                                                                                          tmp_path: Path) -> None:
+    """The keys file is read bounded: over the bound by its size, past the bound while read (a /proc
+    file says 0 bytes and holds more), or a read that fails (/proc/self/mem at address 0: EIO)."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("cat/0.png\ndog/1.png\n")  # 20 bytes
+    with pytest.raises(OptionError) as caught:
+        read_keys_file(keys, cap=8)
+    assert caught.value.message == f"--keys: {keys} is 20 bytes, over the 8 bytes read"
+    with pytest.raises(OptionError) as caught:
+        read_keys_file("/proc/self/status", cap=16)
+    assert caught.value.message == "--keys: /proc/self/status grew past the 16 bytes read"
+    with pytest.raises(OptionError) as caught:
+        export(passthrough, tmp_path / "out", keys="/proc/self/mem")
+    assert caught.value.message == "--keys: cannot read /proc/self/mem: Input/output error"
+    assert not (tmp_path / "out").exists()
+    assert read_keys_file(keys, cap=20) == ["cat/0.png", "dog/1.png"]  # exactly the bound is read
+
+
+def test_a_target_without_a_name_of_its_own_is_refused(passthrough: Path, tmp_path: Path) -> None:
+    """OUT must name the new file or folder itself: ``x/..`` names its parent's parent."""
+    (tmp_path / "x").mkdir()
+    for to in ("folder", "tar"):
+        with pytest.raises(OptionError) as caught:
+            export(passthrough, tmp_path / "x" / "..", to=to)
+        target = str(tmp_path / "x" / "..")
+        assert caught.value.message == f"the export target {target!r} must name a new file or folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]

@@ -119,11 +119,24 @@ def test_epoch_ordered_deals_packers_orders_to_processes(packed, order):
 def test_options_are_checked(packed):
     with pytest.raises(OptionError, match="unknown field 'boxes'"):
         PackedDataSource(packed, fields=("image", "boxes"))
+    for fields in ((), "image"):  # a bare string would be read letter by letter
+        with pytest.raises(OptionError) as caught:
+            PackedDataSource(packed, fields=fields)
+        assert caught.value.message == f"fields must be a non-empty sequence of names, got {fields!r}"
     with pytest.raises(OptionError, match="decode must be"):
         PackedDataSource(packed, decode="yes")
     source = PackedDataSource(packed, fields=("label",))
     with pytest.raises(OptionError, match="outside 0..29"):
         source[30]
+    for key in (None, "a", "3", 2.7):  # never a plain ValueError, never '3' or 2.7 taken for sample 3 or 2
+        with pytest.raises(OptionError) as caught:
+            source[key]
+        assert caught.value.message == f"record keys are integers, got {type(key).__name__}"
+    assert source[np.int64(3)] == source[3]  # what Grain's samplers hand over
+    for name, value in (("process_count", -1), ("process_index", True), ("process_count", "2")):
+        with pytest.raises(OptionError) as caught:
+            EpochOrdered(source, **{name: value})
+        assert caught.value.message == f"{name} must be a non-negative integer, got {value!r}"
     with pytest.raises(OptionError, match="process_index 2 is outside"):
         EpochOrdered(source, process_index=2, process_count=2)
     with pytest.raises(OptionError, match="unknown order"):
@@ -131,3 +144,43 @@ def test_options_are_checked(packed):
     with pytest.raises(OptionError, match="reads a PackedDataSource"):
         EpochOrdered(list(range(3)))
     assert PackedDataSource(packed, fields=("image",), decode=False)[0]["image"].ndim == 1  # the stored bytes
+
+
+def test_a_damaged_payload_is_a_decode_error_naming_the_sample(packed, tmp_path):
+    """Same size, garbage bytes (only decoding can notice): the error names the sample and its key."""
+    import shutil
+
+    from packer.errors import DecodeError
+
+    copy = Path(shutil.copytree(packed, tmp_path / "ds"))
+    dataset = packer.open_dataset(copy)
+    victim = 4
+    with open(copy / dataset.manifest.shards[int(dataset.index.shard[victim])].path, "r+b") as handle:
+        handle.seek(int(dataset.index.offset[victim]))
+        handle.write(b"\x00" * int(dataset.index.size[victim]))
+    source = PackedDataSource(copy, fields=("image", "index"))
+    with pytest.raises(DecodeError) as caught:
+        source[victim]
+    assert (caught.value.path, caught.value.sample) == (str(dataset.path), victim)
+    assert caught.value.message.startswith("cannot decode")
+    assert caught.value.message.endswith(f" (key {dataset.key(victim)!r})")
+    assert source[victim - 1]["index"] == victim - 1  # the other samples read on
+    assert source._getitems([victim + 1])[0]["image"].ndim == 3
+
+
+def test_a_raw_payload_that_does_not_hold_its_pixels_is_a_decode_error(tmp_path):
+    """A --codec raw sample whose index size disagrees with its height x width x channels (a
+    hand-made index that still passes the layout checks) is refused by name, not reshaped."""
+    from helpers import rewrite_index
+    from packer.errors import DecodeError
+
+    write_images(tmp_path / "src", {"ant": 3, "bee": 3}, size=12)
+    build(tmp_path / "src", tmp_path / "raw", BuildOptions(codec="raw:size=6x5", alignment=64, shuffle=False),
+          workers=1)
+    rewrite_index(tmp_path / "raw", lambda columns: columns["size"].__setitem__(3, 70))  # 90 bytes, aligned to 128
+    source = PackedDataSource(tmp_path / "raw", fields=("image",))
+    assert source[2]["image"].shape == (6, 5, 3)
+    with pytest.raises(DecodeError) as caught:
+        source[3]
+    assert caught.value.sample == 3 and caught.value.path == str(source.dataset.path)
+    assert caught.value.message == "raw payload of 70 bytes does not hold the index's 6x5x3 pixels"

@@ -207,6 +207,13 @@ def test_options_are_checked(splits):
         data.load_state_dict({"version": 99, "train": {}, "loop_batches": 0})
     with pytest.raises(OptionError, match="loop_batches"):
         data.load_state_dict({"version": 1, "train": {}, "loop_batches": -1})
+    for train in (None, [1, 2]):
+        with pytest.raises(OptionError) as caught:
+            data.load_state_dict({"version": 1, "train": train, "loop_batches": 0})
+        assert caught.value.message == "the saved state has no training position ('train')"
+    with pytest.raises(OptionError) as caught:
+        PackedDataModule(val=splits["val"], batch_size=BATCH).train_dataloader()
+    assert caught.value.message == "PackedDataModule has no train split: give train= to fit"
     data.load_state_dict({"version": 1, "train": {"version": 1, "order": "random", "seed": 8, "num_samples": SAMPLES,
                                                   "epoch": 0, "consumed": 8}, "loop_batches": 1})
     with pytest.raises(OptionError, match="seed=8"):
@@ -217,6 +224,22 @@ def test_the_distributed_sampler_setting_is_refused_with_the_fix(splits, tmp_pat
     trainer = _trainer(tmp_path, devices=2, epochs=1, use_distributed_sampler=True)
     with pytest.raises(Exception, match="use_distributed_sampler=False"):
         trainer.fit(Recorder(str(tmp_path)), datamodule=_module(splits))
+
+
+def test_the_distributed_sampler_setting_is_refused_in_this_process_too(splits, tmp_path):
+    """The check itself, in the test process (the fit above refuses in its forked ranks): a
+    two-rank Trainer attached as Lightning attaches it, before any rank starts."""
+    data = _module(splits)
+    data.trainer = _trainer(tmp_path, devices=2, epochs=1, use_distributed_sampler=True)
+    assert data.trainer.world_size == 2
+    for make in (data.train_dataloader, data.val_dataloader):
+        with pytest.raises(OptionError) as caught:
+            make()
+        assert caught.value.message.startswith("PackedDataModule deals each rank its share itself "
+                                               "(PackedBatchSampler): create the Trainer with "
+                                               "use_distributed_sampler=False")
+    data.trainer = _trainer(tmp_path, devices=2, epochs=1)  # use_distributed_sampler=False: dealt by the module
+    assert len(data.train_dataloader()) == SAMPLES // (2 * BATCH)
 
 
 def test_without_a_trainer_the_loader_counts_what_it_handed_out(splits):

@@ -498,3 +498,64 @@ def test_raw_gather_refuses_an_index_that_disagrees_with_the_raw_layout(raw_data
     with pytest.raises(IndexMismatchError, match="not at a multiple") as error:
         read_raw_batch(fake(int(real.index.size[7]), 512), [7, 3], shape)
     assert error.value.sample == 7
+
+
+def _crafted_raw(tmp_path: Path, name: str) -> Path:
+    """A copy of a 2-shard raw dataset (6x5x3 samples of 90 bytes, 128-byte stride: 7 in shard 0, 1 in
+    shard 1), built once under ``tmp_path``."""
+    import shutil
+
+    from helpers import png_folder
+
+    if not (tmp_path / "raw").exists():
+        build(png_folder(tmp_path / "src", 8), tmp_path / "raw",
+              BuildOptions(codec="raw:size=6x5", shard_size=1 << 10, alignment=64, shuffle=False),
+              workers=1, progress=False)
+    return Path(shutil.copytree(tmp_path / "raw", tmp_path / name))
+
+
+def test_in_place_crops_refuse_an_index_that_disagrees_with_the_raw_layout(tmp_path: Path) -> None:
+    """Hand-made indexes that pass the layout checks of opening (sizes and offsets packed in order,
+    aligned, ending at the shard's end; the shard's own header is read later) but break the raw
+    layout: a sample of the wrong size, or one off the stride grid of its shard. The in-place crop
+    path refuses them naming the sample, exactly as the gather does, before the kernel reads a
+    byte (without the check the kernel crops whatever lies there)."""
+    import json
+
+    from helpers import edit_manifest, rewrite_index
+    from packer.dataset import open_dataset
+    from packer.errors import IndexMismatchError
+    from packer.rawcrop import crop_resize_raw
+
+    short = _crafted_raw(tmp_path, "short")
+    rewrite_index(short, lambda columns: columns["size"].__setitem__(3, 70))  # still one 128-byte slot
+    shifted = _crafted_raw(tmp_path, "shifted")
+
+    def shift(columns: dict[str, np.ndarray]) -> None:
+        columns["size"][3] = 60  # a 64-byte slot: samples 4..6 of shard 0 move down by 64
+        columns["offset"][4:7] -= 64
+
+    rewrite_index(shifted, shift)
+    manifest = json.loads((shifted / "manifest.json").read_text())
+    shorter = manifest["shards"][0]["size"] - 64  # shard 0 ends 64 bytes earlier
+    os.truncate(shifted / manifest["shards"][0]["path"], shorter)
+    edit_manifest(shifted, lambda document: document["shards"][0].__setitem__("size", shorter))
+    cases = [(short, [1, 3], 3, "raw sample of 70 bytes, expected 90 (6x5x3)"),
+             (shifted, [4, 1], 4, "raw sample offset 512 is not at a multiple of the 128-byte stride from the "
+                                  "shard's first sample"),
+             (shifted, [7, 5], 5, "raw sample offset 640 is not at a multiple of the 128-byte stride from the "
+                                  "shard's first sample")]  # rows of two shards
+    for folder, indices, bad, message in cases:
+        with open_dataset(folder) as dataset:
+            shape = raw_shape_of(dataset)
+            assert len(dataset.manifest.shards) == 2 and shape == (6, 5, 3)
+            boxes = np.array([[0.0, 0.0, 5.0, 6.0]] * len(indices))
+            for read in (lambda: crop_resize_raw(dataset, indices, shape, boxes, None, (3, 3)),
+                         lambda: read_raw_batch(dataset, indices, shape)):
+                with pytest.raises(IndexMismatchError) as caught:
+                    read()
+                error = caught.value
+                assert (error.message, error.sample, error.path) == (message, bad, str(dataset.path))
+    with open_dataset(short) as dataset:  # its other samples crop as ever
+        crops = crop_resize_raw(dataset, [0, 2], (6, 5, 3), np.array([[0.0, 0.0, 5.0, 6.0]] * 2), None, (3, 3))
+        assert crops.shape == (2, 3, 3, 3)

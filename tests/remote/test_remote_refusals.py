@@ -1,7 +1,8 @@
 """Every refusal of packer.remote, reached through a public door: bad options, bad URLs, a backend
 that reads local files, writing to a read-only URL, an upload over a dataset or over a changed
 one, a manifest over the limit, a damaged index, damage that turns out to be a new generation,
-and obstore in a forked child. Each checks the error's class and message."""
+an extent that another process evicts as soon as it is fetched, and obstore in a forked child.
+Each checks the error's class and message."""
 
 from __future__ import annotations
 
@@ -215,3 +216,59 @@ def test_obstore_is_refused_in_a_child_forked_after_the_parent_used_it(s3, small
     os.waitpid(pid, 0)
     assert message.startswith("transport='obstore' cannot run in a process forked from one that already used it")
     assert "multiprocessing_context='spawn'" in message
+
+
+def test_obstore_refuses_a_process_that_inherited_another_ones_runtime(s3, small_dataset, tmp_path, monkeypatch):
+    """The forked child's check, in the test process (where coverage sees it): the runtime was
+    started by another process (the parent, whose module state a fork copies), so opening refuses
+    with the fix before any request, naming the URL."""
+    pytest.importorskip("obstore")
+    from packer.remote import store
+
+    url = f"s3://{s3.bucket}/ds"
+    upload_dataset(small_dataset, parse_url(url), options_for(s3, tmp_path / "up"))
+    s3.reset()
+    monkeypatch.setattr(store, "_OBSTORE_PID", os.getppid())  # what a child forked after the parent used it holds
+    with pytest.raises(RemoteStoreError) as caught:
+        packer.open_dataset(url, remote=options_for(s3, tmp_path / "cache", transport="obstore"))
+    assert caught.value.path == url
+    assert caught.value.message == ("transport='obstore' cannot run in a process forked from one that already used it "
+                                    "(its tokio runtime does not survive fork: the request would hang); use the "
+                                    "default transport='fsspec', or start workers with "
+                                    "multiprocessing_context='spawn'")
+    assert s3.log() == []  # refused before any request
+    monkeypatch.setattr(store, "_OBSTORE_PID", os.getpid())  # this process's own runtime: used again
+    with packer.open_dataset(url, remote=options_for(s3, tmp_path / "cache", transport="obstore")) as remote:
+        assert len(remote) == 120
+
+
+# --- the cache bound ----------------------------------------------------------------------------
+
+def test_an_extent_evicted_as_soon_as_it_enters_is_fetched_again_then_refused(s3, small_dataset, tmp_path,
+                                                                              monkeypatch):
+    """Another process sharing the node cache with a tiny bound evicts each extent between its fetch
+    and this reader's mapping of it: fetched three times, then a RemoteStoreError that names the URL
+    and the bound, instead of fetching forever."""
+    from packer.remote.cache import evict
+    from packer.remote.reader import RemoteFiles
+
+    url = f"s3://{s3.bucket}/ds"
+    upload_dataset(small_dataset, parse_url(url), options_for(s3, tmp_path / "up"))
+    cache = tmp_path / "cache"
+    fetch = RemoteFiles._fetch_now
+    fetched: list[int] = []
+
+    def fetch_then_evicted(self, family: str, extent: int) -> None:
+        fetch(self, family, extent)
+        fetched.append(extent)
+        _total, removed = evict(cache, 1, lambda path, mtime: (0.0, mtime))  # the other process: all of it goes
+        assert removed > 0
+
+    monkeypatch.setattr(RemoteFiles, "_fetch_now", fetch_then_evicted)
+    with packer.open_dataset(url, remote=options_for(s3, cache, cache_bytes=4096)) as remote:
+        with pytest.raises(RemoteStoreError) as caught:
+            remote.get(5)
+        assert fetched == [fetched[0]] * 3 and remote.remote_stats()["downloads"] == 3
+    assert caught.value.path == url
+    assert caught.value.message == (f"extent {fetched[0]} left the cache as soon as it entered (cache_bytes 4096 is "
+                                    f"too small for the read-ahead)")
