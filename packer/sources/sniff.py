@@ -7,6 +7,7 @@ import gzip
 import lzma
 import os
 import stat
+import zlib
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,8 +88,8 @@ def sniff_container(path: Path, *, strict: bool = False) -> str | None:
             try:
                 with decompressor(path, name) as stream:
                     return f"tar.{name}" if is_tar_header(stream.read(512)) else None
-            except (OSError, EOFError, lzma.LZMAError, MissingDependencyError):
-                return None
+            except (OSError, EOFError, lzma.LZMAError, zlib.error, MissingDependencyError):
+                return None  # a damaged stream is not a tar: the caller says what the source is not
             except Exception as exc:  # zstandard.ZstdError is not an OSError
                 if type(exc).__module__.split(".")[0] == "zstandard":
                     return None

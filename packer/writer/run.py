@@ -447,8 +447,6 @@ def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int
             from .engines.ray_engine import run_with_ray
             run_with_ray(plan, out, shard_ids, address=address, progress=bar.update,
                          fail_on_reject=fail_on_reject)
-        elif engine == "local":
+        else:  # "local": check_engine refused anything else before the build started
             from .engines.local import run_local
             run_local(plan, out, shard_ids, workers=workers, progress=bar.update, fail_on_reject=fail_on_reject)
-        else:
-            raise OptionError(f"unknown engine {engine!r} (use 'local' or 'ray')")

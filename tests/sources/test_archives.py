@@ -421,3 +421,45 @@ def test_append_from_a_compressed_archive(tmp_path: Path) -> None:
     assert result.sample_count >= len(rest)
     assert packed(tmp_path / "ds") == EXPECTED
     assert not (tmp_path / "ds" / ".packer-append-spool").exists()
+
+
+def test_each_kind_of_archive_damage_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import gzip
+
+    def message(source: Path) -> str:
+        with pytest.raises(SourceError) as caught:
+            build(source, tmp_path / f"{source.name}-ds", OPTIONS, workers=1, progress=False)
+        assert caught.value.path == str(source)
+        return caught.value.message
+
+    whole = write_tar(tmp_path / "whole.tar", FILES).read_bytes()
+    # bytes after the end-of-archive blocks that are neither zeros nor another tar
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_bytes(whole + b"\x07" * 2048)
+    assert message(garbage) == (f"the tar archive is damaged at offset {len(whole)}: a member header there cannot be "
+                                f"read (the members before it were listed; nothing after it can be)")
+    # a compressed stream cut before its end
+    compressed = gzip.compress(whole)
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(compressed[: len(compressed) // 2])
+    assert message(cut).startswith("the archive's compressed stream is damaged or truncated: ")
+    # a compressed stream damaged near its start: zlib's own error was a traceback out of source detection
+    scrambled = tmp_path / "scrambled.tar.gz"
+    scrambled.write_bytes(compressed[:200] + bytes(b ^ 0x55 for b in compressed[200:400]) + compressed[400:])
+    assert message(scrambled) == "the source is a compressed stream, but not a tar packer can read (nor a manifest)"
+
+    # a zstd frame whose checksum does not match (zstandard's own error type, not an OSError)
+    zstandard = pytest.importorskip("zstandard")
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(whole)
+    damaged = tmp_path / "damaged.tar.zst"
+    damaged.write_bytes(frame[:-4] + bytes(b ^ 0xFF for b in frame[-4:]))
+    assert message(damaged).startswith("the archive's compressed stream is damaged or truncated: zstd")
+
+    # a read error of the disk while the members are listed
+    def failing_members(archive: tarfile.TarFile):
+        raise OSError(errno.EIO, "Input/output error")
+        yield  # a generator, as the real one is
+
+    monkeypatch.setattr(tar_source, "_tar_members", failing_members)
+    assert message(tmp_path / "whole.tar") == "cannot read the archive: Input/output error"

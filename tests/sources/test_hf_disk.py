@@ -170,3 +170,61 @@ def test_damaged_or_foreign_folders_are_source_errors(hf_root, tmp_path):
     arrow.write_bytes(arrow.read_bytes()[:100])
     with pytest.raises(SourceError, match="damaged or not Arrow"):
         _build(tmp_path / "e", tmp_path / "e-packed")
+
+
+def _saved(folder: Path, **columns) -> Path:
+    features = hf.Features({"image": hf.Image(), **{name: hf.Image() for name in columns}})
+    rows = {"image": [_png(0)], **{name: [_png(i + 1, mode="L")] for i, name in enumerate(columns)}}
+    hf.Dataset.from_dict(rows, features=features).save_to_disk(str(folder))
+    return folder
+
+
+def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp_path, monkeypatch):
+    import json
+
+    from packer import MissingDependencyError
+    from packer.sources import SourceOptions, list_source
+
+    def refused(source: Path, **options) -> SourceError:
+        with pytest.raises(SourceError) as caught:
+            _build(source, tmp_path / "out", **options)
+        assert not (tmp_path / "out" / "manifest.json").exists()
+        return caught.value
+
+    # a DatasetDict whose split list is not one, or names a split that is not there
+    root = tmp_path / "dict"
+    _saved(root / "train")
+    (root / "dataset_dict.json").write_text('{"splits": []}')
+    error = refused(root)
+    assert error.message == 'dataset_dict.json must hold {"splits": [names]}, got {\'splits\': []}'
+    assert error.path == str(root / "dataset_dict.json")
+    (root / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    error = refused(root)
+    assert error.message == "split 'test' is not a dataset folder (state.json and dataset_info.json) inside the DatasetDict"
+    # state.json without data files, or naming one that is gone
+    folder = _saved(tmp_path / "d")
+    state = json.loads((folder / "state.json").read_text())
+    (folder / "state.json").write_text(json.dumps({**state, "_data_files": []}))
+    assert refused(folder).message == "state.json lists no _data_files"
+    (folder / "state.json").write_text(json.dumps({**state, "_data_files": [{"filename": "gone.arrow"}]}))
+    error = refused(folder)
+    assert error.message == "state.json lists 'gone.arrow', which is not in the folder" and error.path == str(folder)
+    (folder / "state.json").write_text(json.dumps(state))
+    # dataset_info.json without features; an image column that does not exist
+    info = (folder / "dataset_info.json").read_text()
+    (folder / "dataset_info.json").write_text("{}")
+    assert refused(folder).message == "dataset_info.json holds no features"
+    (folder / "dataset_info.json").write_text(info)
+    assert refused(folder, image_column="photo").message == "--image-column 'photo': no such column (columns: image)"
+    # more image columns than one index holds (each takes 7 index columns)
+    wide = _saved(tmp_path / "wide", **{f"mask{i}": None for i in range(8)})
+    message = refused(wide).message
+    assert message.startswith("the columns do not fit one index: these fields need 56 index columns"), message
+    # listed without a spool folder (only packer build gives one)
+    with pytest.raises(SourceError) as caught:
+        list_source(folder, SourceOptions(source_kind="hf"))
+    assert caught.value.message == "a Hugging Face source needs a spool folder (build it through packer build)"
+    # and without pyarrow at all
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
+    with pytest.raises(MissingDependencyError, match=r"needs pyarrow: pip install 'packer-shards\[hf\]'"):
+        _build(folder, tmp_path / "no-pyarrow")

@@ -88,3 +88,44 @@ def test_listing_needs_a_spool_folder(tmp_path: Path) -> None:
     with pytest.raises(SourceError) as caught:
         list_parquet([path])
     assert caught.value.message == "a Parquet source needs a spool folder (build it through packer build)"
+
+
+def test_class_label_names_that_are_not_names(tmp_path: Path) -> None:
+    for names in (["cat", ""], ["cat", 3]):
+        source = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]}, names)
+        error = refused(source, tmp_path)
+        assert error.message.startswith("the ClassLabel names of column 'label' must be non-empty strings, got ")
+        assert error.path == str(source)
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("ENOSPC", "the disk is full while copying the Parquet images into the build's spool; free space and run again"),
+    ("EIO", "cannot write the build's spool: Input/output error")])
+def test_a_spool_that_cannot_be_written_is_a_build_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         code: str, expected: str) -> None:
+    import errno
+    import os
+
+    import packer.sources.parquet as parquet_module
+    from packer.errors import BuildError
+
+    class FailingSpool:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+        def write(self, data: bytes) -> int:
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(parquet_module, "open", lambda *args, **kw: FailingSpool(open(*args, **kw)), raising=False)
+    source = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]})
+    with pytest.raises(BuildError) as caught:
+        packer.build_dataset(source, tmp_path / "out", workers=1)
+    assert caught.value.message == expected
+    assert caught.value.path.endswith("spool-parquet.bin")
+    assert not (tmp_path / "out" / "manifest.json").exists()

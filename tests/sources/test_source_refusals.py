@@ -215,3 +215,58 @@ def test_the_cli_refuses_two_class_lists_and_a_list_from_a_dataset_without_names
     assert from_ints.exit_code == 2
     assert f"--classes-from {tmp_path / 'ints'}: that dataset has integer labels and no class names" in from_ints.output
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# --- sources that are not what they look like ----------------------------------------------------------
+
+def test_brace_ranges_too_long_or_braces_that_nest_are_refused(tmp_path: Path) -> None:
+    long_range = str(tmp_path / ("train-{0.." + "9" * 19 + "}.tar"))
+    assert refused(long_range, tmp_path, SourceError) == "brace range {0..9999999999999999999}: numbers of at most 18 digits"
+    for pattern in ("train-{0..{1..2}}.tar", "train-{0..2.tar"):
+        message = refused(str(tmp_path / pattern), tmp_path, SourceError)
+        assert message.startswith("the brace pattern has nested or unbalanced braces"), pattern
+
+
+def test_a_parquet_file_given_another_source_kind_says_what_it_is(tmp_path: Path) -> None:
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pyarrow.table({"image": [png_bytes(0)], "label": [0]}), tmp_path / "rows.parquet")
+    assert refused(tmp_path / "rows.parquet", tmp_path, SourceError, source_kind="tar") == (
+        "--source-kind tar: the source is a Parquet file")
+
+
+def test_an_empty_tar_or_an_unreadable_compressed_stream_is_named_for_what_it_is(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.tar"
+    with tarfile.open(empty, "w"):
+        pass  # only the end-of-archive blocks
+    assert refused(empty, tmp_path, SourceError) == (
+        "the source is an empty tar archive (only its end-of-archive blocks): nothing to pack")
+    not_a_tar = tmp_path / "notes.gz"
+    import gzip
+
+    not_a_tar.write_bytes(gzip.compress(b"plain text, neither a tar nor a manifest\n" * 50))
+    assert refused(not_a_tar, tmp_path, SourceError) == (
+        "the source is a compressed stream, but not a tar packer can read (nor a manifest)")
+
+
+def test_a_manifest_line_longer_than_the_row_bound_is_refused_unread(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.sources.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_ROW_BYTES", 64)
+    manifest = tmp_path / "rows.csv"
+    manifest.write_text("path,label\n" + "a" * 200)  # one line without its newline, over the bound
+    assert refused(manifest, tmp_path, SourceError) == "manifest line is longer than 64 characters (is it a CSV manifest?)"
+
+
+def test_source_options_no_rule_knows_are_option_errors() -> None:
+    from packer.sources import SourceOptions
+
+    with pytest.raises(OptionError, match=r"^--on-error must be 'skip' or 'fail', got 'ignore'$"):
+        SourceOptions(on_error="ignore").check()
+    with pytest.raises(OptionError, match=r"^new_classes must be one of .*, got 'maybe'$"):
+        SourceOptions(new_classes="maybe").check()
+    for bad in (0, -5, 1.5, "1M"):
+        with pytest.raises(OptionError, match=r"^max_member_size must be a positive number of bytes, got "):
+            SourceOptions(max_member_size=bad).check()
