@@ -463,3 +463,22 @@ def test_each_kind_of_archive_damage_is_named(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(tar_source, "_tar_members", failing_members)
     assert message(tmp_path / "whole.tar") == "cannot read the archive: Input/output error"
+
+
+def test_a_compressed_tar_whose_header_claims_more_than_the_stream_holds(tmp_path: Path) -> None:
+    """A whole, valid gzip stream around a tar cut inside its member: tarfile's stream mode skips the
+    member by reading toward the size its header states (1 GiB here) and gets nothing back; the
+    spooling reader stops it after a few empty reads, naming the lie, instead of some 100,000 more."""
+    import gzip
+
+    header = tarfile.TarInfo("cat/big.jpg")
+    header.size = 1 << 30
+    present = jpeg(0) * (65536 // len(jpeg(0)) + 1)  # enough for the listing's peek at the member
+    source = tmp_path / "lying.tar.gz"
+    source.write_bytes(gzip.compress(header.tobuf(tarfile.USTAR_FORMAT) + present))
+    with pytest.raises(SourceError) as caught:
+        build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert type(caught.value) is SourceError and caught.value.path == str(source)
+    assert caught.value.message == ("the compressed tar ends inside a member: a header claims more bytes than the "
+                                    "archive holds")
+    assert not (tmp_path / "ds" / "manifest.json").exists()

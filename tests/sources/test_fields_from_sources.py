@@ -385,6 +385,30 @@ def test_hostile_coco_documents_are_source_errors(tmp_path: Path, change, messag
         list_source(annotations, SourceOptions(root=images))
 
 
+def test_a_deep_coco_document_in_utf16_is_refused_by_the_parse_itself(tmp_path: Path) -> None:
+    """json.loads reads UTF-16 as well as UTF-8, but the depth scan that runs before it counts the
+    bytes as UTF-8: in UTF-16-LE '∀' is the bytes 00 22, a quote to the scan, which then takes
+    every bracket after it for string text. The parse's own RecursionError is what refuses such a
+    document (coco._load's second guard), as one line of the CLI, not a traceback."""
+    from click.testing import CliRunner
+
+    from packer.cli import _register, cli
+
+    annotations, images = coco_source(tmp_path / "src")
+    depth = 100_000
+    annotations.write_bytes(('{"images": [], "categories": [], "note": ["∀", ' + "[" * depth + "]" * depth + "]}")
+                            .encode("utf-16-le"))
+    with pytest.raises(SourceError) as caught:
+        list_source(annotations, SourceOptions(root=images))
+    assert type(caught.value) is SourceError and caught.value.path == str(annotations)
+    assert caught.value.message == "the annotation file nests arrays or objects too deeply to be COCO"
+    _register()
+    done = CliRunner().invoke(cli, ["build", str(annotations), str(tmp_path / "out"), "--root", str(images)])
+    assert done.exit_code == 2, done.output
+    assert done.output.strip() == f"error: {annotations}: the annotation file nests arrays or objects too deeply to be COCO"
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> None:
     base = {"category_id": 1, "bbox": [0, 0, 1, 1]}
     bad = {

@@ -90,6 +90,22 @@ def test_listing_needs_a_spool_folder(tmp_path: Path) -> None:
     assert caught.value.message == "a Parquet source needs a spool folder (build it through packer build)"
 
 
+def test_a_parquet_source_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door is chosen from the bytes (PAR1), so a machine without pyarrow still learns what to
+    install (simulated: a None in sys.modules makes the import fail)."""
+    import sys
+
+    from packer.errors import MissingDependencyError
+
+    path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]})
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(MissingDependencyError) as caught:
+        packer.build_dataset(path, tmp_path / "out", workers=1)
+    assert caught.value.message == "reading Parquet needs pyarrow: pip install 'packer-shards[parquet]'"
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_class_label_names_that_are_not_names(tmp_path: Path) -> None:
     for names in (["cat", ""], ["cat", 3]):
         source = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]}, names)
