@@ -37,46 +37,13 @@ for _folder in (REPO, REPO / "scripts"):  # packer itself (when not installed) a
         sys.path.append(str(_folder))
 
 __all__ = ["Stretch", "Row", "measure", "interleave", "summarize", "table", "machine_load", "timed_loop",
-           "median_rate", "run_for", "cpu_seconds_of", "child_pids", "evict", "drop_all", "warm", "describe_load", "REPO"]
+           "median_rate", "run_for", "child_pids", "evict", "drop_all", "warm", "describe_load", "REPO"]
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The /proc accounting is packer bench's own (packer/bench/procstat.py): one parser for both.
+from packer.bench.procstat import child_pids, process_cpu_seconds  # noqa: E402
 
 
 # --- CPU time of this process and its children -----------------------------------------------------
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces: split after its closing parenthesis
-    return text[text.rfind(")") + 2:].split()
-
-
-def cpu_seconds_of(pid: int) -> float | None:
-    """User + system CPU seconds of a live process, from ``/proc/<pid>/stat`` (None if gone)."""
-    fields = _stat_fields(pid)
-    if fields is None or len(fields) < 13:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def child_pids(parent: int | None = None) -> list[int]:
-    """Pids of the live child processes of ``parent`` (default: this process)."""
-    parent = os.getpid() if parent is None else parent
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    children = []
-    for entry in entries:
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None and len(fields) > 1 and fields[1] == str(parent):
-                children.append(int(entry))
-    return sorted(children)
-
 
 def _finished_children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -114,7 +81,7 @@ def measure(body: Callable[[], Any], *, items: float | None = None) -> Stretch:
         were waited for during it (``RUSAGE_CHILDREN``; a child started and waited for inside
         the body is counted whole).
     """
-    live = {pid: cpu_seconds_of(pid) for pid in child_pids()}
+    live = {pid: process_cpu_seconds(pid) for pid in child_pids()}
     finished0 = _finished_children_cpu()
     main0 = time.process_time()
     start = time.perf_counter()
@@ -122,7 +89,7 @@ def measure(body: Callable[[], Any], *, items: float | None = None) -> Stretch:
     seconds = time.perf_counter() - start
     cpu = time.process_time() - main0 + _finished_children_cpu() - finished0
     for pid, before in live.items():
-        after = cpu_seconds_of(pid)
+        after = process_cpu_seconds(pid)
         if before is not None and after is not None:
             cpu += after - before
     extra: dict[str, Any] = {}

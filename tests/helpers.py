@@ -264,3 +264,16 @@ def noisy_jpeg(seed: int = 0, size: tuple[int, int] = (48, 64)) -> bytes:
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)).save(
         buffer, "JPEG", quality=85)
     return buffer.getvalue()
+
+
+def packer_on_path(home: Path) -> dict[str, str]:
+    """An environment for running documented commands in ``home``: ``packer`` on PATH (this
+    interpreter's ``python -m packer``), HOME set to ``home``, this checkout importable."""
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "packer").write_text(f"#!/bin/sh\nexec {sys.executable} -m packer \"$@\"\n")
+    (bin_dir / "packer").chmod(0o755)
+    env = dict(os.environ)
+    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])))
+    return env

@@ -10,12 +10,13 @@ and run here, in the torchvision venv.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import packer_on_path
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = REPO / "docs" / "guides"
@@ -32,13 +33,7 @@ PAGES = {"lightning.md": "lightning", "huggingface.md": "datasets", "grain-jax.m
 def _run_page(page: str, home: Path) -> None:
     blocks = _readme.readme_blocks((GUIDES / page).read_text(encoding="utf-8"))
     assert blocks, f"{page} has no code blocks"
-    bin_dir = home / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "packer").write_text(f"#!/bin/sh\nexec {sys.executable} -m packer \"$@\"\n")
-    (bin_dir / "packer").chmod(0o755)
-    env = dict(os.environ)
-    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])))
+    env = packer_on_path(home)
     ran = 0
     for block in blocks:
         if block.marker == "skip":

@@ -20,7 +20,6 @@ Shell blocks run with ``bash -e -o pipefail``; Python blocks as a script file.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+
+from helpers import packer_on_path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -168,13 +169,7 @@ def make_world(home: Path) -> dict[str, object]:
     (home / "list.jsonl").write_text("".join(json.dumps({"path": f"images/{f}", "label": f.split("/")[0],
                                                          "metadata": {"n": n}}) + "\n"
                                              for n, f in enumerate(files)))
-    bin_dir = home / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "packer").write_text(f"#!/bin/sh\nexec {sys.executable} -m packer \"$@\"\n")
-    (bin_dir / "packer").chmod(0o755)
-    env = dict(os.environ)
-    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])))
+    env = packer_on_path(home)
     return {"home": home, "env": env}
 
 
