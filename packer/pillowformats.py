@@ -52,7 +52,8 @@ __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE"
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
-#: The formats ``imageinfo`` checks itself (plus RAW, which is never a source format).
+#: The formats ``imageinfo`` checks itself (stored pixels, ``ImageFormat.PIXEL_FORMATS``, are never a
+#: source format).
 CORE_FORMATS = frozenset({ImageFormat.JPEG, ImageFormat.PNG, ImageFormat.WEBP, ImageFormat.GIF,
                           ImageFormat.BMP, ImageFormat.TIFF})
 _PIL_NAME = {value: name for name, value in ImageFormat.BY_PIL_NAME.items() if value not in CORE_FORMATS}
@@ -171,7 +172,7 @@ def normalize_to_png(data: BytesLike, image_format: int, *, path: str | None,
     Raises:
         RejectedImageError: ``decode-failed`` when the image cannot be decoded.
     """
-    if image_format in KEPT_BY_NORMALIZE or image_format == ImageFormat.RAW:
+    if image_format in KEPT_BY_NORMALIZE or image_format in ImageFormat.PIXEL_FORMATS:
         return None
     try:
         if image_format in PILLOW_ONLY_FORMATS:

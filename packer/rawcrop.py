@@ -43,9 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .codecs import raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view
+from .codecs import codec_for, raw_batch_view, raw_runs, raw_sample_stride, raw_samples_view
 from .dataset import as_sample_indices
-from .errors import IndexMismatchError
 
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
@@ -79,15 +78,12 @@ _CHUNK_BYTES = 32 << 20
 
 def raw_shape_of(dataset: Any) -> tuple[int, int, int] | None:
     """``(H, W, C)`` of every sample when ``dataset`` (a ``packer.dataset.Dataset``) is a ``raw``
-    codec dataset, else None.
+    codec dataset, else None: ``codec_for(dataset).sample_shape``.
 
     Raises:
         ManifestError: the manifest says ``raw`` but its shape fields are unusable.
     """
-    codec = dataset.manifest.codec
-    if codec.get("name") != "raw":
-        return None
-    return raw_sample_shape(codec, path=dataset.path)
+    return codec_for(dataset).sample_shape
 
 
 def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
@@ -119,43 +115,26 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         out = np.empty((len(idx), *shape), dtype=np.uint8)
     if len(idx) == 0:
         return out
-    ix = dataset.index
-    wrong_size = ix.size[idx] != sample
-    if wrong_size.any():
-        bad = int(idx[np.argmax(wrong_size)])
-        raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
-                                 f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
+    runs = raw_runs(dataset, idx, shape)  # the layout every raw shard has, checked before a byte is read
     if dataset.backend_name != "mmap" or dataset.verify_checksums:
         batch = dataset.read_batch(idx)
         out[...] = raw_samples_view(batch.data, batch.starts, shape)
         return out
     stride = raw_sample_stride(shape, dataset.alignment)
-    single = len(dataset.manifest.shards) == 1
-    shards = None if single else ix.shard[idx]
     gather = _compiled_gather() if out.flags.c_contiguous and out.dtype == np.uint8 else None
-    for shard in ([0] if single else np.unique(shards).tolist()):
-        first, end = dataset.shard_range(shard)
-        base = int(ix.offset[first])
-        rows = np.arange(len(idx)) if single else np.flatnonzero(shards == shard)
-        mine = idx if single else idx[rows]
-        local = mine - first
-        offsets = ix.offset[mine].astype(np.int64)
-        misplaced = offsets != base + local * stride
-        if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
-            bad = int(mine[np.argmax(misplaced)])
-            raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
-                                     f"of the {stride}-byte stride from the shard's first sample",
-                                     path=dataset.path, sample=bad)
+    for shard, rows, offsets, local in runs:
         if gather is not None:  # one memcpy per sample into out, without the GIL (packer/_rawresample.c)
-            gather(dataset.shard(shard).array, out, offsets, None if len(rows) == len(idx) else rows, sample)
+            gather(dataset.shard(shard).array, out, offsets, rows, sample)
             continue
+        first, end = dataset.shard_range(shard)
+        base = int(dataset.index.offset[first])
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
         # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
         # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.
         if sample >= _LARGE_SAMPLE:  # one memcpy per sample straight into out: no temporary
-            for row, position in zip(rows.tolist(), local.tolist()):
+            for row, position in zip((range(len(idx)) if rows is None else rows.tolist()), local.tolist()):
                 out[row] = view[position]
-        elif len(rows) == len(idx):
+        elif rows is None:
             out[...] = view[local]
         else:
             out[rows] = view[local]
@@ -205,7 +184,7 @@ def crop_resize_raw(dataset: Any, indices: Any, shape: tuple[int, int, int], box
     flags = (np.zeros(count, dtype=np.uint8) if flips is None
              else np.ascontiguousarray(np.asarray(flips, dtype=bool).reshape(-1), dtype=np.uint8))
     result = target.numpy()
-    for shard, rows, offsets in _raw_runs(dataset, idx, shape):
+    for shard, rows, offsets, _ in raw_runs(dataset, idx, shape):
         every = rows is None
         try:
             kernel.crop_resize(dataset.shard(shard).array, result, boxes if every else boxes[rows],
@@ -214,36 +193,6 @@ def crop_resize_raw(dataset: Any, indices: Any, shape: tuple[int, int, int], box
         except ValueError as exc:  # a box outside the image: crop_resize_batch's message
             raise ValueError(f"every box must be a non-empty part of the {width}x{height} image ({exc})") from None
     return target
-
-
-def _raw_runs(dataset: Any, idx: np.ndarray, shape: tuple[int, int, int]) -> list[tuple[int, Any, np.ndarray]]:
-    """``(shard, rows of the batch or None for all, int64 byte offsets in the shard)`` of each shard
-    a batch of raw samples reads, after checking every index row against the raw layout."""
-    sample = shape[0] * shape[1] * shape[2]
-    ix = dataset.index
-    wrong_size = ix.size[idx] != sample
-    if wrong_size.any():
-        bad = int(idx[np.argmax(wrong_size)])
-        raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
-                                 f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
-    stride = raw_sample_stride(shape, dataset.alignment)
-    single = len(dataset.manifest.shards) == 1
-    shards = None if single else ix.shard[idx]
-    runs = []
-    for shard in ([0] if single else np.unique(shards).tolist()):
-        first, _ = dataset.shard_range(shard)
-        base = int(ix.offset[first])
-        rows = None if single else np.flatnonzero(shards == shard)
-        mine = idx if rows is None else idx[rows]
-        offsets = ix.offset[mine].astype(np.int64)
-        misplaced = offsets != base + (mine - first) * stride
-        if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
-            bad = int(mine[np.argmax(misplaced)])
-            raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
-                                     f"of the {stride}-byte stride from the shard's first sample",
-                                     path=dataset.path, sample=bad)
-        runs.append((shard, rows if rows is None or len(rows) < len(idx) else None, offsets))
-    return runs
 
 
 def _compiled_kernel() -> Any:

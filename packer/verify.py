@@ -300,10 +300,10 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
     limit = 0
     if decode:
         from . import decode as _decode  # noqa: F401  (fail early if the decoders are missing)
-        from .codecs import check_decodable, dataset_max_pixels
+        from .codecs import codec_for, dataset_max_pixels
 
         try:
-            check_decodable(index.manifest.codec, path=root)  # SPEC 6: refuse an unknown codec
+            codec_for(index, path=root).check_decodable()  # SPEC 6: refuse an unknown codec
             limit = dataset_max_pixels(index.manifest, max_pixels)
         except PackerError as exc:
             index.close()
@@ -835,8 +835,8 @@ class _Decoder:
                                     path=task.path))
 
         width, height, channels = self.widths[local], self.heights[local], self.channels[local]
-        if self.formats[local] == fmt.ImageFormat.RAW:
-            # Raw pixels carry no shape of their own: their size must match the index's.
+        if self.formats[local] in fmt.ImageFormat.PIXEL_FORMATS:
+            # Stored pixels (codec raw) carry no shape of their own: their size must match the index's.
             if width and height and channels and self.sizes[local] != width * height * channels:
                 add(f"raw payload is {self.sizes[local]} bytes, not {height}x{width}x{channels}")
             return

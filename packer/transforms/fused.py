@@ -356,7 +356,7 @@ class DecodeTransform:
             pixels = data
             decoded = None
             raw_input = True
-        elif image_format == ImageFormat.RAW:
+        elif image_format in ImageFormat.PIXEL_FORMATS:
             raise DecodeError("a raw payload carries no shape: pass its pixels as an (H, W, 3) "
                               "uint8 array (packer.torch.PackedDataset does), or use .batch()",
                               path=name or None)

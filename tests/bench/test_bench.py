@@ -208,6 +208,30 @@ def test_raw_datasets_are_cropped_at_their_stored_size_and_upsampling_is_flagged
     assert "decode      rrc 224x224" in stderr
 
 
+def test_the_in_process_loop_decodes_raw_pixels_and_refuses_an_unknown_codec(tmp_path: Path) -> None:
+    """The loop asks the codec, as the readers do: raw payloads are pixels (--decode full read
+    none of them before), and a codec this packer does not know is refused when the loop opens."""
+    import shutil
+
+    from helpers import edit_manifest, png_folder
+    from packer.errors import DecodeError
+
+    build(png_folder(tmp_path / "src", 6), tmp_path / "raw", BuildOptions(codec="raw:size=6x5"), workers=1,
+          progress=False)
+    for decode in ("full", "rrc", "none"):
+        result = run_bench(tmp_path / "raw", BenchOptions(batch_size=3, batches=2, warmup=0, decode=decode,
+                                                          loader="simple"))
+        assert result.samples == 6 and result.codec == "raw"
+    unknown = Path(shutil.copytree(tmp_path / "raw", tmp_path / "unknown"))
+    edit_manifest(unknown, lambda document: document.update(codec={"name": "zstd-future"}))
+    for decode in ("full", "rrc"):
+        with pytest.raises(DecodeError) as caught:
+            run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode=decode, loader="simple"))
+        assert caught.value.message.startswith("the dataset's codec 'zstd-future' is not one this packer can decode "
+                                               "(it knows jpeg, passthrough, raw, tiled)")
+    assert run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode="none", loader="simple")).samples == 3
+
+
 def test_the_default_size_never_upsamples(tmp_path: Path) -> None:
     import make_sample
 
