@@ -41,7 +41,7 @@ from .backends.buffers import PAGE, aligned_empty
 from .backends.runs import RunPlan, plan_runs
 from . import fields as fieldspec
 from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, OptionError,
-                     PackerError, TruncatedFileError)
+                     PackerError, SampleIndexError, SampleIndexTypeError, SampleKeyError, TruncatedFileError)
 from .files import open_dataset_file, read_capped
 from .remote.url import is_url, parse_url
 
@@ -61,9 +61,9 @@ def as_sample_indices(indices: Any) -> np.ndarray:
     array = np.asarray(indices)
     if array.size and array.dtype.kind not in "iu":
         first = array.reshape(-1)[0]
-        raise TypeError(f"sample indices must be integers, got {array.dtype} values (e.g. {first!r})")
+        raise SampleIndexTypeError(f"sample indices must be integers, got {array.dtype} values (e.g. {first!r})")
     if array.size and array.dtype.kind == "u" and int(array.max()) > np.iinfo(np.int64).max:
-        raise TypeError(f"sample index {int(array.max())} is past int64")
+        raise SampleIndexTypeError(f"sample index {int(array.max())} is past int64")
     return array.astype(np.int64, copy=False)
 
 
@@ -181,7 +181,7 @@ class DatasetIndex:
     def _check(self, i: int) -> int:
         n = self.manifest.sample_count
         if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for a dataset of {n} samples")
+            raise SampleIndexError(f"sample {i} out of range for a dataset of {n} samples")
         return i % n if n else i
 
     def key(self, i: int) -> str:
@@ -272,21 +272,23 @@ class DatasetIndex:
         Scans the key blob (no per-sample objects are built): O(total key bytes).
 
         Raises:
-            KeyError: no sample has this key.
+            SampleKeyError: no sample has this key (also a ``KeyError``).
         """
         if not isinstance(key, str) or not key:
-            raise KeyError(key)  # keys are never empty: an empty needle would match everywhere
+            # an empty needle would match everywhere
+            raise SampleKeyError(f"no sample has the key {key!r}: keys are non-empty strings", key=key)
         try:
             needle = key.encode("utf-8")
         except UnicodeEncodeError:
-            raise KeyError(key) from None  # a lone surrogate: no stored (UTF-8) key can equal it
+            raise SampleKeyError(f"no sample has the key {key!r}: it holds a lone surrogate, and keys are UTF-8",
+                                 key=key) from None
         blob = memoryview(self.index.keys).tobytes() if len(self.index.keys) else b""
         offsets = self.index.key_offsets
         start = 0
         while True:
             pos = blob.find(needle, start)
             if pos < 0:
-                raise KeyError(key)
+                raise SampleKeyError(f"no sample has the key {key!r}", key=key)
             row = int(np.searchsorted(offsets, pos, side="right")) - 1
             if int(offsets[row]) == pos and int(offsets[row + 1]) == pos + len(needle):
                 return row
@@ -551,7 +553,8 @@ class Dataset(DatasetIndex):
         n = len(self)
         order = np.arange(n, dtype=np.int64) if indices is None else as_sample_indices(indices)
         if order.size and (order.min() < -n or order.max() >= n):
-            raise IndexError(f"indices hold a value outside 0..{n - 1}")
+            raise SampleIndexError(f"indices hold {int(order[(order < -n) | (order >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         ix = self.index
         for first in range(0, len(order), chunk):
             part = order[first:first + chunk] % max(n, 1)
@@ -581,7 +584,8 @@ class Dataset(DatasetIndex):
             empty = np.zeros(0, dtype=np.int64)
             return Batch(data=np.zeros(0, dtype=np.uint8), starts=empty, sizes=empty)
         if idx.min() < -n or idx.max() >= n:
-            raise IndexError(f"batch holds an index outside 0..{n - 1}")
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         idx = np.where(idx < 0, idx + n, idx)
         ix = self.index
         if self.backend_name == "mmap":

@@ -44,7 +44,7 @@ from typing import Any, Iterable, Union
 import numpy as np
 from PIL import Image, ImageFile
 
-from .errors import DecodeError, RejectedImageError
+from .errors import DecodeError, OptionError, RejectedImageError
 from .format import ImageFormat
 
 __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE", "accept_pillow_format",
@@ -74,7 +74,7 @@ def decodable_by(reader: str) -> frozenset[int]:
     """The ``ImageFormat`` values ``reader`` decodes (see the table in the module docstring).
 
     Raises:
-        ValueError: ``reader`` is not one of ``READERS``.
+        OptionError: ``reader`` is not one of ``READERS``.
     """
     if reader == "cpu":
         return frozenset(CORE_FORMATS | PILLOW_ONLY_FORMATS)
@@ -82,7 +82,7 @@ def decodable_by(reader: str) -> frozenset[int]:
         return _DALI
     if reader == "nvjpeg":
         return frozenset({ImageFormat.JPEG})
-    raise ValueError(f"reader must be one of {sorted(READERS)}, got {reader!r}")
+    raise OptionError(f"reader must be one of {sorted(READERS)}, got {reader!r}")
 
 
 def check_reader_formats(formats: np.ndarray | Iterable[int], reader: str, *, path: Any = None) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 
 from .codecs import codec_for, raw_batch_view, raw_runs, raw_sample_stride, raw_samples_view
 from .dataset import as_sample_indices
+from .errors import IndexMismatchError, OptionError
 
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
@@ -180,7 +181,7 @@ def crop_resize_raw(dataset: Any, indices: Any, shape: tuple[int, int, int], box
     boxes = np.ascontiguousarray(np.asarray(boxes, dtype=np.float64).reshape(-1, 4))
     height, width, channels = shape
     if len(boxes) != count:
-        raise ValueError(f"{count} images but {len(boxes)} boxes")
+        raise OptionError(f"need one box per image: {count} images, got {len(boxes)} boxes")
     flags = (np.zeros(count, dtype=np.uint8) if flips is None
              else np.ascontiguousarray(np.asarray(flips, dtype=bool).reshape(-1), dtype=np.uint8))
     result = target.numpy()
@@ -191,7 +192,7 @@ def crop_resize_raw(dataset: Any, indices: Any, shape: tuple[int, int, int], box
                                flags if every else flags[rows], bool(clip_to_box), len(offsets), height, width,
                                channels, out_h, out_w, offsets, None if every else rows)
         except ValueError as exc:  # a box outside the image: crop_resize_batch's message
-            raise ValueError(f"every box must be a non-empty part of the {width}x{height} image ({exc})") from None
+            raise OptionError(f"every box must be a non-empty part of the {width}x{height} image ({exc})") from None
     return target
 
 
@@ -237,8 +238,8 @@ def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarr
     """
     idx = as_sample_indices(indices).reshape(-1)
     if seed < 0 or epoch < 0 or count < 0 or (idx.size and idx.min() < 0):
-        raise ValueError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
-                         f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")
+        raise OptionError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
+                          f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")
     key = _mix64(np.array([int(seed) & _MASK64], dtype=np.uint64) + _GOLDEN)
     key = _mix64(key ^ (np.array([int(epoch) & _MASK64], dtype=np.uint64) * _GOLDEN))
     per_sample = _mix64(key ^ (idx.astype(np.uint64) * _INDEX_MULT))
@@ -270,7 +271,7 @@ def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
     """
     u = np.asarray(uniforms, dtype=np.float64)
     if u.ndim != 2 or u.shape[1] < RRC_DRAWS:
-        raise ValueError(f"need an (N, {RRC_DRAWS}) array of draws, got shape {u.shape}")
+        raise OptionError(f"need an (N, {RRC_DRAWS}) array of draws, got shape {u.shape}")
     count = len(u)
     area = float(width * height)
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
@@ -381,26 +382,26 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
     else:
         source = images
     if source.dim() != 4 or source.dtype != torch.uint8:
-        raise ValueError(f"images must be an (N, H, W, C) uint8 batch, got {tuple(source.shape)} "
-                         f"{source.dtype}")
+        raise OptionError(f"images must be an (N, H, W, C) uint8 batch, got {tuple(source.shape)} "
+                          f"{source.dtype}")
     count, height, width, channels = source.shape
     out_h, out_w = int(size[0]), int(size[1])
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     if len(boxes) != count:
-        raise ValueError(f"{count} images but {len(boxes)} boxes")
+        raise OptionError(f"need one box per image: {count} images, got {len(boxes)} boxes")
     if count and (boxes[:, 0].min() < 0 or boxes[:, 1].min() < 0 or boxes[:, 2].max() > width
                   or boxes[:, 3].max() > height or np.any(boxes[:, 2] <= boxes[:, 0])
                   or np.any(boxes[:, 3] <= boxes[:, 1])):
-        raise ValueError(f"every box must be a non-empty part of the {width}x{height} image")
+        raise OptionError(f"every box must be a non-empty part of the {width}x{height} image")
     if out is None:
         out = torch.empty((count, out_h, out_w, channels), dtype=torch.uint8, device=source.device)
     elif tuple(out.shape) != (count, out_h, out_w, channels) or out.dtype != torch.uint8:
-        raise ValueError(f"out must be a ({count}, {out_h}, {out_w}, {channels}) uint8 tensor, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise OptionError(f"out must be a ({count}, {out_h}, {out_w}, {channels}) uint8 tensor, got "
+                          f"{tuple(out.shape)} {out.dtype}")
     if count == 0:
         return out
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+        raise OptionError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     use_c = kernel == "c" or (kernel == "auto" and source.device.type == "cpu" and compiled_kernel_available())
     if use_c:
         if source.device.type != "cpu" or out.device.type != "cpu" or not compiled_kernel_available():

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from packer.bench import (HEADROOM, BenchOptions, child_pids, process_cpu_seconds, run_bench, run_queue_seconds,
                           storage_read_bytes)
+from packer.errors import OptionError
 from packer.writer import build
 from packer.cli import _register, cli
 from packer.writer.plan import BuildOptions
@@ -112,10 +113,18 @@ def test_missing_dataset_is_an_error(tmp_path: Path) -> None:
 
 
 def test_options_are_validated() -> None:
-    with pytest.raises(ValueError, match="order"):
+    with pytest.raises(OptionError, match="order"):
         BenchOptions(order="shuffled")
-    with pytest.raises(ValueError, match="target_rate"):
+    with pytest.raises(OptionError, match="target_rate"):
         BenchOptions(target_rate=0)
+    for options, message in (({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+                             ({"size": -3}, "size must be at least 1, got -3"),
+                             ({"warmup": -1}, "warmup and workers must not be negative, got warmup=-1, workers=None"),
+                             ({"workers": -2}, "warmup and workers must not be negative, got warmup=5, workers=-2"),
+                             ({"layout": "NHWC"}, "layout must be one of ['HWC', 'CHW'], got 'NHWC'")):
+        with pytest.raises(OptionError) as caught:
+            BenchOptions(**options)
+        assert isinstance(caught.value, ValueError) and caught.value.message == message
 
 
 # The advice itself is tested as a table of injected measurements in test_bench_advice.py.
