@@ -45,7 +45,7 @@ import numpy as np
 
 from .codecs import codec_for, raw_batch_view, raw_runs, raw_sample_stride, raw_samples_view
 from .dataset import as_sample_indices
-from .errors import IndexMismatchError, OptionError
+from .errors import OptionError
 
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
