@@ -219,7 +219,7 @@ class _PackedSource:
         self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
             dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
         #: a dataset URL's RemoteOptions (endpoint, cache) for the workers that reopen it
-        self.remote = getattr(getattr(dataset, "_remote", None), "options", None)
+        self.remote = getattr(getattr(dataset, "place", None), "options", None)
         self.field_images = field_images
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")

@@ -15,6 +15,7 @@ import click
 from . import EXIT_DAMAGED, EXIT_OK, cli, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, location_type, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
+from ..location import Location
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
 
@@ -137,7 +138,7 @@ def _overlay(text: str | None) -> str | None:
 
 
 @cli.command("inspect")
-@click.argument("dataset", type=location_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True, dataset_folder=True))
 @json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
@@ -167,7 +168,7 @@ def _overlay(text: str | None) -> str | None:
 @click.option("--verify", "run_verify", is_flag=True,
               help="With --html: run packer verify and show its verdict in the report (exit 1 if damaged).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --extract, --grid or --html file.")
-def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
+def inspect_command(dataset: Location, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
                     grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None,
                     boxes: str | None, mask: str | None, box_format: str, box_normalized: bool,
                     html: Path | None, run_verify: bool) -> None:
@@ -187,9 +188,6 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
                                           or box_format != "xyxy"):
         raise click.UsageError("--boxes, --mask, --box-format and --box-normalized draw on the contact sheet: "
                                "they need --grid or --html")
-    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
-        dataset = dataset.parent
-
     def body() -> int:
         document: dict[str, Any] = {"ok": True}
         code = EXIT_OK
@@ -218,7 +216,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     run_command(body, as_json=as_json)
 
 
-def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json: bool,
+def _sample(dataset: Location, text: str, extract: Path | None, force: bool, as_json: bool,
             document: dict[str, Any]) -> None:
     from ..dataset import open_dataset, open_index
     from ..format import verify_checksum
@@ -248,7 +246,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
         echo(_format_sample(info, field_classes))
 
 
-def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
+def _grid(dataset: Location, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
           document: dict[str, Any], max_pixels: int | None = None, overlays: dict[str, Any] | None = None) -> None:
     from ..dataset import open_dataset
     from ..inspect.grid import contact_sheet
@@ -275,7 +273,7 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                f"samples to {out}{failed}{drawn}", err=True)
 
 
-def _html(dataset: Path | str, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
+def _html(dataset: Location, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
           document: dict[str, Any], max_pixels: int | None, overlays: dict[str, Any]) -> int:
     """Write the HTML report; with ``run_verify``, verify first and return exit 1 when damaged."""
     from ..dataset import open_dataset, open_index

@@ -32,6 +32,9 @@ LAYERS = {
     "imageinfo": 4, "backends": 4,
     # object storage: URLs, transports, the node cache (below the reader that opens URLs)
     "remote": 5,
+    # where a user's path points (a local path or a URL), then where a dataset's bytes live
+    # (fractional: a layer between two, so that no other unit's number changes)
+    "location": 6, "place": 6.5,
     # bytes to pixels
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it
