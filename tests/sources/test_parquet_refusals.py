@@ -30,9 +30,11 @@ def write_parquet(path: Path, columns: dict[str, list], class_names: list[str] |
     return path
 
 
-def refused(source: Path, tmp_path: Path, **options) -> SourceError:
+def refused(source: Path, tmp_path: Path, *, on_error: str = "skip", source_kind: str = "auto",
+            **door: object) -> SourceError:
+    settings = packer.BuildSettings(source=packer.SourceSettings(kind=source_kind, **door))
     with pytest.raises(SourceError) as caught:
-        packer.build_dataset(source, tmp_path / "out", workers=1, **options)
+        packer.build_dataset(source, tmp_path / "out", settings, packer.RunOptions(workers=1, on_error=on_error))
     assert type(caught.value) is SourceError
     assert not (tmp_path / "out" / "manifest.json").exists()
     return caught.value
