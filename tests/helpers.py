@@ -277,3 +277,10 @@ def packer_on_path(home: Path) -> dict[str, str]:
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])))
     return env
+
+
+def with_source(settings: Any, **source: Any) -> Any:
+    """``settings`` (a ``packer.BuildSettings``) with its source settings changed (``root=``, ``kind=``, ...)."""
+    from dataclasses import replace
+
+    return replace(settings, source=replace(settings.source, **source))

@@ -23,6 +23,7 @@ import numpy as np
 from .._version import __version__
 from .. import format as fmt
 from .fields import format_fields
+from .summary import build_settings_rows
 from .svg import MAX_BARS, bar_chart, bin_counts, histogram, text
 
 __all__ = ["report_arrays", "render_html", "REJECTED_EXAMPLES", "REJECTED_READ", "CONTENT_SECURITY_POLICY"]
@@ -261,9 +262,9 @@ def render_html(summary: dict[str, Any], arrays: dict[str, Any], *, sheet_png: b
     fields_html = (f'<section id="fields"><h2>Declared fields</h2><pre>{text(chr(10).join(fields), 100000)}</pre>'
                    "</section>" if fields else "")
     build = s["build"] if isinstance(s["build"], dict) else {}
-    options = build.get("options") if isinstance(build.get("options"), dict) else {}
+    settings = fmt.recorded_build_settings(build) or {}  # nested, or the flat options of older builds
     build_rows = [(key, json.dumps(fmt.json_ready(value), sort_keys=True, ensure_ascii=False)[:500])
-                  for key, value in sorted(options.items())]
+                  for key, value in build_settings_rows(settings)]
     notes = build.get("codec_notes")
     if isinstance(notes, dict) and notes:
         build_rows.append(("codec did", ", ".join(f"{n:,} {k}" for k, n in notes.items() if isinstance(n, int))))

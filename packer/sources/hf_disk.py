@@ -19,7 +19,7 @@ Columns:
 * the **image**: ``image_column``, else the first ``Image`` feature (``image``/``img`` first),
   else a binary or ``{bytes, path}`` column; a row's key is its image ``path`` when set, else
   ``<row>`` (9 digits, counted across the data files). A null image is ``not-an-image``.
-* the **label**: ``door.label_field`` (default ``label``), absent: no label; a ``ClassLabel``
+* the **label**: ``door.source.label_field`` (default ``label``), absent: no label; a ``ClassLabel``
   declares its names (the source numbers its classes), an integer column gives integers, a
   string column class names. HF's -1 (or null) is "no label": what happens to an unlabeled row
   is the source contract's rule, the same for every door (``contract.py``: rejected as
@@ -272,10 +272,10 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                           f"the splits share one class list", path=path)
     if door.spool_dir is None:
         raise SourceError("a Hugging Face source needs a spool folder (build it through packer build)", path=path)
-    label_column = door.label_field
+    label_column = door.source.label_field
     features = _features(path)
     files = _data_files(path)
-    image = _pick_image(features, door.image_column, path)
+    image = _pick_image(features, door.source.image_column, path)
     siblings: list[Path] = []
     if (path.parent / HF_DICT).is_file() and path.name in _splits(path.parent):
         siblings = [path.parent / s for s in _splits(path.parent) if s != path.name]

@@ -25,7 +25,8 @@ from .atomic import fsync_dir
 from ..names import source_name
 from ..pillowformats import normalize_to_png
 from ..sources.members import MemberReader
-from .plan import BuildOptions, BuildPlan
+from .plan import BuildPlan
+from .settings import BuildSettings
 from ..sources.fieldvalues import FIELD_REJECTION
 from .records import read_record, record_columns, record_path, write_record
 from ..sources import Rejection, file_stamp
@@ -117,9 +118,9 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     Raises:
         BuildError: an output I/O error (disk full, permissions), or a rejection with ``fail_on_reject``.
     """
-    options = plan.options
-    codec = get_codec(options.codec)
-    alignment = options.alignment
+    settings = plan.settings
+    codec = get_codec(settings.codec)
+    alignment = settings.layout.alignment
     listing = plan.listing
     image_fields = listing.fields.image_specs if listing.fields is not None else ()
     members = _segment_members(plan, shard, segment, segments)
@@ -148,14 +149,14 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                 member = (archive.read(source_index, int(listing.sizes[source_index]))
                           if listing.members is not None else None)
                 payload, info, rejection, note = _load_and_check(
-                    listing.root, key, int(listing.sizes[source_index]), options, codec,
+                    listing.root, key, int(listing.sizes[source_index]), settings, codec,
                     listing.stamp(source_index), member=member,
                     name=source_name(key, listing.metadata(source_index)))
                 pending_files += 1
                 extra: list[tuple[bytes, Any]] = []
                 if rejection is None:
                     for spec in image_fields:
-                        loaded = _load_field_image(listing, spec.name, source_index, key, options, archive)
+                        loaded = _load_field_image(listing, spec.name, source_index, key, settings, archive)
                         if isinstance(loaded, Rejection):
                             rejection = loaded
                             break
@@ -216,7 +217,7 @@ def _add_payload_row(rows: dict[str, list[int]], prefix: str, offset: int, paylo
     rows[prefix + ("format" if prefix else "image_format")].append(info.image_format)
 
 
-def _load_field_image(listing: Any, name: str, source_index: int, key: str, options: BuildOptions,
+def _load_field_image(listing: Any, name: str, source_index: int, key: str, settings: BuildSettings,
                       archive: MemberReader) -> tuple[bytes, Any] | Rejection:
     """Read and check a sample's second image of field ``name``: stored as it is (pass-through,
     whatever the main codec: a mask must keep its exact values), header-checked like any image.
@@ -226,9 +227,9 @@ def _load_field_image(listing: Any, name: str, source_index: int, key: str, opti
     table = listing.fields
     field_key = table.image_key(name, source_index)
     size = int(table.image_sizes[name][source_index])
-    if size > options.max_file_size:
+    if size > settings.checks.max_file_size:
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}) is {size} bytes; the limit "
-                                               f"(--max-file-size) is {options.max_file_size}")
+                                               f"(--max-file-size) is {settings.checks.max_file_size}")
     if listing.members is not None:
         data, reason, message = archive.read(source_index, size, field=name)
         if reason:
@@ -238,7 +239,7 @@ def _load_field_image(listing: Any, name: str, source_index: int, key: str, opti
     if isinstance(data, Rejection):
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {data.message} ({data.reason})")
     try:
-        info = probe_image(data, name=field_key, validate=options.validate, max_pixels=options.max_pixels,
+        info = probe_image(data, name=field_key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels,
                            show_bytes=_inside(listing.root, listing.root / field_key))
     except RejectedImageError as exc:
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {exc.message} ({exc.reason})")
@@ -297,7 +298,7 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
         BuildError: an output I/O error.
     """
     parts = sorted(parts, key=lambda p: p.segment)
-    alignment = plan.options.alignment
+    alignment = plan.settings.layout.alignment
     first = Path(parts[0].path)
     image_fields = [spec.name for spec in plan.listing.fields.image_specs] if plan.listing.fields is not None else []
     columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else ())
@@ -380,7 +381,7 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
     return assemble_shard(plan, out, shard, [part])
 
 
-def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any,
+def _load_and_check(root: Path, key: str, listed_size: int, settings: BuildSettings, codec: Any,
                     listed_stamp: int = 0, member: tuple[bytes, str, str] | None = None,
                     name: bytes | None = None
                     ) -> tuple[bytes, Any, Rejection | None, str | None]:
@@ -394,19 +395,19 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
     if member is not None:
         if member[1]:
             return b"", None, Rejection(key, member[1], member[2]), None
-        return _check(member[0], key, options, codec)
+        return _check(member[0], key, settings, codec)
     path = root / (key if name is None else os.fsdecode(name))  # an escaped key names other bytes
-    if listed_size > options.max_file_size:
+    if listed_size > settings.checks.max_file_size:
         return b"", None, Rejection(key, "file-too-large",
                                     f"is {listed_size} bytes; the limit (--max-file-size) is "
-                                    f"{options.max_file_size}"), None
+                                    f"{settings.checks.max_file_size}"), None
     data = _read_listed(path, key, listed_size, listed_stamp)
     if isinstance(data, Rejection):
         return b"", None, data, None
-    return _check(data, key, options, codec, quote_bytes=_inside(root, path))
+    return _check(data, key, settings, codec, quote_bytes=_inside(root, path))
 
 
-def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_bytes: bool = True
+def _check(data: bytes, key: str, settings: BuildSettings, codec: Any, *, quote_bytes: bool = True
            ) -> tuple[bytes, Any, Rejection | None, str | None]:
     """Probe and encode one source's bytes (a file's or an archive member's).
 
@@ -415,20 +416,20 @@ def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_by
     """
     converted = None
     try:
-        info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
-        if options.normalize_formats:  # --normalize-formats: rare formats become PNG (pillowformats)
-            png = normalize_to_png(data, info.image_format, path=key, max_pixels=options.max_pixels)
+        info = probe_image(data, name=key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels)
+        if settings.checks.normalize_formats:  # --normalize-formats: rare formats become PNG (pillowformats)
+            png = normalize_to_png(data, info.image_format, path=key, max_pixels=settings.checks.max_pixels)
             if png is not None:
                 converted = f"png from {fmt.ImageFormat.NAMES.get(info.image_format, 'other')}"
                 data = png
-                info = probe_image(data, name=key, validate="header", max_pixels=options.max_pixels)
+                info = probe_image(data, name=key, validate="header", max_pixels=settings.checks.max_pixels)
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
         message = exc.message
         if exc.reason == "not-an-image" and not quote_bytes:
             # Never quote the bytes of a file outside the source (a link to /etc/passwd).
             try:
-                probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels,
+                probe_image(data, name=key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels,
                             show_bytes=False)
             except RejectedImageError as quiet:
                 message = quiet.message
@@ -437,7 +438,7 @@ def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_by
         return b"", None, Rejection(key, "decode-failed", exc.message), None
     except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
         return b"", None, Rejection(key, "decode-failed",
-                                    f"the {options.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
+                                    f"the {settings.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
     note = codec.note(data, payload, info) if hasattr(codec, "note") else None
     return payload, info, None, converted if converted is not None and note is None else note
 

@@ -20,7 +20,8 @@ from packer import SourceError  # noqa: E402
 from packer.classes import check_classes  # noqa: E402
 from packer.decode import decode_as_stored  # noqa: E402
 from packer.writer import build  # noqa: E402
-from packer.writer.plan import BuildOptions  # noqa: E402
+from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings  # noqa: E402
+from packer import SourceSettings
 
 
 def _png(seed: int, size: tuple[int, int] = (8, 10), mode: str = "RGB") -> bytes:
@@ -59,8 +60,9 @@ def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf")
 
 
-def _build(source: Path, out: Path, **kw) -> Path:
-    build(source, out, BuildOptions(shard_size=16 << 10), workers=1, **kw)
+def _build(source: Path, out: Path, **source_settings) -> Path:
+    build(source, out, BuildSettings(source=SourceSettings(**source_settings), layout=LayoutSettings(shard_size=16 << 10)),
+          RunOptions(workers=1))
     return out
 
 
@@ -74,7 +76,7 @@ def test_a_dataset_keeps_its_class_names_images_and_columns_as_fields(hf_root, c
     assert "'meta' is not stored (a struct column)" in warned and "'Camera Model' is not stored" in warned
     ds = packer.open_dataset(out)
     assert ds.classes == ("cat", "dog", "owl") and len(ds) == 10
-    assert ds.manifest.build["source_kind"] == "hf"
+    assert ds.manifest.build["settings"]["source"]["kind"] == "hf"
     declared = {spec.name: spec for spec in ds.fields}
     assert {name: spec.describe() for name, spec in declared.items()} == {
         "caption": "caption: text", "score": "score: float32", "count": "count: int16", "ok": "ok: bool",
@@ -222,7 +224,7 @@ def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp
     assert message.startswith("the columns do not fit one index: these fields need 56 index columns"), message
     # listed without a spool folder (only packer build gives one)
     with pytest.raises(SourceError) as caught:
-        list_source(folder, SourceOptions(source_kind="hf"))
+        list_source(folder, SourceOptions(source=SourceSettings(kind="hf")))
     assert caught.value.message == "a Hugging Face source needs a spool folder (build it through packer build)"
     # and without pyarrow at all
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
