@@ -19,7 +19,7 @@ LAYERS = {
     # foundations: no packer imports beyond each other, downwards
     "errors": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
     "format": 2, "order": 2,
-    "files": 3, "pillowformats": 3,
+    "files": 3, "pillowformats": 3, "imageheaders": 3,
     "imageinfo": 4, "backends": 4,
     # object storage: URLs, transports, the node cache (below the reader that opens URLs)
     "remote": 5,
