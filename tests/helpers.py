@@ -284,3 +284,35 @@ def with_source(settings: Any, **source: Any) -> Any:
     from dataclasses import replace
 
     return replace(settings, source=replace(settings.source, **source))
+
+
+@contextlib.contextmanager
+def pillow_headers_only() -> Any:
+    """Within: ``probe_image`` asks Pillow for every header (``imageheaders.parse_header`` says None)."""
+    import packer.imageinfo as imageinfo
+
+    saved = imageinfo.parse_header
+    imageinfo.parse_header = lambda view, image_format: None
+    try:
+        yield
+    finally:
+        imageinfo.parse_header = saved
+
+
+def probe_outcome(data: bytes, **options: Any) -> tuple[Any, ...]:
+    """What ``probe_image`` says about ``data``: ``("ok", ImageInfo)`` or ``("rejected", reason, message)``."""
+    from packer.errors import RejectedImageError
+    from packer.imageinfo import probe_image
+
+    try:
+        return ("ok", probe_image(data, **options))
+    except RejectedImageError as exc:
+        return ("rejected", exc.reason, exc.message)
+
+
+def assert_headers_agree_with_pillow(data: bytes, **options: Any) -> None:
+    """``probe_image`` with the header parsers says exactly what it says with Pillow alone."""
+    fast = probe_outcome(data, **options)
+    with pillow_headers_only():
+        slow = probe_outcome(data, **options)
+    assert fast == slow, (data[:64], fast, slow)

@@ -648,15 +648,18 @@ def test_source_changes_while_workers_pack(tmp_path):
 def test_unreadable_source_file_injected(tmp_path, monkeypatch):
     """Permission denied on a source file (injected: root reads anything): rejected as unreadable."""
     src = make_source(tmp_path / "src", seed=9)
-    real_open = pack_module.open_nonblocking  # the one place packing opens a source file
+    import packer.files as files_module
+
+    real_open = files_module.open_nonblocking  # the one place packing opens a source file (FolderReader)
     victim = str(src / "class1" / "img04.png")
 
     def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(file) == victim:
+        # by its path, or by its name beside a folder handle (FolderReader's way)
+        if str(file) == victim or (kwargs.get("dir_fd") is not None and str(file) == "img04.png"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(pack_module, "open_nonblocking", fake_open)
+    monkeypatch.setattr(files_module, "open_nonblocking", fake_open)
     result = build(src, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert [(r.key, r.reason) for r in result.rejected] == [("class1/img04.png", "unreadable")]
     assert result.sample_count == 17
