@@ -177,7 +177,7 @@ def _overlay(text: str | None) -> str | None:
                    "validation split; repeat for several.")
 @click.option("--threshold", "threshold", type=click.IntRange(0, 128), default=None, metavar="BITS",
               help="With --duplicates: near-duplicates differ in at most BITS of the 128 hash bits "
-                   "(default 22).")
+                   "(default 20).")
 @click.option("--flips", "flips", is_flag=True,
               help="With --duplicates: a horizontally mirrored copy counts as a near-duplicate (for data "
                    "trained with flip augmentation).")

@@ -1,32 +1,37 @@
 """Near-neighbour search over 128-bit hashes: multi-index hashing, never all pairs.
 
 The rule (Norouzi, Punjani and Fleet, "Fast search in Hamming space with multi-index hashing",
-CVPR 2012). The 128 bits are cut into ``CHUNKS``: six chunks of 21 or 22 bits (each 64-bit word
-into 21 + 21 + 22). Two hashes that differ in at most ``t`` bits differ, by the pigeonhole
-principle, in at most ``t // 6`` bits of one of the chunks; so every pair within ``t`` is found by
-looking up, for every hash and every chunk, the hashes whose chunk is within ``RADIUS`` bits of
-its own (a table lookup per bit pattern), as long as ``6 * (RADIUS + 1) > t``. ``RADIUS`` is 2:
-probing a 21-bit chunk within 2 bits is 232 lookups, each finding on average ``N / 2^21`` hashes
-(half a hash per lookup for a million), against the 10^12 comparisons of all pairs; the exact
-distance is computed only for those candidates.
+CVPR 2012). The 128 bits are cut into six chunks of 21 or 22 bits (each 64-bit word into 21 + 21
++ 22). If two hashes differ in at most ``t`` bits and chunk ``c`` is probed within ``r_c`` bits
+with ``sum(r_c + 1) > t``, then by the pigeonhole principle one chunk differs in at most its
+``r_c`` bits; so every pair within ``t`` is found by looking up, for every hash and every chunk,
+the hashes whose chunk is within ``r_c`` bits of its own (one table lookup per bit pattern), and
+the exact distance is computed only for those candidates. The chunks of word 0 (the 64 lowest
+frequencies, where near-duplicates differ least) are probed within 2 bits (232 patterns of 21
+bits), those of word 1 within 1 (22 patterns): ``MAX_EXACT`` = 3 * 3 + 3 * 2 - 1 = 14. Each
+lookup finds ``N / 2^21`` hashes on average (half a hash for a million), against the 5 * 10^11
+comparisons of all pairs.
 
 What is guaranteed. A pair is reported when its distance is at most ``threshold`` *and* one of
-its six chunks differs in at most 2 bits. For ``threshold <= MAX_EXACT`` (17) the second
+its chunks differs in at most that chunk's radius. For ``threshold <= MAX_EXACT`` the second
 condition follows from the first, so the result is exactly every pair within the threshold (the
-tests compare it with brute force). Above, a pair whose differences are spread over all six
-chunks (3 or more in each) is not a candidate; on the benchmark corpus of real photographs no
-planted near-duplicate within the default threshold was (benchmarks/bench_duplicates.py reports
-it). Near-duplicates differ mostly in the high frequencies, so the chunk of the 21 lowest ones
-rarely differs in more than 2 bits.
+tests compare it with brute force). Above, a pair whose differences are spread over every chunk
+(3 or more in each chunk of word 0, 2 or more in each of word 1) is not a candidate;
+``brute_force_pairs`` applies the same definition, and the benchmark reports how many planted
+copies within the threshold that rule loses (none on its corpus of real photographs:
+near-duplicates differ mostly in the high frequencies, so a chunk of the lowest ones rarely
+differs in more than 2 bits).
 
 Mirrored matches (``flips=True``): the mirrored image's hash is ``hash ^ FLIP_MASK`` (see
 ``phash``), so a second round of lookups with the flipped chunk keys finds the pairs whose
 distance after mirroring one side is within the threshold, at twice the cost.
 
-Cost (benchmarks/bench_duplicates.py, 1,000,000 random hashes, this project's 2-core VM): a
-dozen seconds and ~300 MB. Everything is vectorised numpy: for each chunk the hashes are sorted
-by chunk value once; the lookups of one bit pattern are one gather into a dense table of 2^22
-entries, done in sorted order so consecutive lookups touch neighbouring memory.
+Cost (benchmarks/bench_duplicates.py, 1,000,000 random hashes on this project's 2-core VM):
+seconds, not the hours of all pairs, in a few hundred MB. Everything is vectorised numpy: for
+each chunk the hashes are sorted by chunk value once; the lookups of one bit pattern are one
+gather into a dense table of 2^21 or 2^22 entries (the first hash of each chunk value; the rare
+values held by several hashes are expanded apart), done in sorted order so consecutive lookups
+touch neighbouring memory.
 """
 
 from __future__ import annotations
@@ -154,7 +159,9 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, flips: bool = False) -> Pa
         return found.pairs()
     rounds = [(0, 0, False)] + ([(int(FLIP_MASK[0]), int(FLIP_MASK[1]), True)] if flips else [])
     words = (np.ascontiguousarray(hashes[:, 0]), np.ascontiguousarray(hashes[:, 1]))
+    table = None
     for word, first_bit, width, radius in CHUNKS:
+        table = None  # free the last chunk's tables (about 150 MB for 2^22 values) before the next
         table = _ChunkTable(words, word, first_bit, width, threshold)
         for xor_lo, xor_hi, mirrored in rounds:
             xor_chunk = ((xor_lo, xor_hi)[word] >> first_bit) & ((1 << width) - 1)

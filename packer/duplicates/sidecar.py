@@ -74,13 +74,13 @@ def encode_hashes(table: HashTable, index_checksum: int) -> bytes:
 
 def parse_hashes(data: Any, *, path: object = None, index_checksum: int | None = None,
                  sample_count: int | None = None) -> HashTable:
-    """Validate a hashes file (SPEC §16, H1-H8, in that order) and return its table.
+    """Validate a hashes file (SPEC §16, H1-H9, in that order) and return its table.
 
     Args:
         data: the whole file.
         path: the file, for messages.
         index_checksum, sample_count: the dataset's identity; when given, a file for another
-            index or count is refused as stale (H8).
+            index or count is refused as stale (H9).
 
     Raises:
         NotAPackerFileError, TruncatedFileError, UnsupportedVersionError, CorruptHeaderError,
@@ -115,12 +115,12 @@ def parse_hashes(data: Any, *, path: object = None, index_checksum: int | None =
                                     f"the table hashes to {fmt.checksum_hex(fmt.checksum(body))}", path=path)
     hashes = np.frombuffer(body, dtype="<u8", count=HASH_WORDS * count).reshape(count, HASH_WORDS).astype(np.uint64)
     status = np.frombuffer(body, dtype=np.uint8, count=count, offset=8 * HASH_WORDS * count).copy()
-    if count and int(status.max()) >= len(STATUS_NAMES):  # [H7]
+    if count and int(status.max()) >= len(STATUS_NAMES):  # [H8]
         bad = int(np.argmax(status >= len(STATUS_NAMES)))
         raise CorruptHeaderError(f"status {int(status[bad])} is not one of {sorted(STATUS_NAMES)}", path=path,
                                  sample=bad)
     if (index_checksum is not None and checksum != index_checksum) or (
-            sample_count is not None and count != sample_count):  # [H8]
+            sample_count is not None and count != sample_count):  # [H9]
         raise IndexMismatchError(
             f"stale hashes: computed for index {fmt.checksum_hex(checksum)} ({count} samples), the dataset's index "
             f"is {fmt.checksum_hex(index_checksum if index_checksum is not None else checksum)} "
