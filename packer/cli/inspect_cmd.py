@@ -216,6 +216,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
             raise OutputExistsError("already exists; pass --force to overwrite it", path=html)  # before the search
         if duplicates:
             found, code = _duplicates(dataset, against, threshold, flips, as_json, document)
+            document["ok"] = code == EXIT_OK
         if sample is None and grid is None and html is None and not duplicates:
             from ..inspect.summary import format_summary, summarize
 

@@ -30,6 +30,11 @@ benchmarks/bench_duplicates.py, and in docs/guides/duplicates.md):
   tray, the rim of a retina); the next 64 frequencies separate them. On the benchmark corpus,
   at recall 0.977 the first 64 bits alone have precision 0.977 (4 false pairs), the 128 bits
   0.994 (1).
+- **Its own DCT rather than ImageHash's pHash on the same thumbnail.** On the benchmark corpus
+  ImageHash's 64-bit pHash of packer's thumbnails scores nearly the same (recall 0.971 at
+  precision 0.994, against 0.977), but it takes 91 us a thumbnail against 14 us here (a 64x64
+  grey image; the product above against Pillow's resize and scipy's DCT), it has no mirror
+  property, and it would make scipy and PyWavelets dependencies.
 - **A DCT-scaled grey decode rather than a full one**: 1.7-2x faster than libjpeg-turbo's full
   RGB decode of 500-1000 px photographs at quality 75-95 (the rest is Huffman decoding, which
   every scale pays), about 3x faster than Pillow's (benchmarks/bench_duplicates.py).

@@ -54,7 +54,7 @@ def test_json_is_one_sorted_document_and_a_leak_exits_1(splits: dict[str, Path])
     assert code == 1
     document = json.loads(out)
     assert out == json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    assert document["format_version"] == 1 and document["ok"] is True
+    assert document["format_version"] == 1 and document["ok"] is False  # a leak: not ok, exit 1
     found = document["duplicates"]
     assert found["version"] == 1 and found["algorithm"] == "dct-sign-128" and found["threshold"] == 20
     assert [d["name"] for d in found["datasets"]] == ["train", "val"]
@@ -67,11 +67,15 @@ def test_json_is_one_sorted_document_and_a_leak_exits_1(splits: dict[str, Path])
 
 
 def test_without_a_leak_it_exits_0_and_the_text_names_the_groups(splits: dict[str, Path]) -> None:
+    from packer.duplicates import DEFAULT_THRESHOLD
+
     code, out, _ = invoke(str(splits["train"]), "--duplicates")
     assert code == 0
     assert "exact: 1 group(s), 1 pair(s), 2 sample(s)" in out and "train[" in out and "again.jpg" in out
-    code, out, _ = invoke(str(splits["train"]), "--duplicates", "--against", str(splits["val"]), "--threshold", "0")
-    assert code == 1 and "near: perceptual hashes within 0 of 128 bits" in out  # the quality copy: 0 bits
+    code, out, _ = invoke(str(splits["train"]), "--duplicates", "--against", str(splits["val"]), "--threshold", "6")
+    assert code == 1 and "near: perceptual hashes within 6 of 128 bits" in out  # the re-encoded copy is close
+    help_text = " ".join(CliRunner().invoke(cli, ["inspect", "--help"]).output.split())
+    assert f"(default {DEFAULT_THRESHOLD})" in help_text  # the help states the library's default
 
 
 @pytest.mark.parametrize("args, message", [
