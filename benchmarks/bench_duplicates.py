@@ -29,9 +29,10 @@ What it prints:
    own decode), the same ground truth for all (the ``flip`` kind counts only for a flip-invariant
    hash, ``combined`` is shown apart); exact duplicates: found, and false;
 2. hashing speed per core against a full decode of the same JPEGs (the corpus, and the source
-   photographs at full size), interleaved rounds, CPU time;
+   photographs at full size at quality 90 and 75), interleaved rounds, CPU time;
 3. the search over ``--search`` synthetic hashes (random, plus 1 % planted copies within 12
-   bits): seconds and peak memory, measured in a child process, flips off and on.
+   bits): seconds and peak memory (the child process's own high-water mark), one thread and two,
+   flips off and on.
 
 imagededup and ImageHash are optional: run the benchmark with a Python that has them (``pip
 install imagededup imagehash``; they pull in torch and scipy) to get their rows.
@@ -324,12 +325,14 @@ def print_quality(results: dict[str, Any], default: int) -> None:
 
 def speed(work: Path, photos: dict[str, Image.Image], rounds: int) -> dict[str, Any]:
     corpus = [p.read_bytes() for p in sorted((work / "train").rglob("*.jpg"))]
-    big = [jpeg(image) for image in photos.values()] * 8
     out = {}
-    for name, images in (("corpus crops", corpus), ("photographs, full size", big)):
+    for name, images, quality in (("corpus crops", corpus, 90),
+                                  ("photographs, full size", [jpeg(image) for image in photos.values()] * 8, 90),
+                                  ("photographs, full size", [jpeg(image, 75) for image in photos.values()] * 8, 75)):
+        name = f"{name}, quality {quality}"
         sizes = np.array([Image.open(io.BytesIO(d)).size for d in images])
         print(f"\nhashing vs a full decode, {name}: {len(images)} JPEGs, median {int(np.median(sizes[:, 0]))}x"
-              f"{int(np.median(sizes[:, 1]))} px, quality 90, one thread")
+              f"{int(np.median(sizes[:, 1]))} px, one thread")
 
         def full() -> int:
             for data in images:
@@ -371,10 +374,10 @@ def speed(work: Path, photos: dict[str, Image.Image], rounds: int) -> dict[str, 
 # --- the search --------------------------------------------------------------------------------
 
 SEARCH_CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 from packer.duplicates.search import near_pairs
-count, threshold, flips = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+count, threshold, flips, workers = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 rng = np.random.default_rng(7)
 hashes = rng.integers(0, 2**64, size=(count, 2), dtype=np.uint64, endpoint=False)
 planted = count // 100
@@ -385,27 +388,30 @@ for row in range(planted):
         copies[row, bit // 64] ^= np.uint64(1) << np.uint64(bit % 64)
 hashes[target] = copies
 wall, cpu = time.perf_counter(), time.process_time()
-pairs = near_pairs(hashes, threshold, flips=flips)
+pairs = near_pairs(hashes, threshold, flips=flips, workers=workers)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 want = {(min(a, b), max(a, b)) for a, b in zip(source.tolist(), target.tolist())}
 got = set(zip(pairs.first.tolist(), pairs.second.tolist()))
+# VmHWM, not getrusage's ru_maxrss: the latter keeps the forking parent's size from before exec
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 print(json.dumps({"seconds": wall, "cpu_seconds": cpu, "pairs": len(pairs), "planted_found": len(want & got),
-                  "planted": len(want), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "planted": len(want), "peak_rss_mib": peak}))
 """
 
 
 def search(count: int, threshold: int) -> dict[str, Any]:
     out = {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(harness.REPO), os.environ.get("PYTHONPATH", "")])}
-    for flips in (False, True):
-        done = subprocess.run([sys.executable, "-c", SEARCH_CHILD, str(count), str(threshold), "1" if flips else "0"],
-                              capture_output=True, text=True, check=True, env=env)
+    for flips, workers in ((False, 1), (False, 2), (True, 2)):
+        done = subprocess.run([sys.executable, "-c", SEARCH_CHILD, str(count), str(threshold), "1" if flips else "0",
+                               str(workers)], capture_output=True, text=True, check=True, env=env)
         result = json.loads(done.stdout)
-        out["flips on" if flips else "flips off"] = result
+        out[f"flips {'on' if flips else 'off'}, {workers} thread(s)"] = result
         print(f"search, {count:,} random hashes + 1 % planted copies within 12 bits, threshold {threshold}, "
-              f"flips {'on' if flips else 'off'}: {result['seconds']:.1f} s wall, {result['cpu_seconds']:.1f} s CPU, "
-              f"peak {result['peak_rss_mib']:.0f} MiB (the whole process), {result['pairs']:,} pairs, "
-              f"{result['planted_found']:,} of {result['planted']:,} planted found")
+              f"flips {'on' if flips else 'off'}, {workers} thread(s): {result['seconds']:.1f} s wall, "
+              f"{result['cpu_seconds']:.1f} s CPU, peak {result['peak_rss_mib']:.0f} MiB (the whole process), "
+              f"{result['pairs']:,} pairs, {result['planted_found']:,} of {result['planted']:,} planted found")
     return out
 
 

@@ -279,7 +279,8 @@ def find_duplicates(dataset: Any, against: Sequence[Any] | Mapping[str, Any] = (
             mirror images of different photos of symmetric scenes cost precision; turn it on
             when training augments with flips, where a mirrored test image is a leak).
         near: look for near-duplicates at all (``False``: exact copies only, no image decoded).
-        workers: decoding threads when hashes are computed (default: the usable cores).
+        workers: threads decoding images when hashes are computed, and searching (default: the
+            usable cores).
         progress: a bar on stderr while hashing.
         store_hashes: keep computed hashes beside each index for the next run.
         remote: ``RemoteOptions`` (or a dict) for datasets at URLs.
@@ -324,7 +325,7 @@ def find_duplicates(dataset: Any, against: Sequence[Any] | Mapping[str, Any] = (
                                                 store=store_hashes)
                 entry.hashes, entry.hashes_source = table.counts(), source
                 tables.append(table)
-            groups += _near_groups(tables, groups, threshold, flips)
+            groups += _near_groups(tables, groups, threshold, flips, workers or available_cpus())
         groups.sort(key=lambda g: (not g.leak, -len(g.members), g.kind != "exact", g.members))
         for group in groups:
             for member in group.members:
@@ -335,15 +336,15 @@ def find_duplicates(dataset: Any, against: Sequence[Any] | Mapping[str, Any] = (
             ds.close()
 
 
-def _near_groups(tables: list[HashTable], exact: list[DuplicateGroup], threshold: int, flips: bool
-                 ) -> list[DuplicateGroup]:
+def _near_groups(tables: list[HashTable], exact: list[DuplicateGroup], threshold: int, flips: bool,
+                 workers: int) -> list[DuplicateGroup]:
     """Near pairs over every dataset's hashed samples at once, less the byte-identical pairs,
     joined into groups (connected components)."""
     owner = np.concatenate([np.full(len(t), k, dtype=np.int64) for k, t in enumerate(tables)])
     sample = np.concatenate([np.arange(len(t), dtype=np.int64) for t in tables])
     hashes = np.concatenate([t.hashes for t in tables])
     hashed = np.flatnonzero(np.concatenate([t.status for t in tables]) == HASHED)
-    pairs: Pairs = near_pairs(hashes[hashed], threshold, flips=flips)
+    pairs: Pairs = near_pairs(hashes[hashed], threshold, flips=flips, workers=workers)
     first, second = hashed[pairs.first], hashed[pairs.second]
     # byte-identical pairs are reported as exact: leave them out of the near groups
     same_bytes: dict[tuple[int, int], int] = {}

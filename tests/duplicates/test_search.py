@@ -39,7 +39,7 @@ def _hashes(seed: int, count: int, copies: int, max_flips: int, mirrored: float)
 def test_the_search_equals_brute_force(seed: int, count: int, copies: int, max_flips: int, threshold: int,
                                        flips: bool) -> None:
     hashes = _hashes(seed, count, copies, max_flips, 0.3 if flips else 0.0)
-    assert _rows(near_pairs(hashes, threshold, flips=flips)) == _rows(
+    assert _rows(near_pairs(hashes, threshold, flips=flips, workers=1 + seed % 3)) == _rows(
         brute_force_pairs(hashes, threshold, flips=flips))
 
 
@@ -72,7 +72,8 @@ def test_a_large_set_finds_every_planted_copy_and_nothing_else() -> None:
     hashes = rng.integers(0, 2 ** 64, size=(60_000, 2), dtype=np.uint64, endpoint=False)
     sources, targets = rng.choice(len(hashes), size=(2, 300), replace=False)
     hashes[targets] = hashes[sources] ^ np.array([1 << 5 | 1 << 40, 1 << 9], dtype=np.uint64)
-    pairs = near_pairs(hashes, 20)
+    pairs = near_pairs(hashes, 20, workers=2)
+    assert _rows(pairs) == _rows(near_pairs(hashes, 20, workers=1))
     assert _rows(pairs) == {(min(a, b), max(a, b), 3, False) for a, b in zip(sources.tolist(), targets.tolist())}
 
 
