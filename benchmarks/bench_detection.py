@@ -51,7 +51,7 @@ import numpy as np
 
 import harness
 import make_sample
-from bench_peers import have_torchvision, measure_training
+from peers_common import have_torchvision, measure_training
 
 CATEGORIES = [{"id": 10 + 3 * k, "name": f"thing{k}"} for k in range(8)]
 SIZE = 512

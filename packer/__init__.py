@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .errors import *  # noqa: F401,F403  (the error classes are part of the public API)
 from .errors import __all__ as _error_names
 

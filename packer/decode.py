@@ -97,8 +97,8 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     Raises:
         DecodeError: the bytes cannot be decoded as ``image_format``, the format is unknown, the
             header declares more than ``max_pixels`` pixels, or
-            it is ``ImageFormat.RAW`` (raw pixels carry no shape: reshape them with the index's
-            height, width and channels instead).
+            it is one of ``ImageFormat.PIXEL_FORMATS`` (stored pixels carry no shape: reshape them
+            with the index's height, width and channels instead).
     """
     path = name or None
     view = byte_view(data)
@@ -115,7 +115,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         # every other format Pillow decodes (packer/pillowformats.py); UNKNOWN: Pillow identifies it
         fallback = ImageFormat.OTHER if image_format == ImageFormat.UNKNOWN else int(image_format)
         return _to_rgb(load_pillow_format(view, fallback, path=path, max_pixels=max_pixels))
-    if image_format == ImageFormat.RAW:
+    if image_format in ImageFormat.PIXEL_FORMATS:
         raise DecodeError(
             "image_format 7 (raw) holds undecoded pixels without a shape; reshape the payload "
             "with the index's height, width and channels instead of decoding it", path=path)
@@ -196,7 +196,8 @@ def decode_as_stored(data: ImageBytes, image_format: int | None = None, *, name:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes", path=path)
     if image_format is None or image_format == ImageFormat.UNKNOWN or _reserved(image_format):
         image_format = detect_format(view)
-    if image_format in (ImageFormat.UNKNOWN, ImageFormat.RAW) or image_format not in ImageFormat.NAMES:
+    if (image_format == ImageFormat.UNKNOWN or image_format in ImageFormat.PIXEL_FORMATS
+            or image_format not in ImageFormat.NAMES):
         raise DecodeError(f"cannot decode image_format {image_format} as a stored image", path=path)
     if image_format == ImageFormat.OTHER or image_format in PILLOW_ONLY_FORMATS:
         return _as_stored(load_pillow_format(view, int(image_format), path=path, max_pixels=max_pixels))

@@ -163,6 +163,9 @@ class ImageFormat:
     # 8-63: other formats Pillow decodes, one value per Pillow plugin (SPEC.md §5, the table);
     # OTHER: a format some Pillow plugin decoded that has no value of its own (a decoder sniffs).
     OTHER = 255
+    #: Values whose payload is decoded pixels, not an encoded image: no image decoder takes them,
+    #: and their shape is the index's (and the codec's, ``packer.codecs``), never in the bytes.
+    PIXEL_FORMATS = frozenset({RAW})
 
     NAMES = {0: "unknown", 1: "jpeg", 2: "png", 3: "webp", 4: "gif", 5: "bmp", 6: "tiff", 7: "raw",
              8: "ppm", 9: "jpeg2000", 10: "avif", 11: "heif", 12: "tga", 13: "ico", 14: "cur", 15: "psd",

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Union
 
 from PIL import Image, ImageMode
 
-from .errors import RejectedImageError
+from .errors import OptionError, RejectedImageError
 from .format import ImageFormat
 from .pillowformats import CORE_FORMATS, accept_pillow_format
 
@@ -160,12 +160,12 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
 
     Raises:
         RejectedImageError: the file is not a usable image; ``reason`` says why.
-        ValueError: ``validate`` or ``max_pixels`` is not a valid setting.
+        OptionError: ``validate`` or ``max_pixels`` is not a valid setting.
     """
     if validate not in VALIDATE_MODES:
-        raise ValueError(f"validate must be one of {VALIDATE_MODES}, got {validate!r}")
+        raise OptionError(f"validate must be one of {VALIDATE_MODES}, got {validate!r}")
     if max_pixels < 1:
-        raise ValueError(f"max_pixels must be at least 1, got {max_pixels}")
+        raise OptionError(f"max_pixels must be at least 1, got {max_pixels}")
     path = name or None
     view = byte_view(data)
     size = len(view)

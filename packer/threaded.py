@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .errors import OptionError
 from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, ReadOrder, index_blocks
 
 __all__ = ["ThreadedLoader", "DEFAULT_THREADS"]
@@ -97,10 +98,10 @@ class ThreadedLoader(CursorReader):
         from .torch import PackedDataset, resolve_rank  # torch is optional: imported here
 
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+            raise OptionError(f"threads must be a positive integer, got {threads!r}")
         prefetch = 2 * threads if prefetch is None else prefetch
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+            raise OptionError(f"prefetch must be a positive integer, got {prefetch!r}")
         self.dataset = PackedDataset(source, decode=decode, layout=layout, transform=transform,
                                      target_transform=target_transform, backend=backend,
                                      verify_checksums=verify_checksums, fields=fields, multi_hot=multi_hot,

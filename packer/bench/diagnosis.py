@@ -52,10 +52,10 @@ def raw_codec_note(dataset: Dataset) -> str | None:
     skip the decode and let ``RandomResizedCrop``/``CenterCrop`` crop a whole batch at once
     (``packer.rawcrop``), in DataLoader workers or in ``packer.threaded.ThreadedLoader``.
     """
-    from ..codecs import raw_sample_stride
+    from ..codecs import codec_for, raw_sample_stride
 
     count = len(dataset)
-    if count == 0 or dataset.manifest.codec.get("name") == "raw":
+    if count == 0 or codec_for(dataset).stores_pixels:
         return None
     ix = dataset.index
     height, width = int(np.median(ix.height)), int(np.median(ix.width))
@@ -139,7 +139,7 @@ def _cpu_advice(result: BenchResult, options: BenchOptions) -> list[str]:
     if options.decode in ("rrc", "center") and size and stored and (size[0] > stored[0] or size[1] > stored[1]):
         advice.append(f"crop at the stored size (leave --size out): {size[0]}x{size[1]} upsamples the "
                       f"{stored[0]}x{stored[1]} images, which costs more than reading them")
-    if result.codec == "raw":  # pixels: nothing is decoded; nvJPEG, tiling, re-encoding do not apply
+    if _stores_pixels(result):  # nothing is decoded; nvJPEG, tiling, re-encoding do not apply
         if options.decode in ("rrc", "center"):
             advice.append("raw pixels are not decoded: the time goes to cropping and resizing each batch; "
                           "crop on the GPU with packer.gpu.GpuRawBatches(decode=RandomResizedCrop(...)), or "
@@ -254,6 +254,13 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
                   f"about {needed_mb:,.0f} MB/s and got {result.mb_per_s:,.0f} MB/s; try "
                   f"another --backend ({others}){cache}, or copy the dataset to faster local storage")
     return advice
+
+
+def _stores_pixels(result: BenchResult) -> bool:
+    """The benchmarked dataset's payloads were pixels (codec ``raw``), not images to decode."""
+    from ..codecs import codec_for
+
+    return codec_for({"name": result.codec}).stores_pixels
 
 
 def raw_codec_applies(result: BenchResult) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import OptionError
 from ..order import ORDERS
 
 #: What each sample is turned into: ``none`` (stored bytes), ``full`` (``decode_image``: full
@@ -71,14 +72,15 @@ class BenchOptions:
                   ("layout", self.layout, ("HWC", "CHW"))]
         for name, value, allowed in checks:
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+                raise OptionError(f"{name} must be one of {list(allowed)}, got {value!r}")
         for name in ("batch_size", "batches", "size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise OptionError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.warmup < 0 or (self.workers is not None and self.workers < 0):
-            raise ValueError("warmup and workers must not be negative")
+            raise OptionError(f"warmup and workers must not be negative, got warmup={self.warmup}, "
+                              f"workers={self.workers}")
         if self.target_rate is not None and not self.target_rate > 0:
-            raise ValueError(f"target_rate must be positive, got {self.target_rate}")
+            raise OptionError(f"target_rate must be positive, got {self.target_rate}")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..codecs import codec_for, dataset_max_pixels
 from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
 from ..machine import available_cpus
@@ -33,11 +34,9 @@ def default_size(dataset: Dataset) -> tuple[int, int]:
     ``DEFAULT_SIZE`` (a 32x32 dataset cropped to 224 would time an upsampling: 12x slower than
     the loader at the stored size, measured); ``DEFAULT_SIZE`` square otherwise.
     """
-    from ..codecs import raw_sample_shape
-
-    if dataset.manifest.codec.get("name") == "raw":
-        height, width, _ = raw_sample_shape(dataset.manifest.codec, path=dataset.path)
-        return int(height), int(width)
+    shape = codec_for(dataset).sample_shape
+    if shape is not None:
+        return int(shape[0]), int(shape[1])
     stored = _median_size(dataset)
     if stored is not None and min(stored) < DEFAULT_SIZE:
         return stored
@@ -155,18 +154,17 @@ class _SimpleBatches(_Batches):
         self.dataset = dataset
         self.options = options
         self.decode = _decoder(options, size)
-        # raw payloads are pixels without a shape: the crops take them as (H, W, 3) arrays
-        self.raw_shape: tuple[int, int, int] | None = None
-        if dataset.manifest.codec.get("name") == "raw":
-            from ..codecs import raw_sample_shape
-
-            self.raw_shape = tuple(raw_sample_shape(dataset.manifest.codec, path=dataset.path))  # type: ignore[assignment]
+        # what the payloads are: encoded images to decode, or pixels (raw) the crops take as (H, W, 3) arrays
+        self.codec = codec_for(dataset)
+        if self.decode is not False:
+            self.codec.check_decodable()  # SPEC §6, as every decoding reader
+        self.max_pixels = dataset_max_pixels(dataset.manifest)
         ix = dataset.index
         self.blocks = (index_blocks(ix.offset, ix.size, ix.shard, 4 << 20)
                        if options.order == "block" else None)
 
     def __iter__(self) -> Iterator[Any]:
-        dataset, options, decode = self.dataset, self.options, self.decode
+        dataset, options, decode, codec = self.dataset, self.options, self.decode, self.codec
         sizes = dataset.index.size
         formats = dataset.index.image_format
         rng = np.random.default_rng(options.seed)
@@ -181,16 +179,14 @@ class _SimpleBatches(_Batches):
                 if decode is False:
                     yield batch, indices
                 elif decode is True:
-                    from ..decode import decode_image
-                    yield [decode_image(batch[j], int(formats[i]))
+                    yield [codec.pixels(dataset, i, np.frombuffer(batch[j], dtype=np.uint8), max_pixels=self.max_pixels)
                            for j, i in enumerate(indices.tolist())], indices
                 else:
                     out = np.empty((len(indices), *decode.output_shape), dtype=np.uint8)
                     for j, i in enumerate(indices.tolist()):
-                        data: Any = batch[j]
-                        if self.raw_shape is not None:
-                            data = np.frombuffer(data, dtype=np.uint8).reshape(self.raw_shape)
-                        decode(data, int(formats[i]), rng, out=out[j])
+                        data = np.frombuffer(batch[j], dtype=np.uint8)
+                        stored = codec.stored_pixels(dataset, i, data)
+                        decode(data if stored is None else stored, int(formats[i]), rng, out=out[j])
                     yield out, indices
             epoch += 1
 

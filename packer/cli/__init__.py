@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..errors import PackerError
 
 __all__ = ["main", "cli", "emit_json", "run_command", "configure_logging", "echo", "terminal_safe"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
+from ..location import Location
 from .options import json_option, location_type, path_type, quiet_option, verbose_option, root_option, seed_option, workers_option
 
 
@@ -19,7 +20,7 @@ from .options import json_option, location_type, path_type, quiet_option, verbos
 @quiet_option()
 @verbose_option()
 @json_option("Print the summary as JSON on stdout.")
-def append_command(dataset: Path, source: Path, root: Path | None, workers: int | None, seed: int | None,
+def append_command(dataset: Location, source: Path, root: Path | None, workers: int | None, seed: int | None,
                    quiet: bool, as_json: bool, verbose: bool) -> None:
     """Append the images of SOURCE (folder or manifest) to DATASET as new shards.
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from . import cli, echo, emit_json, run_command
 from .options import POSITIVE_FLOAT, json_option, location_type, path_type, seed_option, workers_option
 from ..bench import DECODE_MODES, HEADROOM, LOADERS, READERS, BenchOptions
+from ..location import Location
 from ..order import ORDERS
 
 
@@ -41,7 +40,7 @@ from ..order import ORDERS
 @click.option("--target-rate", type=POSITIVE_FLOAT, default=None,
               help=f"Samples/s the model consumes; the loader should deliver {HEADROOM}x that.")
 @json_option("Print the result as one JSON document.")
-def bench_command(dataset: Path, batch_size: int, workers: int | None, order: str, decode: str,
+def bench_command(dataset: Location, batch_size: int, workers: int | None, order: str, decode: str,
                   size: int | None, layout: str, backend: str, reader: str, loader: str, batches: int,
                   warmup: int, pin_memory: bool, seed: int, target_rate: float | None,
                   as_json: bool) -> None:

@@ -92,7 +92,7 @@ def describe_labels(summary: dict, class_count: int) -> str:
               help="Fix the class list (label i = i-th name): a file (one name per line, or a .json list) "
                    "or names like a,b,c. Folders/labels not in it are rejected (unknown-class); a listed "
                    "class without files keeps its label with 0 samples. Use one list for every split.")
-@click.option("--classes-from", "classes_from", type=click.Path(path_type=Path), default=None,
+@click.option("--classes-from", "classes_from", type=location_type(), default=None,
               help="Use the class list of an existing dataset (e.g. the train split when building val).")
 @click.option("--label-type", type=click.Choice(["auto", "int", "str"]), default="auto", show_default=True,
               help="How labels written as text are read, for every kind of source (CSV cells, WebDataset "
@@ -105,7 +105,7 @@ def describe_labels(summary: dict, class_count: int) -> str:
                    "(default NAME); in an image folder or a WebDataset, from the sample's member with "
                    "suffix SOURCE (mask=image@mask.png, caption=text@txt) or its .json member's key SOURCE. "
                    "A COCO source declares its own. See README, 'Samples with more than a label'.")
-@click.option("--fields", "fields_file", type=click.Path(path_type=Path), default=None,
+@click.option("--fields", "fields_file", type=path_type(), default=None,
               help="A JSON schema file: a list of field declarations (or --field strings).")
 @quiet_option()
 @verbose_option()

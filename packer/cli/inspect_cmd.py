@@ -16,6 +16,7 @@ import click
 from . import EXIT_DAMAGED, EXIT_OK, cli, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, location_type, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
+from ..location import Location
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
 
@@ -138,7 +139,7 @@ def _overlay(text: str | None) -> str | None:
 
 
 @cli.command("inspect")
-@click.argument("dataset", type=location_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True, dataset_folder=True))
 @json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
@@ -172,7 +173,8 @@ def _overlay(text: str | None) -> str | None:
               help="Find exact and near-duplicate images, within DATASET and across it and each --against "
                    "dataset (leaks). Exit 1 when a sample has a copy in another dataset. Hashes are kept beside "
                    "the index (a URL's in the node cache) for the next run.")
-@click.option("--against", "against", type=location_type(exists=True), multiple=True, metavar="OTHER",
+@click.option("--against", "against", type=location_type(exists=True, dataset_folder=True), multiple=True,
+              metavar="OTHER",
               help="With --duplicates: another dataset (folder or URL) to check DATASET against, e.g. the "
                    "validation split; repeat for several.")
 @click.option("--threshold", "threshold", type=click.IntRange(0, 128), default=None, metavar="BITS",
@@ -181,7 +183,7 @@ def _overlay(text: str | None) -> str | None:
 @click.option("--flips", "flips", is_flag=True,
               help="With --duplicates: a horizontally mirrored copy counts as a near-duplicate (for data "
                    "trained with flip augmentation).")
-def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
+def inspect_command(dataset: Location, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
                     grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None,
                     boxes: str | None, mask: str | None, box_format: str, box_normalized: bool,
                     html: Path | None, run_verify: bool, duplicates: bool = False, against: tuple = (),
@@ -205,8 +207,6 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     if not duplicates and (against or threshold is not None or flips):
         raise click.UsageError("--against, --threshold and --flips set up the duplicates search: they need "
                                "--duplicates")
-    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
-        dataset = dataset.parent
 
     def body() -> int:
         document: dict[str, Any] = {"ok": True}
@@ -242,7 +242,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     run_command(body, as_json=as_json)
 
 
-def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json: bool,
+def _sample(dataset: Location, text: str, extract: Path | None, force: bool, as_json: bool,
             document: dict[str, Any]) -> None:
     from ..dataset import open_dataset, open_index
     from ..format import verify_checksum
@@ -272,7 +272,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
         echo(_format_sample(info, field_classes))
 
 
-def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
+def _grid(dataset: Location, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
           document: dict[str, Any], max_pixels: int | None = None, overlays: dict[str, Any] | None = None) -> None:
     from ..dataset import open_dataset
     from ..inspect.grid import contact_sheet
@@ -299,7 +299,7 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                f"samples to {out}{failed}{drawn}", err=True)
 
 
-def _duplicates(dataset: Path | str, against: tuple, threshold: int | None, flips: bool, as_json: bool,
+def _duplicates(dataset: Location, against: tuple, threshold: int | None, flips: bool, as_json: bool,
                 document: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """Run the duplicates search; exit 1 when a sample of one dataset has a copy in another."""
     from ..duplicates import DEFAULT_THRESHOLD, find_duplicates
@@ -313,7 +313,7 @@ def _duplicates(dataset: Path | str, against: tuple, threshold: int | None, flip
     return found, EXIT_DAMAGED if found["counts"]["leaks"]["groups"] else EXIT_OK
 
 
-def _html(dataset: Path | str, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
+def _html(dataset: Location, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
           document: dict[str, Any], max_pixels: int | None, overlays: dict[str, Any],
           duplicates: dict[str, Any] | None = None) -> int:
     """Write the HTML report; with ``run_verify``, verify first and return exit 1 when damaged."""

@@ -10,9 +10,15 @@ import numpy as np
 from ..errors import MissingDependencyError
 from ..format import ImageFormat
 from ..imageinfo import ImageInfo
-from .base import MAX_SIDE, check_keys
+from .base import MAX_SIDE, EncodedImageReader, check_keys
 
-__all__ = ["TiledCodec"]
+__all__ = ["TiledCodec", "TiledReader"]
+
+
+class TiledReader(EncodedImageReader):
+    """Tiled JPEGs are JPEGs to every decoder, with the source's pixels (``packer.transforms`` cuts
+    the tiles under a crop itself); other payloads are the source files."""
+
 
 @dataclass(frozen=True)
 class TiledCodec:
@@ -20,6 +26,7 @@ class TiledCodec:
 
     name: str = "tiled"
     OPTIONS: ClassVar[tuple[str, ...]] = ()
+    reader: ClassVar[type[TiledReader]] = TiledReader
     # The probe has already applied the build's --max-pixels; this only bounds the transcoder.
     _MAX_PIXELS: ClassVar[int] = MAX_SIDE * MAX_SIDE
 

@@ -63,7 +63,7 @@ from ..errors import DecodeError, PackerError
 from ..imageinfo import DEFAULT_MAX_PIXELS, byte_view, detect_format
 
 __all__ = ["ALGORITHM", "ALGORITHM_NAME", "HASH_BITS", "HASH_WORDS", "THUMB", "FLIP_MASK", "COEFFICIENTS",
-           "HASHED", "FLAT", "UNREADABLE", "STATUS_NAMES", "HashTable", "grey_pixels", "hash_pixels",
+           "HASHED", "FLAT", "UNREADABLE", "STATUS_NAMES", "HashTable", "grey_pixels", "grey_from_pixels", "hash_pixels",
            "perceptual_hash", "hash_dataset", "hamming"]
 
 #: The stored algorithm number (SPEC §16): a hashes file of another algorithm is recomputed.
@@ -153,15 +153,14 @@ def hash_pixels(grey: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def grey_pixels(data: Any, image_format: int | None = None, *, name: str = "",
-                max_pixels: int = DEFAULT_MAX_PIXELS, raw_shape: tuple[int, int, int] | None = None) -> np.ndarray:
-    """Grey pixels of one stored image, decoded as small as the hash allows (step 1 above).
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Grey pixels of one encoded image, decoded as small as the hash allows (step 1 above).
 
     Args:
         data: the payload bytes (any buffer).
         image_format: its ``ImageFormat`` (None: detected from the bytes).
         name: the sample's key, for error messages.
         max_pixels: refuse an image whose header declares more pixels (the decoders' guard).
-        raw_shape: ``(height, width, channels)`` when the payload is raw pixels (codec ``raw``).
 
     Returns:
         A 2-D uint8 array: grey, a JPEG's at a reduced DCT scale.
@@ -170,13 +169,6 @@ def grey_pixels(data: Any, image_format: int | None = None, *, name: str = "",
         DecodeError: the bytes do not decode (damaged, or a format this packer cannot decode).
     """
     view = byte_view(data)
-    if raw_shape is not None:
-        height, width, channels = raw_shape
-        if len(view) != height * width * channels or channels not in (1, 3, 4):
-            raise DecodeError(f"raw payload of {len(view)} bytes does not hold {height}x{width}x{channels} "
-                              f"pixels", path=name or None)
-        pixels = np.frombuffer(view, dtype=np.uint8).reshape(height, width, channels)
-        return pixels[:, :, 0] if channels == 1 else _luma(pixels[:, :, :3])
     if image_format is None or image_format == fmt.ImageFormat.UNKNOWN:
         image_format = detect_format(view) if len(view) else fmt.ImageFormat.UNKNOWN
     if image_format == fmt.ImageFormat.JPEG:
@@ -185,7 +177,14 @@ def grey_pixels(data: Any, image_format: int | None = None, *, name: str = "",
             return grey
     # the area-averaging projection takes any size; no reduce first (its edge handling would make
     # the hash of a mirrored image differ from the mirrored hash)
-    return _luma(decode_image(view, image_format, name=name, max_pixels=max_pixels))
+    return grey_from_pixels(decode_image(view, image_format, name=name, max_pixels=max_pixels))
+
+
+def grey_from_pixels(pixels: np.ndarray) -> np.ndarray:
+    """Grey of stored pixels (``(H, W)`` or ``(H, W, C)`` uint8, C of 1, 3 or 4: alpha dropped)."""
+    if pixels.ndim == 2 or pixels.shape[2] == 1:
+        return pixels.reshape(pixels.shape[:2])
+    return _luma(pixels[:, :, :3])
 
 
 def _luma(rgb: np.ndarray) -> np.ndarray:
@@ -268,16 +267,20 @@ def hash_dataset(dataset: Any, *, workers: int = 1, progress: bool = False) -> H
         workers: threads decoding at once (libjpeg-turbo releases the GIL while it decodes).
         progress: show a bar on stderr.
     """
-    from ..codecs import dataset_max_pixels
+    from ..codecs import codec_for, dataset_max_pixels
     from ..progress import BuildProgress
 
     count = len(dataset)
     hashes = np.zeros((count, HASH_WORDS), dtype=np.uint64)
     status = np.full(count, UNREADABLE, dtype=np.uint8)
     limit = dataset_max_pixels(dataset.manifest)
-    raw = _raw_shape(dataset)
+    codec = codec_for(dataset)
     index = dataset.index
     lock = threading.Lock()
+    try:
+        codec.check_decodable()
+    except DecodeError:  # a codec this packer cannot decode (SPEC §6): nothing is hashed
+        return HashTable(hashes=hashes, status=status)
 
     def one(first: int) -> int:
         numbers = np.arange(first, min(first + _BATCH, count), dtype=np.int64)
@@ -288,7 +291,10 @@ def hash_dataset(dataset: Any, *, workers: int = 1, progress: bool = False) -> H
             if fmt.checksum(data) != int(index.checksum[i]):
                 continue
             try:
-                grey = grey_pixels(data, formats[j], name=dataset.key(i), max_pixels=limit, raw_shape=raw)
+                # raw payloads are pixels already (the codec says so); the rest decode small
+                stored = codec.stored_pixels(dataset, i, np.frombuffer(data, dtype=np.uint8))
+                grey = (grey_from_pixels(stored) if stored is not None
+                        else grey_pixels(data, formats[j], name=dataset.key(i), max_pixels=limit))
             except PackerError:
                 continue
             hashes[i], status[i] = hash_pixels(grey)
@@ -306,16 +312,3 @@ def hash_dataset(dataset: Any, *, workers: int = 1, progress: bool = False) -> H
                     with lock:
                         bar.update(min(_BATCH, count - first), done)
     return HashTable(hashes=hashes, status=status)
-
-
-def _raw_shape(dataset: Any) -> tuple[int, int, int] | None:
-    """``(height, width, channels)`` of a raw dataset's payloads, None for encoded images.
-
-    The one place this module asks which codec stored the payloads (to be replaced by the codec
-    object's "pixels of one payload" when codecs grow a read half)."""
-    codec = dataset.manifest.codec
-    if codec.get("name") != "raw":
-        return None
-    from ..codecs.raw import raw_sample_shape
-
-    return raw_sample_shape(codec, path=dataset.path)

@@ -129,8 +129,9 @@ def parse_hashes(data: Any, *, path: object = None, index_checksum: int | None =
 
 
 def hashes_path(dataset: Any) -> Path:
-    """Where ``dataset``'s hashes file lives: beside its index (a URL's: in the node cache)."""
-    return Path(dataset.path) / fmt.HASHES_NAME
+    """Where ``dataset``'s hashes file lives: beside its index, in its place's local folder (a
+    dataset folder, or a URL's generation folder in the node cache)."""
+    return Path(dataset.place.folder) / fmt.HASHES_NAME
 
 
 def load_or_compute(dataset: Any, *, workers: int = 1, progress: bool = False, store: bool = True

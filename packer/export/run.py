@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..dataset import open_dataset
 from ..errors import OptionError, OutputExistsError, UnsafeExportError
+from ..location import Location, parse_location
 from .folder import write_folder
 from .plan import TARGETS, ExportPlan, SampleEntries, SampleNamer, plan_export
 from .safewrite import StagedOutput
@@ -21,6 +22,14 @@ from .webdataset import write_webdataset
 __all__ = ["EXPORT_TARGETS", "ExportResult", "export"]
 
 EXPORT_TARGETS = tuple(TARGETS)
+
+#: Why an export cannot write to a URL. Its targets are folders, a tar and WebDataset shards, not
+#: packer datasets: there is no manifest to write last, so an upload (``packer.remote.upload``, the
+#: build's) could be seen half-written and could not be resumed or replaced as one. The local writer
+#: publishes with one rename; copying its result up is the store's own tool's job.
+_NOT_TO_A_URL = ("an export writes a local folder or tar (not a packer dataset, so there is no manifest to "
+                 "upload last and a half-uploaded export could not be told from a whole one); export to a local "
+                 "path, then copy it up with your store's tool (aws s3 cp --recursive, gcloud storage cp -r, ...)")
 
 _WRITERS: dict[str, Callable[..., None]] = {"folder": write_folder, "tar": write_tar, "webdataset": write_webdataset}
 _SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")
@@ -107,7 +116,7 @@ def _check_target_path(out: Path, dataset: Path | None) -> None:
         raise OptionError(f"the export target {str(out)!r} is inside the dataset folder; choose a path outside it")
 
 
-def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: str = "folder",
+def export(dataset: str | os.PathLike[str] | Location, out: str | os.PathLike[str] | Location, *, to: str = "folder",
            classes: list[str] | None = None, samples: str | None = None,
            keys: str | os.PathLike[str] | None = None, samples_per_shard: int = 10_000,
            overwrite: bool = False, skip_unsafe: bool = False) -> ExportResult:
@@ -124,17 +133,17 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
     Raises:
         UnsafeExportError: some samples cannot be exported safely (and ``skip_unsafe`` is off);
             nothing was written.
-        OptionError: a bad target, filter or path, or a dataset whose payloads are not the
-            source bytes.
+        OptionError: a bad target, filter or path (``out`` a URL: an export writes local files),
+            or a dataset whose payloads are not the source bytes.
         OutputExistsError: ``out`` exists (and is not an empty folder) without ``overwrite``,
             or holds what this export could not have written.
         FormatError: the dataset is damaged.
     """
+    out_path = parse_location(out, what="OUT").local_path(_NOT_TO_A_URL)  # before anything is opened
     if to not in TARGETS:
         raise OptionError(f"--to must be one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
     if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise OptionError(f"--samples-per-shard must be a positive integer, got {samples_per_shard!r}")
-    out_path = Path(out)
     _check_target_path(out_path, None)
     staged = StagedOutput(out_path, folder=to != "tar", overwrite=overwrite, check_replaceable=_replaceable(to, out_path))
     staged.preflight()  # fail fast: before reading every sample's names

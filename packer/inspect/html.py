@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .. import format as fmt
 from .duplicates import STYLE as _DUPLICATES_STYLE
 from .fields import format_fields

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ..errors import MissingDependencyError, OptionError, PackerError, RemoteStoreError
 from .options import RemoteOptions
-from .url import DatasetURL
+from .url import DatasetURL, redact
 
 __all__ = ["ObjectInfo", "Transport", "Store", "store_for", "INSTALL_HINT"]
 
@@ -314,7 +314,9 @@ class Store:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The first line of a transport's error, its URLs' secrets redacted (a library may quote the
+    request URL, endpoint user-info or a signed query included)."""
+    text = redact(str(exc).strip())
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 

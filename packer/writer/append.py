@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..dataset import open_index
-from ..remote.url import is_url, parse_url
+from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
@@ -58,13 +58,13 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     Raises:
         BuildError, EmptySourceError, BuildLockedError, PackerError (a damaged dataset).
     """
-    if is_url(dataset) and parse_url(str(dataset)).scheme != "file":
+    location = parse_location(dataset, what="DATASET")
+    if location.url is not None:
         from .remote_out import append_to_url  # a new generation built locally, then uploaded (manifest last)
 
-        return append_to_url(append, str(dataset), source, remote=remote, resume=resume, root=root, workers=workers,
-                             seed=seed, progress=progress)
-    if is_url(dataset):
-        dataset = parse_url(str(dataset)).local_path
+        return append_to_url(append, location.url.text, source, remote=remote, resume=resume, root=root,
+                             workers=workers, seed=seed, progress=progress)
+    dataset = location.local_path()
     started = time.monotonic()
     out = Path(dataset)
     check_workers(workers)

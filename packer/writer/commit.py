@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError

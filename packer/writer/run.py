@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..remote.url import is_url, parse_url
+from ..location import parse_location
 from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, SourceError
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
@@ -238,16 +238,15 @@ def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     Raises:
         SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError.
     """
-    if is_url(out):
-        if parse_url(str(out)).scheme == "file":
-            out = parse_url(str(out)).local_path
-        else:
-            from .remote_out import build_to_url
+    location = parse_location(out, what="OUT")
+    if location.url is not None:  # packed in a staging folder, then uploaded, the manifest last
+        from .remote_out import build_to_url
 
-            return build_to_url(build, source, str(out), options, remote=remote, overwrite=overwrite, resume=resume,
-                                workers=workers, on_error=on_error, root=root, part=part, plan_only=plan_only,
-                                engine=engine, address=address, source_kind=source_kind, label_field=label_field,
-                                image_column=image_column, progress=progress)
+        return build_to_url(build, source, location.url.text, options, remote=remote, overwrite=overwrite,
+                            resume=resume, workers=workers, on_error=on_error, root=root, part=part,
+                            plan_only=plan_only, engine=engine, address=address, source_kind=source_kind,
+                            label_field=label_field, image_column=image_column, progress=progress)
+    out = location.local_path()
     started = time.monotonic()
     source_path, out_path = Path(source), Path(out)
     if on_error not in ("skip", "fail"):

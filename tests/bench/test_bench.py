@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from packer.bench import (HEADROOM, BenchOptions, child_pids, process_cpu_seconds, run_bench, run_queue_seconds,
                           storage_read_bytes)
+from packer.errors import OptionError
 from packer.writer import build
 from packer.cli import _register, cli
 from packer.writer.plan import BuildOptions
@@ -112,10 +113,18 @@ def test_missing_dataset_is_an_error(tmp_path: Path) -> None:
 
 
 def test_options_are_validated() -> None:
-    with pytest.raises(ValueError, match="order"):
+    with pytest.raises(OptionError, match="order"):
         BenchOptions(order="shuffled")
-    with pytest.raises(ValueError, match="target_rate"):
+    with pytest.raises(OptionError, match="target_rate"):
         BenchOptions(target_rate=0)
+    for options, message in (({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+                             ({"size": -3}, "size must be at least 1, got -3"),
+                             ({"warmup": -1}, "warmup and workers must not be negative, got warmup=-1, workers=None"),
+                             ({"workers": -2}, "warmup and workers must not be negative, got warmup=5, workers=-2"),
+                             ({"layout": "NHWC"}, "layout must be one of ['HWC', 'CHW'], got 'NHWC'")):
+        with pytest.raises(OptionError) as caught:
+            BenchOptions(**options)
+        assert isinstance(caught.value, ValueError) and caught.value.message == message
 
 
 # The advice itself is tested as a table of injected measurements in test_bench_advice.py.
@@ -206,6 +215,30 @@ def test_raw_datasets_are_cropped_at_their_stored_size_and_upsampling_is_flagged
     assert any("--size 224 is larger than the stored images (median 24x32" in note
                for note in document["bench"]["notes"])
     assert "decode      rrc 224x224" in stderr
+
+
+def test_the_in_process_loop_decodes_raw_pixels_and_refuses_an_unknown_codec(tmp_path: Path) -> None:
+    """The loop asks the codec, as the readers do: raw payloads are pixels (--decode full read
+    none of them before), and a codec this packer does not know is refused when the loop opens."""
+    import shutil
+
+    from helpers import edit_manifest, png_folder
+    from packer.errors import DecodeError
+
+    build(png_folder(tmp_path / "src", 6), tmp_path / "raw", BuildOptions(codec="raw:size=6x5"), workers=1,
+          progress=False)
+    for decode in ("full", "rrc", "none"):
+        result = run_bench(tmp_path / "raw", BenchOptions(batch_size=3, batches=2, warmup=0, decode=decode,
+                                                          loader="simple"))
+        assert result.samples == 6 and result.codec == "raw"
+    unknown = Path(shutil.copytree(tmp_path / "raw", tmp_path / "unknown"))
+    edit_manifest(unknown, lambda document: document.update(codec={"name": "zstd-future"}))
+    for decode in ("full", "rrc"):
+        with pytest.raises(DecodeError) as caught:
+            run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode=decode, loader="simple"))
+        assert caught.value.message.startswith("the dataset's codec 'zstd-future' is not one this packer can decode "
+                                               "(it knows jpeg, passthrough, raw, tiled)")
+    assert run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode="none", loader="simple")).samples == 3
 
 
 def test_the_default_size_never_upsamples(tmp_path: Path) -> None:

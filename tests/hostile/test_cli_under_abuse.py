@@ -17,7 +17,7 @@ import pytest
 
 from packer import format as fmt
 from packer.dataset import open_index
-from packer.errors import EmptySourceError, OptionError, PackerError, SourceError
+from packer.errors import EmptySourceError, OptionError, PackerError, SampleKeyError, SourceError
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 
@@ -270,7 +270,7 @@ def test_bad_values_are_usage_errors_naming_the_option(paths, tmp_path):
     code, out, err = run_main(["inspect", paths["dataset"], "--sample", ""])
     assert code == 2 and "--sample" in err
     with open_index(paths["dataset"]) as index:
-        with pytest.raises(KeyError):
+        with pytest.raises(SampleKeyError, match="keys are non-empty strings"):
             index.find("")
     with pytest.raises(OptionError, match="workers"):
         build(paths["src"], tmp_path / "w", workers=0, progress=False)

@@ -71,7 +71,7 @@ def test_distribution_name_commands_and_version_source() -> None:
     project = PYPROJECT["project"]
     assert project["name"] == DISTRIBUTION
     assert "version" not in project and project["dynamic"] == ["version"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packer.__version__"}
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packer._version.__version__"}
     assert project["scripts"] == {"packer": "packer.__main__:entry", "packer-shards": "packer.__main__:entry"}
     assert re.fullmatch(r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.dev\d+)?", packer.__version__)
 

@@ -19,7 +19,7 @@ from packer.writer import build
 from packer.dataset import open_dataset
 from packer.backends.buffers import aligned_empty, buffer_address
 from packer.backends.direct import DIRECT_BLOCK, DirectShard
-from packer.errors import DirectIOUnsupportedError
+from packer.errors import DirectIOUnsupportedError, OptionError
 from packer.errors import MisalignedRecordError, OffsetOutOfBoundsError, TruncatedFileError
 from packer.writer.plan import BuildOptions
 
@@ -293,7 +293,7 @@ def test_aligned_empty() -> None:
         assert buffer.nbytes == size and buffer.dtype == np.uint8
         if size:
             assert buffer.ctypes.data % DIRECT_BLOCK == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError, match=r"^need nbytes >= 0 and alignment >= 1, got -1, 4096$"):
         aligned_empty(-1)
 
 

@@ -341,6 +341,10 @@ def test_coco_round_trip_boxes_are_xyxy_pixels(tmp_path: Path) -> None:
                                                           "iscrowd: uint8[N]", "area: float32[N]", "image_id: int64"]
         assert ds.classes == () and ds.labels.tolist() == [-1] * 5
         assert coco_categories(ds.field_spec("labels").source) == [(1, "person"), (5, "car"), (18, "dog")]
+        with pytest.raises(OptionError) as caught:  # another field's source
+            coco_categories(ds.field_spec("boxes").source)
+        assert caught.value.message == ("expected the source of a COCO-built labels field ('coco:...; categories "
+                                        f"[...]'), got {ds.field_spec('boxes').source[:80]!r}")
         assert ds.field_spec("labels").classes == ("person", "car", "dog")  # names of the label values
         assert "XYXY" in ds.field_spec("boxes").source
         assert [ds.key(i) for i in range(5)] == [f"{i:012d}.jpg" for i in range(5)]
