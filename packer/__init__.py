@@ -10,6 +10,7 @@ from .errors import *  # noqa: F401,F403  (the error classes are part of the pub
 from .errors import __all__ as _error_names
 
 __all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset",
+           "find_duplicates",
            "BuildSettings", "SourceSettings", "LayoutSettings", "CheckSettings", "LabelSettings", "RunOptions",
            *_error_names]
 
@@ -33,4 +34,7 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
     if name == "verify_dataset":
         from .verify import verify
         return verify
+    if name == "find_duplicates":
+        from .duplicates import find_duplicates
+        return find_duplicates
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

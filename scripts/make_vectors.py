@@ -1128,6 +1128,76 @@ def make_tiled(folder: Path) -> None:
     _write_json(folder / "expected.json", expected)
 
 
+# --- perceptual-hashes file (section 16) ----------------------------------------------------------
+
+#: The valid hashes file's identity and table: three samples (hashed, flat, unreadable).
+HASHES_INDEX_CHECKSUM = 0x0123456789ABCDEF
+HASHES_TABLE = ([[0x8000000000000001, 0x00FF00FF00FF00FF], [0, 0], [0, 0]], [0, 1, 2])
+
+
+def _hashes_damage(valid: bytes) -> dict[str, tuple[bytes, str, str, str, str]]:
+    """name -> (bytes, requirement, error, message fragment, description) for the invalid files."""
+    from packer.duplicates import sidecar
+
+    def header(fmt_char: str, at: int, value: int) -> bytes:
+        data = bytearray(valid)
+        struct.pack_into("<" + fmt_char, data, at, value)
+        return bytes(data)
+
+    def reseal(data: bytearray) -> bytes:  # keep the table checksum right, so only the damage is seen
+        struct.pack_into("<Q", data, 32, fmt.checksum(bytes(data[sidecar.HEADER:])))
+        return bytes(data)
+
+    flipped = bytearray(valid)
+    flipped[sidecar.HEADER] ^= 0x01
+    bad_status = bytearray(valid)
+    bad_status[sidecar.HEADER + 3 * 16 + 1] = 7
+    return {
+        "empty": (b"", "H1", "NotAPackerFileError", "not a packer hashes file", "an empty file"),
+        "short-header": (valid[:40], "H1", "TruncatedFileError", "shorter than its 64-byte header",
+                         "the first 40 bytes of a valid file"),
+        "wrong-magic": (b"PKINDEX\x00" + valid[8:], "H2", "NotAPackerFileError", "not a packer hashes file",
+                        "the magic of an index file"),
+        "version-2": (header("I", 8, 2), "H3", "UnsupportedVersionError", "hashes file version 2", "version 2"),
+        "algorithm-9": (header("I", 12, 9), "H4", "UnsupportedVersionError", "hash algorithm 9", "algorithm 9"),
+        "three-words": (header("I", 40, 3), "H5", "CorruptHeaderError", "expected at most",
+                        "hash_words is 3"),
+        "truncated": (valid[:-8], "H6", "TruncatedFileError", "(truncated)", "the last 8 bytes cut"),
+        "extended": (valid + bytes(8), "H6", "TruncatedFileError", "(extended)", "8 zero bytes appended"),
+        "table-flipped": (bytes(flipped), "H7", "ChecksumMismatchError", "hashes table checksum mismatch",
+                          "one bit of sample 0's hash flipped, the header's table checksum unchanged"),
+        "status-7": (reseal(bad_status), "H8", "CorruptHeaderError", "status 7 is not one of",
+                     "sample 1's status is 7 (table checksum updated)"),
+        "other-generation": (valid, "H9", "IndexMismatchError", "stale hashes",
+                             "a valid file read for a dataset whose index checksum is 0123456789abcdee"),
+    }
+
+
+def make_hashes(folder: Path) -> None:
+    """A valid perceptual-hashes file and one damaged copy per reader rule H1-H9 (SPEC §16)."""
+    from packer.duplicates.phash import HashTable
+    from packer.duplicates.sidecar import encode_hashes
+
+    folder.mkdir()
+    hashes, status = HASHES_TABLE
+    table = HashTable(hashes=np.array(hashes, dtype=np.uint64), status=np.array(status, dtype=np.uint8))
+    valid = encode_hashes(table, HASHES_INDEX_CHECKSUM)
+    (folder / "valid.pkh").write_bytes(valid)
+    expected: dict[str, Any] = {
+        "valid": {"file": "valid.pkh", "index_checksum": fmt.checksum_hex(HASHES_INDEX_CHECKSUM),
+                  "sample_count": len(status), "hashes": [[f"{w:016x}" for w in row] for row in hashes],
+                  "status": status},
+        "invalid": {}}
+    for name, (data, requirement, error, message, description) in _hashes_damage(valid).items():
+        (folder / f"{name}.pkh").write_bytes(data)
+        expected["invalid"][name] = {
+            "file": f"{name}.pkh", "requirement": requirement, "error": error, "message": message,
+            "description": description,
+            "index_checksum": fmt.checksum_hex(HASHES_INDEX_CHECKSUM - (name == "other-generation")),
+            "sample_count": len(status)}
+    _write_json(folder / "expected.json", expected)
+
+
 def generate(out: Path) -> None:
     """Write every vector under ``out`` (which must not exist), and a README listing them."""
     out = Path(out)
@@ -1140,6 +1210,7 @@ def generate(out: Path) -> None:
             maker(valid / name, Path(tmp))
         make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
     make_tiled(out / "tiled")
+    make_hashes(out / "hashes")
     for name, (requirement, error, message, stage, description, mutate) in {**INVALID, **FIELD_INVALID}.items():
         base = "fields" if name in FIELD_INVALID else "base-align512"
         folder = invalid / name
@@ -1194,6 +1265,13 @@ def _write_readme(out: Path) -> None:
     for name, (_, rule, outcome, _, description) in sorted(
             _damage_tiled((out / "tiled" / "color420-48x32.tiled.jpg").read_bytes()).items()):
         lines.append(f"- `damaged-{name}.jpg` ({rule}, {outcome}): {description}")
+    lines += ["", "## Perceptual-hashes file (section 16)", "",
+              "`hashes/valid.pkh` is a valid file of three samples (hashed, flat, unreadable); `expected.json`",
+              "gives its identity, hashes and statuses. Each other file breaks one reader rule; reading it",
+              "with the identity given MUST raise the error named.", ""]
+    valid = (out / "hashes" / "valid.pkh").read_bytes()
+    for name, (_, requirement, error, _, description) in _hashes_damage(valid).items():
+        lines.append(f"- `{name}.pkh` ({requirement}, `{error}`): {description}")
     (out / "README.md").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
 
 

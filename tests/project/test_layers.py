@@ -39,6 +39,9 @@ LAYERS = {
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it
     "dataset": 7, "rawcrop": 8, "classes": 8,
+    # duplicates and leaks: over the dataset reader and the decoders, below the writer (a build
+    # option may hash) and inspect (the report)
+    "duplicates": 8,
     "transforms": 9,
     # building: the doors, then the writer
     "sources": 9, "writer": 10,
