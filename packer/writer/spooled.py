@@ -134,7 +134,10 @@ class PythonOutput:
         self.folder = out
         self.created = not out.exists()
         resuming = self.keep and (out / STAGING_DIR).is_dir()
-        check_output(out, overwrite=self.run.overwrite or resuming or shared)
+        allowed = self.run.overwrite or resuming or shared
+        if not allowed and (out / fmt.MANIFEST_NAME).exists():
+            raise OutputExistsError("a dataset already exists here; pass overwrite=True to replace it", path=out)
+        check_output(out, overwrite=True)
         self._lock = build_lock(out, shared=shared).__enter__()
         if not (self.run.overwrite or resuming or shared) and (out / fmt.MANIFEST_NAME).exists():
             self.close(failed=True)
