@@ -351,7 +351,6 @@ def _hf_source(dataset: Any, count: int) -> MapSource:
     """A ``datasets.Dataset`` in memory: the image column read as its encoded bytes (``Image(decode=False)``),
     the label column's ``ClassLabel`` names as the class list, the other columns as fields where
     their types map (the rules of the ``save_to_disk`` door, ``sources/hf_disk.py``)."""
-    from ..errors import SourceError
     from ..sources.hf_disk import column_plan
 
     features = dataset.features.to_dict()
@@ -380,8 +379,6 @@ def _hf_source(dataset: Any, count: int) -> MapSource:
                 sample[spec.name] = bytes_of(value) if spec.name in image_names else value
             yield start + j, sample
 
-    if not columns:
-        raise SourceError("the Dataset has no image column", path="datasets.Dataset")
     return MapSource(dataset, None, count, "hf", plan.classes, plan.fields, reader=read)
 
 

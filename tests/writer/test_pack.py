@@ -225,6 +225,15 @@ def _finish_with_missing_chunks(out: Path) -> None:
         map_pack._map = original
 
 
+def test_a_value_that_is_not_a_sample_is_a_rejection_or_with_fail_an_error(tmp_path: Path) -> None:
+    result = packer.pack([jpeg(0), 3.5, {"label": 1}, (jpeg(1), 2, 3)], tmp_path / "skip", workers=1)
+    assert [(r.key, r.reason) for r in result.rejected] == [
+        ("000000001", "bad-sample"), ("000000002", "bad-sample"), ("000000003", "bad-sample")]
+    assert "(input 1)" in result.rejected[0].message and "needs an 'image'" in result.rejected[1].message
+    with pytest.raises(BuildError, match=r"bad-sample: an image is encoded bytes.*\(input 1; on_error='fail'\)"):
+        packer.pack([jpeg(0), 3.5], tmp_path / "fail", workers=1, on_error="fail")
+
+
 def test_pack_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="sized sequence"):
         packer.pack(iter(range(3)), tmp_path / "a", load)
