@@ -310,3 +310,28 @@ def test_classes_fields_and_whole_samples(tmp_path: Path) -> None:
         assert ds.value("boxes", by_key["second"]).tolist() == [[0, 0, 1, 1], [2, 2, 3, 3]]
         assert ds.value("caption", by_key["000000000"]) == "one"
         assert int(ds.labels[by_key["000000002"]]) == 0
+
+
+@pytest.mark.parametrize("width", [5, 7, 8])
+def test_the_plain_bmp_decoder_gives_pillows_pixels(width: int) -> None:
+    """decode_image reads a 24-bit BMP with numpy (the Writer's spool format): Pillow's pixels, for
+    row padding of 1-3 bytes or none, bottom-up and top-down rows; a cut one goes to Pillow."""
+    from packer.decode import decode_image
+    from packer.errors import DecodeError
+    from packer.format import ImageFormat
+    from packer.writer.samples import image_bytes
+
+    pixels = np.random.default_rng(width).integers(0, 255, (6, width, 3), dtype=np.uint8)
+    ours = image_bytes(pixels, reencoded=True)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "BMP")
+    top_down = bytearray(buffer.getvalue())
+    top_down[22:26] = (-6).to_bytes(4, "little", signed=True)
+    rows = bytes(top_down[54:])
+    stride = len(rows) // 6
+    top_down[54:] = b"".join(rows[(5 - k) * stride:(6 - k) * stride] for k in range(6))
+    for data in (ours, buffer.getvalue(), bytes(top_down)):
+        assert np.array_equal(decode_image(data, ImageFormat.BMP), np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+        assert np.array_equal(decode_image(data, ImageFormat.BMP), pixels)
+    with pytest.raises(DecodeError):
+        decode_image(ours[:-5], ImageFormat.BMP)
