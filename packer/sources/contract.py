@@ -300,6 +300,7 @@ _DUPLICATE = {
     "manifest": "the manifest lists this path more than once",
     "coco": "the COCO file lists this file_name more than once; the first is packed",
     "folder": "the folder lists this key more than once (a name escaped to the same key); the first is packed",
+    "python": "two samples were written with this key (an fn's \"key\"); the first is packed",
 }
 
 

@@ -67,6 +67,11 @@ REJECTION_REASONS = {
                  "or its second image file is missing or not an image",
     "ambiguous-image": ("a sample of several files (side files, WebDataset) with more than one image that no "
                         "declared field takes"),
+    # samples written from Python (packer.Writer, packer.pack: sources/python.py)
+    "bad-sample": ("a value written from Python that is not a sample: an image that is not encoded bytes, a PIL "
+                   "image, a uint8 HxWxC array or a uint8 CxHxW tensor, or a sample that is neither an image, "
+                   "an (image, target) pair nor a dict with an 'image'"),
+    "fn-error": "packer.pack's fn raised on this input (the input, the exception's type and message, its last frame)",
     "bad-annotation": ("a COCO annotation that is malformed (box, area, iscrowd, category) or names an image "
                        "or category the file does not have"),
 }

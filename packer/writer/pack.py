@@ -437,6 +437,7 @@ def _check(data: bytes, key: str, settings: BuildSettings, codec: Any, *,
                 converted = f"png from {fmt.ImageFormat.NAMES.get(info.image_format, 'other')}"
                 data = png
                 info = probe_image(data, name=key, validate="header", max_pixels=settings.checks.max_pixels)
+        source_info = info
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
         message = exc.message
@@ -448,7 +449,7 @@ def _check(data: bytes, key: str, settings: BuildSettings, codec: Any, *,
     except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
         return b"", None, Rejection(key, "decode-failed",
                                     f"the {settings.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
-    note = codec.note(data, payload, info) if hasattr(codec, "note") else None
+    note = codec.note(data, payload, info, source_info=source_info) if hasattr(codec, "note") else None
     return payload, info, None, converted if converted is not None and note is None else note
 
 

@@ -31,7 +31,7 @@ from ..names import source_name
 from ..sources.members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
-__all__ = ["build", "finish", "check_output_outside_source", "prepare_plan", "parse_part",
+__all__ = ["build", "finish", "check_output", "check_output_outside_source", "prepare_plan", "parse_part",
            "shards_of_part", "run_shards", "source_options"]
 
 logger = logging.getLogger("packer.build")
@@ -153,7 +153,13 @@ def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> 
 
 # --- packing one planned shard ----------------------------------------------------------------
 
-def _check_output(out: Path, overwrite: bool) -> None:
+def check_output(out: Path, overwrite: bool) -> None:
+    """Make OUT (a folder) if needed and refuse one that is not a writable folder, or that holds a
+    dataset unless ``overwrite``.
+
+    Raises:
+        SourceError, BuildError, OutputExistsError.
+    """
     if out.exists() and not out.is_dir():
         raise SourceError("output exists and is not a folder", path=out)
     try:
@@ -242,7 +248,7 @@ def _build(source: str | os.PathLike[str], out: str | os.PathLike[str], settings
         # A requeued job after success: the dataset is the result, not an obstacle.
         return _already_complete(source_path, out_path, settings, started)
     created = not out_path.exists()
-    _check_output(out_path, run.overwrite or run.split or continuing)
+    check_output(out_path, run.overwrite or run.split or continuing)
     if run.split and (out_path / fmt.MANIFEST_NAME).exists() and not run.overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
     try:

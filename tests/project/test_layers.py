@@ -57,7 +57,7 @@ LAYERS = {
 #: benchmarks/ module -> layer. Every ``bench_*`` script is on ``BENCH_SCRIPTS``: they share
 #: helpers through the modules below (the timing harness; the peers' loaders and the timed rounds;
 #: datasets written straight in the format), never by importing one another.
-BENCH_LAYERS = {"harness": 0, "ffcv_write": 0, "peers_common": 1, "synthetic": 1}
+BENCH_LAYERS = {"harness": 0, "ffcv_write": 0, "writers_run": 0, "peers_common": 1, "synthetic": 1}
 BENCH_SCRIPTS = 2
 
 

@@ -220,6 +220,12 @@ KINDS: dict[str, Callable[[Path, list[tuple[str, str]], list[str]], Source]] = {
 }
 
 
+#: The Python doors (issue 35): ``packer.Writer`` given each sample's bytes, or its decoded pixels
+#: (stored as lossless PNG: the cell compares decoded pixels, not bytes), and ``packer.pack`` with
+#: an ``fn`` giving each sample's bytes. No source path: ``append`` takes a path, not a writer.
+PYTHON_DOORS = ("Writer (bytes)", "Writer (arrays)", "pack")
+
+
 def make(kind: str, folder: Path, samples: list[tuple[str, str]], unlabeled: list[str] = ()) -> Source:  # type: ignore[assignment]
     folder.mkdir(parents=True, exist_ok=True)
     return KINDS[kind](folder, samples, list(unlabeled))
@@ -252,18 +258,32 @@ EXPECTED["COCO"] = {"plain": "same images", "--classes": "refused (OptionError)"
                     "unlabeled": "n/a (no main labels)", "append": "refused (OptionError)", "--resume": "same images",
                     "--part K/N": "same images", "workers=2": "same images", RERUN: NO_OP}
 EXPECTED["side files"]["append"] = "refused (OptionError)"  # append does not take declared fields yet
+for _kind in PYTHON_DOORS:
+    EXPECTED[_kind] = dict.fromkeys(OPTION_NAMES, SAME)
+    EXPECTED[_kind]["unlabeled"] = "same (2 unlabeled)"
+    EXPECTED[_kind]["append"] = "n/a (no source path)"
+    EXPECTED[_kind][RERUN] = NO_OP
+for _kind in PYTHON_DOORS[:2]:  # a Writer's samples live only in the process writing them
+    for _option in ("--resume", "--part K/N", RERUN):
+        EXPECTED[_kind][_option] = "refused (OptionError)"
 
 
 # --- running a cell ---------------------------------------------------------------------------------------
 
-def content(out: Path, *, ordered: bool = True) -> dict[str, Any]:
-    """What two builds must share: the class list, and per sample its key, bytes, label and fields."""
+def pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def content(out: Path, *, ordered: bool = True, decoded: bool = False) -> dict[str, Any]:
+    """What two builds must share: the class list, and per sample its key, bytes (``decoded``: its
+    decoded pixels), label and fields."""
     with open_dataset(out, verify_checksums=True) as ds:
         rows = []
         for i in range(len(ds)):
             label = int(ds.labels[i])
             fields = tuple((spec.name, str(ds.value(spec.name, i))) for spec in ds.fields)
-            rows.append((ds.key(i), hashlib.sha256(ds.read(i)).hexdigest(),
+            data = pixels(ds.read(i)).tobytes() if decoded else ds.read(i)
+            rows.append((ds.key(i), hashlib.sha256(data).hexdigest(),
                          ds.classes[label] if ds.classes else label, fields))
         return {"classes": ds.classes, "rows": rows if ordered else sorted(rows)}
 
@@ -283,13 +303,14 @@ class Matrix:
         train = write_folder(base / "train", SAMPLES + [("owl/000.jpg", "owl")], [])
         build(train.path, self.train, OPTIONS, ONE)
 
-    def reference(self, option: str) -> dict[str, Any]:
-        if option not in self.references:
+    def reference(self, option: str, *, decoded: bool = False) -> dict[str, Any]:
+        name = f"{option} (decoded)" if decoded else option
+        if name not in self.references:
             out = self.base / f"ref-{len(self.references)}"
             source = write_folder(self.base / f"ref-src-{len(self.references)}", SAMPLES, [])
             build(source.path, out, self.options(option), ONE)
-            self.references[option] = content(out)
-        return self.references[option]
+            self.references[name] = content(out, decoded=decoded)
+        return self.references[name]
 
     def options(self, option: str, fields: tuple[str, ...] = ()) -> BuildSettings:
         labels = LabelSettings(fields=fields)
@@ -306,6 +327,8 @@ class Matrix:
         out = folder / "out"
         if option == "unlabeled" and kind == "COCO":
             return "n/a (no main labels)"
+        if kind in PYTHON_DOORS:
+            return self._python(kind, option, out)
         source = make(kind, folder, SAMPLES, UNLABELED if option == "unlabeled" else [])
         options = with_source(self.options(option, source.fields), **source.build)
         if option == RERUN:
@@ -330,6 +353,56 @@ class Matrix:
             found = {"classes": found["classes"], "rows": [row[:3] + ((),) for row in found["rows"]]}
         if found != reference:
             return "DIFFERENT"
+        extra = [r.reason for r in (result.rejected if result is not None else [])]
+        return f"same ({len(extra)} {extra[0]})" if extra and len(set(extra)) == 1 else (
+            SAME if not extra else f"same ({', '.join(sorted(extra))})")
+
+    def _python(self, kind: str, option: str, out: Path) -> str:
+        """A Python door's cell: the samples written (or mapped) in the folder's listing order, with
+        the option's settings, compared with the folder path's dataset."""
+        import packer
+
+        if option == "append":
+            return "n/a (no source path)"
+        rows = SAMPLES + ([(key, None) for key in UNLABELED] if option == "unlabeled" else [])
+        decoded = kind == "Writer (arrays)"
+        image_of = (lambda key: pixels(image(key))) if decoded else image
+        settings = self.options(option)
+        run = RunOptions(workers=2 if option == "workers=2" else 1)
+        try:
+            if kind.startswith("Writer"):
+                if option in ("--resume", "--part K/N", RERUN):
+                    run = replace(run, resume=True) if option != "--part K/N" else replace(run, part=(0, 2))
+                with packer.Writer(out, settings=settings, run=run) as writer:
+                    for key, label in rows:
+                        writer.write(image_of(key), label, key=key)
+                result = writer.result
+            else:
+                fn = lambda row: {"image": image_of(row[0]), "label": row[1], "key": row[0]}  # noqa: E731
+                if option == "--part K/N":
+                    for part in (1, 0):
+                        packer.pack(rows, out, fn, chunk_size=2, part=(part, 2), settings=settings, run=run)
+                    result = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                elif option == "--resume":  # mapped in part, then resumed
+                    packer.pack(rows, out, fn, chunk_size=2, part=(0, 2), settings=settings, run=run)
+                    result = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                else:
+                    result = packer.pack(rows, out, fn, chunk_size=2, settings=settings, run=run)
+                if option == RERUN:
+                    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+                    again = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+                    if not again.already_complete or after != before:
+                        return "built again"
+        except PackerError as exc:
+            return f"refused ({type(exc).__name__})"
+        found = content(out, decoded=decoded)
+        reference = self.reference("plain" if option in ("unlabeled", "--resume", "--part K/N", "workers=2", RERUN)
+                                   else option, decoded=decoded)
+        if found != reference:
+            return "DIFFERENT"
+        if option == RERUN:
+            return NO_OP
         extra = [r.reason for r in (result.rejected if result is not None else [])]
         return f"same ({len(extra)} {extra[0]})" if extra and len(set(extra)) == 1 else (
             SAME if not extra else f"same ({', '.join(sorted(extra))})")
@@ -438,7 +511,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Any:
     print(f"door matrix: {json.dumps({'kinds': len(built.cells), 'cells': sum(outcomes.values()), 'outcomes': outcomes, 'seconds': round(time.monotonic() - started, 1)}, sort_keys=True)}")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [*KINDS, *PYTHON_DOORS])
 def test_every_door_keeps_the_folder_paths_promises(matrix: Matrix, kind: str) -> None:
     """One kind across every option: each cell as ``EXPECTED`` says."""
     observed = {option: matrix.run(kind, option) for option in OPTION_NAMES}
