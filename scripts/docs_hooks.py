@@ -7,7 +7,9 @@
   and a link to anything else in the repository (``LICENSE``, a script) becomes its text in
   code style, since the site has no copy of it.
 * **The CLI's commands** are registered before mkdocs-click documents ``packer.cli:cli`` (each
-  command module adds itself to the group when imported).
+  command module adds itself to the group when imported), and the option tables show each
+  option's real default: click 8.3 keeps an unset default as its ``Sentinel.UNSET`` object,
+  which mkdocs-click 0.9 prints as it is (``show_default``, below).
 * **Pages nobody listed**: every ``docs/guides/*.md`` and ``docs/reference/*.md`` that the nav
   does not name is appended to its section, so a new guide shows up without editing mkdocs.yml
   (list it there to choose its place).
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import posixpath
 import re
@@ -59,11 +62,35 @@ def rewrite_links(markdown: str, source: str, page: str) -> str:
     return LINK.sub(replace, markdown)
 
 
+def shown_default(option: Any) -> Any:
+    """The default an option table shows: click's own reading (``to_info_dict``: ``False`` for a
+    flag, ``None`` for a value option left unset), never click 8.3's ``Sentinel.UNSET``."""
+    return option.to_info_dict().get("default", option.default)
+
+
+def _rows_with_real_defaults(format_row: Any) -> Any:
+    if getattr(format_row, "shows_real_defaults", False):
+        return format_row
+
+    def format_option_row(option: Any) -> str:
+        shown = copy.copy(option)
+        shown.default = shown_default(option)
+        return format_row(shown)
+
+    format_option_row.shows_real_defaults = True  # type: ignore[attr-defined]
+    return format_option_row
+
+
 def on_config(config: Any) -> Any:
+    from mkdocs_click import _docs as click_docs
+
     from packer.cli import COMMAND_MODULES
 
     for name in COMMAND_MODULES:
         importlib.import_module(f"packer.cli.{name}")
+    # mkdocs-click 0.9 formats a table row from option.default (its pull request 95 reads
+    # to_info_dict instead); until a release does, the rows read a copy with the real default.
+    click_docs._format_table_option_row = _rows_with_real_defaults(click_docs._format_table_option_row)
     docs = Path(config["docs_dir"])
     listed: set[str] = set()
 

@@ -44,7 +44,9 @@ def bench_command(dataset: Location, batch_size: int, workers: int | None, order
                   size: int | None, layout: str, backend: str, reader: str, loader: str, batches: int,
                   warmup: int, pin_memory: bool, seed: int, target_rate: float | None,
                   as_json: bool) -> None:
-    """Measure the loader over DATASET: samples/s, MB/s and CPU per worker.
+    """Measure the loader over DATASET and say what limits it.
+
+    Samples/s, MB/s and the CPU of every process.
 
     Says what limited the run (oversubscribed, contended, cpu-bound, main-bound, read-bound). With
     --target-rate, says whether the loader keeps up with the model (with headroom) and, if not,
