@@ -14,8 +14,10 @@ from ..imageinfo import DEFAULT_MAX_PIXELS
 from .. import format as fmt
 
 
-def describe_labels(summary: dict, class_count: int) -> str:
-    """The summary line that says how labels were assigned (the --label-type auto rule applied)."""
+def describe_labels(summary: dict, class_count: int, class_order: str | None = None) -> str:
+    """The summary line that says how labels were assigned (the --label-type auto rule applied)
+    and what the other splits need, given how the class names were numbered (``class_order``:
+    ``BuildResult.class_order``; None when unknown)."""
     settings = fmt.recorded_build_settings(summary) or {}
     labels = settings.get("labels") if isinstance(settings.get("labels"), dict) else {}
     source = settings.get("source") if isinstance(settings.get("source"), dict) else {}
@@ -34,6 +36,18 @@ def describe_labels(summary: dict, class_count: int) -> str:
         where = {"webdataset": "the .cls/.json members", "parquet": "the label column", "hf": "the label column"}.get(
             kind, "the manifest")
         return f"labels: integers as written in {where}{why}"
+    if class_order == "source" and not fixed:
+        # a ClassLabel numbers its names: kept in its order, and every split declaring it agrees
+        others = ("the other splits of its DatasetDict declare the same names (checked), so they need no "
+                  "--classes-from" if kind == "hf" else
+                  "splits whose files declare the same ClassLabel names get the same labels (--classes-from "
+                  "this dataset checks that they do)")
+        return (f"labels: {class_count} classes from the source's ClassLabel names, in their order, class-list "
+                f"checksum {checksum}; {others}")
+    if class_order == "splits" and not fixed:
+        return (f"labels: {class_count} classes from the label strings of every split of the DatasetDict, sorted, "
+                f"class-list checksum {checksum}; the other splits are numbered the same way, so they need no "
+                f"--classes-from")
     named = "folder names" if kind == "folder" else "label strings, sorted"
     why = " (auto: labels are not all integers)" if asked == "auto" and kind == "manifest" else ""
     return (f"labels: {class_count} classes{fixed or ' from ' + named}{why}, class-list checksum {checksum}; "
@@ -214,7 +228,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
         echo(f"packed {result.sample_count} samples into {result.shard_count} shard(s) in {out} "
                    f"({result.payload_bytes / 1e6:.1f} MB payload, {result.total_bytes / 1e6:.1f} MB on disk"
                    f"{f', {result.seconds:.1f} s' if result.seconds else ''})", err=True)
-        click.echo(describe_labels(result.summary, len(result.classes)), err=True)
+        click.echo(describe_labels(result.summary, len(result.classes), result.class_order), err=True)
         # The summary's warnings were logged (to stderr) when the source was listed, before packing:
         # not printed again here (they are in --json and the manifest's build record).
         notes = result.summary.get("codec_notes", {})

@@ -128,6 +128,10 @@ def test_html_report_with_verify_says_ok_or_damaged(dataset: Path, tmp_path: Pat
     assert code == 1 and document["ok"] is False and document["html"]["verify_ok"] is False
     page = (tmp_path / "bad.html").read_text("utf-8")
     assert "Verify ran: DAMAGED" in page and "checksum" in page
+    # the shard's own checksum row has no sample and no key: empty cells, never the word None
+    rows = re.findall(r"<tr>(<td>.*?)</tr>", page[page.index('id="verify"'):page.index("</section>")], re.S)
+    assert any("shard-checksum" in row and "<td>0</td><td></td><td></td>" in row for row in rows), rows
+    assert not any("<td>None</td>" in row for row in rows), rows
 
 
 def test_html_option_errors(dataset: Path, tmp_path: Path) -> None:
