@@ -133,6 +133,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("build_cmd", "Pack SOURCE into the dataset folder OUT."),
     "export": ("export_cmd", "Write the samples of DATASET back out to OUT, bytes verbatim."),
     "inspect": ("inspect_cmd", "Summarise DATASET: samples, classes, sizes, rejected files."),
+    "sample-data": ("sampledata_cmd", "Write real sample photographs in class folders to OUT."),
     "verify": ("verify_cmd", "Check every byte of DATASET; exit 0 only if it is intact."),
 }
 COMMAND_MODULES = tuple(module for module, _ in COMMANDS.values())

@@ -58,6 +58,9 @@ def describe_labels(summary: dict, class_count: int, class_order: str | None = N
 #: Padding and headers above this share of a dataset's bytes make the build suggest a smaller
 #: --alignment (32x32 raw pixels at 4096: 25 %; 2 KB PNGs passed through: about half).
 PADDING_ADVICE_SHARE = 0.2
+#: ... and only when the padding is worth a thought (a sample-sized dataset's kilobytes are not):
+#: 50,000 raw 32x32 samples pad 51 MB.
+PADDING_ADVICE_MIN_BYTES = 8 << 20
 #: The alignment the advice suggests: a cache line, so every sample still starts on one.
 SMALL_RECORD_ALIGNMENT = 64
 
@@ -80,7 +83,7 @@ def alignment_advice(result: Any) -> str | None:
         return None
     spent = result.total_bytes - result.payload_bytes
     share = spent / result.total_bytes
-    if share <= PADDING_ADVICE_SHARE:
+    if share <= PADDING_ADVICE_SHARE or spent < PADDING_ADVICE_MIN_BYTES:
         return None
     # at most SMALL_RECORD_ALIGNMENT - 1 bytes a sample, half of it on average, plus the shard headers
     smaller = (result.payload_bytes + samples * SMALL_RECORD_ALIGNMENT // 2

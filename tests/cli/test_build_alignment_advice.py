@@ -27,8 +27,10 @@ def _advice(*args: str) -> list[str]:
     return [line for line in done.output.splitlines() if line.startswith("alignment:")]
 
 
-def test_small_raw_records_get_the_alignment_advice(tmp_path: Path) -> None:
+def test_small_raw_records_get_the_alignment_advice(tmp_path: Path, monkeypatch) -> None:
     source = _folder(tmp_path / "png32", 32)
+    assert _advice(str(source), str(tmp_path / "tiny"), "--codec", "raw", "--size", "32x32") == []  # kilobytes
+    monkeypatch.setattr(packer.cli.build_cmd, "PADDING_ADVICE_MIN_BYTES", 0)  # as if it held 50,000 of them
     (line,) = _advice(str(source), str(tmp_path / "raw"), "--codec", "raw", "--size", "32x32")
     assert "every sample starts on a 4,096-byte boundary; a sample holds 3,072 bytes on average" in line
     assert "With --alignment 64" in line and "Keep 4,096 for O_DIRECT reads" in line and "GPUDirect" in line
