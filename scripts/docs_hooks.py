@@ -11,8 +11,10 @@
   option's real default: click 8.3 keeps an unset default as its ``Sentinel.UNSET`` object,
   which mkdocs-click 0.9 prints as it is (``show_default``, below).
 * **Pages nobody listed**: every ``docs/guides/*.md`` and ``docs/reference/*.md`` that the nav
-  does not name is appended to its section, so a new guide shows up without editing mkdocs.yml
-  (list it there to choose its place).
+  does not name is appended to a section (``AUTO_SECTIONS``: a guide to "More guides", made
+  before "Reference" when needed; the guides are grouped by task, Build, Train, Integrations,
+  Operate), so a new guide shows up without editing mkdocs.yml (list it there to choose its
+  place).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from mkdocs.structure.files import File, Files
 REPO = Path(__file__).resolve().parents[1]
 #: repository file -> the site page generated from it
 GENERATED = {"README.md": "index.md", "formats/SPEC.md": "reference/spec.md", "CHANGELOG.md": "changelog.md"}
-#: nav section -> docs sub-folder whose unlisted pages are appended to it
-AUTO_SECTIONS = {"Guides": "guides", "Reference": "reference"}
+#: docs sub-folder -> the nav section its unlisted pages are appended to (made when missing)
+AUTO_SECTIONS = {"guides": "More guides", "reference": "Reference"}
+#: a section made for unlisted pages goes before this one
+BEFORE = "Reference"
 LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
 
 
@@ -103,13 +107,18 @@ def on_config(config: Any) -> Any:
                     walk(value if isinstance(value, list) else [value])
 
     walk(config["nav"])
-    for entry in config["nav"] or []:
-        if isinstance(entry, dict):
-            for title, items in entry.items():
-                folder = AUTO_SECTIONS.get(title)
-                if folder and isinstance(items, list):
-                    items.extend(f"{folder}/{path.name}" for path in sorted((docs / folder).glob("*.md"))
-                                 if f"{folder}/{path.name}" not in listed)
+    nav = config["nav"]
+    for folder, title in AUTO_SECTIONS.items():
+        missing = [f"{folder}/{path.name}" for path in sorted((docs / folder).glob("*.md"))
+                   if f"{folder}/{path.name}" not in listed]
+        if not missing:
+            continue
+        section = next((entry for entry in nav if isinstance(entry, dict) and title in entry), None)
+        if section is None:
+            at = next((k for k, entry in enumerate(nav) if isinstance(entry, dict) and BEFORE in entry), len(nav))
+            section = {title: []}
+            nav.insert(at, section)
+        section[title].extend(missing)
     return config
 
 

@@ -230,8 +230,13 @@ def test_site_hooks_rewrite_links_and_list_new_pages(tmp_path: Path) -> None:
                                     "reference/spec.md") == "[r](../index.md) [c](../changelog.md)"
     docs = tmp_path / "docs"
     (docs / "guides").mkdir(parents=True)
+    (docs / "reference").mkdir()
     for name in ("listed.md", "new-guide.md"):
         (docs / "guides" / name).write_text(f"# {name}\n")
-    config = {"docs_dir": str(docs), "nav": [{"Home": "index.md"}, {"Guides": ["guides/listed.md"]}]}
+    (docs / "reference" / "new-ref.md").write_text("# new\n")
+    config = {"docs_dir": str(docs), "nav": [{"Home": "index.md"}, {"Build": ["guides/listed.md"]},
+                                             {"Reference": ["reference/cli.md"]}]}
     docs_hooks.on_config(config)
-    assert config["nav"][1] == {"Guides": ["guides/listed.md", "guides/new-guide.md"]}
+    assert config["nav"] == [{"Home": "index.md"}, {"Build": ["guides/listed.md"]},
+                             {"More guides": ["guides/new-guide.md"]},
+                             {"Reference": ["reference/cli.md", "reference/new-ref.md"]}]

@@ -72,3 +72,61 @@ def test_the_command_reference_shows_no_sentinel_and_no_cut_sentence(site: Path,
     assert page_errors(console) == []
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert pixels.shape == (1600, 1200, 3) and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # drawn
+
+
+def _nav_after_hooks() -> list:
+    import yaml
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import docs_hooks
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text("utf-8"))
+    config["docs_dir"] = str(REPO / "docs")
+    docs_hooks.on_config(config)
+    return config["nav"]
+
+
+def _pages(items: object) -> list[str]:
+    if isinstance(items, str):
+        return [items]
+    if isinstance(items, list):
+        return [page for item in items for page in _pages(item)]
+    if isinstance(items, dict):
+        return [page for value in items.values() for page in _pages(value)]
+    return []
+
+
+def test_the_nav_groups_the_guides_lists_every_page_and_keeps_history_under_development() -> None:
+    pytest.importorskip("mkdocs")
+    nav = _nav_after_hooks()
+    sections = {title: _pages(items) for entry in nav for title, items in entry.items()}
+    pages = set(_pages(nav))
+    on_disk = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").rglob("*.md")}
+    assert on_disk <= pages, f"pages left out of the nav: {sorted(on_disk - pages)}"
+    assert {"Build", "Train", "Integrations", "Operate"} <= set(sections), list(sections)
+    assert "Guides" not in sections and "More guides" not in sections  # every guide has its group
+    assert all(page.startswith("guides/") for title in ("Build", "Train", "Integrations", "Operate")
+               for page in sections[title])
+    assert sections["Development"] == ["development.md", "design-notes.md", "performance-history.md"]
+    assert "coming-from.md" in sections[next(t for t in sections if t.startswith("Coming from"))]
+    performance = (REPO / "docs" / "performance.md").read_text("utf-8")
+    assert "## Speed, round" not in performance  # the rounds of past work live in the history page
+
+
+def test_no_code_comment_runs_past_the_code_box() -> None:
+    """A code block's line longer than the box scrolls sideways on the site; where a comment makes
+    it so, the comment goes on a line of its own or says less (110 columns fit)."""
+    fence = re.compile(r"^( *)```\s*([A-Za-z]*)\s*$")
+    long: list[str] = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        in_code, language = False, ""
+        for number, line in enumerate(page.read_text("utf-8").splitlines(), 1):
+            opening = fence.match(line)
+            if opening:
+                in_code, language = (True, opening.group(2).lower()) if not in_code else (bool(opening.group(2)), "")
+                continue
+            if in_code and language in ("python", "sh", "bash") and len(line) > 110 and "  # " in line:
+                long.append(f"{page.relative_to(REPO)}:{number} ({len(line)} columns)")
+    assert not long, long
