@@ -123,7 +123,7 @@ def _write_cifar(root: Path, count: int) -> int:
 
 def _write_manifests(out: Path) -> None:
     train = out / "imagenet" / "train"
-    files = sorted(p.relative_to(train).as_posix() for p in train.rglob("*.jpg"))
+    files = [f"{name}/{path.name}" for name in CLASSES for path in sorted((train / name).iterdir())]
     with open(out / "list.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path", "label", "caption"])
