@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from packer import format as fmt
@@ -379,3 +380,27 @@ def near_copy(pixels: np.ndarray, kind: str, seed: int = 0) -> bytes:
     if kind == "flip":
         return encode(np.ascontiguousarray(pixels[:, ::-1]))
     raise ValueError(kind)
+
+
+# --- headless Chromium (Debian's ``chromium``; ``make test`` installs it) ----------------------------
+
+def chromium() -> str:
+    """The headless browser's command; skips the test without one, unless ``PACKER_REQUIRE_BROWSER=1``
+    (set by ``make test``) makes its absence a failure."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("PACKER_REQUIRE_BROWSER") == "1":
+            pytest.fail("PACKER_REQUIRE_BROWSER=1 but chromium is not installed (apt-get install chromium)")
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def run_chromium(page: Path, profile: Path, *args: str) -> tuple[str, list[str]]:
+    """Load ``page`` headless with a fresh profile; returns stdout and the page's console messages."""
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+               "--enable-logging=stderr", "--v=0", *args, page.resolve().as_uri()]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, console

@@ -15,8 +15,9 @@ DECODE_MODES = ("none", "full", "rrc", "center")
 #: ``map``: ``PackedDataset`` + ``PackedBatchSampler``; ``iterable``: ``PackedIterableDataset``.
 READERS = ("map", "iterable")
 #: ``auto``: torch's DataLoader when torch imports, else the in-process loop; ``torch``: require
-#: torch; ``simple``: the in-process loop (no workers).
-LOADERS = ("auto", "torch", "simple")
+#: torch; ``threaded``: ``packer.threaded.ThreadedLoader`` (batches on threads of this process,
+#: no worker processes; ``workers`` is its thread count); ``simple``: the in-process loop.
+LOADERS = ("auto", "torch", "threaded", "simple")
 #: Encoded images whose median longer side is at most this are "small": decoding them costs
 #: less than the per-sample Python around it, and ``--codec raw`` (decoded pixels, batched
 #: crops) is the fast path.
@@ -35,7 +36,8 @@ class BenchOptions:
 
     Attributes:
         batch_size: samples per batch.
-        workers: DataLoader worker processes (``None``: the cores this process may use).
+        workers: DataLoader worker processes, or ``ThreadedLoader``'s threads with
+            ``loader="threaded"`` (``None``: the cores this process may use).
         order: ``sequential``, ``random`` or ``block`` (see ``packer.order``).
         decode: one of ``DECODE_MODES``.
         size: output size of the ``rrc`` and ``center`` transforms (``None``: ``default_size``,
@@ -119,6 +121,12 @@ class BenchResult:
     diagnosis: str | None = None
     #: Bytes the run's processes read from storage while timed (``/proc/<pid>/io``), or None.
     storage_bytes: int | None = None
+    #: ``ThreadedLoader``'s threads (``loader="threaded"``; ``workers`` is then 0), else None.
+    threads: int | None = None
+    #: Batches in one epoch of the measured reader (the last one may be short).
+    batches_per_epoch: int | None = None
+    #: Workers that ran or waited for a CPU less than a tenth of the time: they had no batch.
+    idle_workers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,7 +17,7 @@ from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
 from ..machine import available_cpus
 from ..order import epoch_order, index_blocks
-from .diagnosis import advise, diagnose, format_counts, raw_codec_note, small_dataset_note
+from .diagnosis import advise, diagnose, format_counts, idle_note, idle_workers, raw_codec_note, small_dataset_note
 from .options import DEFAULT_SIZE, HEADROOM, BenchOptions, BenchResult
 from .procstat import child_pids, process_cpu_seconds, run_queue_seconds, storage_read_bytes
 
@@ -68,6 +68,7 @@ class _Batches:
 
     def __init__(self) -> None:
         self.batch_bytes: list[int] = []
+        self.batches_per_epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -95,6 +96,7 @@ class _TorchBatches(_Batches):
             sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=options.order,
                                          seed=options.seed, rank=0, world_size=1)
             recorder = _RecordingSampler(sampler, sizes, self.batch_bytes)
+            self.batches_per_epoch = len(sampler)
             self.loader = torch_data.DataLoader(data, batch_sampler=recorder, collate_fn=collate,
                                                 **common)
             self._epoch_setter = sampler.set_epoch
@@ -105,6 +107,7 @@ class _TorchBatches(_Batches):
             self.loader = torch_data.DataLoader(data, batch_size=None, **common)
             self._iterable = data
             self._epoch_setter = data.set_epoch
+            self.batches_per_epoch = data.plan().num_batches
         self._sizes = sizes
         self._reader = options.reader
 
@@ -123,6 +126,31 @@ class _TorchBatches(_Batches):
         iterator = getattr(self.loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+class _ThreadedBatches(_Batches):
+    """``packer.threaded.ThreadedLoader``: batches made on threads of this process, no hand-off."""
+
+    def __init__(self, dataset: Dataset, options: BenchOptions, threads: int, size: tuple[int, int]) -> None:
+        super().__init__()
+        from ..threaded import ThreadedLoader
+
+        self.loader = ThreadedLoader(dataset, batch_size=options.batch_size, decode=_decoder(options, size),
+                                     layout=options.layout, order=options.order, seed=options.seed, rank=0,
+                                     world_size=1, threads=threads, pin_memory=options.pin_memory,
+                                     fields=("image", "label", "index"))
+        self._sizes = dataset.index.size
+        self.batches_per_epoch = len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = 0
+        while True:
+            self.loader.set_epoch(epoch)
+            for batch in self.loader:
+                indices = np.asarray(batch["index"])
+                self.batch_bytes.append(int(self._sizes[indices].sum()))
+                yield batch["image"], indices
+            epoch += 1
 
 
 class _RecordingSampler:
@@ -162,6 +190,7 @@ class _SimpleBatches(_Batches):
         ix = dataset.index
         self.blocks = (index_blocks(ix.offset, ix.size, ix.shard, 4 << 20)
                        if options.order == "block" else None)
+        self.batches_per_epoch = math.ceil(len(dataset) / options.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         dataset, options, decode, codec = self.dataset, self.options, self.decode, self.codec
@@ -230,20 +259,23 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     cores = available_cpus()
     notes: list[str] = []
     loader = options.loader
-    if loader in ("auto", "torch"):
+    if loader in ("auto", "torch", "threaded"):
         try:
             import torch  # noqa: F401
         except ImportError:
-            if loader == "torch":
+            if loader != "auto":
                 raise MissingDependencyError(
-                    "--loader torch needs PyTorch: pip install 'packer-shards[torch]'") from None
+                    f"--loader {loader} needs PyTorch: pip install 'packer-shards[torch]'") from None
             loader = "simple"
             notes.append("torch is not installed: measured a plain in-process loop (one process, "
                          "no DataLoader workers); pip install 'packer-shards[torch]' to measure the "
                          "DataLoader a training job would use")
         else:
-            loader = "torch"
-    workers = 0 if loader == "simple" else (cores if options.workers is None else options.workers)
+            loader = "threaded" if loader == "threaded" else "torch"
+    threads = None
+    if loader == "threaded":  # --workers counts its threads; the batches are made in this process
+        threads = max(1, cores if options.workers is None else options.workers)
+    workers = 0 if loader in ("simple", "threaded") else (cores if options.workers is None else options.workers)
     if loader == "simple" and options.workers:
         notes.append(f"--workers {options.workers} ignored: the in-process loop has no workers")
     raw_note = raw_codec_note(dataset)
@@ -262,9 +294,11 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
 
     others = set(child_pids())  # children from before this run (a caller's own workers) are not ours
     source: _Batches = (_TorchBatches(dataset, options, workers, size) if loader == "torch"
+                        else _ThreadedBatches(dataset, options, threads or 1, size) if loader == "threaded"
                         else _SimpleBatches(dataset, options, size))
     shown_size = f" {size[0]}x{size[1]}" if crops else ""
-    say(f"benchmarking {path}: {len(dataset)} samples, loader {loader}, {workers} worker(s), "
+    hands = f"{threads} thread(s)" if threads else f"{workers} worker(s)"
+    say(f"benchmarking {path}: {len(dataset)} samples, loader {loader}, {hands}, "
         f"batch {options.batch_size}, order {options.order}, decode {options.decode}{shown_size}, "
         f"backend {options.backend}; {options.warmup} warm-up + {options.batches} timed batches")
     iterator: Any = iter(source)
@@ -311,7 +345,12 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         main_wait=main_wait_list[0] if main_wait_list else None, target_rate=options.target_rate,
         notes=notes, codec=str(dataset.manifest.codec.get("name", "")), formats=formats,
         image_size=None if stored is None else list(stored), size=list(size) if crops else None,
-        storage_bytes=int(sum(reads)) if reads else None)
+        storage_bytes=int(sum(reads)) if reads else None, threads=threads,
+        batches_per_epoch=source.batches_per_epoch)
+    result.idle_workers = idle_workers(result)
+    note = idle_note(result)
+    if note is not None:
+        result.notes.append(note)
     result.diagnosis = diagnose(result)
     if options.target_rate is not None:
         result.required_rate = round(HEADROOM * options.target_rate, 3)

@@ -22,7 +22,9 @@ from .options import json_option, location_type, path_type, quiet_option, verbos
 @json_option("Print the summary as JSON on stdout.")
 def append_command(dataset: Location, source: Path, root: Path | None, workers: int | None, seed: int | None,
                    quiet: bool, as_json: bool, verbose: bool) -> None:
-    """Append the images of SOURCE (folder or manifest) to DATASET as new shards.
+    """Append the images of SOURCE to DATASET as new shards.
+
+    SOURCE is a folder or a manifest.
 
     Existing shards are never rewritten; readers of the previous version are unaffected. New class
     names get new label ids; existing ids never change. `packer inspect` shows the history.

@@ -34,8 +34,9 @@ __all__ = ["export_command"]
 def export_command(dataset: Location, out: Location, target: str, classes: str | None, samples: str | None,
                    keys: Path | None, samples_per_shard: int, overwrite: bool, skip_unsafe: bool,
                    as_json: bool) -> None:
-    """Write the samples of DATASET to OUT: the stored bytes verbatim, keys as names, labels as
-    class folders (folder, tar) or .cls members (webdataset).
+    """Write the samples of DATASET back out to OUT, bytes verbatim.
+
+    Keys become names, labels class folders (folder, tar) or .cls members (webdataset).
 
     Every name is checked before anything is written; a sample the target cannot hold safely
     (unsafe name, collision, a value a build would not read back) refuses the export (exit 2)

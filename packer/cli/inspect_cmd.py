@@ -188,8 +188,10 @@ def inspect_command(dataset: Location, as_json: bool, sample: str | None, extrac
                     boxes: str | None, mask: str | None, box_format: str, box_normalized: bool,
                     html: Path | None, run_verify: bool, duplicates: bool = False, against: tuple = (),
                     threshold: int | None = None, flips: bool = False) -> None:
-    """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
-    image sizes, declared fields (their table and statistics) and rejected files. Never reads
+    """Summarise DATASET: samples, classes, sizes, rejected files.
+
+    Shards, bytes, build options, image sizes, declared fields (their table and statistics) and
+    rejected files, from the manifest and the index: never reads
     the shards unless asked for sample bytes. The contact sheet (--grid) outlines boxes and
     overlays masks of declared fields.
 

@@ -24,8 +24,10 @@ __all__ = ["verify_command"]
 @verbose_option()
 def verify_command(dataset: Location, decode: bool, workers: int | None, as_json: bool, quiet: bool,
                    verbose: bool, max_pixels: int | None) -> None:
-    """Check DATASET completely: manifest and index structure, every shard header, size and
-    checksum, every sample checksum, zero padding, and with --decode every image. Declared
+    """Check every byte of DATASET; exit 0 only if it is intact.
+
+    Manifest and index structure, every shard header, size and checksum, every sample checksum,
+    zero padding, and with --decode every image. Declared
     fields too: image fields' shards like the main ones, text values UTF-8, class sets sorted.
     Names each damaged sample (number, shard, field, key, what is wrong). Exit status 0:
     intact; 1: damaged."""

@@ -100,6 +100,12 @@ def _table(rows: list[tuple[str, Any]]) -> str:
                                for name, value in rows) + "</table>"
 
 
+def _cell(value: Any) -> str:
+    """A problem's shard, sample or key: an empty cell where it has none (a whole shard's checksum
+    names no sample), never the word None."""
+    return "" if value is None else text(value)
+
+
 def _verify_section(verify: dict[str, Any] | None) -> str:
     if verify is None:
         return ('<section id="verify"><div class="status unknown">Verify did not run for this report: '
@@ -112,8 +118,8 @@ def _verify_section(verify: dict[str, Any] | None) -> str:
         return (f'<section id="verify"><div class="status ok">Verify ran: OK. {text(checked)} '
                 f"({text(speed)}); every checksum matched.</div></section>")
     problems = verify["problems"]
-    rows = "".join(f"<tr><td>{text(p['kind'])}</td><td>{text(p.get('shard', ''))}</td>"
-                   f"<td>{text(p.get('sample', ''))}</td><td>{text(p.get('key') or '')}</td>"
+    rows = "".join(f"<tr><td>{text(p['kind'])}</td><td>{_cell(p.get('shard'))}</td>"
+                   f"<td>{_cell(p.get('sample'))}</td><td>{_cell(p.get('key'))}</td>"
                    f"<td>{text(p['message'], 1000)}</td></tr>" for p in problems[:_PROBLEMS_SHOWN])
     more = (f'<p class="note">... {len(problems) - _PROBLEMS_SHOWN:,} more problems: run '
             "<code>packer verify DATASET</code>.</p>" if len(problems) > _PROBLEMS_SHOWN else "")

@@ -14,7 +14,7 @@ addressed by URL. The parts, each a module:
 - ``upload``: ``packer build``/``append`` to a URL (shards, index, manifest last) and ``mirror``.
 
 Nothing here is imported by ``import packer``; the transports are imported when a URL is opened,
-and a missing one says ``pip install 'packer-shards[remote]'``.
+and a missing one names the extra for its URL (``[s3]``, ``[gcs]``, ``[azure]``, ``[http]``; ``[remote]``: all).
 """
 
 from __future__ import annotations

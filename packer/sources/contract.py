@@ -238,6 +238,9 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
     _member_bounds(raw, keep, rows)
     _sizes(raw, options, keep, rows)
     classes, labels, label_type = _labels(raw, options, declared, keep, rows)
+    class_order = None if label_type != "str" else (
+        "given" if options.labels.classes else "source" if raw.declared_numbering
+        else "splits" if raw.declared_across_splits else "sorted")
     rejected = list(raw.rejected) + [Rejection(raw.key(row), reason, message) for row, reason, message in sorted(rows)]
     if options.on_error == "fail":
         strict = [(row, reason, message) for row, reason, message in sorted(rows)
@@ -255,7 +258,8 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
         return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=raw.key_blob,
                              key_offsets=raw.key_offsets, sizes=raw.sizes, labels=labels, meta_blob=raw.meta_blob,
                              meta_offsets=raw.meta_offsets, rejected=rejected, label_type=label_type,
-                             warnings=list(raw.warnings), stamps=raw.stamps, members=raw.members, fields=raw.fields)
+                             warnings=list(raw.warnings), stamps=raw.stamps, members=raw.members, fields=raw.fields,
+                             class_order=class_order)
     keys, key_offsets = gather_blob(raw.key_blob, raw.key_offsets, selected)
     meta, meta_offsets = gather_blob(raw.meta_blob, raw.meta_offsets, selected)
     return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=keys, key_offsets=key_offsets,
@@ -263,7 +267,8 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
                          meta_offsets=meta_offsets, rejected=rejected, label_type=label_type,
                          warnings=list(raw.warnings), stamps=raw.stamps[selected],
                          members=raw.members.select(selected) if raw.members is not None else None,
-                         fields=raw.fields.select(selected) if raw.fields is not None else None)
+                         fields=raw.fields.select(selected) if raw.fields is not None else None,
+                         class_order=class_order)
 
 
 # --- 1. declared classes ------------------------------------------------------------------------------

@@ -340,6 +340,7 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     elif string_labels and siblings:
         # one class list across the splits: every split declares the names found in all of them
         out.declared_classes = tuple(sorted(_string_labels([path, *siblings], label_column), key=str.encode))
+        out.declared_across_splits = True
 
     spool_dir = door.spool_dir
     spool_dir.mkdir(parents=True, exist_ok=True)

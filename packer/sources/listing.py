@@ -177,6 +177,8 @@ class RawListing:
             empty class folder; a HuggingFace ``ClassLabel`` list).
         declared_numbering: the source numbers ``declared_classes``: its integer label ``k``
             means ``declared_classes[k]`` (``ClassLabel``); otherwise they only join the names found.
+        declared_across_splits: ``declared_classes`` are the label strings of every split the
+            source belongs to (a Hugging Face ``DatasetDict``), so each split numbers them alike.
         declared_unlabeled: the kind of source has no main labels at all (COCO: the objects'
             categories are a field), so a class list cannot apply to it.
         warnings: things the user should know before a long build.
@@ -201,6 +203,7 @@ class RawListing:
     rejected: list[Rejection] = field(default_factory=list)
     declared_classes: tuple[str, ...] = ()
     declared_numbering: bool = False
+    declared_across_splits: bool = False
     declared_unlabeled: bool = False
     warnings: list[str] = field(default_factory=list)
     members: MemberTable | None = None
@@ -325,6 +328,11 @@ class SourceListing:
             at the same size. Empty when the listing records none.
         members: where each entry lives inside an archive source (sources/members.py); None for
             a folder or manifest, whose keys are paths.
+        class_order: for class-name labels, how ``classes`` were numbered:
+            ``"given"`` (``--classes``, ``--classes-from``, an append's dataset), ``"source"`` (the
+            source's own numbering, a ``ClassLabel``, kept in its order), ``"splits"`` (the label
+            strings of every split of the source, sorted) or ``"sorted"`` (the names found here,
+            sorted); None for integer labels, none, or a plan saved before it was recorded.
     """
 
     root: Path
@@ -343,6 +351,7 @@ class SourceListing:
     members: MemberTable | None = None
     #: Declared fields' values per entry (sources/fieldvalues.py); None without ``--field``.
     fields: FieldTable | None = None
+    class_order: str | None = None
 
     def stamp(self, i: int) -> int:
         """Entry ``i``'s ``file_stamp`` at listing time, 0 when not recorded."""
@@ -409,4 +418,5 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          stamps=listing.stamps[rows] if len(listing.stamps) == len(listing.sizes)
                          else np.zeros(0, dtype=np.uint64),
                          members=listing.members.select(rows) if listing.members is not None else None,
-                         fields=listing.fields.select(rows) if listing.fields is not None else None)
+                         fields=listing.fields.select(rows) if listing.fields is not None else None,
+                         class_order=listing.class_order)

@@ -50,6 +50,8 @@ class BuildResult:
     already_complete: bool = False
     #: for ``already_complete``: the source was spot-checked against the recorded file sizes.
     source_verified: bool = True
+    #: how the class names were numbered (``SourceListing.class_order``); None when unknown.
+    class_order: str | None = None
 
 
 
@@ -111,11 +113,13 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["warnings"] = list(listing.warnings)
     if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
         build_info["codec_notes"] = dict(sorted(notes.items()))
-    return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
-                          alignment=settings.layout.alignment, build_info=build_info, rejected=rejected,
-                          history=list(history), cleanup=cleanup,
-                          max_pixels=recorded_max_pixels(settings.checks.max_pixels),
-                          fields=fields)
+    result = commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
+                            alignment=settings.layout.alignment, build_info=build_info, rejected=rejected,
+                            history=list(history), cleanup=cleanup,
+                            max_pixels=recorded_max_pixels(settings.checks.max_pixels),
+                            fields=fields)
+    result.class_order = listing.class_order
+    return result
 
 
 def _field_declarations(listing: SourceListing, headers: Sequence[dict[str, Any]]) -> tuple[fmt.FieldSpec, ...]:

@@ -112,6 +112,8 @@ def _plan_header(plan: BuildPlan) -> bytes:
         "label_type": plan.listing.label_type,
         "warnings": plan.listing.warnings,
     }
+    if plan.listing.class_order is not None:  # how the class names were numbered (the build's summary says)
+        header["class_order"] = plan.listing.class_order
     if plan.source_probes is not None:
         header["source_probes"] = plan.source_probes
     if plan.listing.members is not None:  # an archive source: where its members live
@@ -181,6 +183,7 @@ def load_plan(path: Path, root: Path, *, source: SourceSettings | None = None) -
             labels=columns["labels"], meta_blob=columns["meta"], meta_offsets=columns["meta_offsets"],
             rejected=[Rejection(**r) for r in header["rejected"]],
             label_type=header.get("label_type", "str"), warnings=list(header.get("warnings", [])),
+            class_order=header.get("class_order") if isinstance(header.get("class_order"), str) else None,
             stamps=columns.get("stamps", np.zeros(0, dtype=np.uint64)),
             members=members_from_columns(columns, header.get("members")))
         if "fields" in header:

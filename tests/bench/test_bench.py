@@ -25,7 +25,7 @@ _register()
 FIELDS = {"advice", "batches", "codec", "cores", "dataset", "diagnosis", "formats", "image_size", "loader",
           "main_cpu", "main_wait", "mb_per_s", "meets_target", "notes", "num_samples", "options", "payload_bytes",
           "required_rate", "samples", "samples_per_s", "seconds", "size", "storage_bytes", "target_rate",
-          "worker_cpu", "worker_wait", "workers"}
+          "worker_cpu", "worker_wait", "workers", "threads", "batches_per_epoch", "idle_workers"}
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,41 @@ def test_torch_dataloader_with_a_worker_process(dataset: Path) -> None:
     assert bench["worker_cpu"] is not None and len(bench["worker_cpu"]) == 1
     assert 0 <= bench["worker_cpu"][0] <= 1.5
     assert "workers" in err
+
+
+@pytest.mark.parametrize("decode", ["rrc", "none", "full"])
+def test_threaded_loader_is_measured(dataset: Path, decode: str) -> None:
+    """--loader threaded: ThreadedLoader's batches on threads of this process (--workers its threads)."""
+    pytest.importorskip("torch")
+    _, doc, err = run_cli(str(dataset), "-b", "5", "-n", "6", "--warmup", "1", "--size", "24", "--decode", decode,
+                          "--loader", "threaded", "-j", "2", "--target-rate", "1e9")
+    bench = doc["bench"]
+    assert bench["loader"] == "threaded" and bench["threads"] == 2 and bench["workers"] == 0
+    assert bench["worker_cpu"] is None and bench["samples"] == 29 and bench["payload_bytes"] > 0  # 4 + 5 short
+    assert bench["batches_per_epoch"] == 5 and bench["main_cpu"] > 0  # 24 samples in batches of 5
+    assert "loader      threaded, 2 thread(s)" in err and "TOO SLOW" in err
+    assert not any("install torch" in item or "use more workers" in item for item in bench["advice"])
+
+
+def test_idle_workers_are_counted_and_named(dataset: Path) -> None:
+    """4 workers on 24 samples in batches of 12: 2 batches an epoch, so workers 2 and 3 get none.
+
+    Each still wakes once an epoch (persistent workers are told of every new epoch), and on a
+    loaded machine such a short run can put them over the idle threshold: the count is checked
+    against the measurement, and the note against the count (the advice table checks the text
+    for the issue's run)."""
+    pytest.importorskip("torch")
+    _, doc, err = run_cli(str(dataset), "-b", "12", "-n", "16", "--warmup", "2", "--decode", "full", "-j", "4")
+    bench = doc["bench"]
+    assert bench["batches_per_epoch"] == 2
+    idle = sum(1 for c, w in zip(bench["worker_cpu"], bench["worker_wait"]) if c + w < 0.1)
+    assert bench["idle_workers"] == idle
+    noted = [note for note in bench["notes"] if "workers sat idle" in note]
+    if idle:
+        assert f"{idle} of 4 workers sat idle" in err
+        assert noted and "an epoch of 24 samples holds 2 batches of 12" in noted[0], bench["notes"]
+    else:
+        assert not noted
 
 
 @pytest.mark.parametrize("reader,decode", [("map", "full"), ("iterable", "rrc"),

@@ -29,6 +29,8 @@ LAYERS = {
     "errors": 0, "_version": 0, "_rawresample": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
     "format": 2, "order": 2,
     "files": 3, "pillowformats": 3, "imageheaders": 3,
+    # the photographs the guides are followed with (numpy, Pillow, the errors)
+    "sampledata": 3,
     "imageinfo": 4, "backends": 4,
     # object storage: URLs, transports, the node cache (below the reader that opens URLs)
     "remote": 5,
@@ -47,7 +49,9 @@ LAYERS = {
     "sources": 9, "writer": 10,
     # readers, checkers and converters over a dataset
     "torch": 10, "dali": 10, "verify": 10, "export": 10, "inspect": 10,
-    "threaded": 11, "gpu": 11, "bench": 11,
+    "threaded": 11, "gpu": 11,
+    # bench times every reader, ThreadedLoader included (--loader threaded)
+    "bench": 11.5,
     # integrations with other frameworks: over the torch readers, or over the dataset and orders
     "lightning": 11, "grain": 11, "tvtensors": 11,
     # the shells

@@ -48,6 +48,7 @@ WALK: dict[tuple[str, str], tuple[list[str], str]] = {
     ("inspect", "html"): (["inspect", "{url}", "--html", "{new}/report.html"], "--html"),
     ("inspect", "against"): (["inspect", "{ds}", "--duplicates", "--against", "{url}"], "leak"),
     ("verify", "dataset"): (["verify", "{url}"], "works"),
+    ("sample-data", "out"): (["sample-data", "{new}"], "OUT"),
     ("bench", "dataset"): (["bench", "{url}", "-b", "8", "-n", "2", "--warmup", "0", "--decode", "none",
                             "--loader", "simple", "-j", "0"], "works"),
 }

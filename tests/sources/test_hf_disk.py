@@ -230,3 +230,41 @@ def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
     with pytest.raises(MissingDependencyError, match=r"needs pyarrow: pip install 'packer-shards\[hf\]'"):
         _build(folder, tmp_path / "no-pyarrow")
+
+
+def test_the_build_summary_says_how_the_class_names_were_numbered(tmp_path):
+    """A ClassLabel keeps its own order and its splits need no --classes-from (the guide says so);
+    string labels are numbered across the DatasetDict's splits; a lone split's strings are sorted."""
+    from click.testing import CliRunner
+
+    import packer.cli.build_cmd  # noqa: F401  (registers the command)
+    from packer.cli import cli
+
+    image = hf.Image()
+
+    def split(labels, feature):
+        return hf.Dataset.from_dict({"image": [{"bytes": _png(i), "path": f"{i}.png"} for i in range(len(labels))],
+                                     "label": labels}, features=hf.Features({"image": image, "label": feature}))
+
+    names = hf.ClassLabel(names=["zebra", "cat", "owl"])  # not sorted: kept in this order
+    hf.DatasetDict({"train": split([0, 1, 2, 0], names), "val": split([2], names)}).save_to_disk(str(tmp_path / "named"))
+    strings = hf.Value("string")
+    hf.DatasetDict({"train": split(["b", "a"], strings), "val": split(["c"], strings)}).save_to_disk(
+        str(tmp_path / "strings"))
+    split(["b", "a"], strings).save_to_disk(str(tmp_path / "lone"))
+
+    def summary(source: str) -> str:
+        done = CliRunner().invoke(cli, ["build", str(tmp_path / source), str(tmp_path / f"out-{source.replace('/', '-')}"),
+                                        "--quiet", "--workers", "1"])
+        assert done.exit_code == 0, done.output
+        return next(line for line in done.output.splitlines() if line.startswith("labels:"))
+
+    line = summary("named/train")
+    assert "3 classes from the source's ClassLabel names, in their order" in line, line
+    assert "need no --classes-from" in line and "sorted" not in line and "build other splits" not in line
+    assert packer.open_dataset(tmp_path / "out-named-train").classes == ("zebra", "cat", "owl")
+    line = summary("strings/train")
+    assert "3 classes from the label strings of every split of the DatasetDict, sorted" in line, line
+    assert "need no --classes-from" in line
+    line = summary("lone")
+    assert "2 classes from label strings, sorted" in line and "build other splits with --classes-from" in line

@@ -356,11 +356,12 @@ def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> No
     loaded = load_plan(path, src).listing
     assert loaded.warnings == [split_folder_warning(["train", "val"])] == listing.warnings
     assert loaded.label_type == listing.label_type
+    assert loaded.class_order == listing.class_order == "sorted"  # folder names (the build's summary says)
     assert loaded.stamps.tolist() == listing.stamps.tolist() and len(loaded.stamps) == 4
     assert loaded.stamps.dtype == np.uint64
-    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings")))  # a plan from before these fields
+    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings"), h.pop("class_order")))  # before these
     older = load_plan(path, src).listing
-    assert older.label_type == "str" and older.warnings == []
+    assert older.label_type == "str" and older.warnings == [] and older.class_order is None
 
 
 def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
