@@ -242,10 +242,10 @@ def test_file_system_without_o_direct(datasets: dict, monkeypatch: pytest.Monkey
     path = datasets["passthrough", 4096]
     real_open = os.open
 
-    def refusing_open(target: object, flags: int, *args: object) -> int:
+    def refusing_open(target: object, flags: int, *args: object, **kwargs: object) -> int:
         if flags & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(target, flags, *args)
+        return real_open(target, flags, *args, **kwargs)  # dir_fd=: files are opened below a folder handle
 
     monkeypatch.setattr(direct.os, "open", refusing_open)
     with open_dataset(path, backend="direct") as ds:
