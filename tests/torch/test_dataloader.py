@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -300,23 +300,68 @@ def test_spawned_workers_get_the_dataset_by_pickle_and_follow_set_epoch(packed: 
 
 # --- memory ---------------------------------------------------------------------------------------
 
-def _worker_own_memory(dataset, *, iterable: bool, samples: int = 96) -> int:
+def _own_memory_after_trim() -> int:
+    """This process's private anonymous memory after glibc hands its free heap back.
+
+    Why trim: the worker computes its share of the epoch from a full int64 permutation and frees
+    it; at 100k samples those temporaries (under glibc's 32 MiB mmap ceiling) land on the brk
+    heap, and whether the freed heap is returned depends on what small object was allocated above
+    it: the same run measured 16.7 or 18.4 MiB. What the worker *keeps* is the claim; malloc_trim
+    makes the measurement of it repeatable.
+    """
+    import ctypes
+
     import bench_memory
 
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return bench_memory.worker_memory(os.getpid())["own"]
+
+
+class _MeasuringIterable(torch.utils.data.IterableDataset):
+    """Yields the wrapped dataset's batches, then one ``("own memory", bytes)`` taken in the worker."""
+
+    def __init__(self, dataset, samples: int) -> None:
+        self.dataset, self.samples = dataset, samples
+
+    def __iter__(self):
+        seen = 0
+        for images, labels in self.dataset:
+            yield images, labels
+            seen += len(images)
+            if seen >= self.samples:
+                break
+        yield "own memory", _own_memory_after_trim()
+
+
+class _MeasuringMap(torch.utils.data.Dataset):
+    """The wrapped map-style dataset; index -1 is the worker's own memory, taken in the worker."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return ("own memory", _own_memory_after_trim()) if index == -1 else self.dataset[index]
+
+
+def _collate_or_measurement(batch):
+    return batch[0] if batch[0][0] == "own memory" else collate(batch)
+
+
+def _worker_own_memory(dataset, *, iterable: bool, samples: int = 96) -> int:
     if iterable:
-        loader = DataLoader(dataset, batch_size=None, num_workers=1, persistent_workers=True)
+        loader = DataLoader(_MeasuringIterable(dataset, samples), batch_size=None, num_workers=1)
     else:
         rng = np.random.default_rng(0)
-        loader = DataLoader(dataset, sampler=rng.choice(len(dataset), samples, replace=False).tolist(),
-                            batch_size=16, num_workers=1, persistent_workers=True, collate_fn=collate)
-    iterator = iter(loader)
-    seen = 0
-    for images, _ in iterator:
-        seen += len(images)
-        if seen >= samples:
-            break
-    time.sleep(0.1)
-    return bench_memory.worker_memory(iterator._workers[0].pid)["own"]
+        order = rng.choice(len(dataset), samples, replace=False).tolist()
+        batches = [order[i:i + 16] for i in range(0, samples, 16)] + [[-1]]
+        loader = DataLoader(_MeasuringMap(dataset), batch_sampler=batches, num_workers=1,
+                            collate_fn=_collate_or_measurement)
+    measured = [own for tag, own in loader if isinstance(tag, str)]
+    assert len(measured) == 1, measured
+    return measured[0]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps")
