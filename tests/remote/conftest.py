@@ -127,12 +127,13 @@ def s3(loopback_s3: LoopbackS3, request: pytest.FixtureRequest) -> Iterator[Loop
     import zlib
 
     loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, seed=0, methods=["GET"], slow_s=0.3,
-                          faults=["reset", "500", "503", "429", "truncate", "slow"])
+                          faults=["reset", "500", "503", "429", "truncate", "slow"], trickle_s=0.5,
+                          spare_manifest=True, paths=None)
     loopback_s3.reset()
     loopback_s3.bucket = f"t{zlib.crc32(request.node.nodeid.encode()):08x}"  # type: ignore[attr-defined]
     loopback_s3.create_bucket(loopback_s3.bucket)  # type: ignore[attr-defined]
     yield loopback_s3
-    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0)
+    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, spare_manifest=True, paths=None)
 
 
 def options_for(server: LoopbackS3, cache: Path, **changes: Any) -> RemoteOptions:
@@ -153,6 +154,31 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_images(root / "src", {"cat": 40, "dog": 40, "eel": 40}, size=40)
     build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10), workers=1)
     return root / "ds"
+
+
+@pytest.fixture
+def plain_http(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A web server that does not serve byte ranges (``python -m http.server``'s handler: a Range
+    request gets 200 and the whole file) on 127.0.0.1, serving a fresh folder: (base URL, folder)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    folder = tmp_path / "www"
+    folder.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield check_loopback(f"http://127.0.0.1:{server.server_address[1]}"), folder
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def fake_fsspec_store(monkeypatch: pytest.MonkeyPatch, protocol: str, module: str, class_name: str) -> type:

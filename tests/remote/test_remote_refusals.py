@@ -132,7 +132,7 @@ def test_an_upload_over_a_dataset_or_a_changed_one_is_refused(s3, small_dataset,
     def replace_base(relative, size):
         client.put_object(Bucket=s3.bucket, Key="ds/manifest.json", Body=current.replace(b"{", b"{ ", 1))
 
-    with pytest.raises(DatasetChangedError, match="changed while the append was being uploaded; nothing was committed"):
+    with pytest.raises(DatasetChangedError, match=r"changed while the append was being uploaded \(another writer committed first\); nothing was committed"):
         upload_dataset(other, url, options, expect_manifest=current, on_object=replace_base)
     body = client.get_object(Bucket=s3.bucket, Key="ds/manifest.json")["Body"].read()
     assert body == current.replace(b"{", b"{ ", 1)  # the other dataset's manifest never landed
