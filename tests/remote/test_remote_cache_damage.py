@@ -113,3 +113,26 @@ def test_a_damaged_cached_index_or_header_is_fetched_again(s3, cached):
     paths = [(e["path"], e["range"]) for e in s3.log() if e["method"] == "GET"]
     assert sum(1 for path, _ in paths if path.endswith(index_name)) == 1  # the index, again, once
     assert any(path.endswith(shard_name) and rng == "bytes=0-63" for path, rng in paths)  # the header, again
+
+
+@pytest.mark.parametrize("how", ["flip", "zero", "truncate"])
+def test_a_file_this_process_checked_is_checked_again_once_it_changes(s3, cached, monkeypatch, how):
+    """A reopened dataset does not hash again what this process already checked (the warm path of a
+    restart loop), unless the file changed since (its inode, size, mtime or ctime)."""
+    import time
+
+    url, cache, expect = cached
+    time.sleep(0.1)  # the files have settled (file times tick coarsely)
+    with packer.open_dataset(url, remote=options_for(s3, cache)) as remote:
+        assert [bytes(remote.get(i)) for i in range(len(remote))] == expect  # checked, remembered
+    hashed = []
+    check = RemoteFiles._first_bad_sample
+    monkeypatch.setattr(RemoteFiles, "_first_bad_sample",
+                        lambda self, family, extent, piece: hashed.append(extent) or check(self, family, extent, piece))
+    with packer.open_dataset(url, remote=options_for(s3, cache)) as remote:
+        assert [bytes(remote.get(i)) for i in range(len(remote))] == expect
+    assert hashed == []  # nothing hashed twice
+    damage(_extent_files(cache)[1], how)
+    with packer.open_dataset(url, remote=options_for(s3, cache)) as remote:
+        assert [bytes(remote.get(i)) for i in range(len(remote))] == expect
+        assert remote.remote_stats()["repaired"] == 1
