@@ -36,7 +36,7 @@ from ..classes import split_folder_warning
 from ..errors import SourceError
 from ..fields import FieldSpec
 from ..files import open_nonblocking, read_fd_capped
-from ..names import ESCAPED_META, escape_name
+from ..names import ESCAPED_META, escape_name, is_plain
 from .fieldvalues import FieldRowBuilder
 from .listing import DoorOptions, RawListing, RawListingBuilder, file_stamp
 from .sidefiles import SideMember, assemble_sample, read_limit, split_key
@@ -110,7 +110,7 @@ def _walk_class(folder: Path, relative: str, label: tuple[int, int], out: RawLis
                 stack.append((child, rel, parents | {ident}))
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
-            if key is None:  # not UTF-8: packed under its reversible escaped key (packer/names.py)
+            if key is None or not is_plain(key):  # packed under its one-to-one escaped key (packer/names.py)
                 out.add(escape_name(os.fsencode(rel)).encode(), st.st_size, label, ESCAPED_META)
                 continue
             out.add(key, st.st_size, label, stamp=file_stamp(st))

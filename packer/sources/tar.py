@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..errors import BuildError, PackerError, SourceError
-from ..names import ESCAPED_FIELD, is_utf8
+from ..names import ESCAPED_FIELD, is_plain
 from .archive_listing import MAX_EXPANSION, _Listing, _member_name, _not_a_file
 from .listing import DoorOptions, RawListing
 from .members import container_stat
@@ -303,8 +303,9 @@ class _Chain(io.RawIOBase):
 
 
 def _name_meta(raw: str) -> bytes:
-    """The metadata of a member whose name is not UTF-8: the ``packer.names`` marker."""
-    return b"" if is_utf8(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()
+    """The metadata of a member whose name is not plain (not UTF-8, or holding ``%XX``): the
+    ``packer.names`` marker."""
+    return b"" if is_plain(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()
 
 
 def _list_inner_tar(handle: IO[bytes], member: tarfile.TarInfo, name: str, out: _Listing, container: int, *,

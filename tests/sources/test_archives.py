@@ -132,7 +132,7 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         add(archive, "cat/hard.jpg", kind=tarfile.LNKTYPE, link="cat/ok.jpg")
         add(archive, "cat/fifo", kind=tarfile.FIFOTYPE)
         add(archive, "cat/.DS_Store", b"\0\0\0\1Bud1")
-        add(archive, "cat/ok.jpg", b"a second copy")
+        add(archive, "cat/ok.jpg", FILES["cat/000.jpg"])  # the same bytes again: a duplicate
         add(archive, "cat/big.jpg", bytes(5000))
         add(archive, "top.jpg", FILES["cat/002.jpg"])
         add(archive, "cat/text.jpg", b"not an image at all")
@@ -154,6 +154,22 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         assert ds.metadata(row)[ESCAPED_FIELD] is True
         assert unescape_key("cat/caf%E9.jpg") == b"cat/caf\xe9.jpg"
         assert ds.read(row) == FILES["cat/003.jpg"]
+
+
+@pytest.mark.parametrize("second", [b"a second copy", b"x" * len(FILES["cat/000.jpg"])])
+def test_a_name_repeated_with_other_bytes_is_a_key_collision(tmp_path: Path, second: bytes) -> None:
+    """Issue 38: a member repeated under one name with different bytes (other size, or same size) was
+    dropped as a duplicate and the build exited 0; it is a key collision now, refused by name."""
+    source = tmp_path / "twice.tar"
+    with tarfile.open(source, "w", format=tarfile.GNU_FORMAT) as archive:
+        add(archive, "cat/ok.jpg", FILES["cat/000.jpg"])
+        add(archive, "cat/other.jpg", FILES["cat/001.jpg"])
+        add(archive, "cat/ok.jpg", second)
+    with pytest.raises(SourceError) as caught:
+        build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    assert caught.value.message.startswith("1 key(s) name two different images (a key collision")
+    assert "'cat/ok.jpg'" in caught.value.message and caught.value.path == str(source)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
 def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:

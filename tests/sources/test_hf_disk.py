@@ -228,3 +228,41 @@ def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
     with pytest.raises(MissingDependencyError, match=r"needs pyarrow: pip install 'packer-shards\[hf\]'"):
         _build(folder, tmp_path / "no-pyarrow")
+
+
+def _imagefolder(root: Path, classes: dict[str, int]) -> Path:
+    """An ``imagefolder`` loaded by the real ``datasets`` library and saved with ``save_to_disk``:
+    its rows store bare file names (cat/000.jpg and dog/000.jpg both hold "000.jpg")."""
+    from helpers import write_images
+
+    write_images(root / "folder", classes, size=20)
+    dataset = hf.load_dataset("imagefolder", data_dir=str(root / "folder"), split="train")
+    dataset.save_to_disk(str(root / "saved"))
+    return root / "saved"
+
+
+def test_an_imagefolder_saved_to_disk_keeps_every_class(tmp_path):
+    """Issue 38: every row of cat/ and dog/ holds the path "000.jpg", ...; the build exited 0 with
+    "3 duplicate-entry" and no dog. Keys are <class>/<name> now, the source folder's layout."""
+    source = _imagefolder(tmp_path, {"cat": 3, "dog": 3})
+    result = build(source, tmp_path / "ds", BuildOptions(), workers=1)
+    assert result.sample_count == 6 and result.rejected == []
+    with packer.open_dataset(tmp_path / "ds") as dataset:
+        keys = sorted(dataset.key(i) for i in range(len(dataset)))
+        assert keys == [f"{c}/{i:03d}.jpg" for c in ("cat", "dog") for i in range(3)]
+        assert dataset.classes == ("cat", "dog")
+        assert np.bincount(np.asarray(dataset.index.label)).tolist() == [3, 3]
+        by_key = {dataset.key(i): bytes(dataset.get(i)) for i in range(len(dataset))}
+    for key, data in by_key.items():  # each key holds its own file's bytes
+        assert data == (tmp_path / "folder" / key).read_bytes()
+
+
+def test_rows_whose_name_and_class_repeat_are_keyed_by_row(tmp_path):
+    """Two rows with the same path and the same label but other bytes: <row>/<path>, none dropped."""
+    features = hf.Features({"image": hf.Image(), "label": hf.ClassLabel(names=["cat"])})
+    rows = {"image": [{"bytes": _png(k), "path": "0.png"} for k in range(3)], "label": [0, 0, 0]}
+    hf.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "saved"))
+    result = build(tmp_path / "saved", tmp_path / "ds", BuildOptions(), workers=1)
+    assert result.sample_count == 3
+    with packer.open_dataset(tmp_path / "ds") as dataset:
+        assert sorted(dataset.key(i) for i in range(3)) == ["000000000/0.png", "000000001/0.png", "000000002/0.png"]
