@@ -159,12 +159,14 @@ def _status_verdict(status: int) -> str:
 _BY_CLASS: dict[tuple[str, str], str] = {
     # botocore: connection and body failures are transient; configuration, credentials and
     # parameter errors (every other BotoCoreError) are final. ClientError goes by its code/status.
-    ("botocore", "HTTPClientError"): RETRY,          # ConnectionError, EndpointConnectionError,
-                                                     # ConnectionClosedError, Read/ConnectTimeoutError,
-                                                     # ProxyConnectionError, SSLError
+    ("botocore", "HTTPClientError"): RETRY,          # ConnectionClosedError, ReadTimeoutError,
+                                                     # ResponseStreamingError
     ("botocore", "IncompleteReadError"): RETRY,
     ("botocore", "ResponseStreamingError"): RETRY,
-    ("botocore", "ChecksumError"): RETRY,            # FlexibleChecksumError: a damaged body
+    ("botocore", "ConnectionError"): RETRY,          # EndpointConnectionError, ConnectTimeoutError,
+                                                     # ProxyConnectionError, SSLError
+    ("botocore", "ChecksumError"): RETRY,            # a damaged body
+    ("botocore", "FlexibleChecksumError"): RETRY,
     ("botocore", "CapacityNotAvailableError"): RETRY,
     ("botocore", "ResponseParserError"): RETRY,      # a cut XML answer
     ("botocore", "BotoCoreError"): FINAL,            # NoCredentialsError, ParamValidationError, ...
@@ -247,8 +249,9 @@ def classify(exc: BaseException) -> str:
     """The verdict on a transport's error: ``RETRY``, ``FINAL``, ``MISSING``, ``DENIED``, ``PRECONDITION``,
     ``UNSATISFIABLE`` or ``NO_RANGE`` (the table: ``_BY_CLASS``, ``_BY_ERRNO``, HTTP statuses).
 
-    An error class no rule names is retried (a network library's own transient error), within
-    the attempts and the deadline; ``tests/remote/test_remote_retry_table.py`` pins every class of
+    ``ValueError``, ``KeyError`` and ``NotImplementedError`` outside the table are final (a bad
+    argument or configuration); any other error class no rule names is retried (a network
+    library's own transient error), within the attempts and the deadline; ``tests/remote/test_remote_retry_table.py`` pins every class of
     every transport.
     """
     if isinstance(exc, (_Truncated, _Timeout, asyncio.TimeoutError, TimeoutError)):
@@ -281,6 +284,8 @@ def classify(exc: BaseException) -> str:
         return verdict
     if isinstance(exc, ConnectionError):
         return RETRY
+    if isinstance(exc, (ValueError, KeyError, NotImplementedError)):
+        return FINAL  # a bad argument or configuration (botocore's "Invalid endpoint"): no retry mends it
     if isinstance(exc, OSError) and exc.errno is not None:
         return _BY_ERRNO.get(exc.errno, RETRY)
     return RETRY
@@ -334,6 +339,14 @@ class FsspecTransport:
             raise _missing(f"fsspec's {protocol} filesystem", exc) from None
         if protocol == "s3":
             self.fs.retries = 1  # s3fs's own retry loop (a class attribute, not an argument): off
+        if getattr(self.fs, "async_impl", False) and hasattr(self.fs, "set_session"):
+            from fsspec.asyn import sync
+
+            try:  # the client is made now, not at the first request: a bad keyword is named here
+                sync(self.fs.loop, self.fs.set_session)
+            except TypeError as exc:
+                raise OptionError(f"RemoteOptions.storage_options does not fit fsspec's {protocol} client: "
+                                  f"{_first_line(exc)}", path=url.text) from None
         self._root = (f"{url.scheme}://{url.bucket}" if protocol in ("http", "https") else url.bucket)
         #: S3 (s3fs passes If-Match / If-None-Match to PutObject); gcsfs and adlfs expose no
         #: precondition on an existing object through fsspec: a lock object stands in.
@@ -576,19 +589,19 @@ class Store:
             except Exception as exc:  # noqa: BLE001 - classified: retried, or final
                 verdict = classify(exc)
                 if verdict == MISSING:
-                    raise _Final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the object does not "
+                    raise _final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the object does not "
                                           f"exist)", self.url.text) from None
                 if verdict == NO_RANGE:
-                    raise _Final(verdict, f"{what} failed: {_first_line(exc)} (not retried: packer reads "
+                    raise _final(verdict, f"{what} failed: {_first_line(exc)} (not retried: packer reads "
                                           f"datasets from servers that answer Range requests with 206 Partial "
                                           f"Content; copy the dataset to a bucket or a local folder)",
                                  self.url.text) from None
                 if verdict == DENIED:
-                    raise _Final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the store refused "
+                    raise _final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the store refused "
                                           f"access; check the credentials and the bucket's permissions)",
                                  self.url.text) from None
                 if verdict != RETRY:
-                    raise _Final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the store answered "
+                    raise _final(verdict, f"{what} failed: {_first_line(exc)} (not retried: the store answered "
                                           f"that it cannot be done as asked)", self.url.text) from None
                 elapsed = time.monotonic() - started
                 wait = min(pause, 5.0) * (0.5 + self._jitter.random())
@@ -634,10 +647,11 @@ class Store:
         key = self.key(relative)
         try:
             return bytes(self._attempts(f"GET {relative}", lambda: self.transport.get_range(key, 0, limit + 1)))
-        except _Final as exc:
-            if exc.verdict == UNSATISFIABLE:  # a range from byte 0 of an empty object
+        except RemoteStoreError as exc:
+            verdict = getattr(exc, "verdict", None)
+            if verdict == UNSATISFIABLE:  # a range from byte 0 of an empty object
                 return b""
-            if exc.verdict == MISSING and missing_ok:
+            if verdict == MISSING and missing_ok:
                 return None
             raise
 
@@ -647,8 +661,8 @@ class Store:
         key = self.key(relative)
         try:
             return self._attempts(f"HEAD {relative}", lambda: self.transport.head(key), counts=False)
-        except _Final as exc:
-            if exc.verdict in (MISSING, DENIED):
+        except RemoteStoreError as exc:
+            if getattr(exc, "verdict", None) in (MISSING, DENIED):
                 return None
             raise
 
@@ -670,8 +684,8 @@ class Store:
             self._attempts(f"upload {relative}", lambda: self.transport.put_bytes(
                 key, data, **({"if_match": if_match} if if_match is not None else {}),
                 **({"if_absent": True} if if_absent else {})), counts=False)
-        except _Final as exc:
-            if exc.verdict == PRECONDITION and (if_match is not None or if_absent):
+        except RemoteStoreError as exc:
+            if getattr(exc, "verdict", None) == PRECONDITION and (if_match is not None or if_absent):
                 raise PreconditionFailed(f"upload {relative}: the object changed since it was read (its "
                                          f"precondition failed): another writer got there first",
                                          path=self.url.text) from None
@@ -681,17 +695,17 @@ class Store:
         key = self.key(relative)
         try:
             self._attempts(f"DELETE {relative}", lambda: self.transport.delete(key), counts=False)
-        except _Final as exc:
-            if exc.verdict != MISSING:
+        except RemoteStoreError as exc:
+            if getattr(exc, "verdict", None) != MISSING:
                 raise
 
 
-class _Final(RemoteStoreError):
-    """A ``RemoteStoreError`` with the verdict that made it final (``Store`` reads it)."""
-
-    def __init__(self, verdict: str, message: str, path: str) -> None:
-        super().__init__(message, path=path)
-        self.verdict = verdict
+def _final(verdict: str, message: str, path: str) -> RemoteStoreError:
+    """A ``RemoteStoreError`` that carries the verdict that made it final (``verdict``, read by
+    ``Store``'s callers: a missing object is None for ``head``)."""
+    error = RemoteStoreError(message, path=path)
+    error.verdict = verdict  # type: ignore[attr-defined]
+    return error
 
 
 def _first_line(exc: BaseException) -> str:

@@ -55,7 +55,7 @@ from ..fields import MAX_FIELDS, FieldSpec, FieldValueError, check_declarations,
 from ..files import read_user_json
 from .archive_listing import _Listing
 from .fieldvalues import FIELD_REJECTION
-from .listing import DoorOptions, RawListing
+from .listing import DoorOptions, RawListing, spool_write_error
 from .members import container_stat
 from .parquet import _parquet_label
 from .webdataset import LABEL_REJECTION
@@ -321,6 +321,18 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     spool_dir = door.spool_dir
     spool_dir.mkdir(parents=True, exist_ok=True)
     spool = spool_dir / "spool-hf.bin"
+    try:
+        container = _spool_rows(pa, files, out, spool, image, label_column, features, names, specs, string_labels)
+    except OSError as exc:  # the Arrow files' read errors are SourceErrors (_batches): this is the spool's write
+        raise spool_write_error(exc, spool, "copying the Hugging Face images") from None
+    out.stats[container] = container_stat(str(spool.resolve()))
+    return out.finish(path, "hf")
+
+
+def _spool_rows(pa: Any, files: list[Path], out: _Listing, spool: Path, image: str, label_column: str,
+                features: Mapping[str, Any], names: tuple[str, ...] | None, specs: list[FieldSpec],
+                string_labels: bool) -> int:
+    """Every row's image (and image fields) into the spool, each row listed or rejected."""
     spool.write_bytes(b"")
     container = out.add_container(str(spool.resolve()))
     images = {spec.name for spec in specs if spec.kind == "image"}
@@ -365,8 +377,7 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                             field_members=members)
         sink.flush()
         os.fsync(sink.fileno())
-    out.stats[container] = container_stat(str(spool.resolve()))
-    return out.finish(path, "hf")
+    return container
 
 
 def row_keys(pa: Any, files: list[Path], image: str, label_column: str | None,

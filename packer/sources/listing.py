@@ -9,6 +9,7 @@ order is the input of the shard plan, so it is part of the determinism contract.
 
 from __future__ import annotations
 
+import errno
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 import xxhash
 
-from ..errors import EmptySourceError
+from ..errors import BuildError, EmptySourceError
 from ..fields import FieldSpec
 from .blobs import gather_blob
 from .fieldvalues import FieldTable
@@ -375,3 +376,11 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          else np.zeros(0, dtype=np.uint64),
                          members=listing.members.select(rows) if listing.members is not None else None,
                          fields=listing.fields.select(rows) if listing.fields is not None else None)
+
+
+def spool_write_error(exc: OSError, spool: Path, what: str) -> BuildError:
+    """A write to the build's spool failed: the build's problem (exit 3), named as a write, never as
+    a source that cannot be read. ``what``: what was being spooled ("decompressing the archive")."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return BuildError(f"the disk is full while {what} into the build's spool; free space and run again", path=spool)
+    return BuildError(f"cannot write the build's spool: {exc.strerror or exc}", path=spool)

@@ -498,3 +498,42 @@ def test_a_compressed_tar_whose_header_claims_more_than_the_stream_holds(tmp_pat
     assert caught.value.message == ("the compressed tar ends inside a member: a header claims more bytes than the "
                                     "archive holds")
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+class _FailingSpool(io.FileIO):
+    """A spool file whose writes fail as a full or failing disk's do (the kernel's errno)."""
+
+    error = 0
+
+    def write(self, data):  # type: ignore[no-untyped-def]
+        raise OSError(self.error, os.strerror(self.error))
+
+
+@pytest.mark.parametrize("code, message", [
+    ("ENOSPC", "the disk is full while decompressing the archive into the build's spool; free space and run again"),
+    ("EIO", "cannot write the build's spool: Input/output error"),
+    ("EROFS", "cannot write the build's spool: Read-only file system")])
+def test_a_spool_write_that_fails_is_named_as_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str,
+                                                      message: str) -> None:
+    """Issue 38: a tar.gz whose spool could not be written was "cannot read the archive" (for EIO,
+    EROFS: any errno but ENOSPC); the archive reads fine, the spool's write failed."""
+    import builtins
+    import errno
+
+    from packer.errors import BuildError
+
+    source = write_tar(tmp_path / "train.tar.gz", {f"cat/{n}.jpg": jpeg(n) for n in range(12)}, "w:gz")
+    real_open = builtins.open
+
+    def spool_open(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if "spool-" in str(path) and "w" in mode:
+            failing = type("Failing", (_FailingSpool,), {"error": getattr(errno, code)})
+            return io.BufferedWriter(failing(path, "w"), 1 << 16)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tar_source, "open", spool_open, raising=False)
+    with pytest.raises(BuildError) as caught:
+        build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    assert caught.value.message == message
+    assert "spool-" in str(caught.value.path)
+    assert not (tmp_path / "out" / ".packer-build").exists()

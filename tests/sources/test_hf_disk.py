@@ -266,3 +266,33 @@ def test_rows_whose_name_and_class_repeat_are_keyed_by_row(tmp_path):
     assert result.sample_count == 3
     with packer.open_dataset(tmp_path / "ds") as dataset:
         assert sorted(dataset.key(i) for i in range(3)) == ["000000000/0.png", "000000001/0.png", "000000002/0.png"]
+
+
+@pytest.mark.parametrize("code, message", [
+    ("ENOSPC", "the disk is full while copying the Hugging Face images into the build's spool; free space and run "
+               "again"),
+    ("EIO", "cannot write the build's spool: Input/output error")])
+def test_a_spool_that_cannot_be_written_is_a_build_error(hf_root, tmp_path, monkeypatch, code, message):
+    import builtins
+    import errno
+    import os as _os
+
+    from packer.errors import BuildError
+    from packer.sources import hf_disk
+
+    source = _imagefolder(tmp_path, {"cat": 2})
+    real_open = builtins.open
+
+    class Failing(io.FileIO):
+        def write(self, data):  # type: ignore[no-untyped-def]
+            raise OSError(getattr(errno, code), _os.strerror(getattr(errno, code)))
+
+    def spool_open(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path).endswith("spool-hf.bin") and "w" in mode:
+            return io.BufferedWriter(Failing(path, "w"), 1 << 16)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(hf_disk, "open", spool_open, raising=False)
+    with pytest.raises(BuildError) as caught:
+        build(source, tmp_path / "ds", BuildOptions(), workers=1)
+    assert caught.value.message == message and caught.value.path.endswith("spool-hf.bin")
