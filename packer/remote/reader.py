@@ -488,7 +488,7 @@ class RemoteFiles:
             data = memoryview(self.store.read_range(entry.path, start, end, what=f"shard {entry.path}")).cast("B")
         except RemoteStoreError as exc:  # a replaced generation's objects are deleted after its successor lands
             raise self._changed() or exc from None
-        written = 0
+        pieces = []
         for extent in extents:
             lo, hi = int(table.start[extent]), int(table.end[extent])
             piece = data[lo - start:hi - start]
@@ -500,10 +500,13 @@ class RemoteFiles:
                 bad = self._first_bad_sample(family, extent, piece)
                 if bad is not None:
                     raise self._damage(family, extent, bad, entry.path)
-            written += write_atomic(Path(self._extent_path(family, extent)), [piece])
-        with state.lock:
+            pieces.append((extent, piece))
+        with state.lock:  # counted before the files appear: a reader that sees one sees its count
             state.downloads += len(extents)
-            state.downloaded_bytes += written
+            state.downloaded_bytes += sum(len(piece) for _extent, piece in pieces)
+        written = 0
+        for extent, piece in pieces:
+            written += write_atomic(Path(self._extent_path(family, extent)), [piece])
         self._account(state, written)
 
     def _first_bad_sample(self, family: str, extent: int, piece: memoryview) -> int | None:

@@ -182,6 +182,9 @@ _BY_CLASS: dict[tuple[str, str], str] = {
     ("aiohttp", "ServerFingerprintMismatch"): FINAL,
     ("aiohttp", "ClientConnectionError"): RETRY,     # ClientOSError, ClientConnectorError, ...
     ("aiohttp", "InvalidURL"): FINAL,
+    ("aiohttp", "InvalidUrlClientError"): FINAL,
+    ("aiohttp", "NonHttpUrlClientError"): FINAL,
+    ("aiohttp", "RedirectClientError"): FINAL,     # InvalidUrlRedirectClientError, NonHttpUrlRedirectClientError
     ("aiohttp", "TooManyRedirects"): FINAL,
     ("aiohttp", "ClientError"): RETRY,
     ("fsspec", "FSTimeoutError"): RETRY,

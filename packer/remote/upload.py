@@ -49,7 +49,8 @@ from .reader import read_manifest
 from .store import ObjectInfo, PreconditionFailed, Store, store_for
 from .url import DatasetURL, object_key
 
-__all__ = ["UploadReport", "dataset_objects", "upload_dataset", "mirror", "retire", "REPLACED_NAME", "LOCK_NAME"]
+__all__ = ["UploadReport", "dataset_objects", "upload_dataset", "mirror", "retire", "retire_names", "REPLACED_NAME",
+           "LOCK_NAME"]
 
 #: The record of the last replaced generation's objects (kept until the next overwrite).
 REPLACED_NAME = ".packer/replaced.json"
@@ -219,11 +220,18 @@ def retire(store: Store, url: DatasetURL, old_bytes: bytes, new_bytes: bytes) ->
     old, new = _names(old_bytes, url), _names(new_bytes, url)
     if old is None or new is None:
         return [], []
+    return retire_names(store, url, old, new, fmt.checksum_hex(fmt.checksum(old_bytes)))
+
+
+def retire_names(store: Store, url: DatasetURL, old: set[str], new: set[str], generation: str
+                 ) -> tuple[list[str], list[str]]:
+    """``retire`` on the objects the two manifests name (``generation``: the old one's, for the
+    record). The rule, a property in tests/remote/test_remote_properties.py: what is deleted is
+    exactly the recorded objects minus ``old``, ``new`` and the manifest the store holds now."""
     info, record = _read_record(store)
     earlier = set(record["objects"]) if record is not None else set()
     retained = sorted(old - new)
-    document = json.dumps({"version": 1, "generation": fmt.checksum_hex(fmt.checksum(old_bytes)),
-                           "objects": retained}, sort_keys=True).encode()
+    document = json.dumps({"version": 1, "generation": generation, "objects": retained}, sort_keys=True).encode()
     try:
         if _unconditional(store, info):
             store.put_bytes(REPLACED_NAME, document)
