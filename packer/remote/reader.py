@@ -27,7 +27,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -125,6 +125,12 @@ class _ProcessState:
 
     def close(self) -> None:
         self.prefetch_pool.shutdown(wait=True, cancel_futures=True)
+        # a cancelled prefetch never settles the extents it had claimed: whoever waits on one (a
+        # demand fetch left running by a batch that failed) would wait forever, and so would close
+        with self.lock:
+            pending = list(self.inflight.values())
+        for future in pending:
+            _settle(future, RemoteStoreError("the dataset was closed while this extent was being fetched"))
         self.demand_pool.shutdown(wait=True, cancel_futures=True)
         for lock in self.lock_files.values():
             lock.close()
@@ -471,9 +477,9 @@ class RemoteFiles:
                     self._download(state, family, [extent])
             finally:
                 lock.release(ordinal)
-            future.set_result(None)
+            _settle(future, None)
         except BaseException as exc:
-            future.set_exception(exc)
+            _settle(future, exc)
             raise
         finally:
             with state.lock:
@@ -626,10 +632,7 @@ class RemoteFiles:
         for future in futures:
             if future is None:
                 continue
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            _settle(future, error)
 
     def ensure(self, indices: Any, family: str = "") -> None:
         """Make the extents of ``indices`` present, fetching the missing ones in parallel."""
@@ -719,6 +722,19 @@ class RemoteFiles:
 #: Forks this process descends from (bumped in every child): cheaper to compare than ``os.getpid()``.
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _settle(future: Future[None], error: BaseException | None) -> None:
+    """Resolve ``future`` (with ``error`` if given) unless it already is (closing settles the rest)."""
+    if future.done():
+        return
+    try:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:  # settled by another thread meanwhile
+        pass
 
 
 def _contiguous(extents: list[int]) -> list[list[int]]:

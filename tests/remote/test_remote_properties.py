@@ -185,3 +185,30 @@ def test_the_deletes_property_catches_a_rule_that_deletes_old_minus_new_at_once(
     _run_generations(steps)
     with pytest.raises(AssertionError):
         _run_generations(steps, retire=at_once)
+
+
+def test_closing_settles_an_extent_a_cancelled_prefetch_had_claimed(uniform_dataset, monkeypatch):
+    """Found by the remote fuzzer: a batch that failed left a demand fetch waiting on an extent whose
+    prefetch was still queued; closing cancelled the prefetch and then waited forever for the
+    demand thread. Closing settles such an extent with a typed error and returns."""
+    import threading
+    from concurrent.futures import Future
+
+    from packer.errors import RemoteStoreError
+
+    transport = MemoryTransport()
+    transport.load_folder(uniform_dataset, "ds")
+    memory_store(monkeypatch, transport)
+    with tempfile.TemporaryDirectory() as cache:
+        dataset = packer.open_dataset("s3://bucket/ds", remote=RemoteOptions(cache_dir=cache, extent_bytes=EXTENT))
+        place = dataset.place
+        state = place._local()
+        state.inflight[("", 3)] = Future()  # claimed by a prefetch that will never run
+        waiter = state.demand_pool.submit(place._fetch_now, "", 3)
+        closed = threading.Thread(target=dataset.close, daemon=True)
+        closed.start()
+        closed.join(timeout=20)
+        assert not closed.is_alive(), "close() hung"
+        error = waiter.exception(timeout=5)
+    assert isinstance(error, RemoteStoreError)
+    assert error.message == "the dataset was closed while this extent was being fetched"
