@@ -52,8 +52,9 @@ def _checked(names: Sequence[Any], where: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, ...]:
-    """A class list from ``--classes``: a file, or names separated by commas, or a sequence.
+def load_class_list(spec: str | os.PathLike[str] | Sequence[str], *, what: str = "classes") -> tuple[str, ...]:
+    """A class list from ``--classes``: a file, or names separated by commas, or a sequence
+    (``what`` names where the sequence came from in messages: ``--classes-from DATASET``).
 
     A file is read as a JSON list of names when it ends in ``.json``, else as one name per line
     (blank lines skipped, surrounding whitespace stripped: a class folder name never ends in a
@@ -63,7 +64,7 @@ def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, 
         OptionError: unreadable file, empty list, duplicate or empty names.
     """
     if not isinstance(spec, (str, os.PathLike)):
-        return _checked(list(spec), "classes")
+        return _checked(list(spec), what)
     given = spec
     if isinstance(spec, str) and (is_url(spec) or "," not in spec):  # may name a file: a local one only
         spec = parse_location(spec, what="--classes").local_path(

@@ -58,6 +58,7 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
+from .imageheaders import parse_header
 from .pillowformats import PILLOW_ONLY_FORMATS, load_pillow_format
 
 from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
@@ -109,6 +110,10 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         image_format = detect_format(view)
     if image_format == ImageFormat.JPEG:
         return _decode_jpeg(view, path, max_pixels)
+    if image_format == ImageFormat.BMP:
+        plain = _plain_bmp(view, path, max_pixels)
+        if plain is not None:
+            return plain
     if image_format in _PILLOW_FORMATS:
         return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels)
     if image_format in PILLOW_ONLY_FORMATS or image_format == ImageFormat.UNKNOWN and len(view) > 2:
@@ -127,6 +132,23 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         f"unknown image_format {image_format}; decodable values are 1 to 6 and 8 to 38 (jpeg, png, "
         f"webp, gif, bmp, tiff, and the formats of packer.pillowformats), 255 (other), or None to detect "
         f"the format", path=path)
+
+
+def _plain_bmp(view: bytes | memoryview, path: str | None, max_pixels: int) -> np.ndarray | None:
+    """A 24-bit uncompressed BMP (how ``packer.Writer`` spools decoded pixels for a codec that
+    re-encodes them) read with numpy: the pixels Pillow's raw ``BGR`` decoder gives, without an
+    image object per sample. None for any other BMP, or one whose pixel array does not fit the
+    bytes (Pillow then decodes it, or says what is wrong)."""
+    header = parse_header(view, ImageFormat.BMP)
+    if header is None or header.mode != "RGB" or len(header.tile) != 1:
+        return None
+    _, (_, _, width, height), offset, (raw_mode, stride, orientation) = header.tile[0]
+    if raw_mode != "BGR" or stride < width * 3 or offset + stride * height > len(view):
+        return None
+    _check_pixels(width, height, max_pixels, path)
+    rows = np.frombuffer(view, dtype=np.uint8, count=stride * height, offset=offset).reshape(height, stride)
+    pixels = rows[:, :width * 3].reshape(height, width, 3)[:, :, ::-1]
+    return np.ascontiguousarray(pixels[::-1] if orientation == -1 else pixels)
 
 
 def _reserved(image_format: int) -> bool:

@@ -198,8 +198,8 @@ def zip_archive(entries: list[ZipEntry], *, comment: bytes = b"", cut_directory:
 class Case:
     kind: str
     source: Path
-    options: dict[str, Any] = field(default_factory=dict)   # BuildOptions fields
-    build: dict[str, Any] = field(default_factory=dict)     # build() keywords (source_kind, root, ...)
+    options: dict[str, Any] = field(default_factory=dict)   # settings by their flat names (shard_size, classes, ...)
+    build: dict[str, Any] = field(default_factory=dict)     # source settings (source_kind, root, label_field, ...)
     rows: int | None = None                                  # hf: rows written (each packed or rejected)
     read: dict[str, Any] | None = None                       # remote: how the case reads (run_remote)
 
@@ -527,14 +527,15 @@ def _remote_server(pool: list[bytes]) -> dict[str, Any]:
     from packer.remote import RemoteOptions
     from packer.remote.upload import upload_dataset
     from packer.remote.url import parse_url
-    from packer.writer import BuildOptions, build
+    from packer import BuildSettings, LayoutSettings, RunOptions
+    from packer.writer import build
 
     work = Path(tempfile.mkdtemp(prefix="fuzz-remote-"))
     for number, data in enumerate(pool * 4):
         (work / "src" / f"c{number % 3}").mkdir(parents=True, exist_ok=True)
         suffix = "jpg" if data[:2] == b"\xff\xd8" else "png"
         (work / "src" / f"c{number % 3}" / f"{number}.{suffix}").write_bytes(data)
-    build(work / "src", work / "ds", BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    build(work / "src", work / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
     upload_dataset(work / "ds", parse_url("s3://fuzz/ds"), RemoteOptions(endpoint_url=servers["direct"],
                                                                           cache_dir=str(work / "up")))
     _REMOTE.update(servers=servers, local=work / "ds", work=work)
@@ -632,15 +633,19 @@ def _alarm(signum: int, frame: Any) -> None:
 def run_case(case: Case, out: Path) -> str:
     """Build ``case``; returns the outcome (``packed`` or the PackerError class name). Raises
     anything else (the fuzzer's failure)."""
+    from packer import BuildSettings, RunOptions, SourceSettings
+    from packer import format as fmt
     from packer.dataset import open_dataset
     from packer.errors import PackerError
-    from packer.writer import BuildOptions, build
+    from packer.writer import build
 
     if case.kind == "remote":
         return run_remote(case, out)
     try:
-        options = BuildOptions(**case.options)
-        result = build(case.source, out, options, workers=1, progress=False, **case.build)
+        source = SourceSettings(**{("kind" if name == "source_kind" else name): value
+                                   for name, value in case.build.items()})
+        settings = BuildSettings.from_json(fmt.regroup_build_options(case.options), unrecorded_source=source)
+        result = build(case.source, out, settings, RunOptions(workers=1))
     except PackerError as exc:
         if not str(exc):
             raise AssertionError(f"a {type(exc).__name__} without a message") from exc

@@ -28,11 +28,12 @@ def append_command(dataset: Location, source: Path, root: Path | None, workers: 
     names get new label ids; existing ids never change. `packer inspect` shows the history.
     """
     from ..writer.append import append
+    from ..writer.settings import RunOptions
 
     configure_logging(quiet=quiet, verbose=verbose)
 
     def body() -> int:
-        result = append(dataset, source, root=root, workers=workers, seed=seed, progress=not quiet)
+        result = append(dataset, source, root=root, seed=seed, run=RunOptions(workers=workers, progress=not quiet))
         echo(f"dataset now holds {result.sample_count} samples in {result.shard_count} shards; "
                    f"{len(result.rejected)} new file(s) rejected", err=True)
         if as_json:

@@ -9,29 +9,34 @@ import click
 from . import cli, configure_logging, echo, emit_json, run_command
 from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, root_option,
                       seed_option, workers_option)
-from ..writer.plan import DEFAULT_MAX_FILE_SIZE, BuildOptions
+from ..writer.settings import DEFAULT_MAX_FILE_SIZE
 from ..imageinfo import DEFAULT_MAX_PIXELS
+from .. import format as fmt
 
 
 def describe_labels(summary: dict, class_count: int) -> str:
     """The summary line that says how labels were assigned (the --label-type auto rule applied)."""
-    options = summary.get("options", {})
-    asked = options.get("label_type", "auto")
+    settings = fmt.recorded_build_settings(summary) or {}
+    labels = settings.get("labels") if isinstance(settings.get("labels"), dict) else {}
+    source = settings.get("source") if isinstance(settings.get("source"), dict) else {}
+    kind = source.get("kind")
+    asked = labels.get("label_type", "auto")
     checksum = summary.get("classes_checksum")
-    fixed = " from the given class list" if options.get("classes") else ""
-    if summary.get("source_kind") == "coco":
+    origin = labels.get("classes_origin") if isinstance(labels.get("classes_origin"), str) else "--classes"
+    fixed = f" from the given class list ({origin.split(' ', 1)[0]})" if labels.get("classes") else ""
+    if kind == "coco":
         return "labels: none (-1); the objects' categories are the 'labels' field (0..C-1 by ascending COCO id)"
     if summary.get("label_type") == "none":
-        targets = "; the declared fields are the targets" if options.get("fields") else ""
+        targets = "; the declared fields are the targets" if labels.get("fields") else ""
         return f"labels: none (no sample has a label: every sample's label is -1{targets})"
     if summary.get("label_type") == "int" and not class_count:
         why = " (auto: every label is a plain integer)" if asked == "auto" else ""
         where = {"webdataset": "the .cls/.json members", "parquet": "the label column", "hf": "the label column"}.get(
-            summary.get("source_kind"), "the manifest")
+            kind, "the manifest")
         return f"labels: integers as written in {where}{why}"
-    source = "folder names" if summary.get("source_kind") == "folder" else "label strings, sorted"
-    why = " (auto: labels are not all integers)" if asked == "auto" and summary.get("source_kind") == "manifest" else ""
-    return (f"labels: {class_count} classes{fixed or ' from ' + source}{why}, class-list checksum {checksum}; "
+    named = "folder names" if kind == "folder" else "label strings, sorted"
+    why = " (auto: labels are not all integers)" if asked == "auto" and kind == "manifest" else ""
+    return (f"labels: {class_count} classes{fixed or ' from ' + named}{why}, class-list checksum {checksum}; "
             f"build other splits with --classes-from this dataset")
 
 
@@ -132,49 +137,62 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
     (`--classes-from TRAIN_OUT` for val), or a class missing from one split shifts every label
     after it.
     """
-    from ..writer.run import build, finish, parse_part
-    from ..classes import classes_of, load_class_list
+    from ..writer.run import build, finish
+    from ..writer.settings import BuildSettings, CheckSettings, LayoutSettings, RunOptions, parse_part
+    from ..sources import LabelSettings, SourceSettings
+    from ..classes import classes_of
     from ..codecs import merge_codec_options
     from ..errors import OptionError
 
     configure_logging(quiet=quiet, verbose=verbose)
 
-    def body() -> int:
-        classes = None
-        if classes_spec is not None and classes_from is not None:
-            raise OptionError("give --classes or --classes-from, not both")
-        if classes_spec is not None:
-            classes = load_class_list(classes_spec)
-        elif classes_from is not None:
-            classes = classes_of(classes_from)
-            if not classes:
-                raise OptionError(f"--classes-from {classes_from}: that dataset has integer labels and no "
-                                  f"class names")
-        try:
-            spec = merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
-                                               "size": raw_size})
-        except OptionError as exc:
-            raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
-                              f"jpeg options, --size is a raw option)") from None
+    def label_settings() -> LabelSettings:
         from ..fields import check_declarations, parse_field_option, parse_fields_schema
         from ..files import read_user_json
 
+        if classes_spec is not None and classes_from is not None:
+            raise OptionError("give --classes or --classes-from, not both")
+        classes, origin = None, "--classes"
+        if classes_spec is not None:
+            classes = classes_spec  # read once, by LabelSettings (a file of names, or names like a,b,c)
+        elif classes_from is not None:
+            classes, origin = classes_of(classes_from), f"--classes-from {classes_from}"
+            if not classes:
+                raise OptionError(f"--classes-from {classes_from}: that dataset has integer labels and no "
+                                  f"class names")
         declared = [parse_field_option(text) for text in field_specs]
         if fields_file is not None:  # bounded, a regular file, its depth checked before parsing
             schema = read_user_json(fields_file, what="--fields")
             declared += list(parse_fields_schema(schema, where=f"--fields {fields_file}"))
         check_declarations(declared)
-        options = BuildOptions(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle,
-                               seed=seed, codec=spec, validate=validate, max_pixels=max_pixels,
-                               max_file_size=max_file_size, classes=classes, label_type=label_type,
-                               normalize_formats=normalize_formats, fields=tuple(declared))
+        return LabelSettings(classes=classes, classes_origin=origin, label_type=label_type, fields=tuple(declared))
+
+    def codec_spec() -> str:
+        try:
+            return merge_codec_options(codec, {"max_size": max_size, "quality": quality, "side": resize_side,
+                                               "size": raw_size})
+        except OptionError as exc:
+            raise OptionError(f"{exc.message} (--codec {codec}; --max-size, --quality and --resize-side are "
+                              f"jpeg options, --size is a raw option)") from None
+
+    def body() -> int:
+        # The two values this command builds once and hands down: what the build records, and
+        # how this run goes. Every message about a setting names the option typed here.
+        labels = label_settings()
+        settings = BuildSettings(
+            source=SourceSettings(kind=source_kind, root=root, label_field=label_field, image_column=image_column),
+            layout=LayoutSettings(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle, seed=seed),
+            codec=codec_spec(),
+            checks=CheckSettings(validate=validate, max_pixels=max_pixels, max_file_size=max_file_size,
+                                 normalize_formats=normalize_formats),
+            labels=labels)
+        run = RunOptions(workers=workers, engine=engine, address=address, part=parse_part(part) if part else None,
+                         plan_only=plan_only, resume=resume, overwrite=overwrite, on_error=on_error,
+                         progress=not quiet)
         if finish_only:
             result = finish(out, source, root, overwrite=overwrite)
         else:
-            result = build(source, out, options, workers=workers, overwrite=overwrite, resume=resume,
-                           on_error=on_error, root=root, part=parse_part(part) if part else None,
-                           plan_only=plan_only, engine=engine, address=address, source_kind=source_kind,
-                           label_field=label_field, image_column=image_column, progress=not quiet)
+            result = build(source, out, settings, run)
         if result is None:
             done = "plan saved" if plan_only else f"part {part} packed"
             echo(f"{done} in {out}; run the parts (`--part K/N`), then `packer build {source} {out} "
@@ -204,8 +222,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
             echo("codec: " + ", ".join(f"{n} {note}" for note, n in notes.items()), err=True)
         if result.rejected:
             summary = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-            echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / 'build-report.jsonl'}",
-                       err=True)
+            echo(f"rejected {len(result.rejected)} file(s): {summary}; see {out / fmt.REPORT_NAME}", err=True)
         if as_json:
             emit_json({"ok": True, "path": str(out), "samples": result.sample_count, "shards": result.shard_count,
                        "payload_bytes": result.payload_bytes, "total_bytes": result.total_bytes,

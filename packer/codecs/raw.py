@@ -172,14 +172,17 @@ class RawCodec:
         return payload, ImageInfo(image_format=ImageFormat.RAW, width=self.width, height=self.height,
                                   channels=self.channels, mode="RGB")
 
-    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+    def note(self, source: bytes, payload: bytes, info: ImageInfo, *,
+             source_info: ImageInfo | None = None) -> str | None:
         """``kept size`` when the source already had the target size (its pixel grid is the stored
         one), else ``resampled``: counted in the build summary, and what tells a reader whether
-        coordinates given in source pixels (boxes) still match the stored images."""
+        coordinates given in source pixels (boxes) still match the stored images. ``source_info``:
+        the source's probe, when the caller has it (else the source is probed again)."""
         from ..imageinfo import probe_image
 
         try:
-            source_info = probe_image(source, validate="header")
+            if source_info is None:
+                source_info = probe_image(source, validate="header")
         except Exception:  # noqa: BLE001 - it was decoded a moment ago; never fail a sample on a note
             return "resampled"
         kept = (source_info.width, source_info.height) == (self.width, self.height)

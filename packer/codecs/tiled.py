@@ -52,7 +52,8 @@ class TiledCodec:
         except ValueError:  # progressive, arithmetic, 12-bit, damaged: a valid file kept as is
             return data, info
 
-    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+    def note(self, source: bytes, payload: bytes, info: ImageInfo, *,
+             source_info: ImageInfo | None = None) -> str | None:
         """``tiled``, or why an image was stored as it is (``kept: progressive``, ``kept: not a JPEG
         (png)``). Counted in the build summary so a mostly-progressive or mostly-PNG source shows."""
         from .tiles import untiled_reason

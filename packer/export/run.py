@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import format as fmt
 from ..dataset import open_dataset
 from ..errors import OptionError, OutputExistsError, UnsafeExportError
 from ..location import Location, parse_location
@@ -153,8 +154,9 @@ def export(dataset: str | os.PathLike[str] | Location, out: str | os.PathLike[st
         if codec != "passthrough":
             raise OptionError(f"this dataset was built with codec {codec!r}: its payloads are not the source "
                               f"files, so there is nothing to export verbatim (export needs a passthrough build)")
-        build_options = ds.manifest.build.get("options", {}) if isinstance(ds.manifest.build, dict) else {}
-        if build_options.get("normalize_formats"):
+        settings = fmt.recorded_build_settings(ds.manifest.build) or {}  # nested, or older builds' flat options
+        checks = settings.get("checks") if isinstance(settings.get("checks"), dict) else {}
+        if checks.get("normalize_formats") is True:
             raise OptionError("this dataset was built with --normalize-formats: some payloads are PNGs converted "
                               "from the source files, so there is nothing to export verbatim")
         rows = select_samples(ds, classes=classes, samples=samples, keys=keys)

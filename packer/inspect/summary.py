@@ -16,7 +16,7 @@ import numpy as np
 from .. import format as fmt
 from .fields import field_stats, format_fields, percentile_stats
 
-__all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
+__all__ = ["summarize", "format_summary", "build_settings_rows", "REJECTED_SHOWN"]
 
 #: Rejected build-report entries included in full (all are counted by reason).
 REJECTED_SHOWN = 20
@@ -203,9 +203,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                                                                if k != "name"]),
         f"sample     {_spread(s['sample_bytes'], 'bytes')}",
     ]
-    options = s["build"].get("options") if isinstance(s["build"], dict) else None
-    if isinstance(options, dict):
-        shown = {k: (f"<{len(v)} names>" if k == "classes" and isinstance(v, list) else v) for k, v in options.items()}
+    settings = fmt.recorded_build_settings(s["build"])  # nested, or the flat options of older builds
+    if settings is not None:
+        shown = {k: (f"<{len(v)} names>" if k.endswith("classes") and isinstance(v, list) else v)
+                 for k, v in build_settings_rows(settings)}
         lines.append("build      " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(shown.items())))
     notes = s["build"].get("codec_notes") if isinstance(s["build"], dict) else None
     if isinstance(notes, dict) and notes:  # what the codec did, e.g. JPEGs tiled or kept as they are
@@ -245,3 +246,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         if rejected["count"] > len(rejected["first"]):
             lines.append(f"  ... {rejected['count'] - len(rejected['first']):,} more in build-report.jsonl")
     return "\n".join(lines)
+
+
+def build_settings_rows(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The recorded build settings (``format.recorded_build_settings``) as ``(group.name, value)``
+    rows for display, unset values left out (``layout.seed``, ``codec``, ``labels.classes``)."""
+    rows = []
+    for group, members in sorted(settings.items()):
+        if isinstance(members, dict):
+            rows += [(f"{group}.{name}", value) for name, value in sorted(members.items()) if value not in (None, [])]
+        elif members is not None:
+            rows.append((group, members))
+    return rows

@@ -255,7 +255,7 @@ def list_coco(annotations: str | os.PathLike[str], door: DoorOptions = DoorOptio
         EmptySourceError: no image could be packed (naming the top reasons).
     """
     path = Path(annotations)
-    root = door.root
+    root = door.source.root
     root_path = Path(root) if root is not None else path.parent
     if not root_path.is_dir():
         raise SourceError("the image folder (--root) is not a folder", path=root_path)

@@ -68,6 +68,11 @@ REJECTION_REASONS = {
                  "or its second image file is missing or not an image",
     "ambiguous-image": ("a sample of several files (side files, WebDataset) with more than one image that no "
                         "declared field takes"),
+    # samples written from Python (packer.Writer, packer.pack: sources/python.py)
+    "bad-sample": ("a value written from Python that is not a sample: an image that is not encoded bytes, a PIL "
+                   "image, a uint8 HxWxC array or a uint8 CxHxW tensor, or a sample that is neither an image, "
+                   "an (image, target) pair nor a dict with an 'image'"),
+    "fn-error": "packer.pack's fn raised on this input (the input, the exception's type and message, its last frame)",
     "bad-annotation": ("a COCO annotation that is malformed (box, area, iscrowd, category) or names an image "
                        "or category the file does not have"),
 }
@@ -87,6 +92,42 @@ class Rejection:
 
 # --- what a door is given ------------------------------------------------------------------------
 
+#: The source kinds a build records (``SourceSettings.kind`` once detected): every door of
+#: ``detect.list_raw``, and ``"python"`` for samples written from Python (no door lists them).
+RECORDED_KINDS = ("folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf", "python")
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What a build records about its source: the door's kind and the options that say how to read
+    it (the ``source`` part of ``packer.BuildSettings``, in the manifest's build record).
+
+    Attributes:
+        kind: ``"auto"`` until the source is recognised by its bytes (``detect.detect_kind``, once
+            per build), then the door's kind (``RECORDED_KINDS``); ``--source-kind``.
+        root: the folder a manifest's or a COCO file's paths are relative to (default: its
+            folder); ``--root``. Where the bytes are, not what they are: not compared when a
+            build is resumed (the source probes check the files instead).
+        label_field: the WebDataset ``.json`` member's field, or the Parquet / Hugging Face column,
+            holding the label; ``--label-field``.
+        image_column: the Parquet / Hugging Face column holding the images (default: found by its
+            type); ``--image-column``.
+    """
+
+    kind: str = field(default="auto", metadata={"option": "--source-kind"})
+    root: Path | None = field(default=None, compare=False, metadata={"option": "--root"})
+    label_field: str = field(default="label", metadata={"option": "--label-field"})
+    image_column: str | None = field(default=None, metadata={"option": "--image-column"})
+
+    def __post_init__(self) -> None:
+        if self.root is not None and not isinstance(self.root, Path):
+            object.__setattr__(self, "root", Path(self.root))
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "root": None if self.root is None else os.fspath(self.root),
+                "label_field": self.label_field, "image_column": self.image_column}
+
+
 @dataclass(frozen=True)
 class DoorOptions:
     """Everything a door may know: how to *read* the source, never the rules applied to it.
@@ -95,19 +136,13 @@ class DoorOptions:
     contract's (``contract.SourceOptions``); no door receives them, so no door can apply its own.
 
     Attributes:
-        root: the folder a manifest's (or a COCO file's) paths are relative to (default: its folder).
-        source_kind: ``"auto"`` (by content) or one of ``detect.SOURCE_KINDS`` to insist.
-        label_field: the WebDataset ``.json`` member's field, or the Parquet column, holding the label.
-        image_column: the Parquet column holding the images (default: found by its type).
+        source: the recorded source settings (kind, root, label field, image column), as given.
         fields: declared fields (``packer.fields``), for the doors whose samples carry them.
         spool_dir: where a compressed tar or Parquet images are copied to (the output's staging).
         progress: called with the running count of entries every 10,000 entries.
     """
 
-    root: Path | None = None
-    source_kind: str = "auto"
-    label_field: str = "label"
-    image_column: str | None = None
+    source: SourceSettings = SourceSettings()
     fields: tuple[FieldSpec, ...] = ()
     spool_dir: Path | None = None
     progress: Callable[[int], None] | None = field(default=None, compare=False)

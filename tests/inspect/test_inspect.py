@@ -65,7 +65,7 @@ def test_summary_counts_and_bytes(folder: Path) -> None:
     assert s["sample_bytes"]["min"] == int(sizes.min()) and s["sample_bytes"]["max"] == int(sizes.max())
     assert s["alignment"] == 4096
     assert s["codec"]["name"] == "passthrough"
-    assert s["build"]["options"]["seed"] == 3
+    assert s["build"]["settings"]["layout"]["seed"] == 3
     assert s["dataset_format_version"] == 1
 
 

@@ -27,7 +27,7 @@ def test_a_sampler_state_with_a_huge_epoch_is_refused_by_name(tmp_path: Path) ->
     from packer.torch import PackedDataset, PackedSampler
 
     write_images(tmp_path / "src", {"a": 4})
-    packer.build_dataset(tmp_path / "src", tmp_path / "ds", workers=1)
+    packer.build_dataset(tmp_path / "src", tmp_path / "ds", run=packer.RunOptions(workers=1))
     sampler = PackedSampler(PackedDataset(str(tmp_path / "ds")), order="random", seed=0)
     state = {**sampler.state_dict(), "epoch": 2**64}
     with pytest.raises(OptionError) as caught:

@@ -28,7 +28,7 @@ LAYERS = {
     # foundations: no packer imports beyond each other, downwards
     "errors": 0, "_version": 0, "_rawresample": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
     "format": 2, "order": 2,
-    "files": 3, "pillowformats": 3,
+    "files": 3, "pillowformats": 3, "imageheaders": 3,
     "imageinfo": 4, "backends": 4,
     # object storage: URLs, transports, the node cache (below the reader that opens URLs)
     "remote": 5,
@@ -39,6 +39,9 @@ LAYERS = {
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it
     "dataset": 7, "rawcrop": 8, "classes": 8,
+    # duplicates and leaks: over the dataset reader and the decoders, below the writer (a build
+    # option may hash) and inspect (the report)
+    "duplicates": 8,
     "transforms": 9,
     # building: the doors, then the writer
     "sources": 9, "writer": 10,
@@ -54,7 +57,7 @@ LAYERS = {
 #: benchmarks/ module -> layer. Every ``bench_*`` script is on ``BENCH_SCRIPTS``: they share
 #: helpers through the modules below (the timing harness; the peers' loaders and the timed rounds;
 #: datasets written straight in the format), never by importing one another.
-BENCH_LAYERS = {"harness": 0, "peers_common": 1, "synthetic": 1}
+BENCH_LAYERS = {"harness": 0, "ffcv_write": 0, "writers_run": 0, "peers_common": 1, "synthetic": 1}
 BENCH_SCRIPTS = 2
 
 

@@ -32,6 +32,7 @@ CHILD = textwrap.dedent('''
     import json, os, sys, time
     from pathlib import Path
     kind, url, source, cache, barrier, me, other, delay, endpoint = sys.argv[1:10]
+    import packer
     import packer.remote.upload as upload
     from packer.remote import RemoteOptions
     from packer.errors import PackerError
@@ -55,11 +56,10 @@ CHILD = textwrap.dedent('''
                             timeout_s=30.0, extent_bytes=64 << 10, request_bytes=256 << 10)
     try:
         if kind == "append":
-            from packer.writer.append import append
-            append(url, source, remote=options, workers=1)
+            packer.append_dataset(url, source, run=packer.RunOptions(workers=1, remote=options))
         else:
-            from packer.writer import BuildOptions, build
-            build(source, url, BuildOptions(shard_size=32 << 10), workers=1, overwrite=True, remote=options)
+            packer.build_dataset(source, url, packer.BuildSettings(layout=packer.LayoutSettings(shard_size=32 << 10)),
+                                 packer.RunOptions(workers=1, overwrite=True, remote=options))
         print(json.dumps({"ok": True}))
     except PackerError as exc:
         print(json.dumps({"ok": False, "error": type(exc).__name__, "message": exc.message}))
@@ -105,7 +105,8 @@ def test_two_appends_at_once_from_two_nodes_lose_nothing(s3, small_dataset, tmp_
         assert len(dataset) == 125 and "fox" in dataset.classes and "gnu" not in dataset.classes
         assert all(len(dataset.get(i)) for i in range(len(dataset)))  # every object the manifest names is there
     # the loser runs again: it lands on top of the winner's generation, both kept
-    packer.append_dataset(url, tmp_path / "second", remote=options_for(s3, tmp_path / "node-b"), workers=1)
+    packer.append_dataset(url, tmp_path / "second", run=packer.RunOptions(workers=1, remote=options_for(
+        s3, tmp_path / "node-b")))
     with packer.open_dataset(url, remote=options_for(s3, tmp_path / "check2")) as dataset, \
             packer.open_dataset(small_dataset) as base:
         assert len(dataset) == 129 and {"fox", "gnu"} <= set(dataset.classes)
@@ -154,7 +155,7 @@ def test_a_second_write_from_the_same_node_is_refused_at_once(s3, small_dataset,
         from packer.errors import BuildLockedError
 
         with pytest.raises(BuildLockedError, match="another packer build or append on this node is writing this URL"):
-            packer.append_dataset(url, tmp_path / "second", remote=options_for(s3, node), workers=1)
+            packer.append_dataset(url, tmp_path / "second", run=packer.RunOptions(workers=1, remote=options_for(s3, node)))
         (barrier / "p1").touch()  # let the first finish
         out, err = holder.communicate(timeout=120)
     finally:

@@ -117,8 +117,8 @@ CHILD = textwrap.dedent('''
     upload._current_manifest = held
     options = RemoteOptions(endpoint_url=endpoint, region="us-east-1", cache_dir=cache, backoff_s=0.01, timeout_s=30.0)
     try:
-        from packer.writer.append import append
-        append(url, source, remote=options, workers=1)
+        import packer
+        packer.append_dataset(url, source, run=packer.RunOptions(workers=1, remote=options))
         print(json.dumps({"ok": True}))
     except PackerError as exc:
         print(json.dumps({"ok": False, "error": type(exc).__name__, "message": exc.message}))
@@ -181,8 +181,8 @@ def _overwrite_during_read(s3, local, tmp_path, rng, expect, order, url):
             out = []
             for position, i in enumerate(order.tolist()):
                 if position == cut:  # another job replaces the dataset mid-epoch
-                    packer.build_dataset(work / "new", target, overwrite=True, workers=1,
-                                         remote=options_for(s3, work / "writer"))
+                    packer.build_dataset(work / "new", target, run=packer.RunOptions(
+                        workers=1, overwrite=True, remote=options_for(s3, work / "writer")))
                 remote.reads_advanced(position)
                 out.append(bytes(remote.get(int(i))))
             return out

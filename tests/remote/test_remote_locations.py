@@ -25,7 +25,8 @@ _register()
 #: Options that may name a file without a ``click.Path`` type (``--classes`` is a file or names).
 ALSO_PLACES = {("build", "classes_spec")}
 
-#: (command, parameter) -> (argv, outcome): "works", or the name the refusal gives the option.
+#: (command, parameter) -> (argv, outcome): "works", "leak" (works, and exits 1 for the copies it
+#: finds: ``{ds}`` and ``{url}`` hold the same samples), or the name the refusal gives the option.
 #: ``{url}`` is a dataset URL in the test's bucket, ``{new}`` a fresh URL there, ``{src}``/``{ds}`` a
 #: local source / dataset, ``{tmp}`` the test's folder (the working folder is ``{tmp}/cwd``).
 WALK: dict[tuple[str, str], tuple[list[str], str]] = {
@@ -45,6 +46,7 @@ WALK: dict[tuple[str, str], tuple[list[str], str]] = {
     ("inspect", "extract"): (["inspect", "{url}", "--sample", "0", "--extract", "{new}/sample.jpg"], "--extract"),
     ("inspect", "grid"): (["inspect", "{url}", "--grid", "{new}/grid.png"], "--grid"),
     ("inspect", "html"): (["inspect", "{url}", "--html", "{new}/report.html"], "--html"),
+    ("inspect", "against"): (["inspect", "{ds}", "--duplicates", "--against", "{url}"], "leak"),
     ("verify", "dataset"): (["verify", "{url}"], "works"),
     ("bench", "dataset"): (["bench", "{url}", "-b", "8", "-n", "2", "--warmup", "0", "--decode", "none",
                             "--loader", "simple", "-j", "0"], "works"),
@@ -91,6 +93,8 @@ def test_a_url_in_every_place_option_works_or_is_refused_by_name(row, cli_env, s
     code, out, err = run_main([part.format(**values) for part in argv])
     if outcome == "works":
         assert code == 0, (code, out, err)
+    elif outcome == "leak":
+        assert code == 1 and "leaks: 120 group(s) across datasets" in out, (code, out, err)
     else:
         assert code == 2, (code, out, err)
         assert f"{outcome} needs a local path, got the URL s3://{s3.bucket}/" in err, err

@@ -34,11 +34,10 @@ EXTENT = 8 << 10  # two 4 KiB-aligned raw samples per extent
 @pytest.fixture(scope="module")
 def uniform_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 raw samples of one size (4 KiB aligned): 20 extents of two samples, all the same size."""
-    from packer.writer import BuildOptions, build
-
     root = tmp_path_factory.mktemp("uniform")
     write_images(root / "src", {"a": 20, "b": 20}, size=24)
-    build(root / "src", root / "ds", BuildOptions(codec="raw:size=24x24", shard_size=48 << 10), workers=1)
+    packer.build_dataset(root / "src", root / "ds", packer.BuildSettings(
+        codec="raw:size=24x24", layout=packer.LayoutSettings(shard_size=48 << 10)), packer.RunOptions(workers=1))
     return root / "ds"
 
 

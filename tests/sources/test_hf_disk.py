@@ -20,7 +20,8 @@ from packer import SourceError  # noqa: E402
 from packer.classes import check_classes  # noqa: E402
 from packer.decode import decode_as_stored  # noqa: E402
 from packer.writer import build  # noqa: E402
-from packer.writer.plan import BuildOptions  # noqa: E402
+from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings  # noqa: E402
+from packer import SourceSettings
 
 
 def _png(seed: int, size: tuple[int, int] = (8, 10), mode: str = "RGB") -> bytes:
@@ -59,8 +60,9 @@ def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf")
 
 
-def _build(source: Path, out: Path, **kw) -> Path:
-    build(source, out, BuildOptions(shard_size=16 << 10), workers=1, **kw)
+def _build(source: Path, out: Path, **source_settings) -> Path:
+    build(source, out, BuildSettings(source=SourceSettings(**source_settings), layout=LayoutSettings(shard_size=16 << 10)),
+          RunOptions(workers=1))
     return out
 
 
@@ -74,7 +76,7 @@ def test_a_dataset_keeps_its_class_names_images_and_columns_as_fields(hf_root, c
     assert "'meta' is not stored (a struct column)" in warned and "'Camera Model' is not stored" in warned
     ds = packer.open_dataset(out)
     assert ds.classes == ("cat", "dog", "owl") and len(ds) == 10
-    assert ds.manifest.build["source_kind"] == "hf"
+    assert ds.manifest.build["settings"]["source"]["kind"] == "hf"
     declared = {spec.name: spec for spec in ds.fields}
     assert {name: spec.describe() for name, spec in declared.items()} == {
         "caption": "caption: text", "score": "score: float32", "count": "count: int16", "ok": "ok: bool",
@@ -222,7 +224,7 @@ def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp
     assert message.startswith("the columns do not fit one index: these fields need 56 index columns"), message
     # listed without a spool folder (only packer build gives one)
     with pytest.raises(SourceError) as caught:
-        list_source(folder, SourceOptions(source_kind="hf"))
+        list_source(folder, SourceOptions(source=SourceSettings(kind="hf")))
     assert caught.value.message == "a Hugging Face source needs a spool folder (build it through packer build)"
     # and without pyarrow at all
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
@@ -245,7 +247,7 @@ def test_an_imagefolder_saved_to_disk_keeps_every_class(tmp_path):
     """Issue 38: every row of cat/ and dog/ holds the path "000.jpg", ...; the build exited 0 with
     "3 duplicate-entry" and no dog. Keys are <class>/<name> now, the source folder's layout."""
     source = _imagefolder(tmp_path, {"cat": 3, "dog": 3})
-    result = build(source, tmp_path / "ds", BuildOptions(), workers=1)
+    result = build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     assert result.sample_count == 6 and result.rejected == []
     with packer.open_dataset(tmp_path / "ds") as dataset:
         keys = sorted(dataset.key(i) for i in range(len(dataset)))
@@ -262,7 +264,7 @@ def test_rows_whose_name_and_class_repeat_are_keyed_by_row(tmp_path):
     features = hf.Features({"image": hf.Image(), "label": hf.ClassLabel(names=["cat"])})
     rows = {"image": [{"bytes": _png(k), "path": "0.png"} for k in range(3)], "label": [0, 0, 0]}
     hf.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "saved"))
-    result = build(tmp_path / "saved", tmp_path / "ds", BuildOptions(), workers=1)
+    result = build(tmp_path / "saved", tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     assert result.sample_count == 3
     with packer.open_dataset(tmp_path / "ds") as dataset:
         assert sorted(dataset.key(i) for i in range(3)) == ["000000000/0.png", "000000001/0.png", "000000002/0.png"]
@@ -294,5 +296,5 @@ def test_a_spool_that_cannot_be_written_is_a_build_error(hf_root, tmp_path, monk
 
     monkeypatch.setattr(hf_disk, "open", spool_open, raising=False)
     with pytest.raises(BuildError) as caught:
-        build(source, tmp_path / "ds", BuildOptions(), workers=1)
+        build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     assert caught.value.message == message and caught.value.path.endswith("spool-hf.bin")

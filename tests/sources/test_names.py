@@ -68,7 +68,7 @@ def test_a_latin1_name_and_its_escaped_spelling_both_pack_and_export(tmp_path) -
     with open(latin1, "wb") as file:
         file.write(jpeg(1))
     spelled.write_bytes(jpeg(2))
-    result = packer.build_dataset(src, tmp_path / "ds", workers=1)
+    result = packer.build_dataset(src, tmp_path / "ds", run=packer.RunOptions(workers=1))
     assert result.sample_count == 2 and not [r for r in result.rejected if r.reason == "duplicate-entry"]
     with packer.open_dataset(tmp_path / "ds") as dataset:
         keys = sorted(dataset.key(i) for i in range(len(dataset)))
