@@ -13,6 +13,11 @@ an old archive's Latin-1 ``caf\\xe9.jpg`` is not UTF-8. Such a name is packed, n
   of the ``%`` that made the name not plain) and a plain key never does, so no escaped key equals a
   plain one, and escaping is reversible; two different names never share a key
   (``tests/sources/test_names.py``, a hypothesis property over every byte string).
+* **Every door alike**: a door that lists names as bytes (folders, tar, zip, WebDataset) escapes
+  them as it lists; a name a door reads as text (a manifest's path, a COCO ``file_name``, a Parquet
+  or Hugging Face row's path) is escaped the same way when it is listed (``listed_key``, called by
+  ``sources.listing.RawListingBuilder.add``), so a file has one key whichever door lists it and an
+  export built again gives it back.
 * **Marker**: the sample's metadata holds ``"escaped_name": true`` (``ESCAPED_FIELD``), so a
   reader knows which keys to unescape; ``unescape_key`` gives back the original bytes, which
   ``packer export`` writes as the file name.
@@ -23,9 +28,11 @@ spelling in one folder shared a key and one of them was dropped as a duplicate.
 
 from __future__ import annotations
 
+import json
 import re
 
-__all__ = ["ESCAPED_FIELD", "ESCAPED_META", "escape_name", "is_utf8", "is_plain", "unescape_key", "source_name"]
+__all__ = ["ESCAPED_FIELD", "ESCAPED_META", "escape_name", "is_utf8", "is_plain", "unescape_key", "source_name",
+           "listed_key"]
 
 #: The metadata field that marks a sample whose key is an escaped name.
 ESCAPED_FIELD = "escaped_name"
@@ -85,3 +92,19 @@ def unescape_key(key: str, escaped: bool = True) -> bytes:
     if not escaped:
         return key.encode("utf-8")
     return re.sub(rb"%([0-9A-F]{2})", lambda m: bytes([int(m.group(1), 16)]), key.encode("utf-8"))
+
+
+def listed_key(name: bytes, meta: bytes = b"") -> tuple[bytes, bytes]:
+    """A listed entry's key and metadata: ``name`` and ``meta`` as they are when the name is plain,
+    else the escaped key and ``meta`` with the ``ESCAPED_FIELD`` marker (a key already escaped,
+    whose ``meta`` carries the marker, is kept). Every door's listing goes through here
+    (``sources.listing.RawListingBuilder.add``), so a name gets one key whatever door lists it."""
+    if b"%" not in name or b'"escaped_name":true' in meta or is_plain(name):
+        return name, meta
+    key = escape_name(name).encode("utf-8")
+    if not meta:
+        return key, ESCAPED_META
+    document = json.loads(meta)
+    document[ESCAPED_FIELD] = True
+    return key, json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+

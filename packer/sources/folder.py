@@ -36,7 +36,7 @@ from ..classes import split_folder_warning
 from ..errors import SourceError
 from ..fields import FieldSpec
 from ..files import open_nonblocking, read_fd_capped
-from ..names import ESCAPED_META, escape_name, is_plain
+from ..names import ESCAPED_META, escape_name, is_plain, is_utf8, unescape_key
 from .fieldvalues import FieldRowBuilder
 from .listing import DoorOptions, RawListing, RawListingBuilder, file_stamp
 from .sidefiles import SideMember, assemble_sample, read_limit, split_key
@@ -232,10 +232,15 @@ def _group_side_files(listing: RawListing, fields: Sequence[FieldSpec]) -> RawLi
         members = []
         for row in rows:
             name = blob[offsets[row]:offsets[row + 1]].decode("utf-8")
-            if escaped[row]:
-                out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "
-                                                     "names, which must be UTF-8")
-                continue
+            if escaped[row]:  # an escaped key (packer/names.py)
+                original = unescape_key(name)
+                if not is_utf8(original):
+                    out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "
+                                                         "names, which must be UTF-8")
+                    continue
+                # a UTF-8 name holding %XX: its files are read and grouped by the real name, and the
+                # sample's key is escaped again when it is listed (RawListingBuilder.add)
+                name = original.decode("utf-8")
             suffix = name.rpartition("/")[2].partition(".")[2]
             limit = limits.get(suffix)
             if limit is None:
