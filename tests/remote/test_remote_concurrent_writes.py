@@ -163,3 +163,67 @@ def test_a_second_write_from_the_same_node_is_refused_at_once(s3, small_dataset,
     assert json.loads(out.strip().splitlines()[-1]) == {"ok": True}, err[-2000:]
     with packer.open_dataset(url, remote=options_for(s3, tmp_path / "check")) as dataset:
         assert len(dataset) == 125
+
+
+# --- the same races in this process, at each point a writer can find the other (MemoryTransport) ------
+
+def _racing_store(monkeypatch, tmp_path):
+    from conftest import MemoryTransport, memory_store
+
+    transport = MemoryTransport()
+    memory_store(monkeypatch, transport)
+    return transport, packer.remote.RemoteOptions(cache_dir=str(tmp_path / "cache"))
+
+
+def _other_manifest(small_dataset) -> bytes:
+    return (small_dataset / "manifest.json").read_bytes().replace(b"{", b"{ ", 1)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_manifest_that_appears_or_changes_during_the_upload_is_found_before_the_commit(
+        monkeypatch, tmp_path, small_dataset, overwrite):
+    from packer.errors import DatasetChangedError, OutputExistsError
+
+    transport, options = _racing_store(monkeypatch, tmp_path)
+    url = parse_url("s3://bucket/ds")
+    if overwrite:
+        transport.objects["ds/manifest.json"] = b"{}"  # a dataset to replace (not a valid one: nothing retired)
+
+    def another_writer_commits() -> None:
+        transport.objects["ds/manifest.json"] = _other_manifest(small_dataset)
+
+    expected = DatasetChangedError if overwrite else OutputExistsError
+    with pytest.raises(expected) as caught:
+        upload_dataset(small_dataset, url, options, overwrite=overwrite, before_commit=another_writer_commits)
+    assert caught.value.message == (
+        "the dataset changed while the overwrite was being uploaded (another writer committed first); nothing was "
+        "committed: run it again to replace that generation" if overwrite else
+        "another writer created a dataset here while this one was being uploaded; nothing was committed (pass "
+        "--overwrite to replace it)")
+    assert transport.objects["ds/manifest.json"] == _other_manifest(small_dataset)  # the other one's stays
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_manifest_written_between_the_compare_and_the_write_fails_the_precondition(
+        monkeypatch, tmp_path, small_dataset, overwrite):
+    """The narrowest race: the other writer's manifest lands after this one compared and before it
+    writes; the store's precondition (If-None-Match / If-Match) refuses this write."""
+    from packer.errors import DatasetChangedError, OutputExistsError
+
+    transport, options = _racing_store(monkeypatch, tmp_path)
+    url = parse_url("s3://bucket/ds")
+    if overwrite:
+        transport.objects["ds/manifest.json"] = b"{}"
+    put = transport.put_bytes
+
+    def raced(key, data, **condition):  # type: ignore[no-untyped-def]
+        if key.endswith("manifest.json"):
+            transport.objects[key] = _other_manifest(small_dataset)  # landed a moment earlier
+        put(key, data, **condition)
+
+    monkeypatch.setattr(transport, "put_bytes", raced)
+    with pytest.raises(DatasetChangedError if overwrite else OutputExistsError) as caught:
+        upload_dataset(small_dataset, url, options, overwrite=overwrite)
+    assert ("the manifest's precondition failed" if overwrite else "while this one was committing") \
+        in caught.value.message
+    assert transport.objects["ds/manifest.json"] == _other_manifest(small_dataset)
