@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             blocks = index_blocks(dataset.index.offset, dataset.index.size, dataset.index.shard)
             order = epoch_order("block", len(dataset), seed=0, epoch=0, blocks=blocks)
             shard_bytes = sum(entry.size for entry in dataset.manifest.shards)
-            shards = [entry.path for entry in dataset.manifest.shards]
+            shards = [(entry.path, entry.size) for entry in dataset.manifest.shards]
         count = len(order)
 
         # The peers: the same sample bytes, their formats, the same bucket.
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
         def floor_round() -> harness.Stretch:
             def epoch(_store: Any, _open_s: float) -> dict[str, Any]:
-                nbytes = sum(len(store.read_object(relative)) for relative in shards)
+                nbytes = sum(len(store.read_range(relative, 0, size)) for relative, size in shards)
                 return {"items": count, "bytes": nbytes, "first_batch_s": None}
             return _round(lambda: store, epoch, proxy, close=lambda _store: None)
 

@@ -90,7 +90,7 @@ __all__ = [
     "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
     "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
     "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "Position", "POSITION_SLOTS",
-    "EpochCursor", "CursorReader", "check_epoch",
+    "EpochCursor", "CursorReader", "check_epoch", "MAX_EPOCH",
 ]
 
 #: The order kinds understood by ``epoch_order``.
@@ -489,20 +489,30 @@ class ReadOrder:
                                  f"{expected.get(key)!r}; resuming would not see the remaining samples "
                                  f"of the saved epoch")
         epoch = _check_nonnegative("epoch", state.get("epoch"))
+        if epoch > MAX_EPOCH:  # the position is an int64: numpy would raise OverflowError
+            raise OptionError(f"the saved state's epoch must be at most 2**63 - 1 (a reader's position is an int64), "
+                              f"got {epoch!r}")
         consumed = _check_nonnegative("consumed", state.get("consumed"))
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         return epoch, consumed
 
 
+#: The largest epoch a reader keeps (its position is an int64 cell, shared with DataLoader workers).
+MAX_EPOCH = (1 << 63) - 1
+
+
 def check_epoch(epoch: object) -> int:
-    """Return ``epoch`` as an int if it is a non-negative integer.
+    """Return ``epoch`` as an int if it is a non-negative integer up to ``MAX_EPOCH``.
 
     Raises:
-        OptionError: anything else (bools included).
+        OptionError: anything else (bools included; an epoch past 2**63 - 1 too, not an
+            OverflowError from the int64 position).
     """
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise OptionError(f"epoch must be a non-negative integer, got {epoch!r}")
+    if epoch > MAX_EPOCH:
+        raise OptionError(f"epoch must be at most 2**63 - 1 (a reader's position is an int64), got {epoch!r}")
     return int(epoch)
 
 

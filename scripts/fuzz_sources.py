@@ -1,6 +1,6 @@
 """Structure-aware fuzzing of the source doors: every input packs or is refused with a PackerError.
 
-    python scripts/fuzz_sources.py [--seconds 60] [--seed 0] [--kinds tar,zip,webdataset,parquet,coco]
+    python scripts/fuzz_sources.py [--seconds 60] [--seed 0] [--kinds tar,zip,webdataset,parquet,coco,hf,remote]
                                    [--keep FOLDER] [--json]
 
 Each case builds a source the way a hostile or broken one looks, not as random bytes: tar
@@ -10,14 +10,26 @@ point outside the file, declare terabytes, zip64 extras, encryption, unknown met
 member sets with repeated, missing, oversized or malformed label and metadata members, with and
 without declared fields; Parquet schemas with every column type in the label and image places,
 null and huge values, ClassLabel metadata that repeats, is deep or is not a list; COCO documents
-with every member of the wrong type. Each case is built with ``packer.writer.build`` (one
+with every member of the wrong type; Hugging Face ``save_to_disk`` folders written by the real
+``datasets`` library (``hf``: ClassLabel, string and integer labels, null and non-image rows, paths
+that repeat, leave the folder or are missing, extra columns, and ``imagefolder`` datasets whose
+rows hold bare file names). Each case is built with ``packer.writer.build`` (one
 worker, in this process) and must end in one of two ways:
 
 * a dataset that opens and reads back (every sample's bytes), or
 * a ``PackerError`` (typed, with a message);
 
 never another exception, a hang (``--case-seconds``, SIGALRM) or unbounded memory (the case's
-``tracemalloc`` peak is bounded by ``--case-memory``). A failing case's source is kept under
+``tracemalloc`` peak is bounded by ``--case-memory``). A dataset that packs has distinct keys,
+and a Hugging Face case accounts for every row (packed or rejected with a reason, never dropped).
+
+The ``remote`` kind fuzzes the other side of object storage: a small dataset on a loopback S3
+server (moto behind ``scripts/loopback_s3.py``'s proxy, 127.0.0.1 only), read whole in a random
+order through packer while the proxy mutates a seeded share of the answers (``mutate``: bytes
+flipped or zeroed, bodies cut or extended with a matching Content-Length, a 200 with the whole
+object to a range request, Content-Range dropped or lying, error statuses; the manifest too, in some
+cases) with random transports and options. Each read must give the folder's bytes or a
+``PackerError``. A failing case's source is kept under
 ``--keep`` (default: a temporary folder, printed) with the traceback.
 
 The last line printed is ``source fuzzing: {json}`` (cases per kind, outcomes, failures), read
@@ -57,6 +69,8 @@ except ImportError:
     sys.path.insert(0, str(REPO))
 
 KINDS = ("tar", "zip", "webdataset", "parquet", "coco")
+#: Kinds that need more than the core dependencies (``datasets``; moto and s3fs), run when named.
+EXTRA_KINDS = ("hf", "remote")
 
 
 # --- images ----------------------------------------------------------------------------------------
@@ -186,6 +200,8 @@ class Case:
     source: Path
     options: dict[str, Any] = field(default_factory=dict)   # settings by their flat names (shard_size, classes, ...)
     build: dict[str, Any] = field(default_factory=dict)     # source settings (source_kind, root, label_field, ...)
+    rows: int | None = None                                  # hf: rows written (each packed or rejected)
+    read: dict[str, Any] | None = None                       # remote: how the case reads (run_remote)
 
 
 _NAMES = [b"cat/a.jpg", b"dog/b.png", b"cat/../x.jpg", b"/abs.jpg", b".hidden/c.jpg", b"cat/.DS_Store",
@@ -443,6 +459,149 @@ def gen_coco(rng: random.Random, folder: Path, pool: list[bytes]) -> Case:
     return Case("coco", path, rules, {"root": images_dir, "source_kind": rng.choice(["auto", "coco"])})
 
 
+def gen_hf(rng: random.Random, folder: Path, pool: list[bytes]) -> Case:
+    """A ``save_to_disk`` folder written by the real ``datasets`` library."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if rng.random() < 0.3:  # an imagefolder: class folders loaded by datasets, rows hold bare names
+        source = folder / "imagefolder"
+        for cls in rng.sample(["cat", "dog", "emu"], rng.randint(1, 3)):
+            (source / cls).mkdir(parents=True)
+            for number in range(rng.randint(1, 3)):
+                (source / cls / f"{number}.{'png' if number % 2 else 'jpg'}").write_bytes(rng.choice(pool))
+        dataset = datasets.load_dataset("imagefolder", data_dir=str(source), split="train")
+        rows = len(dataset)
+    else:
+        rows = rng.randrange(0, 8)
+        names = [rng.choice([None, "0.jpg", "0.jpg", "1.png", "cat/0.jpg", "../x.jpg", "", ".hidden.jpg",
+                             "dog/0.jpg", "a/./b.jpg", "x\\y.jpg"]) for _ in range(rows)]
+        images = [rng.choice(pool + pool + [None, b"", b"not an image"]) for _ in range(rows)]
+        features: dict[str, Any] = {"image": datasets.Image()}
+        columns: dict[str, Any] = {"image": [None if b is None else {"bytes": b, "path": p}
+                                             for b, p in zip(images, names)]}
+        label = rng.choice(["classlabel", "classlabel", "str", "int", "none"])
+        if label == "classlabel":
+            features["label"] = datasets.ClassLabel(names=rng.choice([["cat", "dog"], ["cat", "dog", "emu"]]))
+            columns["label"] = [rng.choice([0, 1, -1]) for _ in range(rows)]
+        elif label == "str":
+            features["label"] = datasets.Value("string")
+            columns["label"] = [rng.choice(["cat", "dog", "", None, "1"]) for _ in range(rows)]
+        elif label == "int":
+            features["label"] = datasets.Value("int64")
+            columns["label"] = [rng.choice([0, 3, -1, None]) for _ in range(rows)]
+        if rng.random() < 0.5:
+            features["caption"] = datasets.Value("string")
+            columns["caption"] = [rng.choice(["a cat", "", None, "\u2713"]) for _ in range(rows)]
+        if rng.random() < 0.3:
+            features["score"] = datasets.Value("float32")
+            columns["score"] = [rng.choice([0.5, 1e30, None]) for _ in range(rows)]
+        if rng.random() < 0.3:
+            features["tags"] = datasets.Sequence(datasets.Value("int32"))
+            columns["tags"] = [[rng.randrange(5)] * rng.randrange(3) for _ in range(rows)]
+        dataset = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
+    path = folder / "saved"
+    dataset.save_to_disk(str(path), num_shards=rng.choice([1, 1, 2]) if rows >= 2 else 1)
+    return Case("hf", path, _rules(rng), {"source_kind": rng.choice(["auto", "hf"])}, rows=rows)
+
+
+#: The loopback server and the dataset on it, started by the first remote case of a run.
+_REMOTE: dict[str, Any] = {}
+
+
+def _remote_server(pool: list[bytes]) -> dict[str, Any]:
+    if _REMOTE:
+        return _REMOTE
+    sys.path.insert(0, str(REPO / "scripts"))
+    import loopback_s3
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+        os.environ[name] = value  # dummy credentials for the loopback server, never a real chain
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    servers = loopback_s3.start()
+    import boto3
+
+    boto3.client("s3", endpoint_url=servers["direct"], region_name="us-east-1").create_bucket(Bucket="fuzz")
+    from packer.remote import RemoteOptions
+    from packer.remote.upload import upload_dataset
+    from packer.remote.url import parse_url
+    from packer import BuildSettings, LayoutSettings, RunOptions
+    from packer.writer import build
+
+    work = Path(tempfile.mkdtemp(prefix="fuzz-remote-"))
+    for number, data in enumerate(pool * 4):
+        (work / "src" / f"c{number % 3}").mkdir(parents=True, exist_ok=True)
+        suffix = "jpg" if data[:2] == b"\xff\xd8" else "png"
+        (work / "src" / f"c{number % 3}" / f"{number}.{suffix}").write_bytes(data)
+    build(work / "src", work / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
+    upload_dataset(work / "ds", parse_url("s3://fuzz/ds"), RemoteOptions(endpoint_url=servers["direct"],
+                                                                          cache_dir=str(work / "up")))
+    _REMOTE.update(servers=servers, local=work / "ds", work=work)
+    return _REMOTE
+
+
+def _proxy(settings: dict[str, Any]) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(_REMOTE["servers"]["proxy"] + "/__proxy__/config",
+                                     data=json.dumps(settings).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+def gen_remote(rng: random.Random, folder: Path, pool: list[bytes]) -> Case:
+    """A read of the loopback dataset while the proxy mutates answers (see the module docstring)."""
+    server = _remote_server(pool)
+    read = {"seed": rng.randrange(1 << 30), "rate": rng.choice([0.02, 0.1, 0.3, 0.6]),
+            "methods": rng.choice([["GET"], ["GET"], ["GET", "HEAD"]]), "spare_manifest": rng.random() < 0.7,
+            "transport": rng.choice(["fsspec", "fsspec", "obstore"]), "retries": rng.choice([1, 2, 4, 8]),
+            "extent_bytes": rng.choice([8 << 10, 32 << 10, 1 << 20]), "batch": rng.choice([0, 1, 7]),
+            "order_seed": rng.randrange(1 << 30)}
+    return Case("remote", server["local"], {}, {}, read=read)
+
+
+def run_remote(case: Case, out: Path) -> str:
+    """Read the whole dataset through the mutating proxy: ``identical`` or the PackerError's class."""
+    from packer.dataset import open_dataset
+    from packer.errors import PackerError
+    from packer.remote import RemoteOptions
+
+    read = case.read
+    assert read is not None
+    with open_dataset(case.source) as local:
+        expect = [bytes(local.get(i)) for i in range(len(local))]
+    order = np.random.default_rng(read["order_seed"]).permutation(len(expect))
+    _proxy({"fault_rate": read["rate"], "faults": ["mutate"], "methods": read["methods"], "seed": read["seed"],
+            "spare_manifest": read["spare_manifest"], "paths": None, "latency_s": 0.0, "bandwidth": 0})
+    options = RemoteOptions(endpoint_url=_REMOTE["servers"]["proxy"], region="us-east-1", cache_dir=str(out / "cache"),
+                            transport=read["transport"], retries=read["retries"], timeout_s=5.0, deadline_s=30.0,
+                            backoff_s=0.001, extent_bytes=read["extent_bytes"], in_flight=1)
+    try:
+        with open_dataset("s3://fuzz/ds", remote=options) as remote:
+            remote.plan_reads(order)
+            got: list[bytes] = []
+            step = read["batch"] or 1
+            for start in range(0, len(order), step):
+                part = order[start:start + step]
+                remote.reads_advanced(start)
+                if read["batch"]:
+                    batch = remote.read_batch(part)
+                    got.extend(bytes(batch[j]) for j in range(len(part)))
+                else:
+                    got.append(bytes(remote.get(int(part[0]))))
+    except PackerError as exc:
+        if not str(exc):
+            raise AssertionError(f"a {type(exc).__name__} without a message") from exc
+        return type(exc).__name__
+    finally:
+        _proxy({"fault_rate": 0.0})
+    if got != [expect[i] for i in order.tolist()]:
+        raise AssertionError("the read gave other bytes than the folder's (short, mixed or damaged samples)")
+    return "identical"
+
+
 def _rules(rng: random.Random) -> dict[str, Any]:
     """The contract's options, varied: class lists, label types, limits."""
     rules: dict[str, Any] = {"shard_size": rng.choice([8192, 1 << 20])}
@@ -457,7 +616,8 @@ def _rules(rng: random.Random) -> dict[str, Any]:
 
 
 GENERATORS: dict[str, Callable[[random.Random, Path, list[bytes]], Case]] = {
-    "tar": gen_tar, "zip": gen_zip, "webdataset": gen_webdataset, "parquet": gen_parquet, "coco": gen_coco}
+    "tar": gen_tar, "zip": gen_zip, "webdataset": gen_webdataset, "parquet": gen_parquet, "coco": gen_coco,
+    "hf": gen_hf, "remote": gen_remote}
 
 
 # --- running cases -------------------------------------------------------------------------------------
@@ -479,6 +639,8 @@ def run_case(case: Case, out: Path) -> str:
     from packer.errors import PackerError
     from packer.writer import build
 
+    if case.kind == "remote":
+        return run_remote(case, out)
     try:
         source = SourceSettings(**{("kind" if name == "source_kind" else name): value
                                    for name, value in case.build.items()})
@@ -496,6 +658,13 @@ def run_case(case: Case, out: Path) -> str:
             for spec in dataset.fields:
                 dataset.value(spec.name, row)
         assert len(dataset) == result.sample_count
+        keys = [dataset.key(row) for row in range(len(dataset))]
+        assert len(set(keys)) == len(keys), "two samples share a key"
+    if case.rows is not None:  # every row is packed or rejected with a reason: none dropped unsaid
+        assert result.sample_count + len(result.rejected) == case.rows, (result.sample_count, result.rejected)
+        # rows are keyed one-to-one (an imagefolder's bare names included): never a row dropped as
+        # the duplicate of another (issue 38: a whole class was)
+        assert not [r for r in result.rejected if r.reason == "duplicate-entry"], result.rejected
     return "packed"
 
 
@@ -582,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma-separated; also {', '.join(EXTRA_KINDS)} (they need datasets; moto and s3fs)")
     parser.add_argument("--keep", type=Path, default=None, help="Folder for failing cases (default: a temporary one).")
     parser.add_argument("--case-seconds", type=int, default=30)
     parser.add_argument("--replay", default=None, metavar="KIND:SEED", help="Build one case again and print its outcome.")
@@ -593,9 +763,9 @@ def main(argv: list[str] | None = None) -> int:
         print(replay(kind, int(case_seed), args.seed))
         return 0
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    unknown = set(kinds) - set(KINDS)
+    unknown = set(kinds) - set(KINDS) - set(EXTRA_KINDS)
     if unknown:
-        parser.error(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+        parser.error(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS + EXTRA_KINDS)}")
     report = fuzz(args.seconds, args.seed, kinds, args.keep, args.case_seconds)
     for failure in report.failures:
         print(f"FAILED {failure['kind']}:{failure['seed']}: {failure['error']} (kept in {failure['kept']})",

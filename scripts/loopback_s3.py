@@ -6,8 +6,13 @@ connects to the moto port on 127.0.0.1: nothing here reaches another address.
 
 The proxy forwards every request to moto and, for the requests it is told to touch, injects
 faults drawn from a seeded generator: a reset connection, a 500, a 503 SlowDown, a 429, a
-truncated body (the full Content-Length announced, part sent, the connection closed) and a slow
-response. It can also add latency to every request and cap the bandwidth of all responses
+truncated body (the full Content-Length announced, part sent, the connection closed), a slow
+response, a *trickle* (the headers at once, then the body one byte every ``trickle_s`` seconds:
+a socket timeout never fires) and a *mutated* answer (``mutate``: a seeded change to the status,
+headers or body of the real answer, for the remote-server fuzzer: bytes flipped or zeroed, a body
+cut or extended with its Content-Length to match, a 200 with the whole object to a range request,
+a Content-Range dropped or lying, an error status). The manifest is spared unless
+``spare_manifest`` is false. It can also add latency to every request and cap the bandwidth of all responses
 together (a token bucket shared by every connection), so that a loopback server behaves like a
 remote store. ``POST /__proxy__/config`` (JSON) changes the settings; ``GET /__proxy__/log``
 returns the requests seen since the last ``POST /__proxy__/reset``.
@@ -27,7 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
-FAULTS = ("reset", "500", "503", "429", "truncate", "slow")
+FAULTS = ("reset", "500", "503", "429", "truncate", "slow", "trickle", "mutate")
+#: What a ``mutate`` fault does to an answer (drawn per request).
+MUTATIONS = ("flip", "zero", "cut", "extend", "whole", "no-content-range", "lying-content-range", "status")
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -37,8 +44,9 @@ class ProxyState:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.lock = threading.Lock()
-        self.config: dict[str, Any] = {"fault_rate": 0.0, "faults": list(FAULTS), "methods": ["GET"],
-                                       "seed": 0, "latency_s": 0.0, "bandwidth": 0, "slow_s": 0.3}
+        self.config: dict[str, Any] = {"fault_rate": 0.0, "faults": list(FAULTS[:6]), "methods": ["GET"],
+                                       "seed": 0, "latency_s": 0.0, "bandwidth": 0, "slow_s": 0.3,
+                                       "trickle_s": 0.5, "spare_manifest": True, "paths": None}
         self.rng = random.Random(0)
         self.log: list[dict[str, Any]] = []
         self.next_free = 0.0
@@ -52,11 +60,20 @@ class ProxyState:
     def draw(self, method: str, path: str) -> str | None:
         with self.lock:
             config = self.config
-            if method not in config["methods"] or config["fault_rate"] <= 0 or path.endswith("manifest.json"):
+            if method not in config["methods"] or config["fault_rate"] <= 0:
+                return None
+            if config["spare_manifest"] and path.split("?")[0].endswith("manifest.json"):
+                return None
+            if config["paths"] is not None and not any(part in path for part in config["paths"]):
                 return None
             if self.rng.random() >= config["fault_rate"]:
                 return None
             return self.rng.choice(config["faults"])
+
+    def mutation(self) -> tuple[str, random.Random]:
+        """A mutation kind and a generator for its details (both from the seeded stream)."""
+        with self.lock:
+            return self.rng.choice(MUTATIONS), random.Random(self.rng.randrange(1 << 32))
 
     def throttle(self, nbytes: int) -> None:
         """A shared link of ``bandwidth`` bytes/s: wait for this chunk's turn on it."""
@@ -151,15 +168,24 @@ def make_handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
                     state.log.append(entry)
                 if fault == "slow":
                     time.sleep(state.config["slow_s"])
-                self.send_response(response.status)
-                for key, value in response.getheaders():
-                    if key.lower() not in _HOP and key.lower() != "content-length":
-                        self.send_header(key, value)
+                status, headers_out = response.status, [(k, v) for k, v in response.getheaders()
+                                                        if k.lower() not in _HOP and k.lower() != "content-length"]
+                if fault == "mutate" and self.command == "GET":
+                    status, headers_out, data = self._mutate(entry, status, headers_out, data, headers, upstream)
+                self.send_response(status)
+                for key, value in headers_out:
+                    self.send_header(key, value)
                 # a HEAD answer has no body but announces the object's length
                 length = response.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length)
                 self.end_headers()
                 if self.command == "HEAD":
+                    return
+                if fault == "trickle":
+                    for k in range(len(data)):
+                        self.wfile.write(data[k:k + 1])
+                        self.wfile.flush()
+                        time.sleep(state.config["trickle_s"])
                     return
                 if fault == "truncate" and len(data) > 1:
                     self.wfile.write(data[:len(data) // 2])
@@ -173,6 +199,44 @@ def make_handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(piece)
             finally:
                 upstream.close()
+
+        def _mutate(self, entry: dict[str, Any], status: int, headers: list[tuple[str, str]], data: bytes,
+                    request_headers: dict[str, str], upstream: http.client.HTTPConnection
+                    ) -> tuple[int, list[tuple[str, str]], bytes]:
+            """One seeded change to a real answer (``MUTATIONS``); recorded in the log entry."""
+            kind, rng = state.mutation()
+            entry["mutation"] = kind
+            if kind == "flip" and data:
+                body = bytearray(data)
+                for _ in range(rng.randint(1, 4)):
+                    body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
+                data = bytes(body)
+            elif kind == "zero" and data:
+                start = rng.randrange(len(data))
+                data = data[:start] + bytes(len(data) - start)
+            elif kind == "cut":
+                data = data[:rng.randrange(len(data) + 1)]
+            elif kind == "extend":
+                data = data + bytes(rng.randrange(256) for _ in range(rng.randint(1, 4096)))
+            elif kind == "whole" and "Range" in request_headers:  # as python -m http.server answers
+                whole = {k: v for k, v in request_headers.items() if k != "Range"}
+                upstream.request("GET", self.path, headers=whole)
+                answer = upstream.getresponse()
+                data = answer.read()
+                status = answer.status
+                headers = [(k, v) for k, v in answer.getheaders()
+                           if k.lower() not in _HOP and k.lower() not in ("content-length", "content-range")]
+            elif kind == "no-content-range":
+                headers = [(k, v) for k, v in headers if k.lower() != "content-range"]
+            elif kind == "lying-content-range":
+                headers = [(k, v) if k.lower() != "content-range" else
+                           (k, f"bytes {rng.randrange(1 << 20)}-{rng.randrange(1 << 20, 1 << 21)}/{rng.randrange(1 << 22)}")
+                           for k, v in headers]
+            elif kind == "status":
+                status = rng.choice([400, 403, 404, 409, 412, 416, 500, 502, 503])
+                data = b"<?xml version=\"1.0\"?><Error><Code>Injected</Code></Error>"
+                headers = [("Content-Type", "application/xml")]
+            return status, headers, data
 
         def _serve(self) -> None:
             try:

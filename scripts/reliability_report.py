@@ -7,7 +7,9 @@ Runs ``tests/writer/test_interrupted_builds.py``, ``test_corruption.py``, the ho
 bombs, decoder limits, the C extension's, the package scan), ``test_header_fuzzing.py``,
 ``test_messy_folder.py``, ``test_concurrent_readers.py`` and the source doors' suites
 (``test_every_door_holds.py``: issue 25's examples; ``test_every_door_matrix.py``: every door
-against the folder path; ``test_fuzz_sources.py``: a bounded structure-aware fuzzing run) with
+against the folder path; ``test_fuzz_sources.py``: a bounded structure-aware fuzzing run; object
+storage's seeded fault runs and remote-server fuzzer, ``tests/remote/test_remote_fault_runs.py`` and
+``test_remote_fuzz.py``) with
 pytest (``-s``, so each suite's
 summary line is printed), then prints those summary lines, the pass/fail counts and the wall time.
 Exit status: pytest's.
@@ -34,9 +36,9 @@ SUITES = ["tests/writer/test_interrupted_builds.py", "tests/verify/test_corrupti
           "tests/images/test_header_fuzzing.py", "tests/sources/test_messy_folder.py",
           "tests/readers/test_concurrent_readers.py",
           "tests/sources/test_every_door_holds.py", "tests/sources/test_every_door_matrix.py",
-          "tests/sources/test_fuzz_sources.py"]
+          "tests/sources/test_fuzz_sources.py", "tests/remote/test_remote_fault_runs.py", "tests/remote/test_remote_fuzz.py"]
 #: Lines the suites print: "<label>: <JSON object>" or "<label>: <text>".
-_SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|"
+_SUMMARY = re.compile(r"^(reliability/build trials|reliability/corruption outcomes|messy folder|remote fault runs|"
                       r"hostile input trials|header fuzzing trials|source fuzzing|door matrix|"
                       r"readers during \d+ overwrite rebuilds): (.*)$")
 _RESULT = re.compile(r"^=*\s*(.*\d+ (?:passed|failed).*?)\s*=*$")

@@ -70,6 +70,16 @@ class RemoteOptions:
     backoff_s: float = 0.05
 
     def __post_init__(self) -> None:
+        if self.endpoint_url is not None and (not isinstance(self.endpoint_url, str)
+                                              or not self.endpoint_url.lower().startswith(("http://", "https://"))
+                                              or len(self.endpoint_url.split("://", 1)[1].split("/")[0]) == 0):
+            raise OptionError(f"RemoteOptions.endpoint_url must be an http:// or https:// URL of the store "
+                              f"(e.g. http://127.0.0.1:9000), got {redact(repr(self.endpoint_url))}")
+        if self.region is not None and (not isinstance(self.region, str) or not self.region):
+            raise OptionError(f"RemoteOptions.region must be a region name such as 'us-east-1', got {self.region!r}")
+        if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
+            raise OptionError(f"RemoteOptions.storage_options must be a dict of the transport client's keyword "
+                              f"arguments, got {type(self.storage_options).__name__}")
         if self.transport not in TRANSPORTS:
             raise OptionError(f"unknown transport {self.transport!r}; choose one of {', '.join(TRANSPORTS)}")
         for name in ("extent_bytes", "request_bytes", "in_flight", "lookahead_bytes", "retries"):
@@ -110,6 +120,14 @@ class RemoteOptions:
                 if not probe.is_dir():
                     raise OptionError(f"{setting} is not a folder: {probe} is a file", path=folder)
                 break
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OptionError(f"{setting} cannot be created ({exc.strerror or exc}): the node cache must be a "
+                              f"writable local folder", path=folder) from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OptionError(f"{setting} is not writable by this user: the node cache must be a writable local "
+                              f"folder", path=folder)
         return folder
 
     def __repr__(self) -> str:  # storage_options may hold secrets: never shown

@@ -24,16 +24,17 @@ import fcntl
 import mmap
 import os
 import threading
+import time
 from bisect import bisect_right
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import format as fmt
-from ..errors import ChecksumMismatchError, DatasetChangedError, ManifestError, RemoteStoreError
+from ..errors import ChecksumMismatchError, DatasetChangedError, ManifestError, PackerError, RemoteStoreError, TruncatedFileError
 from ..files import MAX_REPORT_BYTES, iter_json_lines, open_dataset_file
 from .cache import LockFile, evict, write_atomic
 from .extents import ExtentTable, FetchPlan, coalesce, plan_extents
@@ -41,7 +42,7 @@ from .options import RemoteOptions
 from .store import Store, store_for
 from .url import DatasetURL, object_key
 
-__all__ = ["RemoteFiles", "RemoteShard", "dataset_key"]
+__all__ = ["RemoteFiles", "RemoteShard", "dataset_key", "read_manifest"]
 
 #: Extent files kept mapped per process (least recently used are dropped first: unmapped when
 #: the last reader lets go of them).
@@ -56,6 +57,40 @@ _RESCAN_EVERY = 32
 def dataset_key(url: DatasetURL, options: RemoteOptions) -> str:
     """The cache folder name of a dataset URL: the xxh3 of the URL and endpoint (no credential)."""
     return fmt.checksum_hex(fmt.checksum(f"{url.text}\n{options.endpoint_url or ''}".encode()))
+
+
+def read_manifest(store: Store, *, missing_ok: bool = False) -> bytes | None:
+    """The manifest's bytes, read as a bounded stream: at most ``MAX_MANIFEST_BYTES`` + 1 bytes come
+    over the wire whatever the object's size [R30]; None when there is none and ``missing_ok``.
+
+    Raises:
+        ManifestError: the object is over the limit (named with the URL).
+        RemoteStoreError: the read failed (after its retries), or no manifest (not ``missing_ok``).
+    """
+    data = store.read_prefix(fmt.MANIFEST_NAME, fmt.MAX_MANIFEST_BYTES, missing_ok=missing_ok)
+    if data is None:
+        return None
+    if len(data) > fmt.MAX_MANIFEST_BYTES:  # [R30]
+        raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit (the read stopped there)",
+                            path=f"{store.url}/{fmt.MANIFEST_NAME}")
+    return data
+
+
+def _file_matches(path: Path, size: int, checksum: int) -> bool:
+    """Whether the cache file ``path`` holds ``size`` bytes whose xxh3 is ``checksum``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if os.fstat(fd).st_size != size:
+            return False
+        if size == 0:
+            return fmt.checksum(b"") == checksum
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+            return fmt.checksum(view) == checksum
+    finally:
+        os.close(fd)
 
 
 def _family_dir(family: str) -> str:
@@ -85,9 +120,17 @@ class _ProcessState:
         self.downloads = 0
         self.downloaded_bytes = 0
         self.refetched = 0
+        #: cache files found damaged when mapped and fetched again
+        self.repaired = 0
 
     def close(self) -> None:
         self.prefetch_pool.shutdown(wait=True, cancel_futures=True)
+        # a cancelled prefetch never settles the extents it had claimed: whoever waits on one (a
+        # demand fetch left running by a batch that failed) would wait forever, and so would close
+        with self.lock:
+            pending = list(self.inflight.values())
+        for future in pending:
+            _settle(future, RemoteStoreError("the dataset was closed while this extent was being fetched"))
         self.demand_pool.shutdown(wait=True, cancel_futures=True)
         for lock in self.lock_files.values():
             lock.close()
@@ -117,10 +160,8 @@ class RemoteFiles:
         self.url = url
         self.options = options
         self.cache_root = options.cache_root / "v1"  # a bad cache setting is refused before any request
-        current = self.store.read_object(fmt.MANIFEST_NAME)
-        if len(current) > fmt.MAX_MANIFEST_BYTES:  # [R30]
-            raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit",
-                                path=f"{url}/{fmt.MANIFEST_NAME}")
+        current = read_manifest(self.store)
+        assert current is not None
         if manifest_bytes is not None and current != manifest_bytes:
             raise DatasetChangedError(
                 f"the dataset has a new manifest generation ({_generation(current)}) since it was opened at "
@@ -144,20 +185,34 @@ class RemoteFiles:
 
     # --- opening: manifest and index into the cache ---
     def _fetch_index(self) -> None:
+        """The generation's index into the cache: fetched by its declared size (never more: an
+        object larger than the manifest says is refused after ``size + 1`` bytes, not downloaded
+        whole, nor twice), checked against the manifest's checksum, fetched again once if the
+        bytes are wrong. A cached copy is checked the same way at every open (the cache proves what
+        it serves): a damaged one is fetched again."""
         entry = self.manifest.index
         target = self.root / object_key("", entry.path, where=self.url.text)
         manifest_copy = self.root / fmt.MANIFEST_NAME
-        if target.is_file() and target.stat().st_size == entry.size and manifest_copy.is_file():
+        if manifest_copy.is_file() and _file_matches(target, entry.size, entry.checksum):
             return
         self.root.mkdir(parents=True, exist_ok=True)
         lock = os.open(self.root / "open.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one process per node downloads the index
-            if not (target.is_file() and target.stat().st_size == entry.size):
+            if not _file_matches(target, entry.size, entry.checksum):
                 data = b""
                 for _attempt in range(2):  # a damaged download is fetched again once
-                    data = self.store.read_object(entry.path)
-                    if len(data) == entry.size and fmt.checksum(data) == entry.checksum:
+                    data = self.store.read_prefix(entry.path, entry.size)
+                    if len(data) > entry.size:
+                        raise TruncatedFileError(
+                            f"the index object is larger than the {entry.size} bytes the manifest records: it is "
+                            f"not this generation's index (the read stopped at {len(data)} bytes)",
+                            path=f"{self.url}/{entry.path}")
+                    if len(data) < entry.size:
+                        raise TruncatedFileError(
+                            f"the index object is {len(data)} bytes, not the {entry.size} the manifest records: "
+                            f"it is not this generation's index", path=f"{self.url}/{entry.path}")
+                    if fmt.checksum(data) == entry.checksum:
                         break
                 else:
                     raise fmt.ChecksumMismatchError(
@@ -295,7 +350,13 @@ class RemoteFiles:
     def open_shard(self, family: str, number: int, entry: fmt.ShardEntry,
                    check_header: Callable[[bytes, str], None]) -> "RemoteShard":
         """Shard ``number`` of ``family``, its (cached) header checked by ``check_header`` first."""
-        check_header(*self.shard_header(family, number))
+        head, where = self.shard_header(family, number)
+        try:
+            check_header(head, where)
+        except PackerError:
+            # a damaged cached header is fetched again once; the store's own bad header is named
+            (self.root / "headers" / f"{_family_dir(family)}-{number}").unlink(missing_ok=True)
+            check_header(*self.shard_header(family, number))
         return RemoteShard(self, family, number, entry)
 
     # --- reading an extent ---
@@ -308,11 +369,30 @@ class RemoteFiles:
             state.maps.move_to_end(key)
             return view
         self._note_need(state, family, extent)
-        for _attempt in range(3):  # evicted by another process between fetch and map: fetch again
-            view = _map(self._extent_path(family, extent))
-            if view is not None:
+        path = self._extent_path(family, extent)
+        damaged: str | None = None
+        for _attempt in range(3):
+            mapped = _map(path)
+            if mapped is None:  # not there (never fetched, evicted, deleted): fetch it
+                self._fetch_now(family, extent)
+                continue
+            view, identity = mapped
+            inode = identity[1]
+            if _VERIFIED.get(path) == identity:
+                break  # this process checked this very file (no write, truncate or replace since)
+            why = self._extent_damage(family, extent, view)
+            if why is None:
+                if time.time_ns() - identity[4] > _SETTLED_NS:
+                    _VERIFIED[path] = identity
                 break
-            self._fetch_now(family, extent)
+            # The cache proves what it serves: a file that is not what entered (truncated, zeroed,
+            # a flipped byte) is fetched again once, then named.
+            if damaged is not None:
+                raise self._cache_damage(family, extent, f"{damaged}; fetched again, it is {why}")
+            damaged = why
+            with state.lock:
+                state.repaired += 1
+            self._fetch_now(family, extent, replace=inode)
         else:
             raise RemoteStoreError(f"extent {extent} left the cache as soon as it entered (cache_bytes "
                                    f"{self.options.cache_bytes} is too small for the read-ahead)", path=self.url.text)
@@ -346,8 +426,29 @@ class RemoteFiles:
                         slots[k - lo] = view
         return slots
 
-    def _fetch_now(self, family: str, extent: int) -> None:
-        """Fetch ``extent`` unless another thread or process is: then wait for it."""
+    def _extent_damage(self, family: str, extent: int, view: memoryview) -> str | None:
+        """Why a mapped cache file is not the extent (its size, or the first sample whose xxh3 is
+        not the index's), or None: checked at every mapping, not only when the file was written."""
+        table = self.table(family)
+        expected = int(table.end[extent]) - int(table.start[extent])
+        if len(view) != expected:
+            return f"{len(view)} bytes, not {expected}"
+        bad = self._first_bad_sample(family, extent, view)
+        if bad is not None:
+            return f"damaged (sample {bad} does not match its checksum)"
+        return None
+
+    def _cache_damage(self, family: str, extent: int, why: str) -> ChecksumMismatchError:
+        table = self.table(family)
+        entry = self._entries(family)[int(table.shard[extent])]
+        return ChecksumMismatchError(
+            f"the node cache's copy of bytes {int(table.start[extent])}-{int(table.end[extent])} of this object is "
+            f"{why} (cache file {self._extent_path(family, extent)}): something other than packer writes into "
+            f"the cache folder, or its disk is failing", path=f"{self.url}/{entry.path}", sample=int(table.first[extent]))
+
+    def _fetch_now(self, family: str, extent: int, *, replace: int | None = None) -> None:
+        """Fetch ``extent`` unless another thread or process is: then wait for it. ``replace``: the
+        inode of a damaged cache file, removed first (unless another process already replaced it)."""
         state = self._local()
         key = (family, extent)
         with state.lock:
@@ -365,13 +466,20 @@ class RemoteFiles:
         try:
             lock.acquire(ordinal)  # blocks while another process of the node fetches it
             try:
-                if not os.path.exists(self._extent_path(family, extent)):
+                path = self._extent_path(family, extent)
+                if replace is not None:
+                    try:
+                        if os.stat(path).st_ino == replace:  # still the damaged file
+                            os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                if not os.path.exists(path):
                     self._download(state, family, [extent])
             finally:
                 lock.release(ordinal)
-            future.set_result(None)
+            _settle(future, None)
         except BaseException as exc:
-            future.set_exception(exc)
+            _settle(future, exc)
             raise
         finally:
             with state.lock:
@@ -386,7 +494,7 @@ class RemoteFiles:
             data = memoryview(self.store.read_range(entry.path, start, end, what=f"shard {entry.path}")).cast("B")
         except RemoteStoreError as exc:  # a replaced generation's objects are deleted after its successor lands
             raise self._changed() or exc from None
-        written = 0
+        pieces = []
         for extent in extents:
             lo, hi = int(table.start[extent]), int(table.end[extent])
             piece = data[lo - start:hi - start]
@@ -398,10 +506,13 @@ class RemoteFiles:
                 bad = self._first_bad_sample(family, extent, piece)
                 if bad is not None:
                     raise self._damage(family, extent, bad, entry.path)
-            written += write_atomic(Path(self._extent_path(family, extent)), [piece])
-        with state.lock:
+            pieces.append((extent, piece))
+        with state.lock:  # counted before the files appear: a reader that sees one sees its count
             state.downloads += len(extents)
-            state.downloaded_bytes += written
+            state.downloaded_bytes += sum(len(piece) for _extent, piece in pieces)
+        written = 0
+        for extent, piece in pieces:
+            written += write_atomic(Path(self._extent_path(family, extent)), [piece])
         self._account(state, written)
 
     def _first_bad_sample(self, family: str, extent: int, piece: memoryview) -> int | None:
@@ -417,10 +528,10 @@ class RemoteFiles:
     def _changed(self) -> DatasetChangedError | None:
         """``DatasetChangedError`` if the store now holds another manifest than the one opened."""
         try:
-            now = self.store.read_object(fmt.MANIFEST_NAME)
-        except RemoteStoreError:
+            now = read_manifest(self.store, missing_ok=True)
+        except (RemoteStoreError, ManifestError):
             return None
-        if now == self.manifest_bytes:
+        if now is None or now == self.manifest_bytes:
             return None
         return DatasetChangedError(
             f"the dataset has a new manifest generation ({_generation(now)}) since it was opened at "
@@ -521,10 +632,7 @@ class RemoteFiles:
         for future in futures:
             if future is None:
                 continue
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            _settle(future, error)
 
     def ensure(self, indices: Any, family: str = "") -> None:
         """Make the extents of ``indices`` present, fetching the missing ones in parallel."""
@@ -602,7 +710,8 @@ class RemoteFiles:
         state = self._local()
         store = self.store
         return {"downloads": state.downloads, "downloaded_bytes": state.downloaded_bytes,
-                "requests": store.requests, "retried": store.retried, "refetched": state.refetched}
+                "requests": store.requests, "retried": store.retried, "refetched": state.refetched,
+                "repaired": state.repaired}
 
     def close(self) -> None:
         if self._state is not None and self._pid == os.getpid():
@@ -613,6 +722,19 @@ class RemoteFiles:
 #: Forks this process descends from (bumped in every child): cheaper to compare than ``os.getpid()``.
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _settle(future: Future[None], error: BaseException | None) -> None:
+    """Resolve ``future`` (with ``error`` if given) unless it already is (closing settles the rest)."""
+    if future.done():
+        return
+    try:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:  # settled by another thread meanwhile
+        pass
 
 
 def _contiguous(extents: list[int]) -> list[list[int]]:
@@ -629,19 +751,33 @@ def _generation(manifest_bytes: bytes) -> str:
     return fmt.checksum_hex(fmt.checksum(manifest_bytes))
 
 
-def _map(path: str) -> memoryview | None:
-    """A read-only mapping of a cache file (None: not there). MAP_POPULATE maps its pages (in the
-    page cache after a download or a first read) in one call, not one fault per 4 KiB on first
-    touch; copying from the mapping then beats a ``preadv`` per run (measured: bench_remote)."""
+#: Cache files this process has checked, by path: their identity when checked (device, inode,
+#: size, mtime and ctime in ns). Any write, truncation or replacement through the file system
+#: changes it (ctime cannot be set back), so a file mapped again with the same identity is the
+#: bytes checked, and a dataset reopened in the same process (the warm epoch of a restart loop)
+#: does not hash them again; a new process checks every file it maps once. What no system call
+#: does (bits rotting on the disk under an unchanged inode) is caught by the next process.
+_VERIFIED: dict[str, tuple[int, int, int, int, int]] = {}
+#: A file changed less than this before its check is not remembered as checked: file times tick
+#: coarsely (a jiffy), so a change right after it could carry the same ctime.
+_SETTLED_NS = 50_000_000
+
+
+def _map(path: str) -> tuple[memoryview, tuple[int, int, int, int, int]] | None:
+    """A read-only mapping of a cache file and its identity (None: not there). MAP_POPULATE maps
+    its pages (in the page cache after a download or a first read) in one call, not one fault per
+    4 KiB on first touch; copying from the mapping then beats a ``preadv`` per run (measured:
+    bench_remote)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return memoryview(b"")
-        return memoryview(mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ))
+        stat = os.fstat(fd)
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if stat.st_size == 0:
+            return memoryview(b""), identity
+        return memoryview(mmap.mmap(fd, stat.st_size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ)), identity
     finally:
         os.close(fd)
 

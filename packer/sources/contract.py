@@ -8,7 +8,12 @@ the same way for every door:
 
 1. **Declared classes**: the names a source declares (class folders, a ``ClassLabel`` list) are
    unique, non-empty Unicode text, or the source is refused (``SourceError``).
-2. **Duplicates**: a key listed twice is packed once (the first); the rest are ``duplicate-entry``.
+2. **Duplicates**: a key listed twice is packed once (the first); the rest are ``duplicate-entry``
+   when they are the same bytes (a manifest or COCO file naming one file twice, an archive holding
+   one member twice). Two archive members (or spooled rows) under one key that hold *different*
+   bytes are a key collision: the build is refused (``SourceError`` naming the key), never
+   finished with one of them silently dropped. (Checked after the bounds below, on members that
+   lie inside their container and under the size bounds; one that does not stays a duplicate.)
 3. **Member bounds** (archives): every member's bytes lie inside its container (an inner tar's
    members inside their outer member), else ``truncated``; no two members share a byte, else
    ``overlapping-member`` (the later one); a compressed member expands at most ``MAX_EXPANSION``
@@ -234,9 +239,10 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
     keep = np.ones(count, dtype=bool)
     rows: list[tuple[int, str, str]] = []  # (row, reason, message) of the rows the contract rejects
     declared = _checked_declared(raw)
-    _duplicates(raw, keep, rows)
+    repeats = _duplicates(raw, keep, rows)
     _member_bounds(raw, keep, rows)
     _sizes(raw, options, keep, rows)
+    _collisions(raw, options, keep, repeats)
     classes, labels, label_type = _labels(raw, options, declared, keep, rows)
     class_order = None if label_type != "str" else (
         "given" if options.labels.classes else "source" if raw.declared_numbering
@@ -309,30 +315,77 @@ _DUPLICATE = {
 }
 
 
-def _duplicates(raw: RawListing, keep: np.ndarray, rows: list[tuple[int, str, str]]) -> None:
+def _duplicates(raw: RawListing, keep: np.ndarray, rows: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     """Every repeat of a key is rejected; the first in listing order is packed. Hashes first
-    (a stable sort of u64), then the keys themselves only where a hash repeats."""
+    (a stable sort of u64), then the keys themselves only where a hash repeats.
+
+    Returns:
+        ``(first row, repeated row)`` for each repeat of a member listing (archives, spools), whose
+        bytes ``_collisions`` compares; a file listing's repeats name one file (none returned).
+    """
     hashes = raw.key_hashes
     if len(hashes) < 2:
-        return
+        return []
     order = np.argsort(hashes, kind="stable")
     sorted_hashes = hashes[order]
     repeated = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) + 1
     if not len(repeated):
-        return
+        return []
     message = _DUPLICATE.get(raw.kind, "the archive holds this name more than once; the first is packed")
-    seen: dict[int, set[str]] = {}
+    seen: dict[int, dict[str, int]] = {}
+    pairs: list[tuple[int, int]] = []
     for position in repeated.tolist():
         value = int(sorted_hashes[position])
         group = seen.get(value)
         if group is None:  # position - 1 holds this hash's first row in listing order (stable sort)
-            group = seen[value] = {raw.key(int(order[position - 1]))}
+            first = int(order[position - 1])
+            group = seen[value] = {raw.key(first): first}
         row = int(order[position])
         key = raw.key(row)
         if key in group:
             keep[row] = False
             rows.append((row, "duplicate-entry", message))
-        group.add(key)
+            if raw.members is not None:
+                pairs.append((group[key], row))
+        else:
+            group[key] = row
+    return pairs
+
+
+def _collisions(raw: RawListing, options: SourceOptions, keep: np.ndarray, pairs: list[tuple[int, int]]) -> None:
+    """Refuse the build if a repeated key names other bytes than the row packed under it (module
+    docstring, rule 2). Only members inside their container and under the size bounds are read."""
+    members = raw.members
+    if members is None or not pairs:
+        return
+    from .members import MemberReader
+
+    sizes = [int(size) for size, _ in members.container_stats]
+    spans = member_spans(members)
+    limit = options.max_member_size
+
+    def readable(row: int) -> bool:
+        end = int(members.offset[row]) + int(spans[row])
+        return (end <= sizes[int(members.container[row])] and int(members.stored[row]) <= limit
+                and int(raw.sizes[row]) <= limit)
+
+    collided: list[tuple[str, str]] = []
+    with MemberReader(members) as reader:
+        for first, row in pairs:
+            if not keep[first] or not readable(first) or not readable(row):
+                continue
+            if int(raw.sizes[first]) != int(raw.sizes[row]):
+                collided.append((raw.key(row), f"{int(raw.sizes[first])} and {int(raw.sizes[row])} bytes"))
+                continue
+            one, why_one, _ = reader.read(first, int(raw.sizes[first]))
+            other, why_other, _ = reader.read(row, int(raw.sizes[row]))
+            if not why_one and not why_other and one != other:
+                collided.append((raw.key(row), f"{len(one)} bytes each, different"))
+    if collided:
+        examples = "; ".join(f"{key!r} ({what})" for key, what in collided[:3])
+        raise SourceError(f"{len(collided)} key(s) name two different images (a key collision: packer keys samples "
+                          f"by name, and one of each pair would be lost), e.g. {examples}; rename them, or build "
+                          f"the parts as separate datasets", path=raw.root)
 
 
 # --- 3. member bounds -----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from ..classes import split_folder_warning
 from ..errors import SourceError
 from ..fields import FieldSpec
 from ..files import open_nonblocking, read_fd_capped
-from ..names import ESCAPED_META, escape_name
+from ..names import ESCAPED_META, escape_name, is_plain, is_utf8, unescape_key
 from .fieldvalues import FieldRowBuilder
 from .listing import DoorOptions, RawListing, RawListingBuilder, file_stamp
 from .sidefiles import SideMember, assemble_sample, read_limit, split_key
@@ -110,7 +110,7 @@ def _walk_class(folder: Path, relative: str, label: tuple[int, int], out: RawLis
                 stack.append((child, rel, parents | {ident}))
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
-            if key is None:  # not UTF-8: packed under its reversible escaped key (packer/names.py)
+            if key is None or not is_plain(key):  # packed under its one-to-one escaped key (packer/names.py)
                 out.add(escape_name(os.fsencode(rel)).encode(), st.st_size, label, ESCAPED_META)
                 continue
             out.add(key, st.st_size, label, stamp=file_stamp(st))
@@ -232,10 +232,15 @@ def _group_side_files(listing: RawListing, fields: Sequence[FieldSpec]) -> RawLi
         members = []
         for row in rows:
             name = blob[offsets[row]:offsets[row + 1]].decode("utf-8")
-            if escaped[row]:
-                out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "
-                                                     "names, which must be UTF-8")
-                continue
+            if escaped[row]:  # an escaped key (packer/names.py)
+                original = unescape_key(name)
+                if not is_utf8(original):
+                    out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "
+                                                         "names, which must be UTF-8")
+                    continue
+                # a UTF-8 name holding %XX: its files are read and grouped by the real name, and the
+                # sample's key is escaped again when it is listed (RawListingBuilder.add)
+                name = original.decode("utf-8")
             suffix = name.rpartition("/")[2].partition(".")[2]
             limit = limits.get(suffix)
             if limit is None:

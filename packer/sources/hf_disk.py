@@ -17,8 +17,13 @@ splits must share), or, for a string label column, the sorted names found in *al
 Columns:
 
 * the **image**: ``image_column``, else the first ``Image`` feature (``image``/``img`` first),
-  else a binary or ``{bytes, path}`` column; a row's key is its image ``path`` when set, else
-  ``<row>`` (9 digits, counted across the data files). A null image is ``not-an-image``.
+  else a binary or ``{bytes, path}`` column. A null image is ``not-an-image``.
+* the **key** of a row, one-to-one with the rows (``row_keys``): its image ``path`` when set, else
+  ``<row>`` (9 digits, counted across the data files), when every row's is distinct. An
+  ``imagefolder`` saved with ``save_to_disk`` stores bare file names (``cat/0.jpg`` and
+  ``dog/0.jpg`` both hold ``"0.jpg"``): then every key is ``<label>/<path>`` (the class name, or
+  the label as written), the source folder's own layout; if keys still repeat,
+  ``<row>/<path>``. Before, rows sharing a name were dropped as duplicates and a class lost.
 * the **label**: ``door.source.label_field`` (default ``label``), absent: no label; a ``ClassLabel``
   declares its names (the source numbers its classes), an integer column gives integers, a
   string column class names. HF's -1 (or null) is "no label": what happens to an unlabeled row
@@ -51,12 +56,13 @@ from ..fields import MAX_FIELDS, FieldSpec, FieldValueError, check_declarations,
 from ..files import read_user_json
 from .archive_listing import _Listing
 from .fieldvalues import FIELD_REJECTION
-from .listing import DoorOptions, RawListing
+from .listing import DoorOptions, RawListing, spool_write_error
 from .members import container_stat
 from .parquet import _parquet_label
 from .webdataset import LABEL_REJECTION
 
-__all__ = ["hf_disk_folder", "list_hf_disk", "column_plan", "ColumnPlan", "HF_STATE", "HF_INFO", "HF_DICT"]
+__all__ = ["hf_disk_folder", "list_hf_disk", "row_keys", "column_plan", "ColumnPlan", "HF_STATE", "HF_INFO",
+           "HF_DICT"]
 
 logger = logging.getLogger("packer.build")
 
@@ -345,10 +351,23 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     spool_dir = door.spool_dir
     spool_dir.mkdir(parents=True, exist_ok=True)
     spool = spool_dir / "spool-hf.bin"
+    try:
+        container = _spool_rows(pa, files, out, spool, image, label_column, features, names, specs, string_labels)
+    except OSError as exc:  # the Arrow files' read errors are SourceErrors (_batches): this is the spool's write
+        raise spool_write_error(exc, spool, "copying the Hugging Face images") from None
+    out.stats[container] = container_stat(str(spool.resolve()))
+    return out.finish(path, "hf")
+
+
+def _spool_rows(pa: Any, files: list[Path], out: _Listing, spool: Path, image: str, label_column: str,
+                features: Mapping[str, Any], names: tuple[str, ...] | None, specs: list[FieldSpec],
+                string_labels: bool) -> int:
+    """Every row's image (and image fields) into the spool, each row listed or rejected."""
     spool.write_bytes(b"")
     container = out.add_container(str(spool.resolve()))
     images = {spec.name for spec in specs if spec.kind == "image"}
     columns = [image] + ([label_column] if label_column in features else []) + [spec.name for spec in specs]
+    keys = row_keys(pa, files, image, label_column if label_column in features else None, names)
     position = 0
     row = 0
     with open(spool, "wb", buffering=8 << 20) as sink:
@@ -356,8 +375,8 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
             for batch in _batches(pa, data_file, columns):
                 values = {name: batch.column(k).to_pylist() for k, name in enumerate(columns)}
                 for j in range(batch.num_rows):
-                    data, name = _image_value(values[image][j])
-                    key = _clean_key(name) or f"{row:09d}"
+                    data, _name = _image_value(values[image][j])
+                    key = keys[row]
                     row += 1
                     if not data or not isinstance(data, bytes):
                         out.reject(key, "not-an-image", "the row's image has no bytes")
@@ -388,8 +407,43 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                             field_members=members)
         sink.flush()
         os.fsync(sink.fileno())
-    out.stats[container] = container_stat(str(spool.resolve()))
-    return out.finish(path, "hf")
+    return container
+
+
+def row_keys(pa: Any, files: list[Path], image: str, label_column: str | None,
+             names: tuple[str, ...] | None) -> list[str]:
+    """Every row's key, distinct (module docstring): a first pass over the image paths and labels
+    only (Arrow reads the struct's ``path`` child without the image bytes)."""
+    bases: list[str] = []
+    labels: list[Any] = []
+    columns = [image] + ([label_column] if label_column else [])
+    for data_file in files:
+        for batch in _batches(pa, data_file, columns):
+            column = batch.column(0)
+            if pa.types.is_struct(column.type) and column.type.get_field_index("path") >= 0:
+                paths = column.field("path").to_pylist()
+            else:
+                paths = [None] * batch.num_rows
+            for name in paths:
+                bases.append(_clean_key(name) or f"{len(bases):09d}")
+            labels.extend(batch.column(1).to_pylist() if label_column else [None] * batch.num_rows)
+    if len(set(bases)) == len(bases):
+        return bases
+    by_label = [f"{_label_text(label, names)}/{base}" for label, base in zip(labels, bases)]
+    if len(set(by_label)) == len(by_label):
+        return by_label
+    return [f"{row:09d}/{base}" for row, base in enumerate(bases)]
+
+
+def _label_text(label: Any, names: tuple[str, ...] | None) -> str:
+    """A label as a key's folder: its class name, the text or integer written, else ``unlabeled``."""
+    if names and isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names):
+        return _clean_key(names[label]) or f"class-{label}"
+    if isinstance(label, str) and _clean_key(label):
+        return _clean_key(label)  # type: ignore[return-value]
+    if isinstance(label, int) and not isinstance(label, bool) and label >= 0:
+        return str(label)
+    return "unlabeled"
 
 
 def _row_fields(out: _Listing, specs: list[FieldSpec], values: Mapping[str, list[Any]], j: int,

@@ -9,6 +9,7 @@ order is the input of the shard plan, so it is part of the determinism contract.
 
 from __future__ import annotations
 
+import errno
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -18,8 +19,9 @@ from typing import Callable, Sequence
 import numpy as np
 import xxhash
 
-from ..errors import EmptySourceError
+from ..errors import BuildError, EmptySourceError
 from ..fields import FieldSpec
+from ..names import listed_key
 from .blobs import gather_blob
 from .fieldvalues import FieldTable
 from .members import MemberBounds, MemberTable
@@ -270,6 +272,8 @@ class RawListingBuilder:
         return INT_LABEL, value
 
     def add(self, key: bytes, size: int, label: tuple[int, int] = NONE, meta: bytes = b"", stamp: int = 0) -> None:
+        if b"%" in key:  # a name holding an escape's spelling gets its one-to-one key (packer/names.py)
+            key, meta = listed_key(key, meta)
         self._tick()
         self.key_blob += key
         self.key_offsets.append(len(self.key_blob))
@@ -420,3 +424,11 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          members=listing.members.select(rows) if listing.members is not None else None,
                          fields=listing.fields.select(rows) if listing.fields is not None else None,
                          class_order=listing.class_order)
+
+
+def spool_write_error(exc: OSError, spool: Path, what: str) -> BuildError:
+    """A write to the build's spool failed: the build's problem (exit 3), named as a write, never as
+    a source that cannot be read. ``what``: what was being spooled ("decompressing the archive")."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return BuildError(f"the disk is full while {what} into the build's spool; free space and run again", path=spool)
+    return BuildError(f"cannot write the build's spool: {exc.strerror or exc}", path=spool)

@@ -4,7 +4,6 @@ copied once into a spool that workers read by offset."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from ..errors import BuildError, MissingDependencyError, SourceError
 from .archive_listing import _Listing
-from .listing import DoorOptions, RawListing, RawListingBuilder
+from .listing import DoorOptions, RawListing, RawListingBuilder, spool_write_error
 from .members import container_stat
 from .sniff import sniff_container
 from .strictjson import lone_surrogate
@@ -213,7 +212,4 @@ def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawLis
 
 
 def _spool_error(exc: OSError, spool: Path) -> BuildError:
-    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return BuildError("the disk is full while copying the Parquet images into the build's spool; free space "
-                          "and run again", path=spool)
-    return BuildError(f"cannot write the build's spool: {exc.strerror or exc}", path=spool)
+    return spool_write_error(exc, spool, "copying the Parquet images")

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..errors import BuildError, PackerError, SourceError
-from ..names import ESCAPED_FIELD, is_utf8
+from ..names import ESCAPED_FIELD, is_plain
 from .archive_listing import MAX_EXPANSION, _Listing, _member_name, _not_a_file
-from .listing import DoorOptions, RawListing
+from .listing import DoorOptions, RawListing, spool_write_error
 from .members import container_stat
 from .sniff import decompressor, is_tar_header, sniff_container
 
@@ -80,7 +80,10 @@ class _Tee(io.RawIOBase):
                 raise SourceError("the compressed tar ends inside a member: a header claims more bytes than the "
                                   "archive holds", path=self.path)
         buffer[:n] = data
-        self.sink.write(data)
+        try:
+            self.sink.write(data)
+        except OSError as exc:  # the spool's write failed, not the archive's read
+            raise spool_write_error(exc, Path(self.sink.name), "decompressing the archive") from None
         self.count += n
         if self.count > _BOMB_FLOOR and self.count > MAX_EXPANSION * max(self.raw.tell(), 1):
             raise SourceError(f"the compressed archive expands more than {MAX_EXPANSION} times (over "
@@ -132,8 +135,11 @@ class _Spooled:
         if self.compression is not None:
             while self.tee.read(1 << 20):
                 pass
-            self.sink.flush()
-            os.fsync(self.sink.fileno())
+            try:
+                self.sink.flush()
+                os.fsync(self.sink.fileno())
+            except OSError as exc:
+                raise spool_write_error(exc, self.spool, "decompressing the archive") from None
             self.close()
             out.stats[self.container] = container_stat(str(self.spool.resolve()))
 
@@ -303,8 +309,9 @@ class _Chain(io.RawIOBase):
 
 
 def _name_meta(raw: str) -> bytes:
-    """The metadata of a member whose name is not UTF-8: the ``packer.names`` marker."""
-    return b"" if is_utf8(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()
+    """The metadata of a member whose name is not plain (not UTF-8, or holding ``%XX``): the
+    ``packer.names`` marker."""
+    return b"" if is_plain(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()
 
 
 def _list_inner_tar(handle: IO[bytes], member: tarfile.TarInfo, name: str, out: _Listing, container: int, *,

@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from ..names import ESCAPED_FIELD, is_utf8
+from ..names import ESCAPED_FIELD, is_plain
 from .archive_listing import _META_EXTENSIONS, _META_LIMIT, _Listing
 from .listing import DoorOptions, RawListing, RawListingBuilder
 from .sidefiles import IMAGE_EXTENSIONS, SideMember, assemble_sample, read_limit, split_key
@@ -282,7 +282,7 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
     if label is None:
         out.reject(name, LABEL_REJECTION, why)
         return
-    if not is_utf8(os.fsencode(member.name)):
+    if not is_plain(os.fsencode(member.name)):
         meta[ESCAPED_FIELD] = True
     encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
     out.add(name, member.size, label, container, member.offset_data, member.size, meta=encoded)
@@ -306,7 +306,7 @@ def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]],
         out.reject(image.name, LABEL_REJECTION, why)
         return
     meta = dict(parts.metadata)
-    if not is_utf8(os.fsencode(image.handle.name)):
+    if not is_plain(os.fsencode(image.handle.name)):
         meta[ESCAPED_FIELD] = True
     encoded = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() if meta else b""
     out.add(image.name, image.size, label, container,

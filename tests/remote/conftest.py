@@ -127,12 +127,13 @@ def s3(loopback_s3: LoopbackS3, request: pytest.FixtureRequest) -> Iterator[Loop
     import zlib
 
     loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, seed=0, methods=["GET"], slow_s=0.3,
-                          faults=["reset", "500", "503", "429", "truncate", "slow"])
+                          faults=["reset", "500", "503", "429", "truncate", "slow"], trickle_s=0.5,
+                          spare_manifest=True, paths=None)
     loopback_s3.reset()
     loopback_s3.bucket = f"t{zlib.crc32(request.node.nodeid.encode()):08x}"  # type: ignore[attr-defined]
     loopback_s3.create_bucket(loopback_s3.bucket)  # type: ignore[attr-defined]
     yield loopback_s3
-    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0)
+    loopback_s3.configure(fault_rate=0.0, latency_s=0.0, bandwidth=0, spare_manifest=True, paths=None)
 
 
 def options_for(server: LoopbackS3, cache: Path, **changes: Any) -> RemoteOptions:
@@ -153,6 +154,31 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_images(root / "src", {"cat": 40, "dog": 40, "eel": 40}, size=40)
     build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10), workers=1)
     return root / "ds"
+
+
+@pytest.fixture
+def plain_http(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A web server that does not serve byte ranges (``python -m http.server``'s handler: a Range
+    request gets 200 and the whole file) on 127.0.0.1, serving a fresh folder: (base URL, folder)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    folder = tmp_path / "www"
+    folder.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield check_loopback(f"http://127.0.0.1:{server.server_address[1]}"), folder
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def fake_fsspec_store(monkeypatch: pytest.MonkeyPatch, protocol: str, module: str, class_name: str) -> type:
@@ -180,3 +206,95 @@ def fake_fsspec_store(monkeypatch: pytest.MonkeyPatch, protocol: str, module: st
     monkeypatch.setitem(sys.modules, module, fake)
     monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, protocol, Fake)
     return Fake
+
+
+class MemoryTransport:
+    """An in-memory store behind packer's transport protocol, with S3's semantics: ranges clamped
+    at the object's end (416 from byte 0 of an empty object), ETags (MD5 of the bytes), and
+    conditional writes (If-Match / If-None-Match). ``calls`` counts requests by kind; ``fail``
+    maps a kind ("get_range", "head", "put_bytes", ...) to an exception raised instead."""
+
+    conditional = True
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.calls: dict[str, int] = {}
+        self.fail: dict[str, BaseException] = {}
+
+    def _count(self, kind: str) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        if kind in self.fail:
+            raise self.fail[kind]
+
+    def _etag(self, key: str) -> str:
+        import hashlib
+
+        return '"' + hashlib.md5(self.objects[key]).hexdigest() + '"'
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self._count("get_range")
+        if key not in self.objects:
+            raise FileNotFoundError(key)
+        data = self.objects[key]
+        if start >= len(data):
+            import errno as _errno
+
+            raise OSError(_errno.EINVAL, "The requested range is not satisfiable") if start else _status_416()
+        return data[start:end]
+
+    def head(self, key: str) -> Any:
+        from packer.remote.store import ObjectInfo
+
+        self._count("head")
+        if key not in self.objects:
+            raise FileNotFoundError(key)
+        return ObjectInfo(size=len(self.objects[key]), etag=self._etag(key))
+
+    def put_file(self, key: str, path: str) -> None:
+        self._count("put_file")
+        self.objects[key] = Path(path).read_bytes()
+
+    def put_bytes(self, key: str, data: bytes, *, if_match: Any = None, if_absent: bool = False) -> None:
+        self._count("put_bytes")
+        if if_absent and key in self.objects:
+            raise FileExistsError(key)
+        if if_match is not None and (key not in self.objects or self._etag(key) != if_match.etag):
+            raise _status_412()
+        self.objects[key] = bytes(data)
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        self.objects.pop(key, None)
+
+    def load_folder(self, folder: Path, prefix: str) -> None:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                self.objects[f"{prefix}/{path.relative_to(folder).as_posix()}"] = path.read_bytes()
+
+
+def _status_416() -> Exception:
+    from packer.remote.store import _HttpStatus
+
+    return _HttpStatus(416, "Range Not Satisfiable")
+
+
+def _status_412() -> Exception:
+    from packer.remote.store import _HttpStatus
+
+    return _HttpStatus(412, "Precondition Failed")
+
+
+def memory_store(monkeypatch: pytest.MonkeyPatch, transport: MemoryTransport) -> None:
+    """Every ``Store`` packer makes in this test reads and writes ``transport``."""
+    from packer.remote import reader, store, upload
+
+    made_for: dict[tuple[str, str], Any] = {}
+
+    def made(url: Any, options: RemoteOptions) -> Any:
+        key = (url.text, repr(options))
+        if key not in made_for:
+            made_for[key] = store.Store(url, options, transport=transport)
+        return made_for[key]
+
+    for module in (store, reader, upload):
+        monkeypatch.setattr(module, "store_for", made)

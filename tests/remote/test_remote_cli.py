@@ -122,32 +122,64 @@ def test_a_killed_upload_leaves_the_previous_dataset_and_a_rerun_continues(s3, s
         assert [bytes(dataset.get(i)) for i in range(len(local))] == [bytes(local.get(i)) for i in range(len(local))]
 
 
-def test_overwrite_deletes_the_replaced_generations_objects_after_the_new_manifest(cli_env, tmp_path):
+def test_overwrite_keeps_the_replaced_generation_for_its_readers_until_the_next_overwrite(cli_env, tmp_path):
+    """The overwrite policy (docs/guides/object-storage.md, "Writing"): a job reading the replaced
+    generation reads every sample of it, whole and checked, after the overwrite (nothing it reads is
+    deleted); the next overwrite deletes exactly that generation's objects that neither newer one
+    names (the next test: its reader then gets DatasetChangedError, never short or mixed samples)."""
     import boto3
-
-    from packer.errors import DatasetChangedError
 
     s3 = cli_env
     write_images(tmp_path / "old", {"a": 20, "b": 20}, size=40)
     write_images(tmp_path / "new", {"c": 6}, seed=5)
+    write_images(tmp_path / "newer", {"d": 5}, seed=6)
     url = f"s3://{s3.bucket}/ds"
     _run("build", str(tmp_path / "old"), url, "--shard-size", "32K", "--workers", "1", "--quiet")
     client = boto3.client("s3", endpoint_url=s3.direct, region_name="us-east-1")
 
     def keys() -> set[str]:
         listing = client.list_objects_v2(Bucket=s3.bucket, Prefix="ds/").get("Contents", [])
-        return {entry["Key"].removeprefix("ds/") for entry in listing}
+        return {entry["Key"].removeprefix("ds/") for entry in listing} - {fmt.REPORT_NAME, ".packer/replaced.json"}
+
+    def names(dataset) -> set[str]:
+        return {entry.path for entry in dataset.manifest.shards} | {dataset.manifest.index.path, "manifest.json"}
 
     old_keys = keys()
+    with packer.open_dataset(url, remote=options_for(s3, tmp_path / "x")) as d:
+        expect_old = [bytes(d.get(i)) for i in range(len(d))]
     reader = packer.open_dataset(url, remote=options_for(s3, tmp_path / "reader-cache"))
-    first = bytes(reader.get(0))  # its extent is in the reader's node cache now
+    first = bytes(reader.get(0))  # one extent in the reader's node cache, the rest not
     _run("build", str(tmp_path / "new"), url, "--overwrite", "--workers", "1", "--quiet")
     with packer.open_dataset(url, remote=options_for(s3, tmp_path / "c2")) as dataset:
-        new_keys = {entry.path for entry in dataset.manifest.shards} | {dataset.manifest.index.path, "manifest.json"}
+        new_keys = names(dataset)
         assert len(dataset) == 6 and dataset.classes == ("c",)
-    assert keys() - {fmt.REPORT_NAME} == new_keys  # nothing of the old generation is left
-    assert old_keys - new_keys - {fmt.REPORT_NAME}  # and there was something to delete
-    assert bytes(reader.get(0)) == first  # a reader of the old generation: what its cache holds ...
+    assert keys() == old_keys | new_keys  # the replaced generation's objects stay ...
+    assert [bytes(reader.get(i)) for i in range(len(reader) - 1, -1, -1)][::-1] == expect_old  # ... for its reader
+    second = packer.open_dataset(url, remote=options_for(s3, tmp_path / "second-cache"))
+    _run("build", str(tmp_path / "newer"), url, "--overwrite", "--workers", "1", "--quiet")
+    with packer.open_dataset(url, remote=options_for(s3, tmp_path / "c3")) as dataset:
+        newer_keys = names(dataset)
+    assert keys() == new_keys | newer_keys  # exactly the oldest generation's own objects went
+    assert old_keys - new_keys - newer_keys  # and there was something to delete
+    assert len([bytes(second.get(i)) for i in range(len(second))]) == 6  # the previous generation still reads
+    second.close()
+    reader.close()
+    assert first == expect_old[0]
+
+
+def test_a_reader_of_a_deleted_generation_gets_a_typed_error_not_short_samples(cli_env, tmp_path):
+    from packer.errors import DatasetChangedError
+
+    s3 = cli_env
+    write_images(tmp_path / "old", {"a": 20, "b": 20}, size=40)
+    url = f"s3://{s3.bucket}/ds"
+    _run("build", str(tmp_path / "old"), url, "--shard-size", "32K", "--workers", "1", "--quiet")
+    reader = packer.open_dataset(url, remote=options_for(s3, tmp_path / "reader-cache"))
+    first = bytes(reader.get(0))
+    for seed, name in ((5, "new"), (6, "newer")):
+        write_images(tmp_path / name, {name: 4}, seed=seed)
+        _run("build", str(tmp_path / name), url, "--overwrite", "--workers", "1", "--quiet")
+    assert bytes(reader.get(0)) == first  # what its node cache holds ...
     with pytest.raises(DatasetChangedError, match="new manifest generation"):
         reader.get(len(reader) - 1)  # ... and a typed refusal for the rest
     reader.close()

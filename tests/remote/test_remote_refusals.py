@@ -30,11 +30,37 @@ from packer.remote.upload import upload_dataset
     ({"cache_bytes": -1}, "RemoteOptions.cache_bytes must be 0 (no bound) or a positive integer, got -1"),
     ({"deadline_s": 0}, "RemoteOptions.deadline_s must be a positive number, got 0"),
     ({"timeout_s": "5"}, "RemoteOptions.timeout_s must be a positive number, got '5'"),
+    # issue 38: every misconfiguration names the setting (these were a TypeError, an AttributeError,
+    # "Invalid endpoint" retried until the deadline, and a Rust panic out of obstore)
+    ({"endpoint_url": "localhost:9000"}, "RemoteOptions.endpoint_url must be an http:// or https:// URL of the store "
+                                         "(e.g. http://127.0.0.1:9000), got 'localhost:9000'"),
+    ({"endpoint_url": 9000}, "RemoteOptions.endpoint_url must be an http:// or https:// URL of the store (e.g. "
+                             "http://127.0.0.1:9000), got 9000"),
+    ({"region": 5}, "RemoteOptions.region must be a region name such as 'us-east-1', got 5"),
+    ({"storage_options": ["anon"]}, "RemoteOptions.storage_options must be a dict of the transport client's keyword "
+                                    "arguments, got list"),
 ])
 def test_bad_remote_options_are_refused(changes, message):
     with pytest.raises(OptionError) as caught:
         packer.open_dataset("s3://bucket/ds", remote=changes)  # a dict of fields: refused before any request
     assert caught.value.message == message
+
+
+def test_a_storage_option_the_client_does_not_take_is_named(tmp_path):
+    with pytest.raises(OptionError) as caught:
+        packer.open_dataset("s3://bucket/ds", remote={"storage_options": {"no_such_setting": 1},
+                                                      "cache_dir": str(tmp_path), "endpoint_url": "http://127.0.0.1:9"})
+    assert caught.value.message.startswith("RemoteOptions.storage_options does not fit fsspec's s3 client: ")
+    assert "no_such_setting" in caught.value.message and caught.value.path == "s3://bucket/ds"
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKER_CACHE_DIR", "/proc/no-such-cache")  # /proc refuses a new folder, even to root
+    with pytest.raises(OptionError) as caught:
+        packer.open_dataset("s3://bucket/ds")
+    assert caught.value.message == ("$PACKER_CACHE_DIR cannot be created (No such file or directory): the node cache "
+                                    "must be a writable local folder")
+    assert caught.value.path == "/proc/no-such-cache"
 
 
 def test_unknown_option_names_and_types_are_refused():
@@ -132,7 +158,7 @@ def test_an_upload_over_a_dataset_or_a_changed_one_is_refused(s3, small_dataset,
     def replace_base(relative, size):
         client.put_object(Bucket=s3.bucket, Key="ds/manifest.json", Body=current.replace(b"{", b"{ ", 1))
 
-    with pytest.raises(DatasetChangedError, match="changed while the append was being uploaded; nothing was committed"):
+    with pytest.raises(DatasetChangedError, match=r"changed while the append was being uploaded \(another writer committed first\); nothing was committed"):
         upload_dataset(other, url, options, expect_manifest=current, on_object=replace_base)
     body = client.get_object(Bucket=s3.bucket, Key="ds/manifest.json")["Body"].read()
     assert body == current.replace(b"{", b"{ ", 1)  # the other dataset's manifest never landed

@@ -133,7 +133,7 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         add(archive, "cat/hard.jpg", kind=tarfile.LNKTYPE, link="cat/ok.jpg")
         add(archive, "cat/fifo", kind=tarfile.FIFOTYPE)
         add(archive, "cat/.DS_Store", b"\0\0\0\1Bud1")
-        add(archive, "cat/ok.jpg", b"a second copy")
+        add(archive, "cat/ok.jpg", FILES["cat/000.jpg"])  # the same bytes again: a duplicate
         add(archive, "cat/big.jpg", bytes(5000))
         add(archive, "top.jpg", FILES["cat/002.jpg"])
         add(archive, "cat/text.jpg", b"not an image at all")
@@ -155,6 +155,22 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         assert ds.metadata(row)[ESCAPED_FIELD] is True
         assert unescape_key("cat/caf%E9.jpg") == b"cat/caf\xe9.jpg"
         assert ds.read(row) == FILES["cat/003.jpg"]
+
+
+@pytest.mark.parametrize("second", [b"a second copy", b"x" * len(FILES["cat/000.jpg"])])
+def test_a_name_repeated_with_other_bytes_is_a_key_collision(tmp_path: Path, second: bytes) -> None:
+    """Issue 38: a member repeated under one name with different bytes (other size, or same size) was
+    dropped as a duplicate and the build exited 0; it is a key collision now, refused by name."""
+    source = tmp_path / "twice.tar"
+    with tarfile.open(source, "w", format=tarfile.GNU_FORMAT) as archive:
+        add(archive, "cat/ok.jpg", FILES["cat/000.jpg"])
+        add(archive, "cat/other.jpg", FILES["cat/001.jpg"])
+        add(archive, "cat/ok.jpg", second)
+    with pytest.raises(SourceError) as caught:
+        build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
+    assert caught.value.message.startswith("1 key(s) name two different images (a key collision")
+    assert "'cat/ok.jpg'" in caught.value.message and caught.value.path == str(source)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
 def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:
@@ -483,3 +499,42 @@ def test_a_compressed_tar_whose_header_claims_more_than_the_stream_holds(tmp_pat
     assert caught.value.message == ("the compressed tar ends inside a member: a header claims more bytes than the "
                                     "archive holds")
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+class _FailingSpool(io.FileIO):
+    """A spool file whose writes fail as a full or failing disk's do (the kernel's errno)."""
+
+    error = 0
+
+    def write(self, data):  # type: ignore[no-untyped-def]
+        raise OSError(self.error, os.strerror(self.error))
+
+
+@pytest.mark.parametrize("code, message", [
+    ("ENOSPC", "the disk is full while decompressing the archive into the build's spool; free space and run again"),
+    ("EIO", "cannot write the build's spool: Input/output error"),
+    ("EROFS", "cannot write the build's spool: Read-only file system")])
+def test_a_spool_write_that_fails_is_named_as_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str,
+                                                      message: str) -> None:
+    """Issue 38: a tar.gz whose spool could not be written was "cannot read the archive" (for EIO,
+    EROFS: any errno but ENOSPC); the archive reads fine, the spool's write failed."""
+    import builtins
+    import errno
+
+    from packer.errors import BuildError
+
+    source = write_tar(tmp_path / "train.tar.gz", {f"cat/{n}.jpg": jpeg(n) for n in range(12)}, "w:gz")
+    real_open = builtins.open
+
+    def spool_open(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if "spool-" in str(path) and "w" in mode:
+            failing = type("Failing", (_FailingSpool,), {"error": getattr(errno, code)})
+            return io.BufferedWriter(failing(path, "w"), 1 << 16)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tar_source, "open", spool_open, raising=False)
+    with pytest.raises(BuildError) as caught:
+        build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
+    assert caught.value.message == message
+    assert "spool-" in str(caught.value.path)
+    assert not (tmp_path / "out" / ".packer-build").exists()

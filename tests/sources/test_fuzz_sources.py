@@ -17,22 +17,42 @@ REPO = Path(__file__).resolve().parents[2]
 SECONDS = 20
 
 
-@pytest.mark.timeout(240)
-def test_structure_aware_fuzzing_finds_no_untyped_ending(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_sources.py"), "--seconds", str(SECONDS),
-                           "--seed", "25", "--keep", str(tmp_path / "failures"), "--case-seconds", "60"],
-                          capture_output=True, text=True, timeout=200, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's packer, not an install
+def _fuzz(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's packer, not another install
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_sources.py"), *args,
+                           "--keep", str(tmp_path / "failures"), "--case-seconds", "60"],
+                          capture_output=True, text=True, timeout=200, cwd=REPO, env=env)
+
+
+def summary_of(done: subprocess.CompletedProcess) -> dict:
     summary_line = [line for line in done.stdout.splitlines() if line.startswith("source fuzzing: ")]
     assert summary_line, done.stdout + done.stderr
     print(summary_line[-1])  # the reliability report reads it (pytest -s)
     summary = json.loads(summary_line[-1].split(": ", 1)[1])
     assert done.returncode == 0 and summary["failures"] == 0, done.stderr[-4000:]
+    return summary
+
+
+@pytest.mark.timeout(240)
+def test_structure_aware_fuzzing_finds_no_untyped_ending(tmp_path: Path) -> None:
+    done = _fuzz(tmp_path, "--seconds", str(SECONDS), "--seed", "25", "--kinds", "tar,zip,webdataset,parquet,coco")
+    summary = summary_of(done)
     assert set(summary["by_kind"]) == {"tar", "zip", "webdataset", "parquet", "coco"}
     assert summary["cases"] >= 50
     # the generators reach both endings for every kind: hostile enough to be refused, sound enough to pack
     for kind, outcomes in summary["outcomes_by_kind"].items():
         assert outcomes.get("packed", 0) > 0 and sum(outcomes.values()) > outcomes.get("packed", 0), (kind, outcomes)
+
+
+@pytest.mark.timeout(240)
+def test_hugging_face_fuzzing_keeps_every_row(tmp_path: Path) -> None:
+    """``save_to_disk`` folders from the real ``datasets`` writer (imagefolder rows with bare names
+    included): each packs, every row packed or rejected with a reason and none dropped as another's
+    duplicate, or a PackerError. On the main branch before issue 38, a third of the cases failed."""
+    pytest.importorskip("datasets")
+    summary = summary_of(_fuzz(tmp_path, "--seconds", "15", "--seed", "26", "--kinds", "hf"))
+    assert summary["by_kind"]["hf"] >= 20
+    assert summary["outcomes"].get("packed", 0) > 0 and sum(summary["outcomes"].values()) > summary["outcomes"]["packed"]
 
 
 def test_the_fuzzer_reports_an_untyped_ending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

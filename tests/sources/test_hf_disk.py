@@ -21,7 +21,6 @@ from packer.classes import check_classes  # noqa: E402
 from packer.decode import decode_as_stored  # noqa: E402
 from packer.writer import build  # noqa: E402
 from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings  # noqa: E402
-from packer import SourceSettings
 
 
 def _png(seed: int, size: tuple[int, int] = (8, 10), mode: str = "RGB") -> bytes:
@@ -268,3 +267,71 @@ def test_the_build_summary_says_how_the_class_names_were_numbered(tmp_path):
     assert "need no --classes-from" in line
     line = summary("lone")
     assert "2 classes from label strings, sorted" in line and "build other splits with --classes-from" in line
+
+
+def _imagefolder(root: Path, classes: dict[str, int]) -> Path:
+    """An ``imagefolder`` loaded by the real ``datasets`` library and saved with ``save_to_disk``:
+    its rows store bare file names (cat/000.jpg and dog/000.jpg both hold "000.jpg")."""
+    from helpers import write_images
+
+    write_images(root / "folder", classes, size=20)
+    dataset = hf.load_dataset("imagefolder", data_dir=str(root / "folder"), split="train")
+    dataset.save_to_disk(str(root / "saved"))
+    return root / "saved"
+
+
+def test_an_imagefolder_saved_to_disk_keeps_every_class(tmp_path):
+    """Issue 38: every row of cat/ and dog/ holds the path "000.jpg", ...; the build exited 0 with
+    "3 duplicate-entry" and no dog. Keys are <class>/<name> now, the source folder's layout."""
+    source = _imagefolder(tmp_path, {"cat": 3, "dog": 3})
+    result = build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
+    assert result.sample_count == 6 and result.rejected == []
+    with packer.open_dataset(tmp_path / "ds") as dataset:
+        keys = sorted(dataset.key(i) for i in range(len(dataset)))
+        assert keys == [f"{c}/{i:03d}.jpg" for c in ("cat", "dog") for i in range(3)]
+        assert dataset.classes == ("cat", "dog")
+        assert np.bincount(np.asarray(dataset.index.label)).tolist() == [3, 3]
+        by_key = {dataset.key(i): bytes(dataset.get(i)) for i in range(len(dataset))}
+    for key, data in by_key.items():  # each key holds its own file's bytes
+        assert data == (tmp_path / "folder" / key).read_bytes()
+
+
+def test_rows_whose_name_and_class_repeat_are_keyed_by_row(tmp_path):
+    """Two rows with the same path and the same label but other bytes: <row>/<path>, none dropped."""
+    features = hf.Features({"image": hf.Image(), "label": hf.ClassLabel(names=["cat"])})
+    rows = {"image": [{"bytes": _png(k), "path": "0.png"} for k in range(3)], "label": [0, 0, 0]}
+    hf.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "saved"))
+    result = build(tmp_path / "saved", tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
+    assert result.sample_count == 3
+    with packer.open_dataset(tmp_path / "ds") as dataset:
+        assert sorted(dataset.key(i) for i in range(3)) == ["000000000/0.png", "000000001/0.png", "000000002/0.png"]
+
+
+@pytest.mark.parametrize("code, message", [
+    ("ENOSPC", "the disk is full while copying the Hugging Face images into the build's spool; free space and run "
+               "again"),
+    ("EIO", "cannot write the build's spool: Input/output error")])
+def test_a_spool_that_cannot_be_written_is_a_build_error(hf_root, tmp_path, monkeypatch, code, message):
+    import builtins
+    import errno
+    import os as _os
+
+    from packer.errors import BuildError
+    from packer.sources import hf_disk
+
+    source = _imagefolder(tmp_path, {"cat": 2})
+    real_open = builtins.open
+
+    class Failing(io.FileIO):
+        def write(self, data):  # type: ignore[no-untyped-def]
+            raise OSError(getattr(errno, code), _os.strerror(getattr(errno, code)))
+
+    def spool_open(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path).endswith("spool-hf.bin") and "w" in mode:
+            return io.BufferedWriter(Failing(path, "w"), 1 << 16)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(hf_disk, "open", spool_open, raising=False)
+    with pytest.raises(BuildError) as caught:
+        build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
+    assert caught.value.message == message and caught.value.path.endswith("spool-hf.bin")
