@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 from .errors import *  # noqa: F401,F403  (the error classes are part of the public API)
 from .errors import __all__ as _error_names
 
-__all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset", *_error_names]
+__all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset",
+           "ReadOrder", *_error_names]
 
 
 def __getattr__(name: str):  # lazy: keep `import packer` cheap
@@ -26,4 +27,7 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
     if name == "verify_dataset":
         from .verify import verify
         return verify
+    if name == "ReadOrder":  # which samples come in which order for whom: every reader's order= value
+        from .order import ReadOrder
+        return ReadOrder
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

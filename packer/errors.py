@@ -11,7 +11,9 @@ class                     exit   raised when
                                  format this reader cannot decode)
 ``OptionError``           2      an argument or option value is invalid (a codec option, a
                                  backend name, a seed, a worker count): the *call* is wrong;
-                                 ``ClassListMismatchError`` (two class lists disagree) and
+                                 ``ClassListMismatchError`` (two class lists disagree),
+                                 ``StateMismatchError`` (a saved reader position from another
+                                 order or sample space) and
                                  ``UnsafeExportError`` (samples an export target cannot hold
                                  safely) and ``UnsupportedAttributeError`` (a name packer
                                  deliberately lacks, e.g. ``PackedDataset.samples``) are ones
@@ -60,6 +62,7 @@ __all__ = [
     "DatasetChangedError",
     "OptionError",
     "ClassListMismatchError",
+    "StateMismatchError",
     "UnsafeExportError",
     "UnsupportedAttributeError",
     "SourceError",
@@ -186,6 +189,12 @@ class OptionError(PackerError, ValueError):
 class ClassListMismatchError(OptionError):
     """Two datasets (or a dataset and a given list) disagree on the class list: labels would mean
     different classes. The message names what is missing, extra or renumbered."""
+
+
+class StateMismatchError(OptionError):
+    """A saved reader position (``state_dict``) was made with another order or sample space (order
+    kind, seed, window, dataset size, block layout, mixture): resuming would read other samples.
+    The message names the key that differs, its saved value and this reader's."""
 
 
 class UnsafeExportError(OptionError):

@@ -15,7 +15,7 @@ import numpy as np
 from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
 from ..machine import available_cpus
-from ..order import epoch_order, index_blocks
+from ..order import ReadOrder, epoch_order, index_blocks
 from .diagnosis import advise, diagnose, format_counts, raw_codec_note, small_dataset_note
 from .options import DEFAULT_SIZE, HEADROOM, BenchOptions, BenchResult
 from .procstat import child_pids, process_cpu_seconds, run_queue_seconds, storage_read_bytes
@@ -85,6 +85,7 @@ class _TorchBatches(_Batches):
         from ..torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate
 
         decode = _decoder(options, size)
+        order = ReadOrder(options.order, seed=options.seed, rank=0, world_size=1)  # one process: all of it
         sizes = dataset.index.size
         self._epoch_setter: Callable[[int], None]
         common: dict[str, Any] = {"num_workers": workers, "pin_memory": options.pin_memory,
@@ -93,15 +94,13 @@ class _TorchBatches(_Batches):
             common["prefetch_factor"] = 2
         if options.reader == "map":
             data = PackedDataset(dataset, decode=decode, layout=options.layout)
-            sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=options.order,
-                                         seed=options.seed, rank=0, world_size=1)
+            sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=order)
             recorder = _RecordingSampler(sampler, sizes, self.batch_bytes)
             self.loader = torch_data.DataLoader(data, batch_sampler=recorder, collate_fn=collate,
                                                 **common)
             self._epoch_setter = sampler.set_epoch
         else:
-            data = PackedIterableDataset(dataset, batch_size=options.batch_size, order=options.order,
-                                         seed=options.seed, rank=0, world_size=1, decode=decode,
+            data = PackedIterableDataset(dataset, batch_size=options.batch_size, order=order, decode=decode,
                                          layout=options.layout)
             self.loader = torch_data.DataLoader(data, batch_size=None, **common)
             self._iterable = data

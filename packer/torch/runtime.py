@@ -1,5 +1,5 @@
-"""Where a reader runs: its rank and world size, whether it is in a DataLoader worker, and
-batch tensors allocated in shared memory there."""
+"""Where a reader runs: its rank and world size (``packer.order.resolve_rank``), whether it is in a
+DataLoader worker, and batch tensors allocated in shared memory there."""
 
 from __future__ import annotations
 
@@ -11,31 +11,10 @@ import torch
 import torch.utils.data as torch_data
 
 from ..dataset import Dataset, open_dataset
-from ..errors import OptionError
+from ..order import resolve_rank  # noqa: F401  (packer.torch.resolve_rank: the rule lives with the orders)
 
 DecodeFn = Callable[[Any, int], Any]
 PathOrDataset = Union[str, "os.PathLike[str]", Dataset]
-
-
-def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
-
-    Raises:
-        OptionError: only one of the two is given, or rank is outside ``0..world_size-1``.
-    """
-    if rank is None and world_size is None:
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world_size = 0, 1
-    elif rank is None or world_size is None:
-        raise OptionError("give both rank and world_size, or neither (to use torch.distributed)")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise OptionError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise OptionError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
-    return rank, world_size
 
 
 def _open(source: PathOrDataset, backend: str, verify_checksums: bool) -> Dataset:

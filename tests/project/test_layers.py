@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "packer"
 #: unit (first name under packer) -> layer; imports must go to a strictly lower layer.
 LAYERS = {
     # foundations: no packer imports beyond each other, downwards
-    "errors": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
+    "errors": 0, "deprecation": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
     "format": 2, "order": 2,
     "files": 3, "pillowformats": 3,
     "imageinfo": 4, "backends": 4,
