@@ -113,10 +113,10 @@ GROUPS = (
           ("tests/readers/test_backends.py", "tests/format/test_format.py", "tests/format/test_vectors.py",
            "tests/format/test_fields.py", "tests/readers/test_dataset.py"), skip=("vectors_regenerate",)),
     Group("tiles", ("packer/codecs/tiles.py",), ("tests/codecs/test_tiles.py",)),
-    Group("torch", ("packer/torch/runtime.py", "packer/torch/epochs.py", "packer/torch/samplers.py",
-                    "packer/torch/loader.py", "packer/torch/iterable.py"),
+    Group("torch", ("packer/torch/samplers.py", "packer/torch/loader.py", "packer/torch/iterable.py"),
           ("tests/torch/test_torch.py", "tests/torch/test_resume.py", "tests/torch/test_torch_fields.py",
-           "tests/torch/test_orders_and_state.py"), only=_TORCH_STATE),
+           "tests/torch/test_orders_and_state.py", "tests/torch/test_order_spellings.py",
+           "tests/torch/test_sampler_batch_size.py"), only=_TORCH_STATE),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 

@@ -50,7 +50,7 @@ from .mapstyle import PackedDataset
 from .samplers import PackedBatchSampler, PackedSampler
 
 #: The DataLoader's arguments, by name (``PackedDataLoader`` reads which ones it was given).
-_DATALOADER = inspect.signature(torch_data.DataLoader.__init__)
+_DATALOADER = inspect.signature(torch_data.DataLoader)
 
 
 class PackedDataLoader(torch_data.DataLoader):
@@ -96,8 +96,7 @@ class PackedDataLoader(torch_data.DataLoader):
     """
 
     def __init__(self, dataset: Any, *args: Any, order: ReadOrder | str | None = None, **kwargs: Any) -> None:
-        given = _DATALOADER.bind(self, dataset, *args, **kwargs).arguments
-        del given["self"]
+        given = _DATALOADER.bind(dataset, *args, **kwargs).arguments
         sampler = _deal(given, order)
         super().__init__(**given)
         if sampler is not None:

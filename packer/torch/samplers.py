@@ -50,8 +50,7 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
                                      keywords=_SAMPLER_KEYWORDS)
         self._crops = _seeded_crops(data_source)
         self._reads = _planned_dataset(data_source)
-        self.cursor = EpochCursor(read_order.resolved(reader="PackedSampler"), sample_space(data_source),
-                                  count_samples=True)
+        self.cursor = EpochCursor(read_order.resolved(), sample_space(data_source), count_samples=True)
 
     @classmethod
     def _over(cls, cursor: EpochCursor, crops: Any, reads: Any) -> "PackedSampler":
