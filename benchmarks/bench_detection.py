@@ -51,7 +51,7 @@ import numpy as np
 
 import harness
 import make_sample
-from bench_peers import have_torchvision, measure_training
+from peers_common import have_torchvision, measure_training
 
 CATEGORIES = [{"id": 10 + 3 * k, "name": f"thing{k}"} for k in range(8)]
 SIZE = 512
@@ -197,12 +197,13 @@ def loader_torchvision(images_dir: Path, instances: Path, workers: int, batch: i
 
 
 def loader_packer(packed: Path, workers: int, batch: int) -> Any:
+    from packer import ReadOrder
     from packer.torch import PackedBatchSampler, PackedDataLoader, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
 
     dataset = PackedDataset(packed, fields=("image", "boxes", "labels"), decode=RandomResizedCrop(SIZE),
                             geometry={"boxes": "xyxy", "labels": "per-box"}, layout="HWC")
-    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
+    sampler = PackedBatchSampler(dataset, batch_size=batch, order=ReadOrder("random", seed=0))
     return PackedDataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
                             persistent_workers=workers > 0)
 

@@ -18,7 +18,7 @@ What one run does:
    * ``imagefolder``: torchvision ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``
      + ``PILToTensor`` in a DataLoader with ``--workers`` workers. When torchvision does not
      import beside this torch (the CPU build of ``.venv``: "operator torchvision::nms does not
-     exist"), ``bench_peers.ImageFolderLike`` + the same transform transcribed from
+     exist"), ``peers_common.ImageFolderLike`` + the same transform transcribed from
      torchvision's PIL path (get_params on torch's RNG, PIL crop + bilinear resize, flip,
      tensor), and the table says ``(emulated)``;
    * ``packer pass-through``: ``PackedDataset(decode=RandomResizedCrop(size))`` +
@@ -55,13 +55,14 @@ import platform
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
-import bench_peers
 import harness
 import make_sample
+from peers_common import (ensure_small_images, ensure_small_packed, forever, have_torchvision, image_folder,
+                          loader_imagefolder, loader_packer_default, measure_training, tv_train_transform)
 
 
 TARGETS = {"raw_vs_imagefolder": 25.0, "raw_batch_reads_per_s": 2_000_000}
@@ -69,72 +70,24 @@ TARGETS = {"raw_vs_imagefolder": 25.0, "raw_batch_reads_per_s": 2_000_000}
 
 # --- data -----------------------------------------------------------------------------------------
 
-def ensure_images(root: Path, count: int, size: int) -> None:
-    marker = root / f".done-{count}-{size}"
-    if marker.exists():
-        return
-    make_sample.make_image_folder(root, classes=10, per_class=count // 10, seed=0, min_size=size,
-                                  max_size=size, formats=("png",))
-    marker.write_text("ok")
-
-
-def ensure_packed(src: Path, out: Path, codec: str, workers: int) -> Path:
-    if not (out / "manifest.json").exists():
-        from packer.writer import build
-        from packer.writer.plan import BuildOptions
-        build(src, out, BuildOptions(codec=codec, shard_size=256 << 20), workers=workers, progress=False)
-    return out
-
-
 def warm(folder: Path) -> None:
     harness.warm(p for p in folder.rglob("*") if p.is_file())
 
 
-# --- loaders --------------------------------------------------------------------------------------
-
-# bench_peers' transcription of torchvision's PIL RandomResizedCrop + flip, at any size.
-_EmulatedSmallTransform = bench_peers._EmulatedTrainTransform
-
-
-def tv_transform(size: int) -> Callable[[Any], Any]:
-    if bench_peers.have_torchvision():
-        from torchvision import transforms as T
-        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
-    return _EmulatedSmallTransform(size)
-
-
-def loader_imagefolder(src: Path, workers: int, batch: int, size: int) -> Any:
-    from torch.utils.data import DataLoader
-    dataset = bench_peers.image_folder(src, tv_transform(size))
-    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
-                      persistent_workers=workers > 0)
-
-
-def loader_packer(packed: Path, workers: int, batch: int, size: int, *, decode: Any = None) -> Any:
-    from torch.utils.data import DataLoader
-
-    from packer.torch import PackedBatchSampler, PackedDataset, collate
-    from packer.transforms import RandomResizedCrop
-    dataset = PackedDataset(packed, decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
-    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      persistent_workers=workers > 0)
-
+# --- loaders (ImageFolder and packer's default wiring: peers_common) -------------------------------
 
 def loader_threaded(packed: Path, threads: int, batch: int, size: int, *, decode: Any = None) -> Any:
+    from packer import ReadOrder
     from packer.threaded import ThreadedLoader
     from packer.transforms import RandomResizedCrop
-    return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
+    return ThreadedLoader(packed, batch_size=batch, order=ReadOrder("random", seed=0), threads=threads,
                           decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
-
-
-forever = bench_peers.forever
 
 
 def training_table(runs: list[tuple[str, Callable[[], Any]]], *, rounds: int, images: int,
                    warmup: int) -> list[harness.Row]:
-    """Each loader ``rounds`` times, interleaved (``bench_peers.measure_training``), against the first."""
-    return bench_peers.measure_training(runs, rounds=rounds, warmup=warmup, images=images * rounds)
+    """Each loader ``rounds`` times, interleaved (``peers_common.measure_training``), against the first."""
+    return measure_training(runs, rounds=rounds, warmup=warmup, images=images * rounds)
 
 
 # --- raw reads and stages -------------------------------------------------------------------------
@@ -245,11 +198,11 @@ def stages_imagefolder(src: Path, batch: int, size: int) -> dict[str, float]:
     import torch
     from PIL import Image
 
-    dataset = bench_peers.image_folder(src, None)
+    dataset = image_folder(src, None)
     paths = [dataset.samples[i][0] for i in np.random.default_rng(0).integers(0, len(dataset), 256)]
     blobs = [open(p, "rb").read() for p in paths]
     decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
-    transform = tv_transform(size)
+    transform = tv_train_transform(size)
     tensors = [transform(img) for img in decoded]
     labels = list(range(len(tensors)))
     scale = batch / len(paths)
@@ -272,7 +225,7 @@ def raw224(out: Path, count: int, batch: int, threads: int) -> dict[str, float]:
         make_sample.make_image_folder(src, classes=10, per_class=count // 10, seed=0, min_size=224,
                                       max_size=256, formats=("jpeg",))
         (src / f".done-{count}").write_text("ok")
-    raw = ensure_packed(src, out / f"raw224-{count}", "raw:size=224x224", 2)
+    raw = ensure_small_packed(src, out / f"raw224-{count}", "raw:size=224x224", 2)
     warm(raw)
     result = {f"reads_{k}": v for k, v in raw_reads(raw, batch, threads).items()}
     from packer.dataset import open_dataset
@@ -320,20 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     src = out / f"src{args.size}-{args.images}"
     print(f"writing {args.images} {args.size}x{args.size} PNGs to {src} ...", file=sys.stderr)
-    ensure_images(src, args.images, args.size)
-    passthrough = ensure_packed(src, out / f"pass{args.size}-{args.images}", "passthrough", 2)
-    raw = ensure_packed(src, out / f"raw{args.size}-{args.images}", f"raw:size={args.size}x{args.size}", 2)
+    ensure_small_images(src, args.images, args.size)
+    passthrough = ensure_small_packed(src, out / f"pass{args.size}-{args.images}", "passthrough", 2)
+    raw = ensure_small_packed(src, out / f"raw{args.size}-{args.images}", f"raw:size={args.size}x{args.size}", 2)
     for folder in (src, passthrough, raw):
         warm(folder)
-    emulated = not bench_peers.have_torchvision()
+    emulated = not have_torchvision()
     size, batch, workers, threads = args.size, args.batch_size, args.workers, args.threads
     per_round = args.per_round or min(args.images, 50_000)
     runs = [
         ("imagefolder" + (" (emulated)" if emulated else ""),
          lambda: loader_imagefolder(src, workers, batch, size)),
-        (f"packer pass-through, {workers} workers", lambda: loader_packer(passthrough, workers, batch, size)),
-        (f"packer raw batched, {workers} workers", lambda: loader_packer(raw, workers, batch, size)),
-        ("packer raw batched, main process", lambda: loader_packer(raw, 0, batch, size)),
+        (f"packer pass-through, {workers} workers", lambda: loader_packer_default(passthrough, workers, batch, size)),
+        (f"packer raw batched, {workers} workers", lambda: loader_packer_default(raw, workers, batch, size)),
+        ("packer raw batched, main process", lambda: loader_packer_default(raw, 0, batch, size)),
         (f"packer raw threaded, {threads} threads", lambda: loader_threaded(raw, threads, batch, size)),
     ]
     print(f"training-style loaders, RandomResizedCrop({size}) + flip, batch {batch}:", file=sys.stderr)

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 from .errors import ClassListMismatchError, OptionError
 from .files import read_user_file, read_user_json
 from .format import class_list_checksum
+from .location import parse_location
+from .remote.url import is_url
 
 __all__ = ["SPLIT_NAMES", "class_list_checksum", "check_classes", "load_class_list", "classes_of",
            "split_folder_warning"]
@@ -50,8 +52,9 @@ def _checked(names: Sequence[Any], where: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, ...]:
-    """A class list from ``--classes``: a file, or names separated by commas, or a sequence.
+def load_class_list(spec: str | os.PathLike[str] | Sequence[str], *, what: str = "classes") -> tuple[str, ...]:
+    """A class list from ``--classes``: a file, or names separated by commas, or a sequence
+    (``what`` names where the sequence came from in messages: ``--classes-from DATASET``).
 
     A file is read as a JSON list of names when it ends in ``.json``, else as one name per line
     (blank lines skipped, surrounding whitespace stripped: a class folder name never ends in a
@@ -61,7 +64,11 @@ def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, 
         OptionError: unreadable file, empty list, duplicate or empty names.
     """
     if not isinstance(spec, (str, os.PathLike)):
-        return _checked(list(spec), "classes")
+        return _checked(list(spec), what)
+    given = spec
+    if isinstance(spec, str) and (is_url(spec) or "," not in spec):  # may name a file: a local one only
+        spec = parse_location(spec, what="--classes").local_path(
+            "a class list is read from a local file (or give the names, like a,b,c)")
     path = Path(spec)
     if path.exists() and not path.is_dir():  # a file (a FIFO or a device is refused, never read)
         what = "--classes"
@@ -76,7 +83,7 @@ def load_class_list(spec: str | os.PathLike[str] | Sequence[str]) -> tuple[str, 
         except UnicodeDecodeError as exc:
             raise OptionError(f"--classes {path}: cannot read the class list (not UTF-8: {exc.reason})") from None
         return _checked([line.strip() for line in text.splitlines() if line.strip()], f"--classes {path}")
-    text = os.fspath(spec)
+    text = os.fspath(given)
     if "," not in text and ("/" in text or text.endswith((".txt", ".json"))):
         raise OptionError(f"--classes {text}: no such file (give a file of class names, or names like a,b,c)")
     return _checked([name.strip() for name in text.split(",") if name.strip()], "--classes")

@@ -180,7 +180,7 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
     are refused here, with their names, rather than deep inside a running pipeline; so are an
     encoded image field's formats.
     """
-    from .codecs import check_decodable
+    from .codecs import codec_for
     from .dataset import DatasetIndex, open_index
     from .pillowformats import check_reader_formats
 
@@ -189,8 +189,9 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
         specs = tuple(index.field_spec(name) if name not in BUILTIN_OUTPUTS else None for name in outputs)
         if check_formats:
             if not outputs or "image" in outputs:
-                check_decodable(index.manifest.codec, path=index.path)
-                if index.manifest.codec.get("name") != "raw":  # raw payloads are pixels, not for a decoder
+                codec = codec_for(index)
+                codec.check_decodable()
+                if codec.encoded:  # stored pixels (raw) are no decoder's business
                     check_reader_formats(index.index.image_format, "dali", path=index.path)
             for spec in specs:
                 if spec is not None and spec.kind == "image" and field_images == "encoded":
@@ -227,7 +228,7 @@ class _PackedSource:
         self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
             dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
         #: a dataset URL's RemoteOptions (endpoint, cache) for the workers that reopen it
-        self.remote = getattr(getattr(dataset, "_remote", None), "options", None)
+        self.remote = getattr(getattr(dataset, "place", None), "options", None)
         self.field_images = field_images
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
@@ -289,7 +290,7 @@ class _PackedSource:
     def _open(self) -> Any:
         """This process's dataset, opened on first use (again after a fork)."""
         if self._dataset is None or self._pid != os.getpid():
-            from .codecs import raw_sample_shape
+            from .codecs import codec_for
             from .dataset import open_dataset
 
             self._reset_process_state()
@@ -299,8 +300,7 @@ class _PackedSource:
                 dataset.close()
                 raise DatasetChangedError("the dataset was replaced after the DALI source was created",
                                           path=self.path)
-            if dataset.manifest.codec.get("name") == "raw":
-                self._raw_shape = raw_sample_shape(dataset.manifest.codec, path=self.path)
+            self._raw_shape = codec_for(dataset, path=self.path).sample_shape  # stored pixels: reshaped
             self._dataset = dataset
         return self._dataset
 

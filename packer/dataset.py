@@ -20,6 +20,12 @@ A ``Dataset`` pickles as the manifest bytes it was opened from plus options (a f
 per-sample Python objects: a DataLoader worker re-maps the *same* index file (its name carries
 its checksum), so parent and workers always read one dataset version. If that version has been
 replaced and deleted meanwhile, the worker raises ``DatasetChangedError``.
+
+Where the bytes live is not this module's business: a dataset holds a *place*
+(``packer.place.Place``: a folder, or a URL through the node cache), opened once from the
+location the caller gave (``packer.location``), and asks it for the manifest, the index, the
+build report and each shard; read plans, batch prefetches, transfer counters and ``close`` go to
+it too (they do nothing for a folder).
 """
 
 from __future__ import annotations
@@ -30,20 +36,20 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from . import format as fmt
-from .backends import ShardBackend, check_backend_name, open_backend
+from .backends import ShardBackend, check_backend_name
 from .backends.buffers import PAGE, aligned_empty
 from .backends.runs import RunPlan, plan_runs
 from . import fields as fieldspec
-from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, NotAPackerFileError, OptionError,
-                     PackerError, TruncatedFileError)
-from .files import open_dataset_file, read_capped
-from .remote.url import is_url, parse_url
+from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, OptionError, PackerError,
+                     SampleIndexError, SampleIndexTypeError, SampleKeyError, TruncatedFileError)
+from .location import Location, parse_location
+from .place import Place, open_place
+from .remote.options import RemoteOptions
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset", "as_sample_indices"]
 
@@ -61,56 +67,34 @@ def as_sample_indices(indices: Any) -> np.ndarray:
     array = np.asarray(indices)
     if array.size and array.dtype.kind not in "iu":
         first = array.reshape(-1)[0]
-        raise TypeError(f"sample indices must be integers, got {array.dtype} values (e.g. {first!r})")
+        raise SampleIndexTypeError(f"sample indices must be integers, got {array.dtype} values (e.g. {first!r})")
     if array.size and array.dtype.kind == "u" and int(array.max()) > np.iinfo(np.int64).max:
-        raise TypeError(f"sample index {int(array.max())} is past int64")
+        raise SampleIndexTypeError(f"sample index {int(array.max())} is past int64")
     return array.astype(np.int64, copy=False)
-
-
-def _read_manifest_bytes(root: Path) -> bytes:
-    if not root.exists():  # [R42]
-        raise NotAPackerFileError("dataset folder does not exist", path=root)
-    if not root.is_dir():  # [R42]
-        raise NotAPackerFileError("not a dataset folder (expected a folder holding manifest.json)", path=root)
-    try:
-        data = read_capped(root, fmt.MANIFEST_NAME, fmt.MAX_MANIFEST_BYTES)
-    except DatasetChangedError:  # [R42]
-        staging = (root / ".packer-build").exists()
-        failed = not staging and (root / fmt.REPORT_NAME).is_file()
-        raise NotAPackerFileError(
-            "no manifest.json: not a packer dataset" + (
-                " (an unfinished build is here: finish it with `packer build --resume`)" if staging else "") + (
-                f" (a build that packed nothing left {fmt.REPORT_NAME} here: it lists every rejected file "
-                f"and why)" if failed else ""),
-            path=root) from None
-    except NotAPackerFileError:  # [R44] a FIFO or folder in its place
-        raise NotAPackerFileError("manifest.json is not a regular file", path=root / fmt.MANIFEST_NAME) from None
-    if data is None:  # [R30]
-        raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit", path=root / fmt.MANIFEST_NAME)
-    return data
 
 
 class DatasetIndex:
     """A validated manifest and index: everything but the payload bytes.
 
     Attributes:
-        path: the dataset folder.
+        path: the dataset folder (for a URL, its generation's folder in the node cache, which
+            holds its manifest and index).
+        url: the dataset URL (``s3://...``) of a dataset in object storage, else None.
+        place: where the bytes are read from (``packer.place.Place``).
         manifest: the parsed ``Manifest``.
         index: the ``IndexColumns`` (numpy views of the mapped index file).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, manifest_bytes: bytes | None = None,
-                 remote: Any = None) -> None:
-        #: The dataset URL (``s3://...``) of a dataset in object storage, else None.
-        self.url: str | None = None
-        self._remote: Any = None
-        if is_url(path):
-            path, manifest_bytes = self._open_url(str(path), manifest_bytes, remote)
-        self.path = Path(path)
-        self._manifest_bytes = manifest_bytes if manifest_bytes is not None else _read_manifest_bytes(self.path)
+    def __init__(self, path: str | os.PathLike[str] | Location, *, manifest_bytes: bytes | None = None,
+                 remote: RemoteOptions | dict[str, Any] | None = None) -> None:
+        self._location = parse_location(path, what="the dataset")
+        self.url: str | None = self._location.url.text if self._location.url is not None else None
+        self.place: Place = self._open_place(self._location, remote=remote, manifest_bytes=manifest_bytes)
+        self.path = self.place.folder
+        self._manifest_bytes = self.place.manifest_bytes
         self.manifest = fmt.parse_manifest(self._manifest_bytes, path=self.path / fmt.MANIFEST_NAME)
         entry = self.manifest.index
-        fd, real = open_dataset_file(self.path, entry.path, entry.size)
+        fd, real = self.place.open_index(entry)
         try:
             if entry.size == 0:
                 raise TruncatedFileError("index file is empty", path=real)
@@ -132,25 +116,25 @@ class DatasetIndex:
                                      f"{len(self.manifest.classes)} classes", path=real, sample=bad)
         self._shard_firsts = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
         np.cumsum([s.sample_count for s in self.manifest.shards], out=self._shard_firsts[1:])
-        if self._remote is not None:
-            self._remote.attach(self.index)
 
-    def _open_url(self, text: str, manifest_bytes: bytes | None, remote: Any) -> tuple[str, bytes | None]:
-        """A ``file://`` URL is its folder; another URL is fetched into the node cache
-        (``packer.remote``), whose generation folder then reads like a dataset folder."""
-        url = parse_url(text)
-        if url.scheme == "file":
-            return url.local_path, manifest_bytes
-        from .remote import open_remote  # lazy: the transports load only for a URL
-
-        self._remote = open_remote(url.text, remote, manifest_bytes=manifest_bytes)
-        self.url = url.text
-        return str(self._remote.root), self._remote.manifest_bytes
+    def _open_place(self, location: Location, *, remote: RemoteOptions | dict[str, Any] | None,
+                    manifest_bytes: bytes | None) -> Place:
+        """The place of an index: no shard is read through it."""
+        return open_place(location, remote=remote, manifest_bytes=manifest_bytes)
 
     @property
     def location(self) -> str:
-        """Where the dataset is: its URL, or its folder."""
-        return self.url or str(self.path)
+        """Where the dataset is, as the caller named it: its URL, or its folder."""
+        return self._location.text
+
+    def build_report(self, must_contain: bytes = b"") -> Iterator[dict[str, Any]] | None:
+        """The entries of the build report (``build-report.jsonl``: every rejected file and why),
+        read bounded with bad lines skipped (it is informational); None when the dataset has none.
+
+        Args:
+            must_contain: skip lines without these bytes before parsing them.
+        """
+        return self.place.build_report(must_contain)
 
     # --- tables ---
     def __len__(self) -> int:
@@ -181,7 +165,7 @@ class DatasetIndex:
     def _check(self, i: int) -> int:
         n = self.manifest.sample_count
         if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for a dataset of {n} samples")
+            raise SampleIndexError(f"sample {i} out of range for a dataset of {n} samples")
         return i % n if n else i
 
     def key(self, i: int) -> str:
@@ -272,21 +256,23 @@ class DatasetIndex:
         Scans the key blob (no per-sample objects are built): O(total key bytes).
 
         Raises:
-            KeyError: no sample has this key.
+            SampleKeyError: no sample has this key (also a ``KeyError``).
         """
         if not isinstance(key, str) or not key:
-            raise KeyError(key)  # keys are never empty: an empty needle would match everywhere
+            # an empty needle would match everywhere
+            raise SampleKeyError(f"no sample has the key {key!r}: keys are non-empty strings", key=key)
         try:
             needle = key.encode("utf-8")
         except UnicodeEncodeError:
-            raise KeyError(key) from None  # a lone surrogate: no stored (UTF-8) key can equal it
+            raise SampleKeyError(f"no sample has the key {key!r}: it holds a lone surrogate, and keys are UTF-8",
+                                 key=key) from None
         blob = memoryview(self.index.keys).tobytes() if len(self.index.keys) else b""
         offsets = self.index.key_offsets
         start = 0
         while True:
             pos = blob.find(needle, start)
             if pos < 0:
-                raise KeyError(key)
+                raise SampleKeyError(f"no sample has the key {key!r}", key=key)
             row = int(np.searchsorted(offsets, pos, side="right")) - 1
             if int(offsets[row]) == pos and int(offsets[row + 1]) == pos + len(needle):
                 return row
@@ -369,28 +355,27 @@ class Batch:
 class Dataset(DatasetIndex):
     """A dataset with payload access: ``get(i)`` / ``read_batch(indices)`` over a backend."""
 
-    def __init__(self, path: str | os.PathLike[str], *, backend: str = "mmap", verify_checksums: bool = False,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, manifest_bytes: bytes | None = None,
-                 remote: Any = None) -> None:
-        check_backend_name(backend)  # before anything is mapped or hashed
-        if is_url(path) and backend not in ("mmap", "pread") and parse_url(str(path)).scheme != "file":
-            raise OptionError(f"backend {backend!r} reads local files; a dataset URL is read through the node "
-                              f"cache (backend 'mmap' or 'pread')")
+    def __init__(self, path: str | os.PathLike[str] | Location, *, backend: str = "mmap",
+                 verify_checksums: bool = False, max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+                 manifest_bytes: bytes | None = None, remote: RemoteOptions | dict[str, Any] | None = None) -> None:
+        self._backend_asked = check_backend_name(backend)  # before anything is mapped or hashed
         super().__init__(path, manifest_bytes=manifest_bytes, remote=remote)
-        # A URL's shards are read through packer.remote's cache extents ("remote" is no local backend).
-        self.backend_name = "remote" if self._remote is not None else backend
+        # The backend reads go through: the one asked for, or for a URL "remote" (the node cache's extents).
+        self.backend_name = self.place.backend
         self.verify_checksums = verify_checksums
         self.max_open_shards = max(1, max_open_shards)
         self._open: OrderedDict[Any, ShardBackend] = OrderedDict()
         self._open_lock = threading.Lock()
         self._pid = os.getpid()
 
+    def _open_place(self, location: Location, *, remote: RemoteOptions | dict[str, Any] | None,
+                    manifest_bytes: bytes | None) -> Place:
+        return open_place(location, backend=self._backend_asked, remote=remote, manifest_bytes=manifest_bytes)
+
     # --- pickling: manifest bytes + options, a few KB ---
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.url or str(self.path), "manifest": self._manifest_bytes,
-                "backend": "mmap" if self._remote is not None else self.backend_name,
-                "verify": self.verify_checksums, "max_open": self.max_open_shards,
-                "remote": None if self._remote is None else self._remote.options}
+        return {"path": self._location, "manifest": self._manifest_bytes, "backend": self._backend_asked,
+                "verify": self.verify_checksums, "max_open": self.max_open_shards, "remote": self.place.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         try:
@@ -401,7 +386,7 @@ class Dataset(DatasetIndex):
             raise
         except PackerError as exc:
             raise DatasetChangedError(f"the dataset changed since it was opened in the parent process: {exc}",
-                                      path=state["path"]) from None
+                                      path=str(state["path"])) from None
 
     # --- shards ---
     def shard(self, number: int, field: str | None = None) -> ShardBackend:
@@ -436,16 +421,8 @@ class Dataset(DatasetIndex):
 
     def _open_shard(self, number: int, field: str | None) -> ShardBackend:
         entry = self.manifest.shards[number] if field is None else self.field_spec(field).shards[number]
-        if self._remote is not None:
-            head, where = self._remote.shard_header(field or "", number)
-            self._check_shard_header(head, where, entry)
-            return self._remote.open_shard(field or "", number)
-        fd, real = open_dataset_file(self.path, entry.path, entry.size)
-        try:
-            self._check_shard_header(os.pread(fd, fmt.SHARD_HEADER_SIZE, 0), real, entry)
-            return open_backend(self.backend_name, fd, real, entry.size)
-        finally:
-            os.close(fd)
+        return self.place.open_shard(field or "", number, entry,
+                                     lambda head, where: self._check_shard_header(head, where, entry))
 
     def _check_shard_header(self, head: bytes, where: str, entry: fmt.ShardEntry) -> None:
         header = fmt.ShardHeader.parse(head, path=where, actual_size=entry.size)
@@ -461,17 +438,15 @@ class Dataset(DatasetIndex):
     def plan_reads(self, indices: Any) -> None:
         """This process will read samples ``indices`` in this order (the readers say so at the start
         of an epoch): a dataset in object storage fetches what comes next ahead of the reads."""
-        if self._remote is not None:
-            self._remote.plan(as_sample_indices(indices).reshape(-1) % max(len(self), 1))
+        self.place.plan(as_sample_indices(indices).reshape(-1))
 
     def reads_advanced(self, position: int) -> None:
         """The reader has handed out ``position`` samples of its planned order."""
-        if self._remote is not None:
-            self._remote.advance(int(position))
+        self.place.advance(int(position))
 
     def remote_stats(self) -> dict[str, int] | None:
         """This process's transfer counters for a dataset in object storage (None for a folder)."""
-        return None if self._remote is None else self._remote.stats()
+        return self.place.stats()
 
     def _locate(self, i: int) -> tuple[int, int, int]:
         i = self._check(i)
@@ -551,7 +526,8 @@ class Dataset(DatasetIndex):
         n = len(self)
         order = np.arange(n, dtype=np.int64) if indices is None else as_sample_indices(indices)
         if order.size and (order.min() < -n or order.max() >= n):
-            raise IndexError(f"indices hold a value outside 0..{n - 1}")
+            raise SampleIndexError(f"indices hold {int(order[(order < -n) | (order >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         ix = self.index
         for first in range(0, len(order), chunk):
             part = order[first:first + chunk] % max(n, 1)
@@ -581,7 +557,8 @@ class Dataset(DatasetIndex):
             empty = np.zeros(0, dtype=np.int64)
             return Batch(data=np.zeros(0, dtype=np.uint8), starts=empty, sizes=empty)
         if idx.min() < -n or idx.max() >= n:
-            raise IndexError(f"batch holds an index outside 0..{n - 1}")
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         idx = np.where(idx < 0, idx + n, idx)
         ix = self.index
         if self.backend_name == "mmap":
@@ -592,8 +569,7 @@ class Dataset(DatasetIndex):
             # Whole pages when the layout allows (the tail padding is in the file, zeros): page-sized
             # reads into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
             runs = plan_runs(ix, idx, round_to=PAGE if self.manifest.alignment % PAGE == 0 else 1)
-            if self._remote is not None:
-                self._remote.ensure(runs.unique)  # the batch's missing extents, fetched in parallel
+            self.place.ensure(runs.unique)  # in object storage: the batch's missing extents, fetched in parallel
             data = self._read_runs(runs)
         batch = Batch(data=data, starts=runs.starts, sizes=runs.batch_sizes)
         if self.verify_checksums:
@@ -626,12 +602,12 @@ class Dataset(DatasetIndex):
         """Drop the open shards: each closes now, or, if another thread is still reading it (or a
         zero-copy view of it is alive), when that reader lets go (never under it)."""
         self._open = OrderedDict()
-        if self._remote is not None:
-            self._remote.close()
+        self.place.close()
         super().close()
 
 
-def open_index(path: str | os.PathLike[str], *, remote: Any = None) -> DatasetIndex:
+def open_index(path: str | os.PathLike[str] | Location, *,
+               remote: RemoteOptions | dict[str, Any] | None = None) -> DatasetIndex:
     """Validate a dataset's manifest and index without touching its shards.
 
     ``path`` may be a dataset URL (``remote`` as for ``open_dataset``).
@@ -642,14 +618,15 @@ def open_index(path: str | os.PathLike[str], *, remote: Any = None) -> DatasetIn
     return DatasetIndex(path, remote=remote)
 
 
-def open_dataset(path: str | os.PathLike[str], *, backend: str = "mmap", verify_checksums: bool = False,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, remote: Any = None) -> Dataset:
+def open_dataset(path: str | os.PathLike[str] | Location, *, backend: str = "mmap", verify_checksums: bool = False,
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+                 remote: RemoteOptions | dict[str, Any] | None = None) -> Dataset:
     """Open a dataset for reading.
 
     Args:
         path: the dataset folder (holding ``manifest.json``), or its URL: ``s3://``, ``gs://``,
             ``az://``, ``https://`` (read-only) or ``file://`` (see ``packer.remote`` and
-            docs/guides/object-storage.md).
+            docs/guides/object-storage.md); parsed once by ``packer.location.parse_location``.
         remote: for a URL, ``packer.remote.RemoteOptions`` (or a dict of its fields): endpoint,
             transport, node cache folder and bound, request sizes, retries.
         backend: ``"mmap"`` (default, zero-copy, shared pages), ``"pread"``, ``"direct"`` (O_DIRECT),

@@ -58,6 +58,7 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
+from .imageheaders import parse_header
 from .pillowformats import PILLOW_ONLY_FORMATS, load_pillow_format
 
 from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
@@ -97,8 +98,8 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     Raises:
         DecodeError: the bytes cannot be decoded as ``image_format``, the format is unknown, the
             header declares more than ``max_pixels`` pixels, or
-            it is ``ImageFormat.RAW`` (raw pixels carry no shape: reshape them with the index's
-            height, width and channels instead).
+            it is one of ``ImageFormat.PIXEL_FORMATS`` (stored pixels carry no shape: reshape them
+            with the index's height, width and channels instead).
     """
     path = name or None
     view = byte_view(data)
@@ -109,13 +110,17 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         image_format = detect_format(view)
     if image_format == ImageFormat.JPEG:
         return _decode_jpeg(view, path, max_pixels)
+    if image_format == ImageFormat.BMP:
+        plain = _plain_bmp(view, path, max_pixels)
+        if plain is not None:
+            return plain
     if image_format in _PILLOW_FORMATS:
         return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels)
     if image_format in PILLOW_ONLY_FORMATS or image_format == ImageFormat.UNKNOWN and len(view) > 2:
         # every other format Pillow decodes (packer/pillowformats.py); UNKNOWN: Pillow identifies it
         fallback = ImageFormat.OTHER if image_format == ImageFormat.UNKNOWN else int(image_format)
         return _to_rgb(load_pillow_format(view, fallback, path=path, max_pixels=max_pixels))
-    if image_format == ImageFormat.RAW:
+    if image_format in ImageFormat.PIXEL_FORMATS:
         raise DecodeError(
             "image_format 7 (raw) holds undecoded pixels without a shape; reshape the payload "
             "with the index's height, width and channels instead of decoding it", path=path)
@@ -127,6 +132,23 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
         f"unknown image_format {image_format}; decodable values are 1 to 6 and 8 to 38 (jpeg, png, "
         f"webp, gif, bmp, tiff, and the formats of packer.pillowformats), 255 (other), or None to detect "
         f"the format", path=path)
+
+
+def _plain_bmp(view: bytes | memoryview, path: str | None, max_pixels: int) -> np.ndarray | None:
+    """A 24-bit uncompressed BMP (how ``packer.Writer`` spools decoded pixels for a codec that
+    re-encodes them) read with numpy: the pixels Pillow's raw ``BGR`` decoder gives, without an
+    image object per sample. None for any other BMP, or one whose pixel array does not fit the
+    bytes (Pillow then decodes it, or says what is wrong)."""
+    header = parse_header(view, ImageFormat.BMP)
+    if header is None or header.mode != "RGB" or len(header.tile) != 1:
+        return None
+    _, (_, _, width, height), offset, (raw_mode, stride, orientation) = header.tile[0]
+    if raw_mode != "BGR" or stride < width * 3 or offset + stride * height > len(view):
+        return None
+    _check_pixels(width, height, max_pixels, path)
+    rows = np.frombuffer(view, dtype=np.uint8, count=stride * height, offset=offset).reshape(height, stride)
+    pixels = rows[:, :width * 3].reshape(height, width, 3)[:, :, ::-1]
+    return np.ascontiguousarray(pixels[::-1] if orientation == -1 else pixels)
 
 
 def _reserved(image_format: int) -> bool:
@@ -196,7 +218,8 @@ def decode_as_stored(data: ImageBytes, image_format: int | None = None, *, name:
         raise DecodeError("no bytes to decode: expected an encoded image, found 0 bytes", path=path)
     if image_format is None or image_format == ImageFormat.UNKNOWN or _reserved(image_format):
         image_format = detect_format(view)
-    if image_format in (ImageFormat.UNKNOWN, ImageFormat.RAW) or image_format not in ImageFormat.NAMES:
+    if (image_format == ImageFormat.UNKNOWN or image_format in ImageFormat.PIXEL_FORMATS
+            or image_format not in ImageFormat.NAMES):
         raise DecodeError(f"cannot decode image_format {image_format} as a stored image", path=path)
     if image_format == ImageFormat.OTHER or image_format in PILLOW_ONLY_FORMATS:
         return _as_stored(load_pillow_format(view, int(image_format), path=path, max_pixels=max_pixels))

@@ -13,7 +13,8 @@ class                     exit   raised when
                                  backend name, a seed, a worker count): the *call* is wrong;
                                  ``ClassListMismatchError`` (two class lists disagree),
                                  ``StateMismatchError`` (a saved reader position from another
-                                 order or sample space) and
+                                 order or sample space), ``UnexpectedKeywordError`` (a
+                                 keyword a reader never took; also a ``TypeError``) and
                                  ``UnsafeExportError`` (samples an export target cannot hold
                                  safely) and ``UnsupportedAttributeError`` (a name packer
                                  deliberately lacks, e.g. ``PackedDataset.samples``) are ones
@@ -63,8 +64,12 @@ __all__ = [
     "OptionError",
     "ClassListMismatchError",
     "StateMismatchError",
+    "UnexpectedKeywordError",
     "UnsafeExportError",
     "UnsupportedAttributeError",
+    "SampleIndexError",
+    "SampleIndexTypeError",
+    "SampleKeyError",
     "SourceError",
     "EmptySourceError",
     "OutputExistsError",
@@ -214,6 +219,37 @@ class UnsupportedAttributeError(OptionError, AttributeError):
     """A name another library's object has (torchvision's ``ImageFolder.samples``) that packer
     deliberately does not provide; the message says what to use instead. Also an
     ``AttributeError``, so ``hasattr`` and ``getattr(obj, name, default)`` behave as usual."""
+
+
+class SampleIndexError(OptionError, IndexError):
+    """A sample (or batch) index outside the dataset; the message says the range there is.
+
+    Also an ``IndexError``, so a loop over ``dataset[i]`` ends where Python's sequence protocol
+    expects, and ``except IndexError`` keeps working."""
+
+
+class SampleIndexTypeError(OptionError, TypeError):
+    """Sample indices that are not integers (a float, a string, a bool mask): ``1.7`` must not
+    quietly read sample 1. Also a ``TypeError``, what Python's sequences raise for such an index."""
+
+
+class UnexpectedKeywordError(OptionError, TypeError):
+    """A keyword argument a reader never took (a typo, or an option of another reader), caught
+    where a reader takes the old spellings of its options as ``**kwargs``. Also a ``TypeError``,
+    with Python's own message for an unexpected keyword argument."""
+
+
+class SampleKeyError(OptionError, KeyError):
+    """No sample has the key asked for (``Dataset.find``). ``key`` is the key as given.
+
+    Also a ``KeyError``, so ``except KeyError`` keeps working; its text is the message, not the
+    ``repr`` a plain ``KeyError`` shows."""
+
+    __str__ = Exception.__str__  # KeyError's own __str__ would quote the whole message
+
+    def __init__(self, message: str, *, key: object = None, **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.key = key
 
 
 class SourceError(PackerError):

@@ -22,7 +22,7 @@ import numpy as np
 from .errors import (DatasetChangedError, NotAPackerFileError, OptionError, PackerError, TruncatedFileError,
                      UnsafePathError)
 
-__all__ = ["open_inside", "open_dataset_file", "read_capped", "open_nonblocking", "read_fd_capped",
+__all__ = ["open_inside", "open_dataset_file", "read_capped", "open_nonblocking", "read_fd_capped", "FolderReader",
            "iter_json_lines", "MAX_REPORT_BYTES", "MAX_REPORT_LINE", "open_user_file", "read_user_file",
            "read_user_json", "json_depth_exceeds", "MAX_USER_FILE_BYTES", "MAX_USER_JSON_DEPTH"]
 
@@ -38,7 +38,8 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PROBE_FLAGS = _OPEN_FLAGS | getattr(os, "O_NONBLOCK", 0)
 
 
-def open_nonblocking(path: str | os.PathLike[str], *, follow_links: bool = True) -> tuple[int, os.stat_result]:
+def open_nonblocking(path: str | os.PathLike[str], *, follow_links: bool = True,
+                     dir_fd: int | None = None) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading without blocking on a FIFO, and ``fstat`` the open descriptor.
 
     The descriptor is switched back to blocking only if it is a regular file; the caller decides
@@ -50,6 +51,7 @@ def open_nonblocking(path: str | os.PathLike[str], *, follow_links: bool = True)
         path: the file to open.
         follow_links: False adds ``O_NOFOLLOW``: a symlink in the last component is refused
             (``OSError`` with ``ELOOP``).
+        dir_fd: a directory descriptor ``path`` is relative to (``openat``).
 
     Returns:
         ``(fd, stat)``: a close-on-exec descriptor and the ``fstat`` of it.
@@ -58,7 +60,7 @@ def open_nonblocking(path: str | os.PathLike[str], *, follow_links: bool = True)
         OSError: the open failed (``FileNotFoundError``, ``PermissionError``, ``ELOOP``...).
     """
     flags = _PROBE_FLAGS | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         info = os.fstat(fd)
         if stat.S_ISREG(info.st_mode):
@@ -87,6 +89,108 @@ def read_fd_capped(fd: int, cap: int, size_hint: int) -> bytes | None:
         chunks.append(chunk)
         total += len(chunk)
     return None if total > cap else (chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+
+# O_PATH: a directory handle that only serves to open what is in it (no read permission needed,
+# nothing read); O_NOFOLLOW: a component that is a symlink is refused (ELOOP), not followed.
+_FOLDER_FLAGS = (os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
+                 | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+_CAN_OPEN_AT = os.open in os.supports_dir_fd and hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
+
+
+class FolderReader:
+    """Opens files under one root through directory handles, never following a link on that way.
+
+    ``open(relative)`` walks ``relative`` one component at a time from a handle on the root, each
+    folder opened with ``O_NOFOLLOW`` (handles kept in a small cache, so a file costs one
+    ``openat`` beside its siblings), and opens the file itself with ``O_NOFOLLOW`` too. A file
+    reached that way lies inside the root by construction: no path is resolved (the
+    ``realpath`` + ``commonpath`` check costs one ``lstat`` per component per file). When a
+    component is a symlink (or anything else goes wrong: a missing file, a permission), the file
+    is opened by its path as before, following links as the listing did, and ``inside`` is None:
+    whether it lies inside the root is then answered by ``resolves_inside`` when asked (only a
+    rejection that would quote the file's bytes asks).
+
+    Close it (or use it as a context manager): it holds up to ``max_folders`` descriptors.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_folders: int = 128) -> None:
+        self.root = os.fspath(root)
+        self.max_folders = max_folders
+        self._folders: dict[str, int] = {}
+        self._root_fd: int | None = None
+        if _CAN_OPEN_AT:
+            try:
+                self._root_fd = os.open(self.root, _FOLDER_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                self._root_fd = None  # every file by its path, as before
+
+    def open(self, relative: str) -> tuple[int, os.stat_result, bool | None]:
+        """Open ``root/relative`` for reading, without blocking on a FIFO (``open_nonblocking``).
+
+        Returns:
+            ``(fd, fstat, inside)``: ``inside`` is True when the file was reached from the root
+            without a link, None when it was opened by its path (links followed).
+
+        Raises:
+            OSError: opening by the path failed (``FileNotFoundError``, ``PermissionError``...).
+        """
+        if self._root_fd is not None:
+            folder, _, name = relative.rpartition("/")
+            folder_fd = self._folder(folder) if folder else self._root_fd
+            if folder_fd is not None and name not in ("", ".", ".."):
+                try:
+                    fd, info = open_nonblocking(name, follow_links=False, dir_fd=folder_fd)
+                    return fd, info, True
+                except OSError:
+                    pass  # a link, or a failure: the path says what it is, as before
+        fd, info = open_nonblocking(os.path.join(self.root, relative))
+        return fd, info, None
+
+    def resolves_inside(self, relative: str) -> bool:
+        """Whether ``root/relative`` resolves (links followed) to a path inside the resolved root."""
+        real_root = os.path.realpath(self.root)
+        return os.path.commonpath([real_root, os.path.realpath(os.path.join(self.root, relative))]) == real_root
+
+    def _folder(self, folder: str) -> int | None:
+        fd = self._folders.get(folder)
+        if fd is not None:
+            return fd
+        names = folder.split("/")
+        if len(names) > self.max_folders or any(name in ("", ".", "..") for name in names):
+            return None
+        if len(self._folders) + len(names) > self.max_folders:
+            self._drop_folders()  # never while walking: a handle in use stays open
+        fd, here = self._root_fd, ""
+        for name in names:  # iterative: a folder nested thousands deep is no recursion
+            here = f"{here}/{name}" if here else name
+            cached = self._folders.get(here)
+            if cached is None:
+                try:
+                    cached = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+                except OSError:
+                    return None  # a link (ENOTDIR, ELOOP) or gone: its files are opened by their paths
+                self._folders[here] = cached
+            fd = cached
+        return fd
+
+    def _drop_folders(self) -> None:
+        for fd in self._folders.values():
+            os.close(fd)
+        self._folders.clear()
+
+    def close(self) -> None:
+        """Close every handle (idempotent)."""
+        self._drop_folders()
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __enter__(self) -> "FolderReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def open_inside(root: str | os.PathLike[str], relative: str) -> tuple[int, str]:

@@ -53,6 +53,7 @@ __all__ = [
     "class_list_checksum",
     "FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT",
     "MANIFEST_NAME", "REPORT_NAME", "SHARD_DIR", "SHARD_MAGIC", "INDEX_MAGIC", "PLAN_MAGIC",
+    "HASHES_MAGIC", "HASHES_NAME",
     "SHARD_HEADER_SIZE", "SHARD_HEADER_RESERVED", "COLUMN_FILE_HEADER_SIZE", "COLUMN_ENTRY_SIZE", "COLUMN_ALIGNMENT",
     "CHECKSUM_ALGORITHM", "MAX_MANIFEST_BYTES", "MAX_SAMPLES", "MAX_SHARDS", "MAX_COLUMNS",
     "MAX_FILE_SIZE", "MAX_SHARD_NUMBER", "MAX_COLUMN_NAME_BYTES",
@@ -63,6 +64,7 @@ __all__ = [
     "encode_column_file", "parse_column_file", "validate_index", "IndexColumns",
     "ShardEntry", "FileEntry", "Manifest", "MANIFEST_FIELDS", "parse_manifest", "dump_manifest",
     "check_relative_path", "field_shard_file_name", "FieldSpec",
+    "LEGACY_OPTION_GROUPS", "BUILD_SETTINGS_GROUPS", "regroup_build_options", "recorded_build_settings",
 ]
 
 FieldSpec = fieldspec.FieldSpec
@@ -96,6 +98,10 @@ MAX_COLUMN_NAME_BYTES = 24
 SHARD_MAGIC = b"PKSHARD\x00"
 INDEX_MAGIC = b"PKINDEX\x00"
 PLAN_MAGIC = b"PKPLAN\x00\x00"
+#: The perceptual-hashes file beside the index (SPEC §16; its layout and checks are
+#: ``packer.duplicates.sidecar``'s, as the tiled JPEG's are ``packer.codecs.tiles``').
+HASHES_MAGIC = b"PKHASH\x00\x00"
+HASHES_NAME = "perceptual-hashes.pkh"
 
 # --- shard header: 64 bytes, zero-padded up to the data offset -----------------------------
 #   0  8s magic           SHARD_MAGIC
@@ -158,6 +164,9 @@ class ImageFormat:
     # 8-63: other formats Pillow decodes, one value per Pillow plugin (SPEC.md §5, the table);
     # OTHER: a format some Pillow plugin decoded that has no value of its own (a decoder sniffs).
     OTHER = 255
+    #: Values whose payload is decoded pixels, not an encoded image: no image decoder takes them,
+    #: and their shape is the index's (and the codec's, ``packer.codecs``), never in the bytes.
+    PIXEL_FORMATS = frozenset({RAW})
 
     NAMES = {0: "unknown", 1: "jpeg", 2: "png", 3: "webp", 4: "gif", 5: "bmp", 6: "tiff", 7: "raw",
              8: "ppm", 9: "jpeg2000", 10: "avif", 11: "heif", 12: "tga", 13: "ico", 14: "cur", 15: "psd",
@@ -1093,3 +1102,49 @@ def verify_checksum(data: Any, expected: int, *, path: object = None, sample: in
         raise ChecksumMismatchError(f"{what} checksum mismatch: expected {checksum_hex(expected)}, "
                                     f"got {checksum_hex(got)} (the stored bytes are damaged)",
                                     path=path, sample=sample, offset=offset)
+
+
+# --- the build record (informative) -----------------------------------------------------------
+
+#: The flat build options that manifests before packer 0.2 recorded (``build.options``), by the
+#: group of ``build.settings`` that holds each now (§6.1; ``codec`` is a member of its own).
+LEGACY_OPTION_GROUPS = {"alignment": "layout", "shard_size": "layout", "shuffle": "layout", "seed": "layout",
+                        "codec": "", "validate": "checks", "max_pixels": "checks", "max_file_size": "checks",
+                        "normalize_formats": "checks", "classes": "labels", "label_type": "labels",
+                        "fields": "labels"}
+#: The groups of ``build.settings`` (§6.1), besides its ``codec`` string.
+BUILD_SETTINGS_GROUPS = ("source", "layout", "checks", "labels")
+
+
+def regroup_build_options(options: Mapping[str, Any], source_kind: Any = None) -> dict[str, Any]:
+    """Flat build options (an old ``build.options``, or ``BuildOptions``) as nested build settings:
+    each name under the group ``LEGACY_OPTION_GROUPS`` gives it (unknown names are dropped), and
+    ``source_kind``, when given, as ``source.kind``. Values are moved, never checked."""
+    nested: dict[str, Any] = {group: {} for group in BUILD_SETTINGS_GROUPS}
+    for name, value in options.items():
+        group = LEGACY_OPTION_GROUPS.get(name)
+        if group == "":
+            nested[name] = value
+        elif group is not None:
+            nested[group][name] = value
+    if source_kind is not None:
+        nested["source"]["kind"] = source_kind
+    return nested
+
+
+def recorded_build_settings(build: Any) -> dict[str, Any] | None:
+    """The build settings a manifest's informative ``build`` record holds, nested as §6.1 says: its
+    ``settings`` object, or the flat ``options`` (with ``source_kind``) that older builds wrote,
+    regrouped (``regroup_build_options``). None when the record holds neither as an object.
+
+    The values are as recorded (hand edits, other writers): whoever uses them checks them.
+    """
+    if not isinstance(build, Mapping):
+        return None
+    settings = build.get("settings")
+    if isinstance(settings, dict):
+        return settings
+    options = build.get("options")
+    if not isinstance(options, dict):
+        return None
+    return regroup_build_options(options, build.get("source_kind"))

@@ -25,18 +25,15 @@ packer reader's (``packer.fields.READ_FIELDS``).
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import format as fmt
-from .codecs import check_decodable, dataset_max_pixels
+from .codecs import codec_for, dataset_max_pixels
 from .dataset import Dataset, open_dataset
-from .decode import decode_image
-from .errors import DecodeError, MissingDependencyError, OptionError
+from .errors import MissingDependencyError, OptionError
 from .fields import READ_FIELDS
 from .order import ORDER_KEYWORDS, IndexSpace, ReadOrder, check_epoch, read_order_from
 
@@ -100,8 +97,9 @@ class PackedDataSource:
                                   f"declared fields {sorted(declared) or '(none)'}")
         if not (decode is True or decode is False or callable(decode)):
             raise OptionError(f"decode must be True, False or a callable, got {decode!r}")
+        self._codec = codec_for(self.dataset)
         if decode is not False and "image" in fields:
-            check_decodable(self.dataset.manifest.codec, path=self.dataset.path)
+            self._codec.check_decodable()
         if classes is not None:
             from .classes import check_classes
 
@@ -129,13 +127,8 @@ class PackedDataSource:
         if self.decode is False:
             return data.copy()  # the mapping is not the record's to keep
         image_format = int(dataset.index.image_format[i])
-        if image_format == fmt.ImageFormat.RAW:
-            ix = dataset.index
-            shape = (int(ix.height[i]), int(ix.width[i]), int(ix.channels[i]))
-            if math.prod(shape) != data.size:
-                raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
-                                  f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
-            pixels = data.reshape(shape)
+        pixels = self._codec.stored_pixels(dataset, i, data)
+        if pixels is not None:  # stored pixels (codec raw): a view of the mapping, copied or cropped
             return self.decode(pixels, image_format, index=i) if callable(self.decode) else pixels.copy()
         if callable(self.decode):
             from .transforms import DecodeTransform
@@ -143,10 +136,7 @@ class PackedDataSource:
             if isinstance(self.decode, DecodeTransform):
                 return np.asarray(self.decode(data, image_format, index=i))
             return np.asarray(self.decode(data, image_format))
-        try:
-            return decode_image(data, image_format, max_pixels=self._max_pixels)
-        except DecodeError as exc:
-            raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path, sample=i) from None
+        return self._codec.pixels(dataset, i, data, max_pixels=self._max_pixels)
 
     def __getitem__(self, record_key: int) -> dict[str, Any]:
         count = len(self.dataset)

@@ -54,8 +54,9 @@ from typing import Any, Callable, Iterator, Union
 
 from PIL import Image, ImageMode
 
-from .errors import RejectedImageError
+from .errors import OptionError, RejectedImageError
 from .format import ImageFormat
+from .imageheaders import MODE_CHANNELS, parse_header
 from .pillowformats import CORE_FORMATS, accept_pillow_format
 
 __all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image",
@@ -160,12 +161,12 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
 
     Raises:
         RejectedImageError: the file is not a usable image; ``reason`` says why.
-        ValueError: ``validate`` or ``max_pixels`` is not a valid setting.
+        OptionError: ``validate`` or ``max_pixels`` is not a valid setting.
     """
     if validate not in VALIDATE_MODES:
-        raise ValueError(f"validate must be one of {VALIDATE_MODES}, got {validate!r}")
+        raise OptionError(f"validate must be one of {VALIDATE_MODES}, got {validate!r}")
     if max_pixels < 1:
-        raise ValueError(f"max_pixels must be at least 1, got {max_pixels}")
+        raise OptionError(f"max_pixels must be at least 1, got {max_pixels}")
     path = name or None
     view = byte_view(data)
     size = len(view)
@@ -174,7 +175,12 @@ def probe_image(data: BytesLike, *, name: str = "", validate: str = "header",
                                  path=path)
 
     image_format = detect_format(view)
-    img = _open_header(view, image_format, path, show_bytes, max_pixels)
+    # The common headers are read from the bytes (imageheaders: Pillow's answer, or None to ask
+    # Pillow); a full validation decodes with Pillow anyway, so it opens with Pillow.
+    img: Any = (parse_header(view, image_format)
+                if validate == "header" and (image_format != ImageFormat.WEBP or _webp_plugin()) else None)
+    if img is None:
+        img = _open_header(view, image_format, path, show_bytes, max_pixels)
     pil_format = img.format or ""
     try:
         return _check_opened(view, img, pil_format, path, validate, max_pixels)
@@ -377,8 +383,22 @@ def _decode_fully(img: Image.Image, pil_format: str, path: str | None, max_pixel
             f"{text}", path=path) from exc
 
 
+def _webp_plugin() -> bool:
+    """Whether this Pillow opens WEBP (built with libwebp): only then may its header be read here."""
+    global _WEBP_PLUGIN
+    if _WEBP_PLUGIN is None:
+        _WEBP_PLUGIN = plugin_factory(ImageFormat.WEBP) is not None
+    return _WEBP_PLUGIN
+
+
+_WEBP_PLUGIN: bool | None = None
+
+
 def _mode_channels(mode: str) -> int:
     """Number of bands of a Pillow mode; 0 (``unknown`` in the index) for a mode Pillow lacks."""
+    known = MODE_CHANNELS.get(mode)
+    if known is not None:
+        return known
     try:
         return len(ImageMode.getmode(mode).bands)
     except KeyError:

@@ -91,6 +91,7 @@ value, the space and the cursor that call them, with no I/O to split off.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Protocol
@@ -99,14 +100,14 @@ import numpy as np
 import xxhash
 
 from .deprecation import warn_deprecated
-from .errors import OptionError, StateMismatchError
+from .errors import OptionError, StateMismatchError, UnexpectedKeywordError
 
 __all__ = [
     "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
     "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
     "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "ORDER_KEYWORDS", "read_order_from",
-    "resolve_rank", "SampleSpace", "IndexSpace", "sample_space", "Position", "POSITION_SLOTS", "EpochCursor",
-    "CursorReader", "check_epoch",
+    "resolve_rank", "LAUNCHER_VARIABLES", "SampleSpace", "IndexSpace", "sample_space", "Position", "POSITION_SLOTS",
+    "EpochCursor", "CursorReader", "check_epoch",
 ]
 
 #: The order kinds understood by ``epoch_order``.
@@ -419,20 +420,32 @@ def _check_optional(check: Any, name: str, value: object) -> int | None:
     return None if value is None else check(name, value)
 
 
+#: How launchers tell each process it is one of several: (world size variable, rank variable, who
+#: sets them). torchrun (and torch.distributed.launch) set WORLD_SIZE and RANK; Slurm's srun sets
+#: SLURM_NTASKS and SLURM_PROCID.
+LAUNCHER_VARIABLES = (("WORLD_SIZE", "RANK", "torchrun"), ("SLURM_NTASKS", "SLURM_PROCID", "Slurm"))
+
+
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
 
     Never imports torch: ``torch.distributed`` is asked only when torch is already imported (a
     process group cannot exist otherwise), so torch-free readers (DALI, Grain) follow the same rule.
+    A process that a launcher started as one of several (``LAUNCHER_VARIABLES`` say more than one
+    in the environment, read at this call) but without a process group would otherwise take rank
+    0 of 1 and read the whole dataset on every rank: that is refused.
 
     Raises:
-        OptionError: only one of the two is given, or rank is outside ``0..world_size-1``.
+        OptionError: only one of the two is given, rank is outside ``0..world_size-1``, or the
+            environment says several ranks and no process group is initialised (the message names
+            the fix: ``torch.distributed.init_process_group`` first, or the ranks in the order).
     """
     if rank is None and world_size is None:
         dist = getattr(sys.modules.get("torch"), "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank, world_size = dist.get_rank(), dist.get_world_size()
         else:
+            _refuse_launched_without_a_group()
             rank, world_size = 0, 1
     elif rank is None or world_size is None:
         raise OptionError("give both rank and world_size, or neither (to use torch.distributed)")
@@ -441,6 +454,20 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
         raise OptionError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
     return int(rank), int(world_size)
+
+
+def _refuse_launched_without_a_group() -> None:
+    for size_name, rank_name, launcher in LAUNCHER_VARIABLES:
+        launched = os.environ.get(size_name, "").strip()
+        if launched.isdigit() and int(launched) > 1:
+            this = os.environ.get(rank_name, "?").strip() or "?"
+            raise OptionError(
+                f"the environment says this process is rank {this} of {int(launched)} ({size_name}={int(launched)}, "
+                f"{rank_name}={this}: set by {launcher}), but torch.distributed is not initialised, so this reader "
+                f"would read every sample on every rank: call torch.distributed.init_process_group() before making "
+                f"it (its rank and world size then come from the process group), or pass rank= and world_size= in "
+                f"the order (order=packer.ReadOrder(..., rank={this}, world_size={int(launched)}); rank=0, "
+                f"world_size=1 to read the whole dataset in this process)")
 
 
 @dataclass(frozen=True, repr=False)
@@ -643,7 +670,8 @@ def read_order_from(order: "ReadOrder | str | None", deprecated: Mapping[str, An
             reading what it read.
 
     Raises:
-        TypeError: a keyword this reader never took (as Python says of any unknown keyword).
+        UnexpectedKeywordError: a keyword this reader never took (also a ``TypeError``, with
+            Python's message for an unknown keyword).
         OptionError: ``order`` is not an order, or old keywords beside an explicit ``ReadOrder``,
             or a value ``ReadOrder`` refuses.
     """
@@ -664,7 +692,7 @@ def read_order_from(order: "ReadOrder | str | None", deprecated: Mapping[str, An
         return result
     unknown = [name for name in given if name not in keywords]
     if unknown:
-        raise TypeError(f"{reader}() got an unexpected keyword argument {unknown[0]!r}")
+        raise UnexpectedKeywordError(f"{reader}() got an unexpected keyword argument {unknown[0]!r}")
     if isinstance(order, ReadOrder):
         raise OptionError(f"{reader}: {', '.join(f'{name}=' for name in given)} and order={order!r} both say how "
                           f"to read; put them in the ReadOrder")

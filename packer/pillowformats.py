@@ -44,7 +44,7 @@ from typing import Any, Iterable, Union
 import numpy as np
 from PIL import Image, ImageFile
 
-from .errors import DecodeError, RejectedImageError
+from .errors import DecodeError, OptionError, RejectedImageError
 from .format import ImageFormat
 
 __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE", "accept_pillow_format",
@@ -52,7 +52,8 @@ __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE"
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
-#: The formats ``imageinfo`` checks itself (plus RAW, which is never a source format).
+#: The formats ``imageinfo`` checks itself (stored pixels, ``ImageFormat.PIXEL_FORMATS``, are never a
+#: source format).
 CORE_FORMATS = frozenset({ImageFormat.JPEG, ImageFormat.PNG, ImageFormat.WEBP, ImageFormat.GIF,
                           ImageFormat.BMP, ImageFormat.TIFF})
 _PIL_NAME = {value: name for name, value in ImageFormat.BY_PIL_NAME.items() if value not in CORE_FORMATS}
@@ -73,7 +74,7 @@ def decodable_by(reader: str) -> frozenset[int]:
     """The ``ImageFormat`` values ``reader`` decodes (see the table in the module docstring).
 
     Raises:
-        ValueError: ``reader`` is not one of ``READERS``.
+        OptionError: ``reader`` is not one of ``READERS``.
     """
     if reader == "cpu":
         return frozenset(CORE_FORMATS | PILLOW_ONLY_FORMATS)
@@ -81,7 +82,7 @@ def decodable_by(reader: str) -> frozenset[int]:
         return _DALI
     if reader == "nvjpeg":
         return frozenset({ImageFormat.JPEG})
-    raise ValueError(f"reader must be one of {sorted(READERS)}, got {reader!r}")
+    raise OptionError(f"reader must be one of {sorted(READERS)}, got {reader!r}")
 
 
 def check_reader_formats(formats: np.ndarray | Iterable[int], reader: str, *, path: Any = None) -> None:
@@ -171,7 +172,7 @@ def normalize_to_png(data: BytesLike, image_format: int, *, path: str | None,
     Raises:
         RejectedImageError: ``decode-failed`` when the image cannot be decoded.
     """
-    if image_format in KEPT_BY_NORMALIZE or image_format == ImageFormat.RAW:
+    if image_format in KEPT_BY_NORMALIZE or image_format in ImageFormat.PIXEL_FORMATS:
         return None
     try:
         if image_format in PILLOW_ONLY_FORMATS:

@@ -6,8 +6,6 @@ import sys
 import time
 from typing import Any
 
-from tqdm import tqdm
-
 __all__ = ["BuildProgress", "ListingProgress"]
 
 
@@ -17,6 +15,8 @@ class ListingProgress:
     def __init__(self, *, enabled: bool = True) -> None:
         self._bar: Any = None
         if enabled:
+            from tqdm import tqdm  # only when a bar shows: a quiet build never imports it (~15 ms)
+
             self._bar = tqdm(desc="listing", unit=" files", file=sys.stderr, dynamic_ncols=True, delay=1.0)
         self._shown = 0
 
@@ -45,6 +45,8 @@ class BuildProgress:
         self._last_postfix = 0.0
         self._bar: Any = None
         if enabled:
+            from tqdm import tqdm
+
             self._bar = tqdm(total=total_files, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
                              smoothing=0.1)
 

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .codecs import raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view
+from .codecs import codec_for, raw_batch_view, raw_runs, raw_sample_stride, raw_samples_view
 from .dataset import as_sample_indices
-from .errors import IndexMismatchError
+from .errors import OptionError
 
 if TYPE_CHECKING:  # torch is imported lazily by crop_resize_batch
     import torch
@@ -79,15 +79,12 @@ _CHUNK_BYTES = 32 << 20
 
 def raw_shape_of(dataset: Any) -> tuple[int, int, int] | None:
     """``(H, W, C)`` of every sample when ``dataset`` (a ``packer.dataset.Dataset``) is a ``raw``
-    codec dataset, else None.
+    codec dataset, else None: ``codec_for(dataset).sample_shape``.
 
     Raises:
         ManifestError: the manifest says ``raw`` but its shape fields are unusable.
     """
-    codec = dataset.manifest.codec
-    if codec.get("name") != "raw":
-        return None
-    return raw_sample_shape(codec, path=dataset.path)
+    return codec_for(dataset).sample_shape
 
 
 def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
@@ -119,43 +116,26 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         out = np.empty((len(idx), *shape), dtype=np.uint8)
     if len(idx) == 0:
         return out
-    ix = dataset.index
-    wrong_size = ix.size[idx] != sample
-    if wrong_size.any():
-        bad = int(idx[np.argmax(wrong_size)])
-        raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
-                                 f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
+    runs = raw_runs(dataset, idx, shape)  # the layout every raw shard has, checked before a byte is read
     if dataset.backend_name != "mmap" or dataset.verify_checksums:
         batch = dataset.read_batch(idx)
         out[...] = raw_samples_view(batch.data, batch.starts, shape)
         return out
     stride = raw_sample_stride(shape, dataset.alignment)
-    single = len(dataset.manifest.shards) == 1
-    shards = None if single else ix.shard[idx]
     gather = _compiled_gather() if out.flags.c_contiguous and out.dtype == np.uint8 else None
-    for shard in ([0] if single else np.unique(shards).tolist()):
-        first, end = dataset.shard_range(shard)
-        base = int(ix.offset[first])
-        rows = np.arange(len(idx)) if single else np.flatnonzero(shards == shard)
-        mine = idx if single else idx[rows]
-        local = mine - first
-        offsets = ix.offset[mine].astype(np.int64)
-        misplaced = offsets != base + local * stride
-        if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
-            bad = int(mine[np.argmax(misplaced)])
-            raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
-                                     f"of the {stride}-byte stride from the shard's first sample",
-                                     path=dataset.path, sample=bad)
+    for shard, rows, offsets, local in runs:
         if gather is not None:  # one memcpy per sample into out, without the GIL (packer/_rawresample.c)
-            gather(dataset.shard(shard).array, out, offsets, None if len(rows) == len(idx) else rows, sample)
+            gather(dataset.shard(shard).array, out, offsets, rows, sample)
             continue
+        first, end = dataset.shard_range(shard)
+        base = int(dataset.index.offset[first])
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
         # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
         # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.
         if sample >= _LARGE_SAMPLE:  # one memcpy per sample straight into out: no temporary
-            for row, position in zip(rows.tolist(), local.tolist()):
+            for row, position in zip((range(len(idx)) if rows is None else rows.tolist()), local.tolist()):
                 out[row] = view[position]
-        elif len(rows) == len(idx):
+        elif rows is None:
             out[...] = view[local]
         else:
             out[rows] = view[local]
@@ -201,49 +181,19 @@ def crop_resize_raw(dataset: Any, indices: Any, shape: tuple[int, int, int], box
     boxes = np.ascontiguousarray(np.asarray(boxes, dtype=np.float64).reshape(-1, 4))
     height, width, channels = shape
     if len(boxes) != count:
-        raise ValueError(f"{count} images but {len(boxes)} boxes")
+        raise OptionError(f"need one box per image: {count} images, got {len(boxes)} boxes")
     flags = (np.zeros(count, dtype=np.uint8) if flips is None
              else np.ascontiguousarray(np.asarray(flips, dtype=bool).reshape(-1), dtype=np.uint8))
     result = target.numpy()
-    for shard, rows, offsets in _raw_runs(dataset, idx, shape):
+    for shard, rows, offsets, _ in raw_runs(dataset, idx, shape):
         every = rows is None
         try:
             kernel.crop_resize(dataset.shard(shard).array, result, boxes if every else boxes[rows],
                                flags if every else flags[rows], bool(clip_to_box), len(offsets), height, width,
                                channels, out_h, out_w, offsets, None if every else rows)
         except ValueError as exc:  # a box outside the image: crop_resize_batch's message
-            raise ValueError(f"every box must be a non-empty part of the {width}x{height} image ({exc})") from None
+            raise OptionError(f"every box must be a non-empty part of the {width}x{height} image ({exc})") from None
     return target
-
-
-def _raw_runs(dataset: Any, idx: np.ndarray, shape: tuple[int, int, int]) -> list[tuple[int, Any, np.ndarray]]:
-    """``(shard, rows of the batch or None for all, int64 byte offsets in the shard)`` of each shard
-    a batch of raw samples reads, after checking every index row against the raw layout."""
-    sample = shape[0] * shape[1] * shape[2]
-    ix = dataset.index
-    wrong_size = ix.size[idx] != sample
-    if wrong_size.any():
-        bad = int(idx[np.argmax(wrong_size)])
-        raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
-                                 f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
-    stride = raw_sample_stride(shape, dataset.alignment)
-    single = len(dataset.manifest.shards) == 1
-    shards = None if single else ix.shard[idx]
-    runs = []
-    for shard in ([0] if single else np.unique(shards).tolist()):
-        first, _ = dataset.shard_range(shard)
-        base = int(ix.offset[first])
-        rows = None if single else np.flatnonzero(shards == shard)
-        mine = idx if rows is None else idx[rows]
-        offsets = ix.offset[mine].astype(np.int64)
-        misplaced = offsets != base + (mine - first) * stride
-        if misplaced.any():  # the layout every raw shard has (formats/SPEC.md §3.2), checked
-            bad = int(mine[np.argmax(misplaced)])
-            raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
-                                     f"of the {stride}-byte stride from the shard's first sample",
-                                     path=dataset.path, sample=bad)
-        runs.append((shard, rows if rows is None or len(rows) < len(idx) else None, offsets))
-    return runs
 
 
 def _compiled_kernel() -> Any:
@@ -288,8 +238,8 @@ def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarr
     """
     idx = as_sample_indices(indices).reshape(-1)
     if seed < 0 or epoch < 0 or count < 0 or (idx.size and idx.min() < 0):
-        raise ValueError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
-                         f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")
+        raise OptionError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
+                          f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")
     key = _mix64(np.array([int(seed) & _MASK64], dtype=np.uint64) + _GOLDEN)
     key = _mix64(key ^ (np.array([int(epoch) & _MASK64], dtype=np.uint64) * _GOLDEN))
     per_sample = _mix64(key ^ (idx.astype(np.uint64) * _INDEX_MULT))
@@ -321,7 +271,7 @@ def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
     """
     u = np.asarray(uniforms, dtype=np.float64)
     if u.ndim != 2 or u.shape[1] < RRC_DRAWS:
-        raise ValueError(f"need an (N, {RRC_DRAWS}) array of draws, got shape {u.shape}")
+        raise OptionError(f"need an (N, {RRC_DRAWS}) array of draws, got shape {u.shape}")
     count = len(u)
     area = float(width * height)
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
@@ -432,26 +382,26 @@ def crop_resize_batch(images: "torch.Tensor | np.ndarray", boxes: np.ndarray, si
     else:
         source = images
     if source.dim() != 4 or source.dtype != torch.uint8:
-        raise ValueError(f"images must be an (N, H, W, C) uint8 batch, got {tuple(source.shape)} "
-                         f"{source.dtype}")
+        raise OptionError(f"images must be an (N, H, W, C) uint8 batch, got {tuple(source.shape)} "
+                          f"{source.dtype}")
     count, height, width, channels = source.shape
     out_h, out_w = int(size[0]), int(size[1])
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     if len(boxes) != count:
-        raise ValueError(f"{count} images but {len(boxes)} boxes")
+        raise OptionError(f"need one box per image: {count} images, got {len(boxes)} boxes")
     if count and (boxes[:, 0].min() < 0 or boxes[:, 1].min() < 0 or boxes[:, 2].max() > width
                   or boxes[:, 3].max() > height or np.any(boxes[:, 2] <= boxes[:, 0])
                   or np.any(boxes[:, 3] <= boxes[:, 1])):
-        raise ValueError(f"every box must be a non-empty part of the {width}x{height} image")
+        raise OptionError(f"every box must be a non-empty part of the {width}x{height} image")
     if out is None:
         out = torch.empty((count, out_h, out_w, channels), dtype=torch.uint8, device=source.device)
     elif tuple(out.shape) != (count, out_h, out_w, channels) or out.dtype != torch.uint8:
-        raise ValueError(f"out must be a ({count}, {out_h}, {out_w}, {channels}) uint8 tensor, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise OptionError(f"out must be a ({count}, {out_h}, {out_w}, {channels}) uint8 tensor, got "
+                          f"{tuple(out.shape)} {out.dtype}")
     if count == 0:
         return out
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+        raise OptionError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     use_c = kernel == "c" or (kernel == "auto" and source.device.type == "cpu" and compiled_kernel_available())
     if use_c:
         if source.device.type != "cpu" or out.device.type != "cpu" or not compiled_kernel_available():

@@ -43,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import xxhash
@@ -53,6 +53,9 @@ from .errors import (DatasetChangedError, DecodeError, FormatError, NotAPackerFi
                      TruncatedFileError, UnsafePathError)
 from .files import open_inside
 from .machine import available_cpus
+
+if TYPE_CHECKING:
+    from .remote.url import DatasetURL
 
 __all__ = ["Problem", "VerifyReport", "verify", "PROBLEM_KINDS", "CHUNK_SIZE", "BYTES_PER_WORKER",
            "MAX_VALUE_PROBLEMS"]
@@ -239,22 +242,21 @@ class _ShardResult:
     field: str = ""
 
 
-def _verify_url(url: str, **options: Any) -> "VerifyReport":
+def _verify_url(url: "DatasetURL", **options: Any) -> "VerifyReport":
     """A dataset in object storage: its objects are copied raw into a temporary folder of the node
     cache (``packer.remote.upload.mirror``), checked there like a folder, and reported by URL."""
     import tempfile
 
     from .remote.options import RemoteOptions
     from .remote.upload import mirror
-    from .remote.url import parse_url
 
     settings = RemoteOptions()
     settings.cache_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="verify-", dir=settings.cache_root) as folder:
-        mirror(parse_url(url), settings, folder)
+        mirror(url, settings, folder)
         report = verify(folder, **options)
-    report.path = url
-    report.problems = [dataclasses.replace(problem, path=url + str(problem.path)[len(folder):])
+    report.path = url.text
+    report.problems = [dataclasses.replace(problem, path=url.text + str(problem.path)[len(folder):])
                        if problem.path and str(problem.path).startswith(folder) else problem
                        for problem in report.problems]
     return report
@@ -283,14 +285,13 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
         MissingDependencyError: ``decode=True`` but an image decoder is not installed.
     """
     from .dataset import open_index  # lazy: keep `import packer.verify` light
-    from .remote.url import is_url, parse_url
+    from .location import parse_location
 
-    if is_url(path) and parse_url(str(path)).scheme == "file":
-        path = parse_url(str(path)).local_path
-    elif is_url(path):
-        return _verify_url(str(path), decode=decode, workers=workers, progress=progress, max_pixels=max_pixels)
+    location = parse_location(path, what="the dataset")
+    if location.url is not None:  # verify reads the stored bytes raw: a URL's objects are copied first
+        return _verify_url(location.url, decode=decode, workers=workers, progress=progress, max_pixels=max_pixels)
     started = time.monotonic()
-    root = Path(path)
+    root = location.local_path()
     try:
         index = open_index(root)
     except PackerError as exc:
@@ -300,10 +301,10 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
     limit = 0
     if decode:
         from . import decode as _decode  # noqa: F401  (fail early if the decoders are missing)
-        from .codecs import check_decodable, dataset_max_pixels
+        from .codecs import codec_for, dataset_max_pixels
 
         try:
-            check_decodable(index.manifest.codec, path=root)  # SPEC 6: refuse an unknown codec
+            codec_for(index, path=root).check_decodable()  # SPEC 6: refuse an unknown codec
             limit = dataset_max_pixels(index.manifest, max_pixels)
         except PackerError as exc:
             index.close()
@@ -835,8 +836,8 @@ class _Decoder:
                                     path=task.path))
 
         width, height, channels = self.widths[local], self.heights[local], self.channels[local]
-        if self.formats[local] == fmt.ImageFormat.RAW:
-            # Raw pixels carry no shape of their own: their size must match the index's.
+        if self.formats[local] in fmt.ImageFormat.PIXEL_FORMATS:
+            # Stored pixels (codec raw) carry no shape of their own: their size must match the index's.
             if width and height and channels and self.sizes[local] != width * height * channels:
                 add(f"raw payload is {self.sizes[local]} bytes, not {height}x{width}x{channels}")
             return

@@ -74,7 +74,8 @@ def fail(message: str) -> None:
 
 def check_archives(wheel: Path, sdist: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    for wanted in ("packer/__init__.py", "packer/py.typed", "packer/codecs/_jpegtiles", "packer/_rawresample"):
+    for wanted in ("packer/__init__.py", "packer/py.typed", "packer/codecs/_jpegtiles", "packer/_rawresample",
+                   "packer/sampledata/photos/PHOTOS.md", "packer/sampledata/photos/cat.jpg"):
         if not any(name.startswith(wanted) for name in names):
             fail(f"{wheel.name} lacks {wanted}")
     if not any(name.endswith(".dist-info/licenses/LICENSE") for name in names):
@@ -85,7 +86,8 @@ def check_archives(wheel: Path, sdist: Path) -> None:
     with tarfile.open(sdist) as archive:
         members = {name.removeprefix(root + "/") for name in archive.getnames()}
     for wanted in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "packer/py.typed",
-                   "packer/codecs/_jpegtiles.c", "packer/_rawresample.c", "formats/SPEC.md"):
+                   "packer/codecs/_jpegtiles.c", "packer/_rawresample.c", "formats/SPEC.md",
+                   "packer/sampledata/photos/PHOTOS.md", "packer/sampledata/photos/galaxy.jpg"):
         if wanted not in members:
             fail(f"{sdist.name} lacks {wanted}")
     print(f"   {wheel.name}: {len(names)} files; {sdist.name}: {len(members)} members", flush=True)

@@ -184,8 +184,8 @@ def zip_archive(entries: list[ZipEntry], *, comment: bytes = b"", cut_directory:
 class Case:
     kind: str
     source: Path
-    options: dict[str, Any] = field(default_factory=dict)   # BuildOptions fields
-    build: dict[str, Any] = field(default_factory=dict)     # build() keywords (source_kind, root, ...)
+    options: dict[str, Any] = field(default_factory=dict)   # settings by their flat names (shard_size, classes, ...)
+    build: dict[str, Any] = field(default_factory=dict)     # source settings (source_kind, root, label_field, ...)
 
 
 _NAMES = [b"cat/a.jpg", b"dog/b.png", b"cat/../x.jpg", b"/abs.jpg", b".hidden/c.jpg", b"cat/.DS_Store",
@@ -473,13 +473,17 @@ def _alarm(signum: int, frame: Any) -> None:
 def run_case(case: Case, out: Path) -> str:
     """Build ``case``; returns the outcome (``packed`` or the PackerError class name). Raises
     anything else (the fuzzer's failure)."""
+    from packer import BuildSettings, RunOptions, SourceSettings
+    from packer import format as fmt
     from packer.dataset import open_dataset
     from packer.errors import PackerError
-    from packer.writer import BuildOptions, build
+    from packer.writer import build
 
     try:
-        options = BuildOptions(**case.options)
-        result = build(case.source, out, options, workers=1, progress=False, **case.build)
+        source = SourceSettings(**{("kind" if name == "source_kind" else name): value
+                                   for name, value in case.build.items()})
+        settings = BuildSettings.from_json(fmt.regroup_build_options(case.options), unrecorded_source=source)
+        result = build(case.source, out, settings, RunOptions(workers=1))
     except PackerError as exc:
         if not str(exc):
             raise AssertionError(f"a {type(exc).__name__} without a message") from exc

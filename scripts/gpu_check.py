@@ -547,7 +547,7 @@ def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
     names = ("image", "index", "score", "xy")
     checked = 0
     with open_dataset(out) as ds, GpuRawBatches(out, min(batch_size, 16), fields=names, device=device_name(gpu),
-                                                seed=1) as loader:
+                                                order=ReadOrder("block", seed=1)) as loader:
         score, xy = ds.field_array("score"), ds.field_array("xy")
         for batch in loader:
             if gpu and batch["score"].device.type != "cuda":

@@ -42,7 +42,7 @@ from packer import format as fmt  # noqa: E402
 from packer.writer import build  # noqa: E402
 from packer.writer.commit import commit_dataset  # noqa: E402
 from packer.writer.staging import LOCK_NAME, STAGING_DIR  # noqa: E402
-from packer.writer.plan import BuildOptions  # noqa: E402
+from packer import BuildSettings, LabelSettings, LayoutSettings, RunOptions  # noqa: E402
 
 __all__ = ["generate", "compare_trees", "read_everything", "VALID", "INVALID", "FIELD_INVALID", "main"]
 
@@ -116,8 +116,8 @@ def _write_files(root: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
-def _build(source: Path, out: Path, options: BuildOptions) -> None:
-    build(source, out, options, workers=1, progress=False)
+def _build(source: Path, out: Path, settings: BuildSettings) -> None:
+    build(source, out, settings, RunOptions(workers=1))
     (out / LOCK_NAME).unlink(missing_ok=True)  # the build's lock file is not part of a dataset
 
 
@@ -149,7 +149,7 @@ _INFO_BMP_A, _INFO_GIF, _INFO_JPEG = (5, 3, 2, 3), (4, 1, 1, 1), (1, 8, 8, 1)
 
 
 def _folder_vector(out: Path, tmp: Path, *, files: dict[str, tuple[bytes, tuple[int, int, int, int]]],
-                   classes: list[str], options: BuildOptions, description: str,
+                   classes: list[str], options: BuildSettings, description: str,
                    extra_inputs: dict[str, bytes] | None = None) -> None:
     source = tmp / f"src-{out.name}"
     _write_files(source, {key: data for key, (data, _) in files.items()})
@@ -160,15 +160,15 @@ def _folder_vector(out: Path, tmp: Path, *, files: dict[str, tuple[bytes, tuple[
     labels = {key: classes.index(key.split("/")[0]) for key in files}
     samples = _describe_samples(out, inputs, info, labels, {})
     _write_json(out / "expected.json", {
-        "description": description, "source": "folder", "options": options.to_json(),
-        "classes": classes, "sample_count": len(samples), "alignment": options.alignment,
+        "description": description, "source": "folder", "settings": options.to_json(),
+        "classes": classes, "sample_count": len(samples), "alignment": options.layout.alignment,
         "samples": samples})
 
 
 def make_base_align512(out: Path, tmp: Path) -> None:
     _folder_vector(out, tmp, files={
         "cat/a.png": (_PNG_A, _INFO_PNG_A), "cat/b.jpg": (JPEG_8X8, _INFO_JPEG), "dog/c.bmp": (_BMP_A, _INFO_BMP_A)},
-        classes=["cat", "dog"], options=BuildOptions(alignment=512, shard_size=1536, shuffle=False),
+        classes=["cat", "dog"], options=BuildSettings(layout=LayoutSettings(alignment=512, shard_size=1536, shuffle=False)),
         description="3 samples in 2 shards (2 + 1), alignment 512, no shuffle; every invalid vector but "
                     "the fields-* ones is this dataset damaged in one way")
 
@@ -177,7 +177,7 @@ def make_two_shards_align4096(out: Path, tmp: Path) -> None:
     _folder_vector(out, tmp, files={
         "cat/a.png": (_PNG_A, _INFO_PNG_A), "cat/b.jpg": (JPEG_8X8, _INFO_JPEG),
         "dog/c.bmp": (_BMP_A, _INFO_BMP_A), "dog/d.gif": (GIF_1X1, _INFO_GIF)},
-        classes=["cat", "dog"], options=BuildOptions(alignment=4096, shard_size=12288, seed=0),
+        classes=["cat", "dog"], options=BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12288, seed=0)),
         description="4 samples (PNG, JPEG, BMP, GIF) in 2 shards of 12288 bytes, alignment 4096, "
                     "shuffled with seed 0")
 
@@ -186,7 +186,7 @@ def make_align1(out: Path, tmp: Path) -> None:
     _folder_vector(out, tmp, files={
         "a/1.png": (_PNG_A, _INFO_PNG_A), "a/2.gif": (GIF_1X1, _INFO_GIF), "b/3.jpg": (JPEG_8X8, _INFO_JPEG),
         "b/4.png": (_PNG_B, _INFO_PNG_B), "c/5.bmp": (_BMP_A, _INFO_BMP_A)},
-        classes=["a", "b", "c"], options=BuildOptions(alignment=1, shard_size=300, seed=7),
+        classes=["a", "b", "c"], options=BuildSettings(layout=LayoutSettings(alignment=1, shard_size=300, seed=7)),
         description="alignment 1: payloads packed back to back, data_offset 64; shuffled with seed 7")
 
 
@@ -195,7 +195,7 @@ def make_rejected_gap(out: Path, tmp: Path) -> None:
         "a/1.png": (_PNG_A, _INFO_PNG_A), "a/3.bmp": (_BMP_A, _INFO_BMP_A), "a/4.png": (_PNG_C, _INFO_PNG_C)},
         extra_inputs={"a/2.txt": b"not an image, rejected by its bytes\n", "a/.DS_Store": b"hidden",
                       "top-level.png": _PNG_B},
-        classes=["a"], options=BuildOptions(alignment=512, shard_size=1024, shuffle=False),
+        classes=["a"], options=BuildSettings(layout=LayoutSettings(alignment=512, shard_size=1024, shuffle=False)),
         description="one file per planned shard; planned shard 1 (a/2.txt) is rejected, so the manifest "
                     "lists shards 0, 2 and 3 (a gap in the numbers) and the index's shard column is 0, 1, 2; "
                     "build-report.jsonl lists the three rejected files")
@@ -215,7 +215,7 @@ def make_manifest_metadata(out: Path, tmp: Path) -> None:
     _write_files(source, inputs)
     lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     (source / "list.jsonl").write_bytes(lines.encode("utf-8"))
-    options = BuildOptions(alignment=512, shard_size=2048, seed=3)
+    options = BuildSettings(layout=LayoutSettings(alignment=512, shard_size=2048, seed=3))
     _build(source / "list.jsonl", out, options)
     labels = {row["path"]: row["label"] for row in rows}
     metadata = {row["path"]: row["metadata"] for row in rows}
@@ -223,7 +223,7 @@ def make_manifest_metadata(out: Path, tmp: Path) -> None:
     _write_json(out / "expected.json", {
         "description": "built from a JSONL manifest: integer labels (no classes, so any integer, -1 = "
                        "unlabeled), per-sample JSON metadata (empty for {}), a non-ASCII key; alignment 512",
-        "source": "manifest", "options": options.to_json(), "classes": [], "sample_count": len(samples),
+        "source": "manifest", "settings": options.to_json(), "classes": [], "sample_count": len(samples),
         "alignment": 512, "samples": samples})
 
 
@@ -267,7 +267,8 @@ def make_fields(out: Path, tmp: Path) -> None:
     # alignment 64 keeps the vector (and the invalid ones copied from it) small; shard_size 384 is
     # 64 header bytes + 320, room for two padded payloads (128 or 192 bytes) but never three,
     # so the 4 samples land 2 + 2 and the mask field runs parallel to two shards.
-    options = BuildOptions(alignment=64, shard_size=384, seed=1, fields=_FIELD_OPTIONS)
+    options = BuildSettings(layout=LayoutSettings(alignment=64, shard_size=384, seed=1),
+                            labels=LabelSettings(fields=_FIELD_OPTIONS))
     _build(source / "rows.jsonl", out, options)
     # the expected values come from the rows, not from the dataset: class names are numbered in
     # UTF-8 bytes order (as labels are), each sample's ids sorted without repeats
@@ -300,7 +301,7 @@ def make_fields(out: Path, tmp: Path) -> None:
                        "repeat, a non-ASCII name), caption text (non-ASCII, one empty), mask image (palette "
                        "PNGs) in field shards parallel to the 2 main shards; alignment 64, shuffled with seed 1; "
                        "every fields-* invalid vector is this dataset damaged in one way",
-        "source": "manifest", "options": options.to_json(), "classes": [], "sample_count": len(samples),
+        "source": "manifest", "settings": options.to_json(), "classes": [], "sample_count": len(samples),
         "alignment": 64, "fields": declarations, "samples": samples})
 
 
@@ -317,7 +318,7 @@ def make_empty(out: Path, tmp: Path) -> None:
                    history=[])
     _write_json(out / "expected.json", {
         "description": "zero samples, zero shards: a valid dataset (written with packer.writer.commit.commit_dataset)",
-        "source": "none", "options": {}, "classes": [], "sample_count": 0, "alignment": 4096, "samples": []})
+        "source": "none", "settings": {}, "classes": [], "sample_count": 0, "alignment": 4096, "samples": []})
 
 
 def make_unknown_fields(out: Path, base: Path) -> None:
@@ -1127,6 +1128,76 @@ def make_tiled(folder: Path) -> None:
     _write_json(folder / "expected.json", expected)
 
 
+# --- perceptual-hashes file (section 16) ----------------------------------------------------------
+
+#: The valid hashes file's identity and table: three samples (hashed, flat, unreadable).
+HASHES_INDEX_CHECKSUM = 0x0123456789ABCDEF
+HASHES_TABLE = ([[0x8000000000000001, 0x00FF00FF00FF00FF], [0, 0], [0, 0]], [0, 1, 2])
+
+
+def _hashes_damage(valid: bytes) -> dict[str, tuple[bytes, str, str, str, str]]:
+    """name -> (bytes, requirement, error, message fragment, description) for the invalid files."""
+    from packer.duplicates import sidecar
+
+    def header(fmt_char: str, at: int, value: int) -> bytes:
+        data = bytearray(valid)
+        struct.pack_into("<" + fmt_char, data, at, value)
+        return bytes(data)
+
+    def reseal(data: bytearray) -> bytes:  # keep the table checksum right, so only the damage is seen
+        struct.pack_into("<Q", data, 32, fmt.checksum(bytes(data[sidecar.HEADER:])))
+        return bytes(data)
+
+    flipped = bytearray(valid)
+    flipped[sidecar.HEADER] ^= 0x01
+    bad_status = bytearray(valid)
+    bad_status[sidecar.HEADER + 3 * 16 + 1] = 7
+    return {
+        "empty": (b"", "H1", "NotAPackerFileError", "not a packer hashes file", "an empty file"),
+        "short-header": (valid[:40], "H1", "TruncatedFileError", "shorter than its 64-byte header",
+                         "the first 40 bytes of a valid file"),
+        "wrong-magic": (b"PKINDEX\x00" + valid[8:], "H2", "NotAPackerFileError", "not a packer hashes file",
+                        "the magic of an index file"),
+        "version-2": (header("I", 8, 2), "H3", "UnsupportedVersionError", "hashes file version 2", "version 2"),
+        "algorithm-9": (header("I", 12, 9), "H4", "UnsupportedVersionError", "hash algorithm 9", "algorithm 9"),
+        "three-words": (header("I", 40, 3), "H5", "CorruptHeaderError", "expected at most",
+                        "hash_words is 3"),
+        "truncated": (valid[:-8], "H6", "TruncatedFileError", "(truncated)", "the last 8 bytes cut"),
+        "extended": (valid + bytes(8), "H6", "TruncatedFileError", "(extended)", "8 zero bytes appended"),
+        "table-flipped": (bytes(flipped), "H7", "ChecksumMismatchError", "hashes table checksum mismatch",
+                          "one bit of sample 0's hash flipped, the header's table checksum unchanged"),
+        "status-7": (reseal(bad_status), "H8", "CorruptHeaderError", "status 7 is not one of",
+                     "sample 1's status is 7 (table checksum updated)"),
+        "other-generation": (valid, "H9", "IndexMismatchError", "stale hashes",
+                             "a valid file read for a dataset whose index checksum is 0123456789abcdee"),
+    }
+
+
+def make_hashes(folder: Path) -> None:
+    """A valid perceptual-hashes file and one damaged copy per reader rule H1-H9 (SPEC §16)."""
+    from packer.duplicates.phash import HashTable
+    from packer.duplicates.sidecar import encode_hashes
+
+    folder.mkdir()
+    hashes, status = HASHES_TABLE
+    table = HashTable(hashes=np.array(hashes, dtype=np.uint64), status=np.array(status, dtype=np.uint8))
+    valid = encode_hashes(table, HASHES_INDEX_CHECKSUM)
+    (folder / "valid.pkh").write_bytes(valid)
+    expected: dict[str, Any] = {
+        "valid": {"file": "valid.pkh", "index_checksum": fmt.checksum_hex(HASHES_INDEX_CHECKSUM),
+                  "sample_count": len(status), "hashes": [[f"{w:016x}" for w in row] for row in hashes],
+                  "status": status},
+        "invalid": {}}
+    for name, (data, requirement, error, message, description) in _hashes_damage(valid).items():
+        (folder / f"{name}.pkh").write_bytes(data)
+        expected["invalid"][name] = {
+            "file": f"{name}.pkh", "requirement": requirement, "error": error, "message": message,
+            "description": description,
+            "index_checksum": fmt.checksum_hex(HASHES_INDEX_CHECKSUM - (name == "other-generation")),
+            "sample_count": len(status)}
+    _write_json(folder / "expected.json", expected)
+
+
 def generate(out: Path) -> None:
     """Write every vector under ``out`` (which must not exist), and a README listing them."""
     out = Path(out)
@@ -1139,6 +1210,7 @@ def generate(out: Path) -> None:
             maker(valid / name, Path(tmp))
         make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
     make_tiled(out / "tiled")
+    make_hashes(out / "hashes")
     for name, (requirement, error, message, stage, description, mutate) in {**INVALID, **FIELD_INVALID}.items():
         base = "fields" if name in FIELD_INVALID else "base-align512"
         folder = invalid / name
@@ -1193,6 +1265,13 @@ def _write_readme(out: Path) -> None:
     for name, (_, rule, outcome, _, description) in sorted(
             _damage_tiled((out / "tiled" / "color420-48x32.tiled.jpg").read_bytes()).items()):
         lines.append(f"- `damaged-{name}.jpg` ({rule}, {outcome}): {description}")
+    lines += ["", "## Perceptual-hashes file (section 16)", "",
+              "`hashes/valid.pkh` is a valid file of three samples (hashed, flat, unreadable); `expected.json`",
+              "gives its identity, hashes and statuses. Each other file breaks one reader rule; reading it",
+              "with the identity given MUST raise the error named.", ""]
+    valid = (out / "hashes" / "valid.pkh").read_bytes()
+    for name, (_, requirement, error, _, description) in _hashes_damage(valid).items():
+        lines.append(f"- `{name}.pkh` ({requirement}, `{error}`): {description}")
     (out / "README.md").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
 
 

@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     check("Verify ran: OK" in Path("report.html").read_text("utf-8"), "packer inspect --html --verify")
     run("packer", "export", "out", "back", env=env)
     check(len(list(Path("back").rglob("*.*"))) == 24, "packer export: 24 files back")
+    # the photographs the guides are followed with come with the wheel
+    run("packer", "sample-data", "data", env=env)
+    photos = json.loads(run("packer", "build", "data/imagenet/train", "photos", "--json", env=env).stdout)
+    check(photos["samples"] == 64 and photos["classes"] == 4, "packer sample-data: 64 photographs in 4 classes")
 
     if args.extensions == "yes":
         run("packer", "build", "src", "tiled", "--codec", "tiled", "--workers", "2", env=env)

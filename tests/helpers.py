@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from packer import format as fmt
@@ -277,3 +278,129 @@ def packer_on_path(home: Path) -> dict[str, str]:
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])))
     return env
+
+
+def with_source(settings: Any, **source: Any) -> Any:
+    """``settings`` (a ``packer.BuildSettings``) with its source settings changed (``root=``, ``kind=``, ...)."""
+    from dataclasses import replace
+
+    return replace(settings, source=replace(settings.source, **source))
+
+
+@contextlib.contextmanager
+def pillow_headers_only() -> Any:
+    """Within: ``probe_image`` asks Pillow for every header (``imageheaders.parse_header`` says None)."""
+    import packer.imageinfo as imageinfo
+
+    saved = imageinfo.parse_header
+    imageinfo.parse_header = lambda view, image_format: None
+    try:
+        yield
+    finally:
+        imageinfo.parse_header = saved
+
+
+def probe_outcome(data: bytes, **options: Any) -> tuple[Any, ...]:
+    """What ``probe_image`` says about ``data``: ``("ok", ImageInfo)`` or ``("rejected", reason, message)``."""
+    from packer.errors import RejectedImageError
+    from packer.imageinfo import probe_image
+
+    try:
+        return ("ok", probe_image(data, **options))
+    except RejectedImageError as exc:
+        return ("rejected", exc.reason, exc.message)
+
+
+def assert_headers_agree_with_pillow(data: bytes, **options: Any) -> None:
+    """``probe_image`` with the header parsers says exactly what it says with Pillow alone."""
+    fast = probe_outcome(data, **options)
+    with pillow_headers_only():
+        slow = probe_outcome(data, **options)
+    assert fast == slow, (data[:64], fast, slow)
+# --- photo-like images and their near-duplicates (tests of packer.duplicates) -----------------------
+
+def photo_like(seed: int, size: tuple[int, int] = (192, 256)) -> np.ndarray:
+    """An RGB image with the statistics of a photograph rather than of noise: smooth shading at
+    several scales, a few soft-edged shapes and a little grain (``size`` is height, width)."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = np.random.default_rng(seed)
+    height, width = size
+    field = np.zeros((height, width, 3), dtype=np.float64)
+    for scale in (4, 8, 16):
+        coarse = rng.normal(0, 60 / scale ** 0.5, (scale, scale, 3))
+        field += np.asarray(Image.fromarray(coarse.astype(np.float32)[:, :, 0]).resize(
+            (width, height), Image.Resampling.BICUBIC))[:, :, None] * np.array([1.0, 0.9, 0.8])
+    image = Image.fromarray(np.clip(field + 128, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(3, 7))):
+        x0, y0 = int(rng.integers(0, width - 20)), int(rng.integers(0, height - 20))
+        x1, y1 = x0 + int(rng.integers(15, width // 2)), y0 + int(rng.integers(15, height // 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=colour)
+    image = image.filter(ImageFilter.GaussianBlur(1.5))
+    grain = rng.normal(0, 4, (height, width, 3))
+    return np.clip(np.asarray(image, dtype=np.float64) + grain, 0, 255).astype(np.uint8)
+
+
+def encode(pixels: np.ndarray, kind: str = "jpg", quality: int = 90) -> bytes:
+    """``pixels`` as JPEG (``jpg``) or PNG bytes."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    if kind == "png":
+        Image.fromarray(pixels).save(out, "PNG")
+    else:
+        Image.fromarray(pixels).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def near_copy(pixels: np.ndarray, kind: str, seed: int = 0) -> bytes:
+    """A near-duplicate of ``pixels`` of one kind: ``quality``, ``resize``, ``crop``, ``jitter``,
+    ``png`` or ``flip`` (the kinds benchmarks/bench_duplicates.py plants)."""
+    from PIL import Image, ImageEnhance
+
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(pixels)
+    height, width = pixels.shape[:2]
+    if kind == "quality":
+        return encode(pixels, quality=int(rng.integers(40, 76)))
+    if kind == "resize":
+        factor = 0.6 if seed % 2 else 1.6
+        return encode(np.asarray(image.resize((round(width * factor), round(height * factor)),
+                                              Image.Resampling.LANCZOS)))
+    if kind == "crop":
+        dx, dy = int(width * 0.03), int(height * 0.03)
+        return encode(pixels[dy // 2:height - (dy - dy // 2), dx // 2:width - (dx - dx // 2)])
+    if kind == "jitter":
+        image = ImageEnhance.Brightness(image).enhance(1.08)
+        return encode(np.asarray(ImageEnhance.Contrast(image).enhance(0.92)))
+    if kind == "png":
+        return encode(pixels, "png")
+    if kind == "flip":
+        return encode(np.ascontiguousarray(pixels[:, ::-1]))
+    raise ValueError(kind)
+
+
+# --- headless Chromium (Debian's ``chromium``; ``make test`` installs it) ----------------------------
+
+def chromium() -> str:
+    """The headless browser's command; skips the test without one, unless ``PACKER_REQUIRE_BROWSER=1``
+    (set by ``make test``) makes its absence a failure."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("PACKER_REQUIRE_BROWSER") == "1":
+            pytest.fail("PACKER_REQUIRE_BROWSER=1 but chromium is not installed (apt-get install chromium)")
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def run_chromium(page: Path, profile: Path, *args: str) -> tuple[str, list[str]]:
+    """Load ``page`` headless with a fresh profile; returns stdout and the page's console messages."""
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+               "--enable-logging=stderr", "--v=0", *args, page.resolve().as_uri()]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, console

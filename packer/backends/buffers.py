@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
+
 __all__ = ["PAGE", "aligned_empty", "buffer_address", "is_aligned"]
 
 #: The page (and O_DIRECT block, and cuFile DMA) alignment: 4 KiB on every platform packer targets.
@@ -33,7 +35,7 @@ def aligned_empty(nbytes: int, alignment: int = PAGE) -> np.ndarray:
     copy (pass it, or a slice starting at a multiple of 4096, with an aligned offset).
     """
     if nbytes < 0 or alignment < 1:
-        raise ValueError(f"need nbytes >= 0 and alignment >= 1, got {nbytes}, {alignment}")
+        raise OptionError(f"need nbytes >= 0 and alignment >= 1, got {nbytes}, {alignment}")
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     skip = -raw.ctypes.data % alignment
     return raw[skip:skip + nbytes]

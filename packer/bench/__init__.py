@@ -2,7 +2,7 @@
 
 ``run_bench(path, BenchOptions(...))`` builds the loader a training job would use (PyTorch's
 ``DataLoader`` over ``packer.torch``'s readers and samplers when torch is installed, else a
-plain in-process loop), discards ``warmup`` batches (worker start-up, first touches of the
+plain in-process loop; ``loader="threaded"``: ``packer.threaded.ThreadedLoader``'s threads), discards ``warmup`` batches (worker start-up, first touches of the
 index and shards), then times ``batches`` batches. It reports samples/s, payload MB/s, and the
 CPU each process used while timing: each DataLoader worker's (the children of this process,
 read from ``/proc/<pid>/task/*/schedstat``, nanosecond on-CPU times; no psutil), and the main
@@ -27,7 +27,9 @@ the workers that worked (an idle worker says nothing about the others):
 * ``handoff-bound``: nobody is busy although the bytes came from the page cache: batches wait in
   the hand-off between processes (queues, pickling), which small samples feel most.
 
-Whatever the verdict, a dataset smaller than a batch is flagged (every "batch" was the whole
+Whatever the verdict, idle workers are counted and named (a DataLoader deals each epoch's batches
+to its workers from worker 0, so an epoch with fewer batches than workers leaves the rest idle:
+the note says so and what to change), a dataset smaller than a batch is flagged (every "batch" was the whole
 dataset), and the output size defaults to the stored size for raw datasets and images smaller
 than 224 pixels (timing an upsampling is not timing the loader).
 

@@ -52,10 +52,10 @@ def raw_codec_note(dataset: Dataset) -> str | None:
     skip the decode and let ``RandomResizedCrop``/``CenterCrop`` crop a whole batch at once
     (``packer.rawcrop``), in DataLoader workers or in ``packer.threaded.ThreadedLoader``.
     """
-    from ..codecs import raw_sample_stride
+    from ..codecs import codec_for, raw_sample_stride
 
     count = len(dataset)
-    if count == 0 or dataset.manifest.codec.get("name") == "raw":
+    if count == 0 or codec_for(dataset).stores_pixels:
         return None
     ix = dataset.index
     height, width = int(np.median(ix.height)), int(np.median(ix.width))
@@ -77,6 +77,43 @@ def raw_codec_note(dataset: Dataset) -> str | None:
         note += (f" (with --alignment 64: {packed:,} bytes per image, "
                  f"{count * packed / 1e6:,.1f} MB)")
     return note
+
+
+def idle_workers(result: BenchResult) -> int:
+    """The workers that ran or waited for a CPU less than a tenth of the timed run: they had no batch."""
+    if not result.worker_cpu:
+        return 0
+    waits = result.worker_wait if result.worker_wait and len(result.worker_wait) == len(result.worker_cpu) \
+        else [0.0] * len(result.worker_cpu)
+    return sum(1 for c, w in zip(result.worker_cpu, waits) if c + w < _ACTIVE)
+
+
+def idle_note(result: BenchResult) -> str | None:
+    """What the idle workers say about the run, or None when every worker worked.
+
+    A DataLoader deals each epoch's batches to its workers in turn, starting again from worker 0
+    every epoch: with fewer batches in an epoch than workers, the workers past the last batch
+    never get one, whatever the dataset's size.
+    """
+    idle, workers = result.idle_workers, result.workers
+    if not idle:
+        return None
+    batch = result.options.get("batch_size")
+    per_epoch = result.batches_per_epoch
+    if per_epoch is not None and per_epoch < workers:
+        return (f"{idle} of {workers} workers sat idle: an epoch of {result.num_samples:,} samples holds "
+                f"{per_epoch} batch{'es' if per_epoch > 1 else ''} of {batch}, and the DataLoader hands each "
+                f"epoch's batches to its workers in turn from worker 0, so the workers past the "
+                f"{per_epoch}{_ordinal(per_epoch)} never get one; the run measured {workers - idle} "
+                f"worker(s), not {workers}: use --workers {per_epoch}, or a smaller --batch-size so that an "
+                f"epoch holds a batch for every worker")
+    return (f"{idle} of {workers} workers sat idle (they ran less than {_ACTIVE:.0%} of the time): the other "
+            f"workers kept up, so something else set the pace (the main process, the reads); the run measured "
+            f"{workers - idle} worker(s), not {workers}")
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def format_counts(dataset: Dataset) -> dict[str, int]:
@@ -107,7 +144,10 @@ def diagnose(result: BenchResult) -> str:
     active = [(c, w) for c, w in pairs if c + w >= _ACTIVE] or pairs
     runnable = sum(c + w for c, w in pairs) + main
     busy = sum(c + w for c, w in active)
-    if busy / len(active) >= _BUSY:  # the working workers were running or runnable: CPU is the limit
+    # the working workers were running or runnable: CPU is the limit; with idle workers, one busy
+    # worker is the limit too (an epoch's few batches go to the same workers every epoch)
+    uneven = result.idle_workers > 0 and max(c + w for c, w in active) >= _BUSY
+    if busy / len(active) >= _BUSY or uneven:
         waiting = sum(w for _, w in active) / max(busy, 1e-9)
         if waiting >= _CPU_WAIT:
             return "oversubscribed" if runnable > result.cores + _OVER else "contended"
@@ -139,15 +179,17 @@ def _cpu_advice(result: BenchResult, options: BenchOptions) -> list[str]:
     if options.decode in ("rrc", "center") and size and stored and (size[0] > stored[0] or size[1] > stored[1]):
         advice.append(f"crop at the stored size (leave --size out): {size[0]}x{size[1]} upsamples the "
                       f"{stored[0]}x{stored[1]} images, which costs more than reading them")
-    if result.codec == "raw":  # pixels: nothing is decoded; nvJPEG, tiling, re-encoding do not apply
+    if _stores_pixels(result):  # nothing is decoded; nvJPEG, tiling, re-encoding do not apply
         if options.decode in ("rrc", "center"):
+            threaded = "" if result.loader == "threaded" else (
+                ", or in the training process with packer.threaded.ThreadedLoader (no worker processes; "
+                "--loader threaded measures it)")
             advice.append("raw pixels are not decoded: the time goes to cropping and resizing each batch; "
-                          "crop on the GPU with packer.gpu.GpuRawBatches(decode=RandomResizedCrop(...)), or "
-                          "in the training process with packer.threaded.ThreadedLoader (no worker processes)")
+                          f"crop on the GPU with packer.gpu.GpuRawBatches(decode=RandomResizedCrop(...)){threaded}")
         else:
             advice.append("raw pixels are not decoded: the time goes to moving batches between processes; "
-                          "packer.threaded.ThreadedLoader (threads, no worker processes) or packer.gpu."
-                          "GpuRawBatches (straight to the GPU) avoid that")
+                          "packer.threaded.ThreadedLoader (threads, no worker processes; --loader threaded) or "
+                          "packer.gpu.GpuRawBatches (straight to the GPU) avoid that")
         return advice
     if options.decode == "none":
         advice.append("no decoding was timed (--decode none): the workers are busy moving bytes; use fewer, "
@@ -209,6 +251,9 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
     if result.loader == "simple":
         advice.append("install torch (pip install 'packer-shards[torch]') and use DataLoader workers: "
                       "this run decoded in one process")
+    note = idle_note(result)
+    if note is not None:
+        advice.append(note)
     main = result.main_cpu + (result.main_wait or 0.0)
     if diagnosis == "oversubscribed":
         limit = max(1, result.cores - int(main + 0.5))
@@ -225,7 +270,10 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
                       f"free for the loader")
         return advice + _cpu_advice(result, options)  # the work competes for CPU: cheaper work still helps
     if diagnosis == "cpu-bound":
-        if workers < result.cores and result.loader != "simple":
+        if result.loader == "threaded" and (result.threads or 1) < result.cores:
+            advice.append(f"use more threads: {result.threads} thread(s) on {result.cores} cores; try "
+                          f"--workers {result.cores} (ThreadedLoader's threads)")
+        elif workers - result.idle_workers < result.cores and result.loader == "torch" and not result.idle_workers:
             suggested = min(result.cores, max(workers + 1, math.ceil(max(workers, 1) * factor)))
             advice.append(f"use more workers: the {workers or 'main'} process(es) are CPU-bound and "
                           f"only {max(workers, 1)} of {result.cores} cores are used; try "
@@ -236,7 +284,8 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
         advice.append("the bytes came from the page cache and no process was busy: batches wait in the hand-off "
                       "between the workers and the main process (queues, pickling, shared memory), which small "
                       "samples feel most; read in the training process with packer.threaded.ThreadedLoader "
-                      "(threads, no hand-off), or use larger batches (fewer hand-offs per sample)")
+                      "(threads, no hand-off: measure it with --loader threaded), or use larger batches "
+                      "(fewer hand-offs per sample)")
         return advice
     if diagnosis == "main-bound":
         pinning = " or pin in the training loop's own stream" if options.pin_memory else ""
@@ -254,6 +303,13 @@ def advise(result: BenchResult, options: BenchOptions) -> list[str]:
                   f"about {needed_mb:,.0f} MB/s and got {result.mb_per_s:,.0f} MB/s; try "
                   f"another --backend ({others}){cache}, or copy the dataset to faster local storage")
     return advice
+
+
+def _stores_pixels(result: BenchResult) -> bool:
+    """The benchmarked dataset's payloads were pixels (codec ``raw``), not images to decode."""
+    from ..codecs import codec_for
+
+    return codec_for({"name": result.codec}).stores_pixels
 
 
 def raw_codec_applies(result: BenchResult) -> bool:
@@ -275,8 +331,9 @@ _DIAGNOSIS_TEXT = {
 def format_report(result: BenchResult) -> str:
     """The human-readable summary printed to stderr."""
     opts = result.options
+    hands = f"{result.threads} thread(s)" if result.threads else f"{result.workers} worker(s)"
     lines = [f"packer bench {result.dataset}",
-             f"  loader      {result.loader}, {result.workers} worker(s) on {result.cores} core(s), "
+             f"  loader      {result.loader}, {hands} on {result.cores} core(s), "
              f"reader {opts['reader']}, order {opts['order']}, backend {opts['backend']}",
              f"  decode      {opts['decode']}" + (f" {result.size[0]}x{result.size[1]}" if result.size else "")
              + f", layout {opts['layout']}, batch {opts['batch_size']}",
@@ -295,7 +352,12 @@ def format_report(result: BenchResult) -> str:
             ", workers " + " ".join(f"{w:.2f}" for w in result.worker_wait))
             + f" of the time ({why})")
     if result.diagnosis is not None:
-        lines.append(f"  limit       {result.diagnosis}: {_DIAGNOSIS_TEXT[result.diagnosis]}")
+        idle = (f"; {result.idle_workers} of {result.workers} workers sat idle (see the note)"
+                if result.idle_workers else "")
+        why = _DIAGNOSIS_TEXT[result.diagnosis]
+        if result.diagnosis == "cpu-bound" and not result.workers:  # no worker processes: this one computed
+            why = "this process computed all the time" + (" (the loader's threads)" if result.threads else "")
+        lines.append(f"  limit       {result.diagnosis}: {why}{idle}")
     if result.target_rate is not None:
         verdict = "OK" if result.meets_target else "TOO SLOW"
         lines.append(f"  target      {result.target_rate:,.1f} samples/s x {HEADROOM} = "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import OptionError
 from ..order import ORDERS
 
 #: What each sample is turned into: ``none`` (stored bytes), ``full`` (``decode_image``: full
@@ -14,8 +15,9 @@ DECODE_MODES = ("none", "full", "rrc", "center")
 #: ``map``: ``PackedDataset`` + ``PackedBatchSampler``; ``iterable``: ``PackedIterableDataset``.
 READERS = ("map", "iterable")
 #: ``auto``: torch's DataLoader when torch imports, else the in-process loop; ``torch``: require
-#: torch; ``simple``: the in-process loop (no workers).
-LOADERS = ("auto", "torch", "simple")
+#: torch; ``threaded``: ``packer.threaded.ThreadedLoader`` (batches on threads of this process,
+#: no worker processes; ``workers`` is its thread count); ``simple``: the in-process loop.
+LOADERS = ("auto", "torch", "threaded", "simple")
 #: Encoded images whose median longer side is at most this are "small": decoding them costs
 #: less than the per-sample Python around it, and ``--codec raw`` (decoded pixels, batched
 #: crops) is the fast path.
@@ -34,7 +36,8 @@ class BenchOptions:
 
     Attributes:
         batch_size: samples per batch.
-        workers: DataLoader worker processes (``None``: the cores this process may use).
+        workers: DataLoader worker processes, or ``ThreadedLoader``'s threads with
+            ``loader="threaded"`` (``None``: the cores this process may use).
         order: ``sequential``, ``random`` or ``block`` (see ``packer.order``).
         decode: one of ``DECODE_MODES``.
         size: output size of the ``rrc`` and ``center`` transforms (``None``: ``default_size``,
@@ -71,14 +74,15 @@ class BenchOptions:
                   ("layout", self.layout, ("HWC", "CHW"))]
         for name, value, allowed in checks:
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+                raise OptionError(f"{name} must be one of {list(allowed)}, got {value!r}")
         for name in ("batch_size", "batches", "size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise OptionError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.warmup < 0 or (self.workers is not None and self.workers < 0):
-            raise ValueError("warmup and workers must not be negative")
+            raise OptionError(f"warmup and workers must not be negative, got warmup={self.warmup}, "
+                              f"workers={self.workers}")
         if self.target_rate is not None and not self.target_rate > 0:
-            raise ValueError(f"target_rate must be positive, got {self.target_rate}")
+            raise OptionError(f"target_rate must be positive, got {self.target_rate}")
 
 
 @dataclass
@@ -117,6 +121,12 @@ class BenchResult:
     diagnosis: str | None = None
     #: Bytes the run's processes read from storage while timed (``/proc/<pid>/io``), or None.
     storage_bytes: int | None = None
+    #: ``ThreadedLoader``'s threads (``loader="threaded"``; ``workers`` is then 0), else None.
+    threads: int | None = None
+    #: Batches in one epoch of the measured reader (the last one may be short).
+    batches_per_epoch: int | None = None
+    #: Workers that ran or waited for a CPU less than a tenth of the time: they had no batch.
+    idle_workers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

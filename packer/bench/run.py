@@ -12,11 +12,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..codecs import codec_for, dataset_max_pixels
 from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
 from ..machine import available_cpus
 from ..order import ReadOrder, epoch_order, index_blocks
-from .diagnosis import advise, diagnose, format_counts, raw_codec_note, small_dataset_note
+from .diagnosis import advise, diagnose, format_counts, idle_note, idle_workers, raw_codec_note, small_dataset_note
 from .options import DEFAULT_SIZE, HEADROOM, BenchOptions, BenchResult
 from .procstat import child_pids, process_cpu_seconds, run_queue_seconds, storage_read_bytes
 
@@ -33,11 +34,9 @@ def default_size(dataset: Dataset) -> tuple[int, int]:
     ``DEFAULT_SIZE`` (a 32x32 dataset cropped to 224 would time an upsampling: 12x slower than
     the loader at the stored size, measured); ``DEFAULT_SIZE`` square otherwise.
     """
-    from ..codecs import raw_sample_shape
-
-    if dataset.manifest.codec.get("name") == "raw":
-        height, width, _ = raw_sample_shape(dataset.manifest.codec, path=dataset.path)
-        return int(height), int(width)
+    shape = codec_for(dataset).sample_shape
+    if shape is not None:
+        return int(shape[0]), int(shape[1])
     stored = _median_size(dataset)
     if stored is not None and min(stored) < DEFAULT_SIZE:
         return stored
@@ -69,6 +68,7 @@ class _Batches:
 
     def __init__(self) -> None:
         self.batch_bytes: list[int] = []
+        self.batches_per_epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -85,7 +85,7 @@ class _TorchBatches(_Batches):
         from ..torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate
 
         decode = _decoder(options, size)
-        order = ReadOrder(options.order, seed=options.seed, rank=0, world_size=1)  # one process: all of it
+        order = _one_process_order(options)
         sizes = dataset.index.size
         self._epoch_setter: Callable[[int], None]
         common: dict[str, Any] = {"num_workers": workers, "pin_memory": options.pin_memory,
@@ -96,6 +96,7 @@ class _TorchBatches(_Batches):
             data = PackedDataset(dataset, decode=decode, layout=options.layout)
             sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=order)
             recorder = _RecordingSampler(sampler, sizes, self.batch_bytes)
+            self.batches_per_epoch = len(sampler)
             self.loader = torch_data.DataLoader(data, batch_sampler=recorder, collate_fn=collate,
                                                 **common)
             self._epoch_setter = sampler.set_epoch
@@ -105,6 +106,7 @@ class _TorchBatches(_Batches):
             self.loader = torch_data.DataLoader(data, batch_size=None, **common)
             self._iterable = data
             self._epoch_setter = data.set_epoch
+            self.batches_per_epoch = data.plan().num_batches
         self._sizes = sizes
         self._reader = options.reader
 
@@ -123,6 +125,35 @@ class _TorchBatches(_Batches):
         iterator = getattr(self.loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+def _one_process_order(options: BenchOptions) -> ReadOrder:
+    """The order the bench reads: the one asked for, all of it in this process (rank 0 of 1)."""
+    return ReadOrder(options.order, seed=options.seed, rank=0, world_size=1)
+
+
+class _ThreadedBatches(_Batches):
+    """``packer.threaded.ThreadedLoader``: batches made on threads of this process, no hand-off."""
+
+    def __init__(self, dataset: Dataset, options: BenchOptions, threads: int, size: tuple[int, int]) -> None:
+        super().__init__()
+        from ..threaded import ThreadedLoader
+
+        self.loader = ThreadedLoader(dataset, batch_size=options.batch_size, decode=_decoder(options, size),
+                                     layout=options.layout, order=_one_process_order(options), threads=threads,
+                                     pin_memory=options.pin_memory, fields=("image", "label", "index"))
+        self._sizes = dataset.index.size
+        self.batches_per_epoch = len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = 0
+        while True:
+            self.loader.set_epoch(epoch)
+            for batch in self.loader:
+                indices = np.asarray(batch["index"])
+                self.batch_bytes.append(int(self._sizes[indices].sum()))
+                yield batch["image"], indices
+            epoch += 1
 
 
 class _RecordingSampler:
@@ -154,18 +185,18 @@ class _SimpleBatches(_Batches):
         self.dataset = dataset
         self.options = options
         self.decode = _decoder(options, size)
-        # raw payloads are pixels without a shape: the crops take them as (H, W, 3) arrays
-        self.raw_shape: tuple[int, int, int] | None = None
-        if dataset.manifest.codec.get("name") == "raw":
-            from ..codecs import raw_sample_shape
-
-            self.raw_shape = tuple(raw_sample_shape(dataset.manifest.codec, path=dataset.path))  # type: ignore[assignment]
+        # what the payloads are: encoded images to decode, or pixels (raw) the crops take as (H, W, 3) arrays
+        self.codec = codec_for(dataset)
+        if self.decode is not False:
+            self.codec.check_decodable()  # SPEC §6, as every decoding reader
+        self.max_pixels = dataset_max_pixels(dataset.manifest)
         ix = dataset.index
         self.blocks = (index_blocks(ix.offset, ix.size, ix.shard, 4 << 20)
                        if options.order == "block" else None)
+        self.batches_per_epoch = math.ceil(len(dataset) / options.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        dataset, options, decode = self.dataset, self.options, self.decode
+        dataset, options, decode, codec = self.dataset, self.options, self.decode, self.codec
         sizes = dataset.index.size
         formats = dataset.index.image_format
         rng = np.random.default_rng(options.seed)
@@ -180,16 +211,14 @@ class _SimpleBatches(_Batches):
                 if decode is False:
                     yield batch, indices
                 elif decode is True:
-                    from ..decode import decode_image
-                    yield [decode_image(batch[j], int(formats[i]))
+                    yield [codec.pixels(dataset, i, np.frombuffer(batch[j], dtype=np.uint8), max_pixels=self.max_pixels)
                            for j, i in enumerate(indices.tolist())], indices
                 else:
                     out = np.empty((len(indices), *decode.output_shape), dtype=np.uint8)
                     for j, i in enumerate(indices.tolist()):
-                        data: Any = batch[j]
-                        if self.raw_shape is not None:
-                            data = np.frombuffer(data, dtype=np.uint8).reshape(self.raw_shape)
-                        decode(data, int(formats[i]), rng, out=out[j])
+                        data = np.frombuffer(batch[j], dtype=np.uint8)
+                        stored = codec.stored_pixels(dataset, i, data)
+                        decode(data if stored is None else stored, int(formats[i]), rng, out=out[j])
                     yield out, indices
             epoch += 1
 
@@ -233,20 +262,23 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
     cores = available_cpus()
     notes: list[str] = []
     loader = options.loader
-    if loader in ("auto", "torch"):
+    if loader in ("auto", "torch", "threaded"):
         try:
             import torch  # noqa: F401
         except ImportError:
-            if loader == "torch":
+            if loader != "auto":
                 raise MissingDependencyError(
-                    "--loader torch needs PyTorch: pip install 'packer-shards[torch]'") from None
+                    f"--loader {loader} needs PyTorch: pip install 'packer-shards[torch]'") from None
             loader = "simple"
             notes.append("torch is not installed: measured a plain in-process loop (one process, "
                          "no DataLoader workers); pip install 'packer-shards[torch]' to measure the "
                          "DataLoader a training job would use")
         else:
-            loader = "torch"
-    workers = 0 if loader == "simple" else (cores if options.workers is None else options.workers)
+            loader = "threaded" if loader == "threaded" else "torch"
+    threads = None
+    if loader == "threaded":  # --workers counts its threads; the batches are made in this process
+        threads = max(1, cores if options.workers is None else options.workers)
+    workers = 0 if loader in ("simple", "threaded") else (cores if options.workers is None else options.workers)
     if loader == "simple" and options.workers:
         notes.append(f"--workers {options.workers} ignored: the in-process loop has no workers")
     raw_note = raw_codec_note(dataset)
@@ -265,9 +297,11 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
 
     others = set(child_pids())  # children from before this run (a caller's own workers) are not ours
     source: _Batches = (_TorchBatches(dataset, options, workers, size) if loader == "torch"
+                        else _ThreadedBatches(dataset, options, threads or 1, size) if loader == "threaded"
                         else _SimpleBatches(dataset, options, size))
     shown_size = f" {size[0]}x{size[1]}" if crops else ""
-    say(f"benchmarking {path}: {len(dataset)} samples, loader {loader}, {workers} worker(s), "
+    hands = f"{threads} thread(s)" if threads else f"{workers} worker(s)"
+    say(f"benchmarking {path}: {len(dataset)} samples, loader {loader}, {hands}, "
         f"batch {options.batch_size}, order {options.order}, decode {options.decode}{shown_size}, "
         f"backend {options.backend}; {options.warmup} warm-up + {options.batches} timed batches")
     iterator: Any = iter(source)
@@ -314,7 +348,12 @@ def run_bench(path: str | os.PathLike[str], options: BenchOptions = BenchOptions
         main_wait=main_wait_list[0] if main_wait_list else None, target_rate=options.target_rate,
         notes=notes, codec=str(dataset.manifest.codec.get("name", "")), formats=formats,
         image_size=None if stored is None else list(stored), size=list(size) if crops else None,
-        storage_bytes=int(sum(reads)) if reads else None)
+        storage_bytes=int(sum(reads)) if reads else None, threads=threads,
+        batches_per_epoch=source.batches_per_epoch)
+    result.idle_workers = idle_workers(result)
+    note = idle_note(result)
+    if note is not None:
+        result.notes.append(note)
     result.diagnosis = diagnose(result)
     if options.target_rate is not None:
         result.required_rate = round(HEADROOM * options.target_rate, 3)

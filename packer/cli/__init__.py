@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..errors import PackerError
 
 __all__ = ["main", "cli", "emit_json", "run_command", "configure_logging", "echo", "terminal_safe"]
@@ -128,20 +128,13 @@ def run_command(body: Callable[[], int | None], *, as_json: bool = False, interr
 #: Each command: its module (imported when the command runs or its own help is asked for) and
 #: the first paragraph of its help, for ``packer --help`` (a test keeps the two in step).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "append": ("append_cmd", "Append the images of SOURCE (folder or manifest) to DATASET as new shards."),
-    "bench": ("bench_cmd", "Measure the loader over DATASET: samples/s, MB/s and CPU per worker."),
+    "append": ("append_cmd", "Append the images of SOURCE to DATASET as new shards."),
+    "bench": ("bench_cmd", "Measure the loader over DATASET and say what limits it."),
     "build": ("build_cmd", "Pack SOURCE into the dataset folder OUT."),
-    "export": ("export_cmd", "Write the samples of DATASET to OUT: the stored bytes verbatim, keys as names, labels as "
-                             "class folders (folder, tar) or .cls members (webdataset)."),
-    "inspect": ("inspect_cmd", "Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options, "
-                               "image sizes, declared fields (their table and statistics) and rejected files. Never "
-                               "reads the shards unless asked for sample bytes. The contact sheet (--grid) outlines "
-                               "boxes and overlays masks of declared fields."),
-    "verify": ("verify_cmd", "Check DATASET completely: manifest and index structure, every shard header, size and "
-                             "checksum, every sample checksum, zero padding, and with --decode every image. Declared "
-                             "fields too: image fields' shards like the main ones, text values UTF-8, class sets "
-                             "sorted. Names each damaged sample (number, shard, field, key, what is wrong). Exit "
-                             "status 0: intact; 1: damaged."),
+    "export": ("export_cmd", "Write the samples of DATASET back out to OUT, bytes verbatim."),
+    "inspect": ("inspect_cmd", "Summarise DATASET: samples, classes, sizes, rejected files."),
+    "sample-data": ("sampledata_cmd", "Write real sample photographs in class folders to OUT."),
+    "verify": ("verify_cmd", "Check every byte of DATASET; exit 0 only if it is intact."),
 }
 COMMAND_MODULES = tuple(module for module, _ in COMMANDS.values())
 
@@ -159,8 +152,6 @@ class _LazyGroup(click.Group):
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from click.utils import make_default_short_help
-
         names = self.list_commands(ctx)
         if not names:
             return
@@ -170,8 +161,8 @@ class _LazyGroup(click.Group):
             command = self.commands.get(name)
             if command is not None and command.hidden:
                 continue
-            text = command.get_short_help_str(limit) if command is not None else make_default_short_help(
-                COMMANDS[name][1], limit)
+            # each listed summary is one sentence that fits (tests/cli/test_lazy_commands.py)
+            text = command.get_short_help_str(limit) if command is not None else COMMANDS[name][1]
             rows.append((name, text))
         with formatter.section("Commands"):
             formatter.write_dl(rows)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from . import cli, configure_logging, echo, emit_json, run_command
+from ..location import Location
 from .options import json_option, location_type, path_type, quiet_option, verbose_option, root_option, seed_option, workers_option
 
 
@@ -19,19 +20,22 @@ from .options import json_option, location_type, path_type, quiet_option, verbos
 @quiet_option()
 @verbose_option()
 @json_option("Print the summary as JSON on stdout.")
-def append_command(dataset: Path, source: Path, root: Path | None, workers: int | None, seed: int | None,
+def append_command(dataset: Location, source: Path, root: Path | None, workers: int | None, seed: int | None,
                    quiet: bool, as_json: bool, verbose: bool) -> None:
-    """Append the images of SOURCE (folder or manifest) to DATASET as new shards.
+    """Append the images of SOURCE to DATASET as new shards.
+
+    SOURCE is a folder or a manifest.
 
     Existing shards are never rewritten; readers of the previous version are unaffected. New class
     names get new label ids; existing ids never change. `packer inspect` shows the history.
     """
     from ..writer.append import append
+    from ..writer.settings import RunOptions
 
     configure_logging(quiet=quiet, verbose=verbose)
 
     def body() -> int:
-        result = append(dataset, source, root=root, workers=workers, seed=seed, progress=not quiet)
+        result = append(dataset, source, root=root, seed=seed, run=RunOptions(workers=workers, progress=not quiet))
         echo(f"dataset now holds {result.sample_count} samples in {result.shard_count} shards; "
                    f"{len(result.rejected)} new file(s) rejected", err=True)
         if as_json:

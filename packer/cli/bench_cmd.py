@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from . import cli, echo, emit_json, run_command
 from .options import POSITIVE_FLOAT, json_option, location_type, path_type, seed_option, workers_option
 from ..bench import DECODE_MODES, HEADROOM, LOADERS, READERS, BenchOptions
+from ..location import Location
 from ..order import ORDERS
 
 
@@ -16,7 +15,8 @@ from ..order import ORDERS
 @click.argument("dataset", type=location_type())
 @click.option("--batch-size", "-b", default=256, show_default=True, type=click.IntRange(min=1))
 @workers_option(minimum=0, short=True,
-                help="DataLoader worker processes (default: the cores this process may use).")
+                help="DataLoader worker processes, or ThreadedLoader's threads with --loader threaded "
+                     "(default: the cores this process may use).")
 @click.option("--order", type=click.Choice(ORDERS), default="random", show_default=True,
               help="Read order: sequential, random, or block shuffle.")
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="rrc", show_default=True,
@@ -31,7 +31,9 @@ from ..order import ORDERS
 @click.option("--reader", type=click.Choice(READERS), default="map", show_default=True,
               help="map: PackedDataset + PackedBatchSampler; iterable: PackedIterableDataset.")
 @click.option("--loader", type=click.Choice(LOADERS), default="auto", show_default=True,
-              help="torch DataLoader, or the plain in-process loop (simple).")
+              help="torch: a DataLoader with worker processes; threaded: packer.threaded.ThreadedLoader "
+                   "(threads in this process, no hand-off); simple: a plain in-process loop; auto: torch "
+                   "when it is installed, else simple.")
 @click.option("--batches", "-n", default=50, show_default=True, type=click.IntRange(min=1),
               help="Batches timed after the warm-up.")
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
@@ -41,11 +43,13 @@ from ..order import ORDERS
 @click.option("--target-rate", type=POSITIVE_FLOAT, default=None,
               help=f"Samples/s the model consumes; the loader should deliver {HEADROOM}x that.")
 @json_option("Print the result as one JSON document.")
-def bench_command(dataset: Path, batch_size: int, workers: int | None, order: str, decode: str,
+def bench_command(dataset: Location, batch_size: int, workers: int | None, order: str, decode: str,
                   size: int | None, layout: str, backend: str, reader: str, loader: str, batches: int,
                   warmup: int, pin_memory: bool, seed: int, target_rate: float | None,
                   as_json: bool) -> None:
-    """Measure the loader over DATASET: samples/s, MB/s and CPU per worker.
+    """Measure the loader over DATASET and say what limits it.
+
+    Samples/s, MB/s and the CPU of every process.
 
     Says what limited the run (oversubscribed, contended, cpu-bound, main-bound, read-bound). With
     --target-rate, says whether the loader keeps up with the model (with headroom) and, if not,

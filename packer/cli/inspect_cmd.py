@@ -1,4 +1,5 @@
-"""``packer inspect DATASET``: the summary, one sample (``--sample``, ``--extract``), a contact sheet, an HTML report."""
+"""``packer inspect DATASET``: the summary, one sample (``--sample``, ``--extract``), a contact sheet, an HTML
+report, duplicates and leaks (``--duplicates``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import click
 from . import EXIT_DAMAGED, EXIT_OK, cli, echo, emit_json, run_command, terminal_safe
 from .options import json_option, max_pixels_option, location_type, path_type, seed_option
 from ..errors import OutputExistsError, PackerError
+from ..location import Location
 
 __all__ = ["inspect_command", "write_new_file", "resolve_sample"]
 
@@ -137,7 +139,7 @@ def _overlay(text: str | None) -> str | None:
 
 
 @cli.command("inspect")
-@click.argument("dataset", type=location_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True, dataset_folder=True))
 @json_option()
 @click.option("--sample", "sample", metavar="INDEX_OR_KEY", default=None,
               help="Show one sample: its number (negative counts from the end) or its key.")
@@ -167,12 +169,29 @@ def _overlay(text: str | None) -> str | None:
 @click.option("--verify", "run_verify", is_flag=True,
               help="With --html: run packer verify and show its verdict in the report (exit 1 if damaged).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --extract, --grid or --html file.")
-def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
+@click.option("--duplicates", "duplicates", is_flag=True,
+              help="Find exact and near-duplicate images, within DATASET and across it and each --against "
+                   "dataset (leaks). Exit 1 when a sample has a copy in another dataset. Hashes are kept beside "
+                   "the index (a URL's in the node cache) for the next run.")
+@click.option("--against", "against", type=location_type(exists=True, dataset_folder=True), multiple=True,
+              metavar="OTHER",
+              help="With --duplicates: another dataset (folder or URL) to check DATASET against, e.g. the "
+                   "validation split; repeat for several.")
+@click.option("--threshold", "threshold", type=click.IntRange(0, 128), default=None, metavar="BITS",
+              help="With --duplicates: near-duplicates differ in at most BITS of the 128 hash bits "
+                   "(default 20).")
+@click.option("--flips", "flips", is_flag=True,
+              help="With --duplicates: a horizontally mirrored copy counts as a near-duplicate (for data "
+                   "trained with flip augmentation).")
+def inspect_command(dataset: Location, as_json: bool, sample: str | None, extract: Path | None, grid: Path | None,
                     grid_count: int, grid_columns: int, seed: int, force: bool, max_pixels: int | None,
                     boxes: str | None, mask: str | None, box_format: str, box_normalized: bool,
-                    html: Path | None, run_verify: bool) -> None:
-    """Summarise DATASET (a dataset folder): samples, shards, classes, bytes, build options,
-    image sizes, declared fields (their table and statistics) and rejected files. Never reads
+                    html: Path | None, run_verify: bool, duplicates: bool = False, against: tuple = (),
+                    threshold: int | None = None, flips: bool = False) -> None:
+    """Summarise DATASET: samples, classes, sizes, rejected files.
+
+    Shards, bytes, build options, image sizes, declared fields (their table and statistics) and
+    rejected files, from the manifest and the index: never reads
     the shards unless asked for sample bytes. The contact sheet (--grid) outlines boxes and
     overlays masks of declared fields.
 
@@ -187,13 +206,20 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
                                           or box_format != "xyxy"):
         raise click.UsageError("--boxes, --mask, --box-format and --box-normalized draw on the contact sheet: "
                                "they need --grid or --html")
-    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
-        dataset = dataset.parent
+    if not duplicates and (against or threshold is not None or flips):
+        raise click.UsageError("--against, --threshold and --flips set up the duplicates search: they need "
+                               "--duplicates")
 
     def body() -> int:
         document: dict[str, Any] = {"ok": True}
         code = EXIT_OK
-        if sample is None and grid is None and html is None:
+        found = None
+        if duplicates and html is not None and not force and (html.exists() or html.is_symlink()):
+            raise OutputExistsError("already exists; pass --force to overwrite it", path=html)  # before the search
+        if duplicates:
+            found, code = _duplicates(dataset, against, threshold, flips, as_json, document)
+            document["ok"] = code == EXIT_OK
+        if sample is None and grid is None and html is None and not duplicates:
             from ..inspect.summary import format_summary, summarize
 
             summary = summarize(dataset)
@@ -208,8 +234,8 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
         if grid is not None:
             _grid(dataset, grid, grid_count, grid_columns, seed, force, as_json, document, max_pixels, overlays)
         if html is not None:
-            code = _html(dataset, html, run_verify, grid_count, grid_columns, seed, force, document, max_pixels,
-                         overlays)
+            code = max(code, _html(dataset, html, run_verify, grid_count, grid_columns, seed, force, document,
+                                   max_pixels, overlays, found))
             document["ok"] = code == EXIT_OK
         if as_json:
             emit_json(document)
@@ -218,7 +244,7 @@ def inspect_command(dataset: Path, as_json: bool, sample: str | None, extract: P
     run_command(body, as_json=as_json)
 
 
-def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json: bool,
+def _sample(dataset: Location, text: str, extract: Path | None, force: bool, as_json: bool,
             document: dict[str, Any]) -> None:
     from ..dataset import open_dataset, open_index
     from ..format import verify_checksum
@@ -248,7 +274,7 @@ def _sample(dataset: Path, text: str, extract: Path | None, force: bool, as_json
         echo(_format_sample(info, field_classes))
 
 
-def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
+def _grid(dataset: Location, out: Path, count: int, columns: int, seed: int, force: bool, as_json: bool,
           document: dict[str, Any], max_pixels: int | None = None, overlays: dict[str, Any] | None = None) -> None:
     from ..dataset import open_dataset
     from ..inspect.grid import contact_sheet
@@ -275,8 +301,23 @@ def _grid(dataset: Path, out: Path, count: int, columns: int, seed: int, force: 
                f"samples to {out}{failed}{drawn}", err=True)
 
 
-def _html(dataset: Path | str, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
-          document: dict[str, Any], max_pixels: int | None, overlays: dict[str, Any]) -> int:
+def _duplicates(dataset: Location, against: tuple, threshold: int | None, flips: bool, as_json: bool,
+                document: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Run the duplicates search; exit 1 when a sample of one dataset has a copy in another."""
+    from ..duplicates import DEFAULT_THRESHOLD, find_duplicates
+
+    report = find_duplicates(dataset, list(against), threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+                             flips=flips, progress=not as_json)
+    found = report.to_json()
+    document["duplicates"] = found
+    if not as_json:
+        echo(report.format_text())
+    return found, EXIT_DAMAGED if found["counts"]["leaks"]["groups"] else EXIT_OK
+
+
+def _html(dataset: Location, out: Path, run_verify: bool, count: int, columns: int, seed: int, force: bool,
+          document: dict[str, Any], max_pixels: int | None, overlays: dict[str, Any],
+          duplicates: dict[str, Any] | None = None) -> int:
     """Write the HTML report; with ``run_verify``, verify first and return exit 1 when damaged."""
     from ..dataset import open_dataset, open_index
     from ..errors import DecodeError
@@ -304,8 +345,13 @@ def _html(dataset: Path | str, out: Path, run_verify: bool, count: int, columns:
             sheet_png = png.getvalue()
         except DecodeError as exc:  # a codec this packer cannot decode: the rest of the report still helps
             sheet_error = str(exc)
+    section = None
+    if duplicates is not None:
+        from ..inspect.duplicates import duplicates_section, pair_thumbnails
+
+        section = duplicates_section(duplicates, pair_thumbnails(duplicates))
     page = render_html(summary, arrays, sheet_png=sheet_png, sheet=sheet, sheet_error=sheet_error,
-                       verify=verify_json).encode("utf-8")
+                       verify=verify_json, duplicates=section).encode("utf-8")
     write_new_file(out, page, force=force)
     document["html"] = {"path": str(out), "bytes": len(page), "verified": verify_json is not None,
                         "verify_ok": None if verify_json is None else verify_json["ok"]}

@@ -7,11 +7,12 @@ inside the library. Sizes accept ``512M``, ``1G``, ``64KiB`` or a plain number o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-__all__ = ["SIZE", "SizeType", "PathType", "path_type", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
+__all__ = ["SIZE", "SizeType", "PathType", "path_type", "LocationType", "location_type", "option_name", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
            "seed_option", "root_option", "max_pixels_option", "max_file_size_option"]
 
 #: Seeds are unsigned 64-bit (what numpy's generators accept).
@@ -61,38 +62,65 @@ class PathType(click.Path):
         return super().convert(value, param, ctx)
 
 
+def option_name(param: click.Parameter | None) -> str:
+    """How the user named ``param``: ``--html`` for an option, ``OUT`` for an argument."""
+    if isinstance(param, click.Option) and param.opts:
+        return max(param.opts, key=len)
+    if param is not None:
+        return param.human_readable_name
+    return "the path"
+
+
 class LocationType(PathType):
-    """A dataset folder or a dataset URL (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``):
-    a URL stays a string (checked by ``packer.remote.parse_url``), a folder is a ``pathlib.Path``."""
+    """A place the user names, parsed once by ``packer.location.parse_location`` (a local path or a URL).
+
+    ``local_only``: the value is a ``pathlib.Path``, and a URL is refused (exit 2) with a message
+    naming the option and the URL (``Location.local_path``), never taken for a folder named
+    ``s3:``. Otherwise the value is a ``packer.location.Location``: a URL goes to the library as
+    it is, a local path gets ``click.Path``'s checks (``exists``, ``file_okay``, ...).
+    ``dataset_folder``: a local ``.../manifest.json`` names its folder.
+    """
+
+    def __init__(self, *, local_only: bool = False, why: str = "", dataset_folder: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.local_only = local_only
+        self.why = why
+        self.dataset_folder = dataset_folder
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ..remote.url import is_url, parse_url
+        from ..errors import OptionError
+        from ..format import MANIFEST_NAME
+        from ..location import parse_location
 
-        if is_url(value):
-            from ..errors import OptionError
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path is not allowed (it would mean the current folder)", param, ctx)
+        try:
+            location = parse_location(value, what=option_name(param))
+            if self.local_only:
+                return super().convert(location.local_path(self.why), param, ctx)
+        except OptionError as exc:  # its message names the option: not click's "Invalid value for ..." again
+            raise click.UsageError(exc.message, ctx) from None
 
-            try:
-                url = parse_url(value)
-            except OptionError as exc:
-                self.fail(exc.message, param, ctx)
-            if url.scheme == "file":
-                return super().convert(url.local_path, param, ctx)
-            return url.text
-        return super().convert(value, param, ctx)
+        def local(path: Path) -> Path:
+            checked = Path(super(LocationType, self).convert(path, param, ctx))
+            if self.dataset_folder and checked.name == MANIFEST_NAME and checked.is_file():
+                return checked.parent
+            return checked
 
-
-def location_type(**kwargs: Any) -> LocationType:
-    """A ``LocationType`` (a folder as ``pathlib.Path``, or a dataset URL as a string)."""
-    from pathlib import Path
-
-    return LocationType(path_type=Path, **kwargs)
+        return location.check_local(local)
 
 
-def path_type(**kwargs: Any) -> PathType:
-    """A ``PathType`` yielding ``pathlib.Path`` (the arguments of ``click.Path``)."""
-    from pathlib import Path
+def location_type(*, why: str = "", dataset_folder: bool = False, **kwargs: Any) -> LocationType:
+    """A ``LocationType`` yielding a ``packer.location.Location`` (a local path or a URL); ``kwargs``
+    are ``click.Path``'s, applied to a local path."""
+    return LocationType(why=why, dataset_folder=dataset_folder, path_type=Path, **kwargs)
 
-    return PathType(path_type=Path, **kwargs)
+
+def path_type(*, why: str = "", **kwargs: Any) -> LocationType:
+    """A local path (``pathlib.Path``, with ``click.Path``'s checks): a URL is refused, naming the
+    option and the URL, and ``why`` (what needs a local path) when given."""
+    return LocationType(local_only=True, why=why, path_type=Path, **kwargs)
 
 
 class PositiveFloat(click.ParamType):

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from . import EXIT_DAMAGED, EXIT_OK, cli, configure_logging, echo, emit_json, run_command, terminal_safe
+from ..location import Location
 from .options import json_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, workers_option
 
 __all__ = ["verify_command"]
 
 
 @cli.command("verify")
-@click.argument("dataset", type=location_type(exists=True))
+@click.argument("dataset", type=location_type(exists=True, dataset_folder=True))
 @click.option("--decode", is_flag=True, help="Also decode every image (slow: milliseconds per image).")
 @max_pixels_option(default=None, help="With --decode: refuse images with more pixels than this (default: "
                    "the limit the dataset was built with).")
@@ -22,19 +22,18 @@ __all__ = ["verify_command"]
 @json_option("Print the report as one JSON document on stdout.")
 @quiet_option()
 @verbose_option()
-def verify_command(dataset: Path, decode: bool, workers: int | None, as_json: bool, quiet: bool,
+def verify_command(dataset: Location, decode: bool, workers: int | None, as_json: bool, quiet: bool,
                    verbose: bool, max_pixels: int | None) -> None:
-    """Check DATASET completely: manifest and index structure, every shard header, size and
-    checksum, every sample checksum, zero padding, and with --decode every image. Declared
+    """Check every byte of DATASET; exit 0 only if it is intact.
+
+    Manifest and index structure, every shard header, size and checksum, every sample checksum,
+    zero padding, and with --decode every image. Declared
     fields too: image fields' shards like the main ones, text values UTF-8, class sets sorted.
     Names each damaged sample (number, shard, field, key, what is wrong). Exit status 0:
     intact; 1: damaged."""
     from ..verify import verify
 
     configure_logging(quiet=quiet, verbose=verbose)
-
-    if not isinstance(dataset, str) and dataset.is_file() and dataset.name == "manifest.json":
-        dataset = dataset.parent
 
     def body() -> int:
         report = verify(dataset, decode=decode, workers=workers, progress=not quiet, max_pixels=max_pixels)

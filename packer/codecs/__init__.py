@@ -2,7 +2,39 @@
 
 A codec is named in the build options as ``name`` or ``name:key=value,...`` (the *codec spec*,
 ``BuildOptions.codec``) and recorded in the manifest's ``codec`` object with every parameter, so
-readers know what the payload bytes are. Four codecs exist:
+readers know what the payload bytes are. Four codecs exist (described below), each one module
+here holding both of its halves.
+
+What a codec implements. The *write half* is a class with the ``Codec`` protocol (``base``):
+``name``, ``from_options(params)`` (parse and check the spec's options, ``OptionError`` naming the
+option), ``encode(data, info, name=)`` (the payload and the ``ImageInfo`` describing it),
+``manifest_entry()`` (the manifest's ``codec`` object, every parameter), ``estimate_sizes``
+(payload sizes for planning shards) and optionally ``note`` (a label per file counted in the build
+summary). Its ``reader`` attribute names the *read half*, a ``CodecReader`` subclass (``base``)
+that ``codec_for(dataset)`` builds from the manifest's ``codec`` object; it answers what readers
+ask, so no reader compares codec names:
+
+- ``check_decodable()``: refuse parameters this packer cannot read (SPEC §6, ``DecodeError``);
+- ``pixels(dataset, i, data, max_pixels=)``: the ``(H, W, 3)`` pixels of one payload, and
+  ``stored_pixels(dataset, i, data)``: its pixels as a view when the payload *is* pixels (else
+  None: an encoded image, for a decoder or a fused transform);
+- ``encoded``: payloads are encoded image files that any image decoder (``packer.decode``, DALI,
+  nvJPEG) takes; ``stores_pixels``: payloads are pixels of one fixed shape;
+- ``sample_shape``: that fixed ``(H, W, C)``, or None; ``pixel_shape()`` the same for a reader
+  that reads only pixels (refusing other codecs);
+- ``keeps_source_geometry``: stored pixel grids are the sources' (boxes given in source pixels
+  still match); ``crops_source``: stored images are crops of their sources (an image field stored
+  whole cannot follow a crop).
+
+A fixed-size pixel codec (``RawReader``) adds the batch side: ``stride(alignment)``,
+``check_rows`` (the layout check of a batch, ``raw_runs``), ``check_index`` (of the whole index)
+and the zero-copy views ``raw_batch_view`` / ``raw_samples_view``. A new codec is one new module
+(or class pair) here and one entry in ``CODECS``; a new ``image_format`` value it stores goes in
+``packer.format.ImageFormat`` (with ``PIXEL_FORMATS`` when its payloads are pixels). A name that
+is not in ``CODECS`` reads as an ``UnknownCodecReader``: payload bytes only, and every decoding
+reader refuses it when it opens, naming the codec and the ones this packer knows.
+
+The four codecs:
 
 ``passthrough`` (the default)
     Stores the source file's bytes verbatim: no decoding, no quality loss. ``image_format``,
@@ -81,18 +113,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import DecodeError, OptionError
-from .base import Codec
-from .jpeg import JpegCodec
-from .passthrough import PassthroughCodec
-from .raw import RawCodec, raw_batch_view, raw_sample_shape, raw_sample_stride, raw_samples_view
-from .tiled import TiledCodec
+from ..errors import OptionError
+from .base import Codec, CodecReader, EncodedImageReader, UnknownCodecReader
+from .jpeg import JpegCodec, JpegReader
+from .passthrough import PassthroughCodec, PassthroughReader
+from .raw import (RawCodec, RawReader, RawRun, raw_batch_view, raw_runs, raw_sample_shape, raw_sample_stride,
+                  raw_samples_view)
+from .tiled import TiledCodec, TiledReader
 
 __all__ = [
     "Codec", "PassthroughCodec", "TiledCodec", "JpegCodec", "RawCodec", "CODECS", "get_codec",
-    "parse_codec_spec", "format_codec_spec", "merge_codec_options", "check_decodable",
-    "dataset_max_pixels", "keeps_source_geometry", "raw_sample_shape",
-    "raw_sample_stride", "raw_batch_view", "raw_samples_view",
+    "parse_codec_spec", "format_codec_spec", "merge_codec_options", "codec_for", "CodecReader",
+    "EncodedImageReader", "PassthroughReader", "TiledReader", "JpegReader", "RawReader", "UnknownCodecReader",
+    "RawRun", "check_decodable", "dataset_max_pixels", "keeps_source_geometry", "raw_sample_shape",
+    "raw_sample_stride", "raw_batch_view", "raw_samples_view", "raw_runs",
 ]
 
 CODECS: dict[str, Any] = {"passthrough": PassthroughCodec, "tiled": TiledCodec, "jpeg": JpegCodec,
@@ -170,7 +204,33 @@ def get_codec(spec: str) -> Codec:
 
 
 
-# --- what decoding readers check (formats/SPEC.md section 6) ---------------------------------------
+# --- the read half: what readers ask (formats/SPEC.md section 6) ---------------------------------
+
+def codec_for(source: Any, *, path: object = None) -> CodecReader:
+    """The read half of a dataset's codec: the one object a reader asks about the payloads.
+
+    Args:
+        source: an open dataset (``Dataset``, ``DatasetIndex``: anything with a ``manifest``), a
+            ``Manifest``, or a manifest's ``codec`` object alone (then the build summary's notes
+            are unknown: ``raw`` is taken as resampled).
+        path: the dataset, for error messages (default: ``source.path`` when it has one).
+
+    Returns:
+        The codec's ``CodecReader`` (``Codec.reader``); an ``UnknownCodecReader`` for a name this
+        packer does not implement, which reads nothing but refuses to decode (SPEC §6).
+    """
+    manifest = getattr(source, "manifest", source)
+    if path is None:
+        path = getattr(source, "path", None)
+    entry = getattr(manifest, "codec", manifest)
+    build = getattr(manifest, "build", None)
+    notes = build.get("codec_notes") if isinstance(build, Mapping) else None
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    factory = CODECS.get(name) if isinstance(name, str) else None
+    if factory is None:
+        return UnknownCodecReader(entry, path=path, known=tuple(sorted(CODECS)))
+    return factory.reader(entry, path=path, notes=notes, sample_count=getattr(manifest, "sample_count", None))
+
 
 def check_decodable(codec_entry: Any, *, path: object = None) -> None:
     """Refuse to decode payloads whose manifest ``codec`` this packer does not implement.
@@ -178,8 +238,8 @@ def check_decodable(codec_entry: Any, *, path: object = None) -> None:
     SPEC section 6: a reader that decodes payloads MUST refuse a codec name it does not
     implement (``{"name": "zstd-future"}`` is not a JPEG to guess at), and a ``raw`` codec whose
     ``layout`` is not ``"HWC"`` or whose ``dtype`` is not ``"uint8"``. Readers that only return
-    payload bytes need not call it. Called by ``verify --decode`` and ``inspect --grid``; the
-    PyTorch and DALI readers call it when they decode.
+    payload bytes need not call it. ``codec_for(codec_entry).check_decodable()``, for callers
+    that hold the manifest's ``codec`` object.
 
     Args:
         codec_entry: the manifest's ``codec`` object (``Manifest.codec``).
@@ -188,20 +248,12 @@ def check_decodable(codec_entry: Any, *, path: object = None) -> None:
     Raises:
         DecodeError: the codec is unknown or its parameters are not decodable (exit 1).
     """
-    name = codec_entry.get("name") if isinstance(codec_entry, dict) else None
-    if not isinstance(name, str) or name not in CODECS:
-        raise DecodeError(f"the dataset's codec {name!r} is not one this packer can decode (it knows "
-                          f"{', '.join(sorted(CODECS))}); upgrade packer, or read the payload bytes "
-                          f"without decoding", path=path)
-    if name == "raw":
-        layout, dtype = codec_entry.get("layout"), codec_entry.get("dtype")
-        if layout != "HWC" or dtype != "uint8":
-            raise DecodeError(f"raw codec with layout {layout!r} and dtype {dtype!r}: this packer "
-                              f"decodes only layout 'HWC', dtype 'uint8'", path=path)
+    codec_for(codec_entry, path=path).check_decodable()
 
 
 def keeps_source_geometry(manifest: Any) -> bool:
-    """Whether every stored image of a dataset has its source's pixel grid.
+    """Whether every stored image of a dataset has its source's pixel grid
+    (``codec_for(manifest).keeps_source_geometry``).
 
     ``passthrough`` and ``tiled`` store the source's pixels; ``jpeg`` does unless it resized
     (``max_size``); ``raw`` resamples (and centre-crops) to one size, so it keeps the grid only
@@ -209,16 +261,7 @@ def keeps_source_geometry(manifest: Any) -> bool:
     ``kept size``; a dataset built before that note is taken as resampled). Coordinates a source
     gave in its images' pixels (boxes, keypoints) only match stored images that keep it.
     """
-    codec_entry = manifest.codec
-    name = codec_entry.get("name") if isinstance(codec_entry, Mapping) else None
-    if name in ("passthrough", "tiled"):
-        return True
-    if name == "jpeg":
-        return codec_entry.get("max_size") is None
-    if name == "raw":
-        notes = manifest.build.get("codec_notes") if isinstance(manifest.build, Mapping) else None
-        return isinstance(notes, Mapping) and notes.get("kept size") == manifest.sample_count and len(notes) == 1
-    return False
+    return codec_for(manifest).keeps_source_geometry
 
 
 def dataset_max_pixels(manifest: Any, override: int | None = None) -> int:

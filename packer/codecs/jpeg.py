@@ -10,10 +10,20 @@ import numpy as np
 from ..errors import DecodeError
 from ..format import ImageFormat
 from ..imageinfo import ImageInfo
-from .base import JPEG_SUBSAMPLING, MAX_SIDE, RESAMPLE_FILTERS, check_keys, choice_option, int_option
+from .base import (JPEG_SUBSAMPLING, MAX_SIDE, RESAMPLE_FILTERS, EncodedImageReader, check_keys, choice_option,
+                   int_option)
 from .resize import decode_for_box, jpeg_dimensions, resample_box
 
-__all__ = ["JpegCodec"]
+__all__ = ["JpegCodec", "JpegReader"]
+
+
+class JpegReader(EncodedImageReader):
+    """Re-encoded JPEGs: the source's pixel grid unless the build shrank them (``max_size``)."""
+
+    @property
+    def keeps_source_geometry(self) -> bool:
+        return self.entry.get("max_size") is None
+
 
 @dataclass(frozen=True)
 class JpegCodec:
@@ -34,6 +44,7 @@ class JpegCodec:
     resample: str = "lanczos"
     name: ClassVar[str] = "jpeg"
     OPTIONS: ClassVar[tuple[str, ...]] = ("max_size", "quality", "side", "subsampling", "resample")
+    reader: ClassVar[type[JpegReader]] = JpegReader
 
     def __post_init__(self) -> None:
         if self.max_size is not None:

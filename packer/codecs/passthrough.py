@@ -8,9 +8,14 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from ..imageinfo import ImageInfo
-from .base import check_keys
+from .base import EncodedImageReader, check_keys
 
-__all__ = ["PassthroughCodec"]
+__all__ = ["PassthroughCodec", "PassthroughReader"]
+
+
+class PassthroughReader(EncodedImageReader):
+    """The source files, decoded as they are: every pixel grid is the source's."""
+
 
 @dataclass(frozen=True)
 class PassthroughCodec:
@@ -18,6 +23,7 @@ class PassthroughCodec:
 
     name: str = "passthrough"
     OPTIONS: ClassVar[tuple[str, ...]] = ()
+    reader: ClassVar[type[PassthroughReader]] = PassthroughReader
 
     @classmethod
     def from_options(cls, params: Mapping[str, str]) -> "PassthroughCodec":

@@ -2,18 +2,100 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, ManifestError, OptionError
+from ..errors import DecodeError, IndexMismatchError, ManifestError, OptionError
 from ..format import ImageFormat, align_up
-from ..imageinfo import ImageInfo
-from .base import MAX_SIDE, RESAMPLE_FILTERS, check_keys, choice_option, int_option, parse_size_text
+from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo
+from .base import MAX_SIDE, RESAMPLE_FILTERS, CodecReader, check_keys, choice_option, int_option, parse_size_text
 from .resize import decode_for_box, jpeg_dimensions, resample_box
 
-__all__ = ["RawCodec", "raw_sample_shape", "raw_sample_stride", "raw_batch_view", "raw_samples_view"]
+__all__ = ["RawCodec", "RawReader", "RawRun", "raw_sample_shape", "raw_sample_stride", "raw_batch_view",
+           "raw_samples_view", "raw_runs"]
+
+
+class RawReader(CodecReader):
+    """Decoded pixels at one fixed size: payloads are viewed, never decoded (the module docstring,
+    and the layout of formats/SPEC.md §3.2 that every raw reader checks here)."""
+
+    stores_pixels: ClassVar[bool] = True
+
+    def check_decodable(self) -> None:
+        """Refuse a ``layout`` other than ``"HWC"`` or a ``dtype`` other than ``"uint8"`` (SPEC §6).
+
+        Raises:
+            DecodeError: the parameters are not the ones packer reads.
+        """
+        layout, dtype = self.entry.get("layout"), self.entry.get("dtype")
+        if layout != "HWC" or dtype != "uint8":
+            raise DecodeError(f"raw codec with layout {layout!r} and dtype {dtype!r}: this packer "
+                              f"decodes only layout 'HWC', dtype 'uint8'", path=self.path)
+
+    @property
+    def keeps_source_geometry(self) -> bool:
+        """Only when every source had the target size already, which the build summary counts
+        (``codec_notes``: ``kept size``; a dataset built before that note is taken as resampled)."""
+        notes = self.notes
+        return isinstance(notes, Mapping) and notes.get("kept size") == self.sample_count and len(notes) == 1
+
+    @property
+    def crops_source(self) -> bool:
+        """The centre crop to the target's aspect ratio (unless every source had the target size)."""
+        return not self.keeps_source_geometry
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return self.pixel_shape()
+
+    def pixel_shape(self) -> tuple[int, int, int]:
+        return raw_sample_shape(self.entry, path=self.path)
+
+    def stride(self, alignment: int) -> int:
+        """Bytes from one sample's start to the next one's in a shard (``raw_sample_stride``)."""
+        return raw_sample_stride(self.pixel_shape(), alignment)
+
+    def stored_pixels(self, dataset: Any, i: int, data: np.ndarray) -> np.ndarray:
+        """The payload reshaped to the index's height, width and channels (a view).
+
+        Raises:
+            DecodeError: the payload's size is not the index's height x width x channels.
+        """
+        ix = dataset.index
+        shape = (int(ix.height[i]), int(ix.width[i]), int(ix.channels[i]))
+        if math.prod(shape) != data.size:
+            raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
+                              f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
+        return data.reshape(shape)
+
+    def pixels(self, dataset: Any, i: int, data: np.ndarray, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+        return self.stored_pixels(dataset, i, data)
+
+    def check_index(self, index: Any) -> None:
+        """Every row of ``index`` (a ``DatasetIndex``'s columns) is one raw sample: ``sample_shape``'s
+        size and ``image_format`` 7. For readers that check the whole index once at open.
+
+        Raises:
+            ManifestError: the codec's shape fields are unusable.
+            IndexMismatchError: the first row that is not, named.
+        """
+        shape = self.pixel_shape()
+        sample_bytes = shape[0] * shape[1] * shape[2]
+        bad = np.flatnonzero((index.size != sample_bytes) | (index.image_format != ImageFormat.RAW))
+        if len(bad):
+            i = int(bad[0])
+            raise IndexMismatchError(
+                f"is {int(index.size[i])} bytes of image_format {int(index.image_format[i])}, but the raw codec "
+                f"says every sample is {sample_bytes} bytes ({'x'.join(map(str, shape))}) of "
+                f"format {ImageFormat.RAW}", path=self.path, sample=i)
+
+    def check_rows(self, dataset: Any, indices: np.ndarray) -> list["RawRun"]:
+        """``raw_runs(dataset, indices, sample_shape)``: the batch's rows checked against the layout."""
+        return raw_runs(dataset, indices, self.pixel_shape())
+
 
 @dataclass(frozen=True)
 class RawCodec:
@@ -31,6 +113,7 @@ class RawCodec:
     name: ClassVar[str] = "raw"
     channels: ClassVar[int] = 3
     OPTIONS: ClassVar[tuple[str, ...]] = ("size", "resample")
+    reader: ClassVar[type[RawReader]] = RawReader
 
     def __post_init__(self) -> None:
         int_option(self.name, "height", str(self.height), 1, MAX_SIDE)
@@ -89,14 +172,17 @@ class RawCodec:
         return payload, ImageInfo(image_format=ImageFormat.RAW, width=self.width, height=self.height,
                                   channels=self.channels, mode="RGB")
 
-    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+    def note(self, source: bytes, payload: bytes, info: ImageInfo, *,
+             source_info: ImageInfo | None = None) -> str | None:
         """``kept size`` when the source already had the target size (its pixel grid is the stored
         one), else ``resampled``: counted in the build summary, and what tells a reader whether
-        coordinates given in source pixels (boxes) still match the stored images."""
+        coordinates given in source pixels (boxes) still match the stored images. ``source_info``:
+        the source's probe, when the caller has it (else the source is probed again)."""
         from ..imageinfo import probe_image
 
         try:
-            source_info = probe_image(source, validate="header")
+            if source_info is None:
+                source_info = probe_image(source, validate="header")
         except Exception:  # noqa: BLE001 - it was decoded a moment ago; never fail a sample on a note
             return "resampled"
         kept = (source_info.width, source_info.height) == (self.width, self.height)
@@ -109,9 +195,6 @@ class RawCodec:
 
     def estimate_sizes(self, source_sizes: np.ndarray) -> np.ndarray:
         return np.full(len(source_sizes), self.sample_bytes, dtype=np.uint64)
-
-
-#: Codec name -> class; each class has ``from_options(params)``.
 
 
 # --- reading raw payloads ----------------------------------------------------------------------
@@ -222,3 +305,67 @@ def raw_samples_view(data: Any, starts: Any, shape: tuple[int, int, int]) -> np.
     for j, position in enumerate(positions.tolist()):
         gathered[j] = block[position:position + sample].reshape(height, width, channels)
     return gathered
+
+
+class RawRun(NamedTuple):
+    """The samples of a batch that lie in one shard (``raw_runs``).
+
+    Attributes:
+        shard: the shard number.
+        rows: the batch rows these samples are (int64), or None when they are the whole batch.
+        offsets: their byte offsets in the shard (int64), in ``rows`` order.
+        positions: their positions in the shard (sample number minus the shard's first).
+    """
+
+    shard: int
+    rows: np.ndarray | None
+    offsets: np.ndarray
+    positions: np.ndarray
+
+
+def raw_runs(dataset: Any, indices: np.ndarray, shape: tuple[int, int, int]) -> list[RawRun]:
+    """Check a batch of raw samples against the raw layout and split it by shard: the one layout
+    check every raw batch reader makes before it reads a byte (formats/SPEC.md §3.2).
+
+    Every sample is ``H*W*C`` bytes, and within a shard sample ``k`` starts ``k * stride`` bytes
+    after the shard's first sample (``raw_sample_stride``). An index that breaks this (hand-made,
+    with its checksums kept) would otherwise be read at whatever bytes lie there.
+
+    Args:
+        dataset: an open dataset (``index``, ``manifest``, ``shard_range``, ``alignment``, ``path``).
+        indices: the batch's sample indices (int64, in range).
+        shape: ``(H, W, C)`` of every sample (``RawReader.sample_shape``).
+
+    Returns:
+        One ``RawRun`` per shard the batch touches, in shard order.
+
+    Raises:
+        IndexMismatchError: a row of the wrong size, or one off the stride grid of its shard (the
+            first such row, named).
+    """
+    sample = shape[0] * shape[1] * shape[2]
+    ix = dataset.index
+    wrong_size = ix.size[indices] != sample
+    if wrong_size.any():
+        bad = int(indices[np.argmax(wrong_size)])
+        raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
+                                 f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
+    stride = raw_sample_stride(shape, dataset.alignment)
+    single = len(dataset.manifest.shards) == 1
+    shards = None if single else ix.shard[indices]
+    runs = []
+    for shard in ([0] if single else np.unique(shards).tolist()):
+        first, _ = dataset.shard_range(shard)
+        base = int(ix.offset[first])
+        rows = None if single else np.flatnonzero(shards == shard)
+        mine = indices if rows is None else indices[rows]
+        positions = mine - first
+        offsets = ix.offset[mine].astype(np.int64)
+        misplaced = offsets != base + positions * stride
+        if misplaced.any():
+            bad = int(mine[np.argmax(misplaced)])
+            raise IndexMismatchError(f"raw sample offset {int(ix.offset[bad])} is not at a multiple "
+                                     f"of the {stride}-byte stride from the shard's first sample",
+                                     path=dataset.path, sample=bad)
+        runs.append(RawRun(shard, rows if rows is None or len(rows) < len(indices) else None, offsets, positions))
+    return runs

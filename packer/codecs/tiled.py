@@ -10,9 +10,15 @@ import numpy as np
 from ..errors import MissingDependencyError
 from ..format import ImageFormat
 from ..imageinfo import ImageInfo
-from .base import MAX_SIDE, check_keys
+from .base import MAX_SIDE, EncodedImageReader, check_keys
 
-__all__ = ["TiledCodec"]
+__all__ = ["TiledCodec", "TiledReader"]
+
+
+class TiledReader(EncodedImageReader):
+    """Tiled JPEGs are JPEGs to every decoder, with the source's pixels (``packer.transforms`` cuts
+    the tiles under a crop itself); other payloads are the source files."""
+
 
 @dataclass(frozen=True)
 class TiledCodec:
@@ -20,6 +26,7 @@ class TiledCodec:
 
     name: str = "tiled"
     OPTIONS: ClassVar[tuple[str, ...]] = ()
+    reader: ClassVar[type[TiledReader]] = TiledReader
     # The probe has already applied the build's --max-pixels; this only bounds the transcoder.
     _MAX_PIXELS: ClassVar[int] = MAX_SIDE * MAX_SIDE
 
@@ -45,7 +52,8 @@ class TiledCodec:
         except ValueError:  # progressive, arithmetic, 12-bit, damaged: a valid file kept as is
             return data, info
 
-    def note(self, source: bytes, payload: bytes, info: ImageInfo) -> str | None:
+    def note(self, source: bytes, payload: bytes, info: ImageInfo, *,
+             source_info: ImageInfo | None = None) -> str | None:
         """``tiled``, or why an image was stored as it is (``kept: progressive``, ``kept: not a JPEG
         (png)``). Counted in the build summary so a mostly-progressive or mostly-PNG source shows."""
         from .tiles import untiled_reason

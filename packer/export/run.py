@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import format as fmt
 from ..dataset import open_dataset
 from ..errors import OptionError, OutputExistsError, UnsafeExportError
+from ..location import Location, parse_location
 from .folder import write_folder
 from .plan import TARGETS, ExportPlan, SampleEntries, SampleNamer, plan_export
 from .safewrite import StagedOutput
@@ -21,6 +23,14 @@ from .webdataset import write_webdataset
 __all__ = ["EXPORT_TARGETS", "ExportResult", "export"]
 
 EXPORT_TARGETS = tuple(TARGETS)
+
+#: Why an export cannot write to a URL. Its targets are folders, a tar and WebDataset shards, not
+#: packer datasets: there is no manifest to write last, so an upload (``packer.remote.upload``, the
+#: build's) could be seen half-written and could not be resumed or replaced as one. The local writer
+#: publishes with one rename; copying its result up is the store's own tool's job.
+_NOT_TO_A_URL = ("an export writes a local folder or tar (not a packer dataset, so there is no manifest to "
+                 "upload last and a half-uploaded export could not be told from a whole one); export to a local "
+                 "path, then copy it up with your store's tool (aws s3 cp --recursive, gcloud storage cp -r, ...)")
 
 _WRITERS: dict[str, Callable[..., None]] = {"folder": write_folder, "tar": write_tar, "webdataset": write_webdataset}
 _SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")
@@ -107,7 +117,7 @@ def _check_target_path(out: Path, dataset: Path | None) -> None:
         raise OptionError(f"the export target {str(out)!r} is inside the dataset folder; choose a path outside it")
 
 
-def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: str = "folder",
+def export(dataset: str | os.PathLike[str] | Location, out: str | os.PathLike[str] | Location, *, to: str = "folder",
            classes: list[str] | None = None, samples: str | None = None,
            keys: str | os.PathLike[str] | None = None, samples_per_shard: int = 10_000,
            overwrite: bool = False, skip_unsafe: bool = False) -> ExportResult:
@@ -124,17 +134,17 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
     Raises:
         UnsafeExportError: some samples cannot be exported safely (and ``skip_unsafe`` is off);
             nothing was written.
-        OptionError: a bad target, filter or path, or a dataset whose payloads are not the
-            source bytes.
+        OptionError: a bad target, filter or path (``out`` a URL: an export writes local files),
+            or a dataset whose payloads are not the source bytes.
         OutputExistsError: ``out`` exists (and is not an empty folder) without ``overwrite``,
             or holds what this export could not have written.
         FormatError: the dataset is damaged.
     """
+    out_path = parse_location(out, what="OUT").local_path(_NOT_TO_A_URL)  # before anything is opened
     if to not in TARGETS:
         raise OptionError(f"--to must be one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
     if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise OptionError(f"--samples-per-shard must be a positive integer, got {samples_per_shard!r}")
-    out_path = Path(out)
     _check_target_path(out_path, None)
     staged = StagedOutput(out_path, folder=to != "tar", overwrite=overwrite, check_replaceable=_replaceable(to, out_path))
     staged.preflight()  # fail fast: before reading every sample's names
@@ -144,8 +154,9 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
         if codec != "passthrough":
             raise OptionError(f"this dataset was built with codec {codec!r}: its payloads are not the source "
                               f"files, so there is nothing to export verbatim (export needs a passthrough build)")
-        build_options = ds.manifest.build.get("options", {}) if isinstance(ds.manifest.build, dict) else {}
-        if build_options.get("normalize_formats"):
+        settings = fmt.recorded_build_settings(ds.manifest.build) or {}  # nested, or older builds' flat options
+        checks = settings.get("checks") if isinstance(settings.get("checks"), dict) else {}
+        if checks.get("normalize_formats") is True:
             raise OptionError("this dataset was built with --normalize-formats: some payloads are PNGs converted "
                               "from the source files, so there is nothing to export verbatim")
         rows = select_samples(ds, classes=classes, samples=samples, keys=keys)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..files import open_nonblocking, read_fd_capped
+from ..location import parse_location
 
 __all__ = ["select_samples", "read_keys_file", "MAX_KEYS_FILE_BYTES"]
 
@@ -27,8 +28,10 @@ def read_keys_file(path: str | os.PathLike[str], *, cap: int = MAX_KEYS_FILE_BYT
     """The keys listed in ``path`` (module docstring), in file order.
 
     Raises:
-        OptionError: the file is missing, not a regular file, over ``cap`` bytes, or not UTF-8.
+        OptionError: the file is missing, not a regular file, over ``cap`` bytes, or not UTF-8, or
+            ``path`` is a URL.
     """
+    path = parse_location(path, what="--keys").local_path("the keys file is read from a local file")
     try:
         fd, info = open_nonblocking(path)
     except OSError as exc:

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..backends.runs import plan_runs
-from ..errors import GpuPathError, MissingDependencyError, OptionError
+from ..codecs import codec_for
+from ..errors import GpuPathError, MissingDependencyError, OptionError, PackerError
 from ..order import ReadOrder
 from .decoders import GpuJpegDecoder, gpu_jpeg_decoder
 from .loader import CPU_FALLBACKS, GpuBatchReader, GpuLoaderOptions
@@ -22,6 +23,20 @@ from .loader import CPU_FALLBACKS, GpuBatchReader, GpuLoaderOptions
 
 class GpuFallbackWarning(RuntimeWarning):
     """The GPU decoder refused images and ``GpuJpegBatches`` decoded them on the CPU instead."""
+
+
+def _check_encoded(dataset: Any) -> None:
+    """Refuse, when the loader opens, a dataset whose payloads are not images to decode.
+
+    Raises:
+        DecodeError: a codec this packer does not know (SPEC §6).
+        OptionError: stored pixels (codec ``raw``), which ``GpuRawBatches`` reads.
+    """
+    codec = codec_for(dataset)
+    codec.check_decodable()
+    if not codec.encoded:
+        raise OptionError(f"GpuJpegBatches decodes encoded images, but the payloads of {dataset.path} are "
+                          f"{codec.name!r} pixels: read them with packer.gpu.GpuRawBatches")
 
 
 class GpuJpegBatches(GpuBatchReader):
@@ -53,7 +68,9 @@ class GpuJpegBatches(GpuBatchReader):
             GPU decoder). ``decode_counts["cpu_fallback"] > 0`` means nvJPEG did not do all the work.
 
     Raises:
-        OptionError: a bad setting, ``io="kvikio"``, or an unknown ``cpu_fallback``.
+        OptionError: a bad setting, ``io="kvikio"``, an unknown ``cpu_fallback``, or a dataset of
+            stored pixels (codec ``raw``: ``GpuRawBatches`` reads those).
+        DecodeError: the dataset's codec is not one this packer decodes (SPEC §6).
         MissingDependencyError: ``device="cuda"`` without any GPU JPEG decoder (or without the one
             named; use ``packer.dali``).
         GpuPathError: while iterating, a JPEG the GPU decoder refused with ``cpu_fallback="error"``.
@@ -77,6 +94,11 @@ class GpuJpegBatches(GpuBatchReader):
         self._decode_counts = {"gpu": 0, "cpu_fallback": 0, "cpu": 0}
         self._counts_lock = threading.Lock()
         self._warned = False
+        try:
+            _check_encoded(self.dataset)
+        except PackerError:
+            self.close()
+            raise
         self.gpu_decoder: GpuJpegDecoder | None = None if isinstance(gpu_decoder, str) else gpu_decoder
         if isinstance(gpu_decoder, str) or (gpu_decoder is None and self.device.type == "cuda"):
             try:

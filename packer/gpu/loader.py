@@ -183,9 +183,8 @@ class GpuBatchReader(CursorReader):
         # A private reader for the loader's thread (LRU of open shards is not thread-safe), pinned
         # to the same index version as the caller's dataset.
         # (a dataset URL is reopened by its URL and options: its folder in the node cache holds no shards)
-        remote = getattr(self.dataset, "_remote", None)
         self._reader = Dataset(self.dataset.location, backend="kvikio" if io == "kvikio" else options.backend,
-                               remote=None if remote is None else remote.options)
+                               remote=self.dataset.place.options)
         if self._reader.manifest.index.checksum != self.dataset.manifest.index.checksum:
             self._reader.close()
             raise DatasetChangedError("the dataset was replaced since it was opened", path=self.dataset.path)

@@ -9,9 +9,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .. import format as fmt
 from ..backends.runs import RunPlan, plan_runs
-from ..errors import IndexMismatchError, OptionError, PackerError
+from ..errors import OptionError, PackerError
 from .loader import GpuBatchReader, GpuLoaderOptions
 
 # --- raw pixels --------------------------------------------------------------------------------
@@ -81,7 +80,7 @@ class GpuRawBatches(GpuBatchReader):
 
     def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
                  fields: Sequence[str] | None = None, decode: Any = None, **settings: Any) -> None:
-        from ..codecs import raw_sample_shape, raw_sample_stride
+        from ..codecs import codec_for
         from ..transforms import DecodeTransform
 
         if decode is not None and not isinstance(decode, DecodeTransform):  # before any file is opened
@@ -95,17 +94,10 @@ class GpuRawBatches(GpuBatchReader):
                 raise OptionError(f"decode= crops the pixels but not the array fields "
                                   f"{sorted(set(self.fields) - {'image', 'label', 'index'})}: read them "
                                   f"without decode=, or crop with PackedDataset(fields=...), which moves them")
-            self.shape = raw_sample_shape(self.dataset.manifest.codec, path=self.dataset.path)
-            self.stride = raw_sample_stride(self.shape, self.alignment)
-            ix = self.dataset.index
-            sample_bytes = self.shape[0] * self.shape[1] * self.shape[2]
-            bad = np.flatnonzero((ix.size != sample_bytes) | (ix.image_format != fmt.ImageFormat.RAW))
-            if len(bad):
-                i = int(bad[0])
-                raise IndexMismatchError(
-                    f"is {int(ix.size[i])} bytes of image_format {int(ix.image_format[i])}, but the raw codec "
-                    f"says every sample is {sample_bytes} bytes ({'x'.join(map(str, self.shape))}) of "
-                    f"format {fmt.ImageFormat.RAW}", path=self.dataset.path, sample=i)
+            codec = codec_for(self.dataset)
+            self.shape = codec.pixel_shape()  # ManifestError for payloads that are not stored pixels
+            self.stride = codec.stride(self.alignment)
+            codec.check_index(self.dataset.index)  # every row one sample of that shape, checked once
         except PackerError:
             self.close()
             raise

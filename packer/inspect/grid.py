@@ -158,7 +158,7 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
         thumbnail is shown without it).
 
     Raises:
-        ValueError: ``columns`` or ``thumb`` is below 1.
+        OptionError: ``columns`` or ``thumb`` is below 1.
         OptionError: an overlay field that does not exist or does not fit, or an unknown
             ``box_format``.
         DecodeError: the manifest's codec is not one this packer decodes (SPEC section 6).
@@ -171,7 +171,7 @@ def contact_sheet(dataset: Any, out_png: str | os.PathLike[str] | BinaryIO, *, c
     from ..format import checksum
 
     if columns < 1 or thumb < 1:
-        raise ValueError(f"columns and thumb must be at least 1, got {columns} and {thumb}")
+        raise OptionError(f"columns and thumb must be at least 1, got {columns} and {thumb}")
     if box_format not in BOX_FORMATS:
         raise OptionError(f"box format must be one of {', '.join(BOX_FORMATS)}, got {box_format!r}")
     check_decodable(dataset.manifest.codec, path=getattr(dataset, "path", None))  # SPEC 6

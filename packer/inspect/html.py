@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .. import format as fmt
+from .duplicates import STYLE as _DUPLICATES_STYLE
 from .fields import format_fields
+from .summary import build_settings_rows
 from .svg import MAX_BARS, bar_chart, bin_counts, histogram, text
 
 __all__ = ["report_arrays", "render_html", "REJECTED_EXAMPLES", "REJECTED_READ", "CONTENT_SECURITY_POLICY"]
@@ -98,6 +100,12 @@ def _table(rows: list[tuple[str, Any]]) -> str:
                                for name, value in rows) + "</table>"
 
 
+def _cell(value: Any) -> str:
+    """A problem's shard, sample or key: an empty cell where it has none (a whole shard's checksum
+    names no sample), never the word None."""
+    return "" if value is None else text(value)
+
+
 def _verify_section(verify: dict[str, Any] | None) -> str:
     if verify is None:
         return ('<section id="verify"><div class="status unknown">Verify did not run for this report: '
@@ -110,8 +118,8 @@ def _verify_section(verify: dict[str, Any] | None) -> str:
         return (f'<section id="verify"><div class="status ok">Verify ran: OK. {text(checked)} '
                 f"({text(speed)}); every checksum matched.</div></section>")
     problems = verify["problems"]
-    rows = "".join(f"<tr><td>{text(p['kind'])}</td><td>{text(p.get('shard', ''))}</td>"
-                   f"<td>{text(p.get('sample', ''))}</td><td>{text(p.get('key') or '')}</td>"
+    rows = "".join(f"<tr><td>{text(p['kind'])}</td><td>{_cell(p.get('shard'))}</td>"
+                   f"<td>{_cell(p.get('sample'))}</td><td>{_cell(p.get('key'))}</td>"
                    f"<td>{text(p['message'], 1000)}</td></tr>" for p in problems[:_PROBLEMS_SHOWN])
     more = (f'<p class="note">... {len(problems) - _PROBLEMS_SHOWN:,} more problems: run '
             "<code>packer verify DATASET</code>.</p>" if len(problems) > _PROBLEMS_SHOWN else "")
@@ -234,7 +242,7 @@ def _sheet_section(sheet_png: bytes | None, sheet: dict[str, Any] | None, sheet_
 
 def render_html(summary: dict[str, Any], arrays: dict[str, Any], *, sheet_png: bytes | None = None,
                 sheet: dict[str, Any] | None = None, sheet_error: str | None = None,
-                verify: dict[str, Any] | None = None) -> str:
+                verify: dict[str, Any] | None = None, duplicates: str | None = None) -> str:
     """The report page.
 
     Args:
@@ -244,6 +252,8 @@ def render_html(summary: dict[str, Any], arrays: dict[str, Any], *, sheet_png: b
         sheet: ``contact_sheet``'s result (which samples, overlays), when drawn.
         sheet_error: why the contact sheet was not drawn.
         verify: ``VerifyReport.to_json()`` when verify ran, None when it did not (the page says so).
+        duplicates: the duplicates section (``packer.inspect.duplicates.duplicates_section``), when
+            asked for (``--duplicates``).
 
     Returns:
         The whole HTML document as a string (UTF-8 when written).
@@ -261,9 +271,9 @@ def render_html(summary: dict[str, Any], arrays: dict[str, Any], *, sheet_png: b
     fields_html = (f'<section id="fields"><h2>Declared fields</h2><pre>{text(chr(10).join(fields), 100000)}</pre>'
                    "</section>" if fields else "")
     build = s["build"] if isinstance(s["build"], dict) else {}
-    options = build.get("options") if isinstance(build.get("options"), dict) else {}
+    settings = fmt.recorded_build_settings(build) or {}  # nested, or the flat options of older builds
     build_rows = [(key, json.dumps(fmt.json_ready(value), sort_keys=True, ensure_ascii=False)[:500])
-                  for key, value in sorted(options.items())]
+                  for key, value in build_settings_rows(settings)]
     notes = build.get("codec_notes")
     if isinstance(notes, dict) and notes:
         build_rows.append(("codec did", ", ".join(f"{n:,} {k}" for k, n in notes.items() if isinstance(n, int))))
@@ -272,10 +282,11 @@ def render_html(summary: dict[str, Any], arrays: dict[str, Any], *, sheet_png: b
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{text(title, 300)}</title><style>{_STYLE}</style></head><body>",
+        f"<title>{text(title, 300)}</title><style>{_STYLE}{_DUPLICATES_STYLE if duplicates else ''}</style></head>"
+        "<body>",
         f'<header><h1>Dataset report</h1><p class="path">{text(s["path"], 1000)}</p></header>',
         _verify_section(verify),
-        f'<section id="overview"><h2>Overview</h2>{overview}</section>',
+        f'<section id="overview"><h2>Overview</h2>{overview}</section>', duplicates or "",
         _classes_section(s), _images_section(s, arrays), _shards_section(s, arrays),
         _rejected_section(s["rejected"]), fields_html, _sheet_section(sheet_png, sheet, sheet_error),
         f'<section id="build"><h2>Build options</h2>{_table(build_rows) if build_rows else "<p>none recorded</p>"}'

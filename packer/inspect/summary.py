@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from .. import format as fmt
-from ..files import iter_json_lines
 from .fields import field_stats, format_fields, percentile_stats
 
-__all__ = ["summarize", "format_summary", "REJECTED_SHOWN"]
+__all__ = ["summarize", "format_summary", "build_settings_rows", "REJECTED_SHOWN"]
 
 #: Rejected build-report entries included in full (all are counted by reason).
 REJECTED_SHOWN = 20
@@ -32,7 +30,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
     """Describe a dataset without reading its shards.
 
     Args:
-        path: the dataset folder.
+        path: the dataset folder or URL (``open_index``); the summary names it as given.
         rejected_shown: how many rejected files of the build report to include in full.
 
     Returns:
@@ -43,7 +41,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         height percentiles over known sizes, counts by format and by channel count), ``fields``
         (the declared fields' table and statistics, ``packer.inspect.fields.field_stats``; ``[]``
         without fields; ``bytes.field_shards`` is their image shards' size) and ``rejected``
-        (from ``build-report.jsonl``: count by reason and the first entries).
+        (from ``build-report.jsonl``, wherever the dataset is: count by reason and the first entries).
 
     Raises:
         PackerError: the manifest or index is missing or damaged.
@@ -51,7 +49,6 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
     from ..dataset import open_index
 
     with open_index(path) as index:
-        root = index.path  # a URL's generation folder in the node cache holds its manifest and index
         manifest = index.manifest
         ix = index.index
         count = len(index)
@@ -64,10 +61,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         padding_bytes = shard_bytes - payload - header_bytes
         # image fields' parallel shards (§14.3) are on disk too: part of the total, counted apart
         field_shard_bytes = sum(entry.size for spec in manifest.fields for entry in spec.shards)
-        try:
-            manifest_bytes = (root / fmt.MANIFEST_NAME).stat().st_size
-        except OSError:
-            manifest_bytes = 0
+        manifest_bytes = len(index.place.manifest_bytes)
         labels = ix.label
         classes = manifest.classes
         # Only labels that name a class are counted here, so memory is O(classes + samples)
@@ -75,7 +69,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         in_range = labels[(labels >= 0) & (labels < len(classes))] if count else labels[:0]
         class_counts = np.bincount(in_range, minlength=len(classes))
         summary: dict[str, Any] = {
-            "path": str(root),
+            "path": index.location,
             "created_by": manifest.created_by,
             "dataset_format_version": manifest.format_version,
             "samples": count,
@@ -104,7 +98,7 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
             "history": list(manifest.history),
             "images": _image_stats(ix),
             "fields": field_stats(index),
-            "rejected": _rejected(root / fmt.REPORT_NAME, rejected_shown),
+            "rejected": _rejected(index.build_report(must_contain=b'"rejected"'), rejected_shown),
         }
         del ix, labels, sizes
     return summary
@@ -139,15 +133,16 @@ def _image_stats(ix: fmt.IndexColumns) -> dict[str, Any]:
     }
 
 
-def _rejected(report: Path, shown: int) -> dict[str, Any]:
+def _rejected(report: Iterator[dict[str, Any]] | None, shown: int) -> dict[str, Any]:
     """Rejected files from the (informative) build report: counts by reason, the first ``shown``."""
     by_reason: dict[str, int] = {}
     first: list[dict[str, Any]] = []
     count = 0
-    if not report.is_file():
+    if report is None:
         return {"available": False, "count": None, "by_reason": {}, "first": []}
-    # Bounded, regular-file-only, inside the dataset folder; bad lines ignored (files.py).
-    for entry in iter_json_lines(report.parent, report.name, must_contain=b'"rejected"'):
+    # Bounded, regular-file-only, inside the dataset folder (or its copy in the node cache); bad
+    # lines ignored (files.iter_json_lines).
+    for entry in report:
         if entry.get("type") != "rejected":
             continue
         count += 1
@@ -208,9 +203,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                                                                if k != "name"]),
         f"sample     {_spread(s['sample_bytes'], 'bytes')}",
     ]
-    options = s["build"].get("options") if isinstance(s["build"], dict) else None
-    if isinstance(options, dict):
-        shown = {k: (f"<{len(v)} names>" if k == "classes" and isinstance(v, list) else v) for k, v in options.items()}
+    settings = fmt.recorded_build_settings(s["build"])  # nested, or the flat options of older builds
+    if settings is not None:
+        shown = {k: (f"<{len(v)} names>" if k.endswith("classes") and isinstance(v, list) else v)
+                 for k, v in build_settings_rows(settings)}
         lines.append("build      " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(shown.items())))
     notes = s["build"].get("codec_notes") if isinstance(s["build"], dict) else None
     if isinstance(notes, dict) and notes:  # what the codec did, e.g. JPEGs tiled or kept as they are
@@ -250,3 +246,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         if rejected["count"] > len(rejected["first"]):
             lines.append(f"  ... {rejected['count'] - len(rejected['first']):,} more in build-report.jsonl")
     return "\n".join(lines)
+
+
+def build_settings_rows(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The recorded build settings (``format.recorded_build_settings``) as ``(group.name, value)``
+    rows for display, unset values left out (``layout.seed``, ``codec``, ``labels.classes``)."""
+    rows = []
+    for group, members in sorted(settings.items()):
+        if isinstance(members, dict):
+            rows += [(f"{group}.{name}", value) for name, value in sorted(members.items()) if value not in (None, [])]
+        elif members is not None:
+            rows.append((group, members))
+    return rows

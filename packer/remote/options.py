@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import OptionError
+from .url import is_url, redact
 
 __all__ = ["RemoteOptions", "TRANSPORTS", "default_cache_dir", "as_remote_options"]
 
@@ -87,10 +88,33 @@ class RemoteOptions:
 
     @property
     def cache_root(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+        """The node cache folder: ``cache_dir``, else ``default_cache_dir()``.
+
+        Raises:
+            OptionError: the setting is a URL (the cache is a local folder every process of the
+                node maps files from), or it, or a folder above it, is a file; the message names
+                the setting (``RemoteOptions.cache_dir``, ``$PACKER_CACHE_DIR``) and the path.
+        """
+        if self.cache_dir:
+            setting, root = "RemoteOptions.cache_dir", str(self.cache_dir)
+        elif os.environ.get("PACKER_CACHE_DIR"):
+            setting, root = "$PACKER_CACHE_DIR", os.environ["PACKER_CACHE_DIR"]
+        else:
+            setting, root = "the default cache folder ($XDG_CACHE_HOME or ~/.cache)", str(default_cache_dir())
+        if is_url(root):
+            raise OptionError(f"{setting} must be a local folder, got the URL {redact(root)} (the node cache holds "
+                              f"the files every process of the node maps)")
+        folder = Path(root)
+        for probe in (folder, *folder.parents):  # the first that exists must be a folder
+            if probe.exists():
+                if not probe.is_dir():
+                    raise OptionError(f"{setting} is not a folder: {probe} is a file", path=folder)
+                break
+        return folder
 
     def __repr__(self) -> str:  # storage_options may hold secrets: never shown
-        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        # an endpoint may carry user-info (http://key:secret@host): shown redacted
+        shown = ", ".join(f"{f.name}={redact(repr(getattr(self, f.name)))}" for f in fields(self) if f.repr)
         hidden = f", storage_options=<{len(self.storage_options)} keys>" if self.storage_options else ""
         return f"RemoteOptions({shown}{hidden})"
 

@@ -1,8 +1,10 @@
 """A dataset URL opened at one manifest generation: index in the node cache, shards read as extents.
 
-``RemoteFiles`` is what ``packer.dataset.Dataset`` holds for a URL. Opening fetches the manifest
-(the generation is its xxh3) and the index into the node cache, where ``DatasetIndex`` maps and
-validates them exactly as a local dataset's. Shard bytes come through ``RemoteShard`` (the
+``RemoteFiles`` is the place (``packer.place.Place``) a ``packer.dataset.Dataset`` holds for a URL.
+Opening fetches the manifest (the generation is its xxh3) and the index into the node cache, where
+``DatasetIndex`` maps and validates them exactly as a local dataset's; the build report is copied
+there when it is first asked for. Extents are cut from the same cached index, mapped and checked
+here (nothing is handed back by the dataset). Shard bytes come through ``RemoteShard`` (the
 ``ShardBackend`` protocol: ``read_into`` / ``view``), which reads checked extent files of the
 cache and fetches a missing extent on demand (one process per node fetches it: a record lock).
 
@@ -26,12 +28,13 @@ from bisect import bisect_right
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import format as fmt
 from ..errors import ChecksumMismatchError, DatasetChangedError, ManifestError, RemoteStoreError
+from ..files import MAX_REPORT_BYTES, iter_json_lines, open_dataset_file
 from .cache import LockFile, evict, write_atomic
 from .extents import ExtentTable, FetchPlan, coalesce, plan_extents
 from .options import RemoteOptions
@@ -94,7 +97,7 @@ class _ProcessState:
 
 
 class RemoteFiles:
-    """A dataset URL at one generation (see the module docstring).
+    """A dataset URL at one generation (see the module docstring): a ``packer.place.Place``.
 
     Args:
         url: the dataset URL.
@@ -107,9 +110,13 @@ class RemoteFiles:
         PackerError: the manifest or index is invalid (as for a local dataset).
     """
 
+    #: Shards are read from checked extents of the node cache, not through a local-file backend.
+    backend = "remote"
+
     def __init__(self, url: DatasetURL, options: RemoteOptions, *, manifest_bytes: bytes | None = None) -> None:
         self.url = url
         self.options = options
+        self.cache_root = options.cache_root / "v1"  # a bad cache setting is refused before any request
         current = self.store.read_object(fmt.MANIFEST_NAME)
         if len(current) > fmt.MAX_MANIFEST_BYTES:  # [R30]
             raise ManifestError(f"manifest is over the {fmt.MAX_MANIFEST_BYTES} bytes limit",
@@ -122,10 +129,9 @@ class RemoteFiles:
         self.manifest_bytes = current
         self.generation = _generation(current)
         self.manifest = fmt.parse_manifest(current, path=f"{url}/{fmt.MANIFEST_NAME}")
-        self.cache_root = options.cache_root / "v1"
         self.root = self.cache_root / dataset_key(url, options) / self.generation
         self._fetch_index()
-        self._index: Any = None
+        self._index: fmt.IndexColumns | None = None
         self._tables: dict[str, ExtentTable] = {}
         self._paths: dict[tuple[str, int], str] = {}  # each extent's cache file, as a string (hot)
         self._path_keys: dict[str, tuple[str, int]] = {}
@@ -164,15 +170,55 @@ class RemoteFiles:
         finally:
             os.close(lock)
 
-    def attach(self, index: Any) -> None:
-        """Give the validated index columns (``DatasetIndex.index``) the extents are cut from."""
-        self._index = index
+    @property
+    def folder(self) -> Path:
+        """The generation's folder in the node cache (its manifest and index: ``DatasetIndex.path``)."""
+        return self.root
+
+    def open_index(self, entry: fmt.FileEntry) -> tuple[int, str]:
+        """The cached index file (fetched and checked at open): a descriptor and its path."""
+        return open_dataset_file(self.root, entry.path, entry.size)
+
+    def _columns(self) -> fmt.IndexColumns:
+        """The index columns extents are cut from: the generation's cached index, mapped and checked
+        here as ``DatasetIndex`` checks it (its checksum was checked when it entered the cache)."""
+        if self._index is None:
+            entry = self.manifest.index
+            fd, real = self.open_index(entry)
+            try:
+                mapped = mmap.mmap(fd, entry.size, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            rows, columns = fmt.parse_column_file(mapped, fmt.INDEX_MAGIC, path=real, kind="index")
+            self._index = fmt.validate_index(rows, columns, list(self.manifest.shards), self.manifest.alignment,
+                                             path=real, fields=self.manifest.fields)
+        return self._index
+
+    def build_report(self, must_contain: bytes = b"") -> Iterator[dict[str, Any]] | None:
+        """The build report's entries: the object copied into the generation's folder on first use
+        (at most ``files.MAX_REPORT_BYTES``), then read as a local report is. None when the store
+        holds no report (or it cannot be read: it is informational)."""
+        target = self.root / fmt.REPORT_NAME
+        if not target.is_file():
+            try:
+                info = self.store.head(fmt.REPORT_NAME)
+                if info is None:
+                    return None
+                write_atomic(target, self._object_pieces(fmt.REPORT_NAME, min(info.size, MAX_REPORT_BYTES)))
+            except RemoteStoreError:
+                return None
+        return iter_json_lines(self.root, fmt.REPORT_NAME, must_contain=must_contain)
+
+    def _object_pieces(self, relative: str, size: int) -> Iterator[bytes]:
+        step = self.options.request_bytes
+        for start in range(0, size, step):
+            yield bytes(self.store.read_range(relative, start, min(start + step, size)))
 
     # --- extents ---
     def table(self, family: str = "") -> ExtentTable:
         table = self._tables.get(family)
         if table is None:
-            ix, manifest = self._index, self.manifest
+            ix, manifest = self._columns(), self.manifest
             if not family:
                 sizes = np.array([e.size for e in manifest.shards], dtype=np.int64)
                 table = plan_extents(ix.shard, ix.offset, ix.size, sizes, manifest.alignment, self.options.extent_bytes)
@@ -189,7 +235,7 @@ class RemoteFiles:
         return self.manifest.shards if not family else self.manifest.field(family).shards
 
     def _sample_columns(self, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        ix = self._index
+        ix = self._columns()
         if not family:
             return ix.offset, ix.size, ix.checksum
         spec = self.manifest.field(family)
@@ -246,8 +292,11 @@ class RemoteFiles:
         finally:
             os.close(lock)
 
-    def open_shard(self, family: str, number: int) -> "RemoteShard":
-        return RemoteShard(self, family, number, self._entries(family)[number])
+    def open_shard(self, family: str, number: int, entry: fmt.ShardEntry,
+                   check_header: Callable[[bytes, str], None]) -> "RemoteShard":
+        """Shard ``number`` of ``family``, its (cached) header checked by ``check_header`` first."""
+        check_header(*self.shard_header(family, number))
+        return RemoteShard(self, family, number, entry)
 
     # --- reading an extent ---
     def extent_view(self, family: str, extent: int) -> memoryview:
@@ -390,10 +439,12 @@ class RemoteFiles:
 
     # --- planned reads ---
     def plan(self, indices: Any, family: str = "") -> None:
-        """This process will read ``indices`` in this order: prefetch their extents in first-need order."""
+        """This process will read ``indices`` in this order (negative ones count from the end):
+        prefetch their extents in first-need order."""
         state = self._local()
         table = self.table(family)
-        plan = FetchPlan(table, np.asarray(indices, dtype=np.int64).reshape(-1))
+        order = np.asarray(indices, dtype=np.int64).reshape(-1) % max(self.manifest.sample_count, 1)
+        plan = FetchPlan(table, order)
         with state.lock:
             state.plans[family] = plan
             state.plan_bytes[family] = np.cumsum((table.end - table.start)[plan.sequence])
@@ -475,7 +526,7 @@ class RemoteFiles:
             else:
                 future.set_exception(error)
 
-    def ensure(self, indices: np.ndarray, family: str = "") -> None:
+    def ensure(self, indices: Any, family: str = "") -> None:
         """Make the extents of ``indices`` present, fetching the missing ones in parallel."""
         state = self._local()
         table = self.table(family)

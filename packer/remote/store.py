@@ -26,11 +26,13 @@ from typing import Any, Protocol
 
 from ..errors import MissingDependencyError, OptionError, PackerError, RemoteStoreError
 from .options import RemoteOptions
-from .url import DatasetURL
+from .url import DatasetURL, redact
 
 __all__ = ["ObjectInfo", "Transport", "Store", "store_for", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'packer-shards[remote]'"
+#: The narrow extra that installs one kind of URL's transport (``[remote]`` installs them all).
+SCHEME_EXTRAS = {"s3": "s3", "gs": "gcs", "az": "azure", "https": "http", "http": "http"}
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,10 @@ class _Truncated(Exception):
     pass
 
 
-def _missing(package: str, exc: BaseException) -> MissingDependencyError:
-    return MissingDependencyError(f"reading datasets in object storage needs {package} ({exc}); "
-                                  f"install it with {INSTALL_HINT}")
+def _missing(package: str, exc: BaseException, scheme: str = "") -> MissingDependencyError:
+    extra = SCHEME_EXTRAS.get(scheme, "remote")
+    return MissingDependencyError(f"reading datasets in object storage needs {package} ({exc}); install it with "
+                                  f"pip install 'packer-shards[{extra}]' (or [remote]: every store)")
 
 
 class FsspecTransport:
@@ -77,14 +80,14 @@ class FsspecTransport:
         try:
             import fsspec
         except ImportError as exc:
-            raise _missing("fsspec", exc) from None
+            raise _missing("fsspec", exc, url.scheme) from None
         protocol = self._PROTOCOLS[url.scheme]
         kwargs: dict[str, Any] = {"skip_instance_cache": True}
         if protocol == "s3":
             try:
                 import s3fs  # noqa: F401
             except ImportError as exc:
-                raise _missing("s3fs", exc) from None
+                raise _missing("s3fs", exc, url.scheme) from None
             # packer retries (one policy for every transport, counted per range): botocore's
             # own retries are off, its timeouts are ours.
             kwargs.update(config_kwargs={"retries": {"max_attempts": 1, "mode": "standard"},
@@ -95,14 +98,17 @@ class FsspecTransport:
             if options.region:
                 kwargs["client_kwargs"] = {"region_name": options.region}
         elif protocol in ("http", "https"):
-            import aiohttp  # an fsspec[http] dependency, installed with s3fs
+            try:
+                import aiohttp  # fsspec[http]'s client ([http]; s3fs brings it too)
+            except ImportError as exc:
+                raise _missing("aiohttp", exc, url.scheme) from None
 
             kwargs["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=options.timeout_s)}
         kwargs.update(options.storage_options)
         try:
             self.fs = fsspec.filesystem(protocol, **kwargs)
         except ImportError as exc:
-            raise _missing(f"fsspec's {protocol} filesystem", exc) from None
+            raise _missing(f"fsspec's {protocol} filesystem", exc, url.scheme) from None
         self._root = (f"{url.scheme}://{url.bucket}" if protocol in ("http", "https") else url.bucket)
 
     def _path(self, key: str) -> str:
@@ -148,7 +154,7 @@ class ObstoreTransport:
             import obstore
             from obstore.store import from_url
         except ImportError as exc:
-            raise _missing("obstore", exc) from None
+            raise _missing("obstore", exc, url.scheme) from None
         _OBSTORE_PID = os.getpid()
         self._obstore = obstore
         client_options: dict[str, Any] = {"timeout": f"{options.timeout_s}s",
@@ -314,7 +320,9 @@ class Store:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The first line of a transport's error, its URLs' secrets redacted (a library may quote the
+    request URL, endpoint user-info or a signed query included)."""
+    text = redact(str(exc).strip())
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import OptionError, UnsafePathError
 
-__all__ = ["SCHEMES", "WRITABLE_SCHEMES", "DatasetURL", "is_url", "parse_url", "object_key"]
+__all__ = ["SCHEMES", "WRITABLE_SCHEMES", "DatasetURL", "is_url", "parse_url", "object_key", "redact"]
 
 #: Schemes a dataset URL may use. ``http``/``https`` are read-only (a plain web server or a
 #: bucket's public endpoint); ``file`` is a local folder spelled as a URL.
@@ -19,6 +19,31 @@ SCHEMES = ("s3", "gs", "az", "https", "http", "file")
 WRITABLE_SCHEMES = ("s3", "gs", "az", "file")
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: A URL inside a message: up to the first blank or quote (what a message puts around a URL).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
+
+
+def _redact_one(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:  # user-info (user:password@, a key:secret@): never shown
+        authority = "<redacted>@" + authority.rpartition("@")[2]
+    for mark in "?#":  # a signed URL's query (X-Amz-Signature, a SAS token) or a fragment: never shown
+        if mark in tail:
+            tail = tail[:tail.index(mark)] + mark + "<redacted>"
+            break
+    return f"{scheme}://{authority}{tail}"
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets of every URL in it hidden: user-info (``key:secret@``) and the query
+    or fragment (a signed URL's signature or token) become ``<redacted>``; the rest stays readable.
+
+    Every message and log line that shows a URL a user gave goes through here (``packer.location``'s
+    display form, this module's refusals, the transports' error text).
+    """
+    return _URL_IN_TEXT.sub(lambda match: _redact_one(match.group()), text)
 
 
 def is_url(value: object) -> bool:
@@ -83,19 +108,23 @@ def parse_url(text: str | os.PathLike[str]) -> DatasetURL:
     """
     raw = os.fspath(text)
     if not is_url(raw):
-        raise OptionError(f"{raw!r} is not a URL (expected scheme://bucket/path with scheme one of "
+        raise OptionError(f"{redact(raw)!r} is not a URL (expected scheme://bucket/path with scheme one of "
                           f"{', '.join(SCHEMES)})")
-    parts = urlsplit(raw)
+    try:
+        parts = urlsplit(raw)
+    except ValueError as exc:  # a malformed host ("s3://[bucket/ds": an unclosed IPv6 bracket)
+        raise OptionError(f"{redact(raw)!r} is not a URL packer can read ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise OptionError(f"unsupported URL scheme {scheme!r} in {raw!r}; packer reads "
+        raise OptionError(f"unsupported URL scheme {scheme!r} in {redact(raw)!r}; packer reads "
                           f"{', '.join(s + '://' for s in SCHEMES)}")
     if parts.query or parts.fragment:
-        raise OptionError(f"a dataset URL takes no query or fragment: {raw!r} (store options go in "
+        raise OptionError(f"a dataset URL takes no query or fragment: {redact(raw)!r} (store options go in "
                           f"RemoteOptions, credentials come from the environment)")
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise OptionError(f"a file:// URL names a local folder (file:///path), got host {parts.netloc!r}")
+            raise OptionError(f"a file:// URL names a local folder (file:///path), got host "
+                              f"{_redact_one('file://' + parts.netloc)[len('file://'):]!r}")
         path = unquote(parts.path).rstrip("/") or "/"
         return DatasetURL(text=raw.rstrip("/"), scheme=scheme, bucket="", prefix=path)
     if "@" in parts.netloc:
@@ -103,8 +132,8 @@ def parse_url(text: str | os.PathLike[str]) -> DatasetURL:
                           "store's standard credential chain")
     bucket = parts.netloc
     if not bucket:
-        raise OptionError(f"no {'host' if scheme.startswith('http') else 'bucket'} in {raw!r}")
+        raise OptionError(f"no {'host' if scheme.startswith('http') else 'bucket'} in {redact(raw)!r}")
     prefix = unquote(parts.path).strip("/")
     if any(p in ("..", ".") for p in prefix.split("/") if p) or "//" in prefix:
-        raise OptionError(f"the path of {raw!r} is not a plain key prefix")
+        raise OptionError(f"the path of {redact(raw)!r} is not a plain key prefix")
     return DatasetURL(text=raw.rstrip("/"), scheme=scheme, bucket=bucket, prefix=prefix)

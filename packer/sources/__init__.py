@@ -6,7 +6,8 @@ integer, text that is one or the other, or none), the class names the source its
 (empty class folders, a ``ClassLabel`` list), where an archive member lives and the byte range
 it must stay inside, field values, and the entries it could not list, each with a reason. A door
 never receives the class list, ``--label-type``, the unlabeled rule or the size limits:
-``list_source(source, SourceOptions)`` hands the door its ``DoorOptions`` and applies every rule
+``list_source(source, SourceOptions)`` hands the door its ``DoorOptions`` (the recorded
+``SourceSettings`` with the declared fields) and applies every rule (``LabelSettings``)
 to what comes back, in one place (``apply_contract``): declared names unique, duplicates, member
 bounds and overlaps, decompression bombs, per-sample size limits, the label type, the class list
 (given, extended by ``append``, the source's own, or derived and sorted), unlabeled samples, and
@@ -24,22 +25,25 @@ bytes and calls its door. A new door is one module returning a ``RawListing`` bu
 
 from __future__ import annotations
 
-from .contract import SourceOptions, apply_contract, list_source
-from .detect import SOURCE_KINDS, list_raw
+from .contract import APPEND_ORIGIN, LabelSettings, SourceOptions, apply_contract, field_declaration, list_source
+from .detect import SOURCE_KINDS, detect_kind, list_raw, source_root
 from .labels import LABEL_TYPES, check_label_type
 from .listing import (
+    RECORDED_KINDS,
     REJECTION_REASONS,
     DoorOptions,
     RawListing,
     RawListingBuilder,
     Rejection,
     SourceListing,
+    SourceSettings,
     empty_source_error,
     file_stamp,
     rejection_summary,
     select_rows,
 )
 
-__all__ = ["SourceOptions", "list_source", "apply_contract", "DoorOptions", "RawListing", "RawListingBuilder",
-           "SOURCE_KINDS", "list_raw", "LABEL_TYPES", "REJECTION_REASONS", "Rejection", "SourceListing",
+__all__ = ["SourceOptions", "SourceSettings", "LabelSettings", "APPEND_ORIGIN", "list_source", "apply_contract",
+           "field_declaration", "DoorOptions", "RawListing", "RawListingBuilder", "SOURCE_KINDS", "RECORDED_KINDS",
+           "detect_kind", "source_root", "list_raw", "LABEL_TYPES", "REJECTION_REASONS", "Rejection", "SourceListing",
            "check_label_type", "empty_source_error", "file_stamp", "rejection_summary", "select_rows"]

@@ -70,6 +70,7 @@ class _Listing:
         self.stats: list[tuple[int, int]] = []
         self.declared_classes: tuple[str, ...] = ()  # class names a source declares (HF ClassLabel)
         self.declared_numbering = False
+        self.declared_across_splits = False  # declared_classes are every split's label strings (HF)
 
     # labels, as the door reads them (the contract types and numbers them)
     def name_label(self, name: str) -> tuple[int, int]:
@@ -139,6 +140,7 @@ class _Listing:
                 bounds.field_region[name] = np.frombuffer(regions, dtype=np.uint32).copy()
         return self.out.finish(root, kind, members=members, member_bounds=bounds,
                                declared_classes=self.declared_classes, declared_numbering=self.declared_numbering,
+                               declared_across_splits=self.declared_across_splits,
                                empty_what="the archive holds no packable members", empty_path=root, **extra)
 
 

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import OptionError, SourceError
 from ..fields import MAX_VALUE_BYTES, FieldSpec
 from ..files import MAX_USER_JSON_DEPTH, json_depth_exceeds, read_user_file
 from .fieldvalues import FieldRowBuilder
@@ -104,11 +104,12 @@ def coco_categories(source: str) -> list[tuple[int, str]]:
     """``[(coco id, name), ...]`` in label order, from a COCO-built ``labels`` field's ``source``.
 
     Raises:
-        ValueError: ``source`` is not one a COCO build wrote.
+        OptionError: ``source`` is not one a COCO build wrote.
     """
     head, found, table = source.partition(_CATEGORIES)
     if not found or not head.startswith("coco:"):
-        raise ValueError(f"not the source of a COCO-built labels field: {source[:80]!r}")
+        raise OptionError(f"expected the source of a COCO-built labels field ('coco:...{_CATEGORIES}[...]'), "
+                          f"got {source[:80]!r}")
     return [(int(i), str(name)) for i, name in json.loads(table)]
 
 
@@ -254,7 +255,7 @@ def list_coco(annotations: str | os.PathLike[str], door: DoorOptions = DoorOptio
         EmptySourceError: no image could be packed (naming the top reasons).
     """
     path = Path(annotations)
-    root = door.root
+    root = door.source.root
     root_path = Path(root) if root is not None else path.parent
     if not root_path.is_dir():
         raise SourceError("the image folder (--root) is not a folder", path=root_path)

@@ -54,21 +54,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from ..classes import load_class_list
 from ..errors import OptionError, SourceError
-from ..fields import MAX_VALUE_BYTES, FieldSpec
+from ..fields import MAX_VALUE_BYTES, FieldSpec, check_declarations, parse_field_option, specs_from_json
 from .archive_listing import ARCHIVE_KINDS, DEFAULT_MAX_MEMBER_SIZE, MAX_EXPANSION
 from .blobs import gather_blob
 from .detect import list_raw
 from .labels import STRICT_INT, check_label_type, loose_int
 from .listing import (INT_LABEL, NAME_LABEL, TEXT_LABEL, DoorOptions, RawListing, Rejection, SourceListing,
-                      empty_source_error)
+                      SourceSettings, empty_source_error)
 from .members import RAW, member_spans
 
-__all__ = ["SourceOptions", "apply_contract", "list_source", "MAX_META_BYTES", "ON_ERROR"]
+__all__ = ["SourceOptions", "LabelSettings", "APPEND_ORIGIN", "apply_contract", "list_source", "field_declaration",
+           "MAX_META_BYTES", "ON_ERROR"]
 
 #: A sample's metadata (JSON) is at most this long: more is ``bad-metadata``.
 MAX_META_BYTES = MAX_VALUE_BYTES
@@ -84,35 +86,105 @@ _TOTAL_FLOOR = 1 << 30
 _INT64 = range(-(1 << 63), 1 << 63)
 
 
+#: ``LabelSettings.classes_origin`` of the class list ``packer append`` gives: the dataset's own.
+APPEND_ORIGIN = "the class list of the dataset appended to"
+
+
+@dataclass(frozen=True)
+class LabelSettings:
+    """What a build records about its labels (the ``labels`` part of ``packer.BuildSettings``).
+
+    Attributes:
+        classes: a fixed class list (label ``i`` is ``classes[i]``), or None to number the classes
+            found; ``()`` means the labels must be integers (an ``append`` to a dataset without
+            names). Also accepts what ``--classes`` does (a file of names, or ``"a,b,c"``), read
+            once here.
+        classes_origin: where the list came from, as the user gave it (``"--classes"``,
+            ``"--classes-from /data/train"``): every message about the list names it. Provenance,
+            not content: not compared when a build is resumed.
+        label_type: how labels written as text are read: ``"auto"``, ``"int"`` or ``"str"``
+            (``labels.LABEL_TYPES``; ``--label-type``).
+        fields: declared fields (``packer/fields.py``) as manifest-style declarations; also
+            accepts ``--field`` strings and ``FieldSpec`` objects, normalised here.
+    """
+
+    classes: tuple[str, ...] | None = field(default=None, metadata={"option": "--classes"})
+    classes_origin: str = field(default="--classes", compare=False)
+    label_type: str = field(default="auto", metadata={"option": "--label-type"})
+    fields: tuple[dict[str, Any], ...] = field(default=(), metadata={"option": "--field"})
+
+    def __post_init__(self) -> None:
+        if self.fields:
+            object.__setattr__(self, "fields", tuple(field_declaration(item) for item in self.fields))
+        if self.classes_origin is None:  # a record of a build without a class list
+            object.__setattr__(self, "classes_origin", "--classes")
+        if isinstance(self.classes, list):  # from JSON (a saved plan, a manifest's build record)
+            object.__setattr__(self, "classes", tuple(self.classes))
+        elif isinstance(self.classes, (str, os.PathLike)):
+            object.__setattr__(self, "classes", load_class_list(self.classes))
+
+    @property
+    def field_specs(self) -> tuple[FieldSpec, ...]:
+        """The declared fields as ``FieldSpec`` objects (before listing: a ``classes`` field
+        without names has no class list yet)."""
+        return specs_from_json(self.fields)
+
+    def check(self) -> "LabelSettings":
+        """Refuse a label type, class list or field declaration no rule knows.
+
+        Raises:
+            OptionError: naming the option (``--label-type``, the class list's origin, ``--field``).
+        """
+        check_label_type(self.label_type)
+        if self.classes is not None:
+            load_class_list(self.classes, what=self.classes_origin)  # an empty list, duplicates, non-strings
+        check_declarations(self.field_specs)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"classes": None if self.classes is None else list(self.classes),
+                "classes_origin": self.classes_origin if self.classes is not None else None,
+                "label_type": self.label_type, "fields": [dict(item) for item in self.fields]}
+
+
+def field_declaration(item: Any) -> dict[str, Any]:
+    """One declared field, given as a ``--field`` string, a ``FieldSpec`` or a declaration object,
+    as its canonical declaration.
+
+    Raises:
+        OptionError: anything else, or a declaration that does not parse.
+    """
+    if isinstance(item, str):
+        return parse_field_option(item).to_json()
+    if isinstance(item, FieldSpec):
+        return item.to_json()
+    if isinstance(item, dict):
+        return specs_from_json([item])[0].to_json()
+    raise OptionError(f"a field is declared by a --field string, a FieldSpec or a declaration object, "
+                      f"got {item!r}")
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """What a build asks of its source: how to read it (handed to the door, ``door``) and the
     rules the contract applies (never handed to a door).
 
     Attributes:
-        root, source_kind, label_field, image_column, fields, spool_dir, progress: for the door
-            (``listing.DoorOptions``).
-        classes: the class list given (label ``i`` is ``classes[i]``), or None to derive one;
-            ``()`` means the labels must be integers (an ``append`` to a dataset without names).
-        classes_origin: how the list was given, for messages.
+        source: the source settings (kind, root, label field, image column): the door's.
+        labels: the label settings (class list and its origin, label type, declared fields):
+            the contract's, except the declared fields, which the door also receives.
+        spool_dir, progress: for the door (``listing.DoorOptions``).
         new_classes: ``"reject"`` or ``"extend"`` (see ``NEW_CLASSES``).
-        label_type: ``"auto"``, ``"int"`` or ``"str"`` (``labels.LABEL_TYPES``).
         on_error: ``"skip"`` or ``"fail"`` (``ON_ERROR``).
         max_member_size: an archive member larger than this is ``oversize-member``.
         max_file_size: any entry larger than this is ``file-too-large`` (None: no limit).
     """
 
-    root: Path | None = None
-    source_kind: str = "auto"
-    label_field: str = "label"
-    image_column: str | None = None
-    fields: tuple[FieldSpec, ...] = ()
+    source: SourceSettings = SourceSettings()
+    labels: LabelSettings = LabelSettings()
     spool_dir: Path | None = None
     progress: Callable[[int], None] | None = field(default=None, compare=False)
-    classes: tuple[str, ...] | None = None
-    classes_origin: str = "--classes"
     new_classes: str = "reject"
-    label_type: str = "auto"
     on_error: str = "skip"
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
     max_file_size: int | None = None
@@ -120,13 +192,12 @@ class SourceOptions:
     @property
     def door(self) -> DoorOptions:
         """The part a door receives."""
-        return DoorOptions(root=Path(self.root) if self.root is not None else None, source_kind=self.source_kind,
-                           label_field=self.label_field, image_column=self.image_column,
-                           fields=tuple(self.fields), spool_dir=self.spool_dir, progress=self.progress)
+        return DoorOptions(source=self.source, fields=self.labels.field_specs, spool_dir=self.spool_dir,
+                           progress=self.progress)
 
     def check(self) -> "SourceOptions":
         """Raises OptionError for a value no rule knows."""
-        check_label_type(self.label_type)
+        check_label_type(self.labels.label_type)
         if self.on_error not in ON_ERROR:
             raise OptionError(f"--on-error must be 'skip' or 'fail', got {self.on_error!r}")
         if self.new_classes not in NEW_CLASSES:
@@ -167,6 +238,9 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
     _member_bounds(raw, keep, rows)
     _sizes(raw, options, keep, rows)
     classes, labels, label_type = _labels(raw, options, declared, keep, rows)
+    class_order = None if label_type != "str" else (
+        "given" if options.labels.classes else "source" if raw.declared_numbering
+        else "splits" if raw.declared_across_splits else "sorted")
     rejected = list(raw.rejected) + [Rejection(raw.key(row), reason, message) for row, reason, message in sorted(rows)]
     if options.on_error == "fail":
         strict = [(row, reason, message) for row, reason, message in sorted(rows)
@@ -184,7 +258,8 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
         return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=raw.key_blob,
                              key_offsets=raw.key_offsets, sizes=raw.sizes, labels=labels, meta_blob=raw.meta_blob,
                              meta_offsets=raw.meta_offsets, rejected=rejected, label_type=label_type,
-                             warnings=list(raw.warnings), stamps=raw.stamps, members=raw.members, fields=raw.fields)
+                             warnings=list(raw.warnings), stamps=raw.stamps, members=raw.members, fields=raw.fields,
+                             class_order=class_order)
     keys, key_offsets = gather_blob(raw.key_blob, raw.key_offsets, selected)
     meta, meta_offsets = gather_blob(raw.meta_blob, raw.meta_offsets, selected)
     return SourceListing(root=raw.root, kind=raw.kind, classes=classes, key_blob=keys, key_offsets=key_offsets,
@@ -192,7 +267,8 @@ def apply_contract(raw: RawListing, options: SourceOptions = SourceOptions()) ->
                          meta_offsets=meta_offsets, rejected=rejected, label_type=label_type,
                          warnings=list(raw.warnings), stamps=raw.stamps[selected],
                          members=raw.members.select(selected) if raw.members is not None else None,
-                         fields=raw.fields.select(selected) if raw.fields is not None else None)
+                         fields=raw.fields.select(selected) if raw.fields is not None else None,
+                         class_order=class_order)
 
 
 # --- 1. declared classes ------------------------------------------------------------------------------
@@ -229,6 +305,7 @@ _DUPLICATE = {
     "manifest": "the manifest lists this path more than once",
     "coco": "the COCO file lists this file_name more than once; the first is packed",
     "folder": "the folder lists this key more than once (a name escaped to the same key); the first is packed",
+    "python": "two samples were written with this key (an fn's \"key\"); the first is packed",
 }
 
 
@@ -402,7 +479,7 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
             rows: list[tuple[int, str, str]]) -> tuple[tuple[str, ...], np.ndarray, str]:
     """(class list, int64 label per raw row, label type); rejects rows by the label rules."""
     kinds, values, texts = raw.label_kinds, raw.label_values, raw.label_texts
-    given = options.classes
+    given = options.labels.classes
     names_given = bool(given)
     count = len(raw)
     # every row typed as: none, an integer (value), a name (index into `names`), or bad (a message)
@@ -423,7 +500,7 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
     text_kind = np.zeros(len(texts), dtype=np.uint8)
     text_value = np.zeros(len(texts), dtype=np.int64)
     for number, text in enumerate(texts):
-        kind, result, message = _type_text(text, options.label_type, names_given)
+        kind, result, message = _type_text(text, options.labels.label_type, names_given)
         text_kind[number] = kind
         if kind == _TYPED_NAME:
             text_value[number] = intern(str(result))
@@ -440,7 +517,7 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
         name_ids = np.array([intern(text) for text in texts], dtype=np.int64)
         typed[is_name] = _TYPED_NAME
         value[is_name] = name_ids[values[is_name]]
-        if options.label_type == "int":
+        if options.labels.label_type == "int":
             messages.append("the label is a class name (the source's folder or class tar), not an integer "
                             "(--label-type int)")
             typed[is_name] = _TYPED_BAD
@@ -459,7 +536,7 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
             keep[row] = False
             rows.append((row, "unknown-class", f"label {int(value[row])} is outside the {len(declared)} class names "
                                                f"the source declares (ClassLabel)"))
-    elif integers.any() and options.label_type == "str":  # every label a class name: 3 is "3"
+    elif integers.any() and options.labels.label_type == "str":  # every label a class name: 3 is "3"
         distinct, inverse = np.unique(value[integers], return_inverse=True)
         value[integers] = np.array([intern(str(integer)) for integer in distinct.tolist()], dtype=np.int64)[inverse]
         typed[integers] = _TYPED_NAME
@@ -488,13 +565,13 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
 
     if given:
         labelless = raw.declared_unlabeled or (not len(live_int) and not len(live_name) and unlabeled.any())
-        if labelless and options.new_classes == "reject" and options.classes_origin == "--classes":
+        if labelless and options.new_classes == "reject" and options.labels.classes_origin != APPEND_ORIGIN:
             coco = "; the objects' categories are the 'labels' field" if raw.kind == "coco" else ""
-            raise OptionError(f"--classes does not apply to a {_KIND_NAMES.get(raw.kind, raw.kind)} source: its "
+            raise OptionError(f"{options.labels.classes_origin} does not apply to a {_KIND_NAMES.get(raw.kind, raw.kind)} source: its "
                               f"samples have no main label (-1){coco}")
         classes = list(given)
         position = {name: i for i, name in enumerate(classes)}
-        if options.new_classes == "extend" and options.label_type == "auto":
+        if options.new_classes == "extend" and options.labels.label_type == "auto":
             _refuse_integers_as_new_names(raw, names, value, live_name[is_text[live_name]], position)
         if options.new_classes == "extend":
             for name in sorted({names[i] for i in value[live_name].tolist()} - set(position), key=str.encode):
@@ -505,13 +582,13 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
         for row in live_name[labels[live_name] < 0].tolist():
             keep[row] = False
             rows.append((row, "unknown-class", f"class {names[int(value[row])]!r} is not in the class list "
-                                               f"({options.classes_origin})"))
+                                               f"({options.labels.classes_origin})"))
         in_range = (value[live_int] >= 0) & (value[live_int] < len(given))
         labels[live_int[in_range]] = value[live_int[in_range]]
         for row in live_int[~in_range].tolist():
             keep[row] = False
             rows.append((row, "unknown-class", f"label {int(value[row])} is outside the {len(given)} classes given "
-                                               f"({options.classes_origin})"))
+                                               f"({options.labels.classes_origin})"))
         _reject_unlabeled(raw, unlabeled, keep, rows)
         return tuple(classes), labels, "str"
 

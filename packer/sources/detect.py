@@ -3,7 +3,8 @@ WebDataset (brace pattern, folder of tars, or a tar of samples), COCO, a Hugging
 ``save_to_disk`` folder, Parquet, a zip, a tar of class folders or class tars, else an image
 folder or a manifest.
 
-``list_raw`` is the one dispatcher. It hands each door a ``DoorOptions`` and nothing else: the
+``detect_kind`` is the one place a source's kind is decided (a build calls it once and records
+the kind); ``list_raw`` is the one dispatcher. It hands each door a ``DoorOptions`` and nothing else: the
 rules (class list, label type, unlabeled samples, bounds) are applied to what it returns by
 ``contract.apply_contract``.
 """
@@ -30,7 +31,7 @@ from .tar import _archive_errors, list_tar
 from .webdataset import _looks_like_webdataset, list_webdataset
 from .zip import list_zip
 
-__all__ = ["SOURCE_KINDS", "MAX_BRACE_NAMES", "expand_braces", "list_raw"]
+__all__ = ["SOURCE_KINDS", "MAX_BRACE_NAMES", "expand_braces", "detect_kind", "source_root", "list_raw"]
 
 #: Accepted values of ``source_kind``.
 SOURCE_KINDS = ("auto", "folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf")
@@ -131,62 +132,108 @@ def _sniff(path: Path) -> str | None:
     return sniff_container(path, strict=True)
 
 
+def detect_kind(source: str | os.PathLike[str], source_kind: str = "auto") -> str:
+    """The kind of door that reads ``source``: recognised by its bytes (``"auto"``), or checked
+    against them when ``source_kind`` names one. The one place a source's kind is decided: a build
+    detects it once and records it (``SourceSettings.kind``); nothing downstream guesses it.
+
+    Returns:
+        One of ``"folder"``, ``"manifest"``, ``"tar"``, ``"zip"``, ``"webdataset"``, ``"parquet"``,
+        ``"coco"``, ``"hf"`` (a file named as ``"folder"`` is a manifest, a folder named as
+        ``"manifest"`` an image folder: they share one door).
+
+    Raises:
+        OptionError: an unknown ``source_kind``.
+        SourceError: the bytes are not the kind named, or the source is an unreadable archive.
+        MissingDependencyError: the bytes say what the source is, and its reader is not installed.
+    """
+    return _detect(os.fspath(source), source_kind)[0]
+
+
+def source_root(source: str | os.PathLike[str], kind: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """The folder a ``kind`` source's keys are relative to: the image folder itself, ``root`` or the
+    folder of a manifest or COCO file; for the kinds whose samples are archive members, columns
+    or shards, the source as given (their keys name no file)."""
+    if kind in ("manifest", "coco"):
+        return Path(root) if root is not None else Path(source).parent
+    return Path(source)
+
+
+def _detect(text: str, source_kind: str) -> tuple[str, object]:
+    """(kind, what its door is given: the WebDataset shards, the Parquet files, else None)."""
+    if source_kind not in SOURCE_KINDS:
+        raise OptionError(f"--source-kind must be one of {', '.join(SOURCE_KINDS)}, got {source_kind!r}")
+    if source_kind in ("folder", "manifest"):
+        return ("manifest" if Path(text).is_file() else "folder"), None
+    shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
+    if shards is not None:
+        return "webdataset", shards
+    path = Path(text)
+    if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
+        return "coco", None
+    if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
+        return "hf", None
+    parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
+    if parquet is not None:
+        return "parquet", parquet
+    kind = _sniff(path) if path.is_file() else None
+    if kind is None:
+        if source_kind != "auto":
+            raise SourceError(f"--source-kind {source_kind}: the source is not a readable {source_kind} archive",
+                              path=path)
+        return ("manifest" if path.is_file() else "folder"), None
+    if kind == "zip":
+        if source_kind not in ("auto", "zip"):
+            raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
+        return "zip", None
+    if kind == "parquet":  # --source-kind names another kind
+        raise SourceError(f"--source-kind {source_kind}: the source is a Parquet file", path=path)
+    with _archive_errors(path):
+        samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
+    if samples:
+        return "webdataset", [path]
+    if source_kind == "zip":
+        raise SourceError("--source-kind zip: the source is a tar archive", path=path)
+    return "tar", None
+
+
 def list_raw(source: str | os.PathLike[str], door: DoorOptions = DoorOptions()) -> RawListing:
     """List any source with its door: an archive (tar, zip, WebDataset), Parquet, COCO, else a
     folder or a manifest. The door's listing, labels as written; no rule applied yet.
 
     Args:
         source: a folder, a manifest, an archive, a folder of WebDataset shards, or a brace pattern.
-        door: what the doors may know (``listing.DoorOptions``).
+        door: what the doors may know (``listing.DoorOptions``); ``door.source.kind`` is
+            ``"auto"`` or the kind ``detect_kind`` found (or the user named).
 
     Raises:
         SourceError: the source is unusable (missing, damaged archive, decompression bomb).
         OptionError: an unknown ``source_kind``, or fields for a door that takes none.
         MissingDependencyError: the bytes say what the source is, and its reader is not installed.
     """
-    source_kind = door.source_kind
-    if source_kind not in SOURCE_KINDS:
-        raise OptionError(f"--source-kind must be one of {', '.join(SOURCE_KINDS)}, got {source_kind!r}")
     text = os.fspath(source)
-    if source_kind in ("folder", "manifest"):
-        return _folder_or_manifest(text, door)
-    shards = _webdataset_shards(text) if source_kind in ("auto", "webdataset") else None
-    if shards is not None:
-        return list_webdataset(shards, door)
+    kind, found = _detect(text, door.source.kind)
     path = Path(text)
-    if source_kind == "coco" or (source_kind == "auto" and path.is_file() and looks_like_coco(path)):
+    if kind == "webdataset":
+        return list_webdataset(found, door)  # type: ignore[arg-type]
+    if kind == "coco":
         _no_fields(door.fields, "a COCO annotation file (it declares its own fields: boxes, labels, iscrowd, area, "
                                 "image_id)")
         return list_coco(path, door)
-    if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
+    if kind == "hf":
         _no_fields(door.fields, "a Hugging Face save_to_disk folder (its fields come from its features)")
         return list_hf_disk(path, door)
-    parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
-    if parquet is not None:
+    if kind == "parquet":
         _no_fields(door.fields, "a Parquet source")
-        return list_parquet(parquet, door)
-    kind = _sniff(path) if path.is_file() else None
-    if kind is None:
-        if source_kind != "auto":
-            raise SourceError(f"--source-kind {source_kind}: the source is not a readable {source_kind} archive",
-                              path=path)
-        return _folder_or_manifest(text, door)
+        return list_parquet(found, door)  # type: ignore[arg-type]
     if kind == "zip":
-        if source_kind not in ("auto", "zip"):
-            raise SourceError(f"--source-kind {source_kind}: the source is a zip archive", path=path)
         _no_fields(door.fields, "a zip of class folders")
         return list_zip(path, door)
-    if kind == "parquet":  # --source-kind names another kind
-        raise SourceError(f"--source-kind {source_kind}: the source is a Parquet file", path=path)
-    with _archive_errors(path):
-        samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
-    if samples:
-        return list_webdataset([path], door)
-    if source_kind == "zip":
-        raise SourceError("--source-kind zip: the source is a tar archive", path=path)
-    _no_fields(door.fields, "a tar of class folders (a tar of samples, key.jpg + key.json, is a WebDataset: "
-                            "--source-kind webdataset)")
-    return list_tar(path, door)
+    if kind == "tar":
+        _no_fields(door.fields, "a tar of class folders (a tar of samples, key.jpg + key.json, is a WebDataset: "
+                                "--source-kind webdataset)")
+        return list_tar(path, door)
+    return _folder_or_manifest(path, kind, door)
 
 
 def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
@@ -195,14 +242,13 @@ def _no_fields(fields: Sequence[FieldSpec], what: str) -> None:
                           f"manifest, an image folder with side files, or a WebDataset")
 
 
-def _folder_or_manifest(source: str, door: DoorOptions) -> RawListing:
-    """List a folder or a manifest file, whichever ``source`` is.
+def _folder_or_manifest(path: Path, kind: str, door: DoorOptions) -> RawListing:
+    """List a folder or a manifest file, as ``kind`` says.
 
     A file whose first bytes say it is a compressed stream the manifest reader cannot be is
     named for what it is (a ``.tar.zst`` without zstandard), not called a bad manifest.
     """
-    path = Path(source)
-    if path.is_file():
+    if kind == "manifest":
         handle, _ = open_user_file(path, what="the source", error=SourceError)  # never blocks on a FIFO
         with handle:
             head = handle.read(1024)
@@ -214,4 +260,3 @@ def _folder_or_manifest(source: str, door: DoorOptions) -> RawListing:
                               path=path)
         return list_manifest(path, door)
     return list_image_folder(path, door)
-

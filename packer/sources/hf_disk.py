@@ -19,7 +19,7 @@ Columns:
 * the **image**: ``image_column``, else the first ``Image`` feature (``image``/``img`` first),
   else a binary or ``{bytes, path}`` column; a row's key is its image ``path`` when set, else
   ``<row>`` (9 digits, counted across the data files). A null image is ``not-an-image``.
-* the **label**: ``door.label_field`` (default ``label``), absent: no label; a ``ClassLabel``
+* the **label**: ``door.source.label_field`` (default ``label``), absent: no label; a ``ClassLabel``
   declares its names (the source numbers its classes), an integer column gives integers, a
   string column class names. HF's -1 (or null) is "no label": what happens to an unlabeled row
   is the source contract's rule, the same for every door (``contract.py``: rejected as
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -55,7 +56,7 @@ from .members import container_stat
 from .parquet import _parquet_label
 from .webdataset import LABEL_REJECTION
 
-__all__ = ["hf_disk_folder", "list_hf_disk", "HF_STATE", "HF_INFO", "HF_DICT"]
+__all__ = ["hf_disk_folder", "list_hf_disk", "column_plan", "ColumnPlan", "HF_STATE", "HF_INFO", "HF_DICT"]
 
 logger = logging.getLogger("packer.build")
 
@@ -257,6 +258,47 @@ def _clean_key(name: str | None) -> str | None:
     return "/".join(parts)
 
 
+@dataclass(frozen=True)
+class ColumnPlan:
+    """What a ``datasets`` table's columns become: the ``image`` column, the ``label`` column (None:
+    there is none), the label's ``ClassLabel`` names (``classes``, empty when it has none) and the
+    ``fields`` the other columns map to (module docstring)."""
+
+    image: str
+    label: str | None
+    classes: tuple[str, ...]
+    fields: tuple[FieldSpec, ...]
+
+
+def column_plan(features: Mapping[str, Any], *, image_column: str | None, label_column: str,
+                where: Any) -> ColumnPlan:
+    """The columns' roles, from the features (``dataset_info.json``'s, or ``Features.to_dict()`` of a
+    ``datasets.Dataset`` in memory): the rules of the module docstring, for this door and for
+    ``packer.pack(dataset)``. A column that does not map is left out with a warning.
+
+    Raises:
+        SourceError: no image column (or the one named is missing); columns that do not fit one index.
+    """
+    image = _pick_image(features, image_column, where)
+    specs: list[FieldSpec] = []
+    for name, feature in features.items():
+        if name in (image, label_column):
+            continue
+        spec = _field_of(name, feature)
+        if isinstance(spec, str):
+            logger.warning("column %r is not stored (%s)", name, spec)
+        elif len(specs) == MAX_FIELDS:
+            logger.warning("column %r is not stored (at most %d fields)", name, MAX_FIELDS)
+        else:
+            specs.append(spec)
+    try:
+        check_declarations(specs, error=SourceError)
+    except SourceError as exc:
+        raise SourceError(f"the columns do not fit one index: {exc.message}", path=where) from None
+    return ColumnPlan(image, label_column if label_column in features else None,
+                      _class_names(features.get(label_column)) or (), tuple(specs))
+
+
 def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     """List a Hugging Face ``save_to_disk`` dataset folder (see the module docstring).
 
@@ -272,31 +314,17 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                           f"the splits share one class list", path=path)
     if door.spool_dir is None:
         raise SourceError("a Hugging Face source needs a spool folder (build it through packer build)", path=path)
-    label_column = door.label_field
+    label_column = door.source.label_field
     features = _features(path)
     files = _data_files(path)
-    image = _pick_image(features, door.image_column, path)
+    columns_plan = column_plan(features, image_column=door.source.image_column, label_column=label_column, where=path)
+    image, specs = columns_plan.image, list(columns_plan.fields)
     siblings: list[Path] = []
     if (path.parent / HF_DICT).is_file() and path.name in _splits(path.parent):
         siblings = [path.parent / s for s in _splits(path.parent) if s != path.name]
 
     label_feature = features.get(label_column)
     names = _class_names(label_feature)
-    specs: list[FieldSpec] = []
-    for name, feature in features.items():
-        if name in (image, label_column):
-            continue
-        spec = _field_of(name, feature)
-        if isinstance(spec, str):
-            logger.warning("column %r is not stored (%s)", name, spec)
-        elif len(specs) == MAX_FIELDS:
-            logger.warning("column %r is not stored (at most %d fields)", name, MAX_FIELDS)
-        else:
-            specs.append(spec)
-    try:
-        check_declarations(specs, error=SourceError)
-    except SourceError as exc:
-        raise SourceError(f"the columns do not fit one index: {exc.message}", path=path) from None
 
     out = _Listing(door.progress, specs)
     string_labels = (label_feature is not None and _kind(label_feature) == "Value"
@@ -312,6 +340,7 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     elif string_labels and siblings:
         # one class list across the splits: every split declares the names found in all of them
         out.declared_classes = tuple(sorted(_string_labels([path, *siblings], label_column), key=str.encode))
+        out.declared_across_splits = True
 
     spool_dir = door.spool_dir
     spool_dir.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,11 @@ REJECTION_REASONS = {
                  "or its second image file is missing or not an image",
     "ambiguous-image": ("a sample of several files (side files, WebDataset) with more than one image that no "
                         "declared field takes"),
+    # samples written from Python (packer.Writer, packer.pack: sources/python.py)
+    "bad-sample": ("a value written from Python that is not a sample: an image that is not encoded bytes, a PIL "
+                   "image, a uint8 HxWxC array or a uint8 CxHxW tensor, or a sample that is neither an image, "
+                   "an (image, target) pair nor a dict with an 'image'"),
+    "fn-error": "packer.pack's fn raised on this input (the input, the exception's type and message, its last frame)",
     "bad-annotation": ("a COCO annotation that is malformed (box, area, iscrowd, category) or names an image "
                        "or category the file does not have"),
 }
@@ -86,6 +91,42 @@ class Rejection:
 
 # --- what a door is given ------------------------------------------------------------------------
 
+#: The source kinds a build records (``SourceSettings.kind`` once detected): every door of
+#: ``detect.list_raw``, and ``"python"`` for samples written from Python (no door lists them).
+RECORDED_KINDS = ("folder", "manifest", "tar", "zip", "webdataset", "parquet", "coco", "hf", "python")
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What a build records about its source: the door's kind and the options that say how to read
+    it (the ``source`` part of ``packer.BuildSettings``, in the manifest's build record).
+
+    Attributes:
+        kind: ``"auto"`` until the source is recognised by its bytes (``detect.detect_kind``, once
+            per build), then the door's kind (``RECORDED_KINDS``); ``--source-kind``.
+        root: the folder a manifest's or a COCO file's paths are relative to (default: its
+            folder); ``--root``. Where the bytes are, not what they are: not compared when a
+            build is resumed (the source probes check the files instead).
+        label_field: the WebDataset ``.json`` member's field, or the Parquet / Hugging Face column,
+            holding the label; ``--label-field``.
+        image_column: the Parquet / Hugging Face column holding the images (default: found by its
+            type); ``--image-column``.
+    """
+
+    kind: str = field(default="auto", metadata={"option": "--source-kind"})
+    root: Path | None = field(default=None, compare=False, metadata={"option": "--root"})
+    label_field: str = field(default="label", metadata={"option": "--label-field"})
+    image_column: str | None = field(default=None, metadata={"option": "--image-column"})
+
+    def __post_init__(self) -> None:
+        if self.root is not None and not isinstance(self.root, Path):
+            object.__setattr__(self, "root", Path(self.root))
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "root": None if self.root is None else os.fspath(self.root),
+                "label_field": self.label_field, "image_column": self.image_column}
+
+
 @dataclass(frozen=True)
 class DoorOptions:
     """Everything a door may know: how to *read* the source, never the rules applied to it.
@@ -94,19 +135,13 @@ class DoorOptions:
     contract's (``contract.SourceOptions``); no door receives them, so no door can apply its own.
 
     Attributes:
-        root: the folder a manifest's (or a COCO file's) paths are relative to (default: its folder).
-        source_kind: ``"auto"`` (by content) or one of ``detect.SOURCE_KINDS`` to insist.
-        label_field: the WebDataset ``.json`` member's field, or the Parquet column, holding the label.
-        image_column: the Parquet column holding the images (default: found by its type).
+        source: the recorded source settings (kind, root, label field, image column), as given.
         fields: declared fields (``packer.fields``), for the doors whose samples carry them.
         spool_dir: where a compressed tar or Parquet images are copied to (the output's staging).
         progress: called with the running count of entries every 10,000 entries.
     """
 
-    root: Path | None = None
-    source_kind: str = "auto"
-    label_field: str = "label"
-    image_column: str | None = None
+    source: SourceSettings = SourceSettings()
     fields: tuple[FieldSpec, ...] = ()
     spool_dir: Path | None = None
     progress: Callable[[int], None] | None = field(default=None, compare=False)
@@ -142,6 +177,8 @@ class RawListing:
             empty class folder; a HuggingFace ``ClassLabel`` list).
         declared_numbering: the source numbers ``declared_classes``: its integer label ``k``
             means ``declared_classes[k]`` (``ClassLabel``); otherwise they only join the names found.
+        declared_across_splits: ``declared_classes`` are the label strings of every split the
+            source belongs to (a Hugging Face ``DatasetDict``), so each split numbers them alike.
         declared_unlabeled: the kind of source has no main labels at all (COCO: the objects'
             categories are a field), so a class list cannot apply to it.
         warnings: things the user should know before a long build.
@@ -166,6 +203,7 @@ class RawListing:
     rejected: list[Rejection] = field(default_factory=list)
     declared_classes: tuple[str, ...] = ()
     declared_numbering: bool = False
+    declared_across_splits: bool = False
     declared_unlabeled: bool = False
     warnings: list[str] = field(default_factory=list)
     members: MemberTable | None = None
@@ -290,6 +328,11 @@ class SourceListing:
             at the same size. Empty when the listing records none.
         members: where each entry lives inside an archive source (sources/members.py); None for
             a folder or manifest, whose keys are paths.
+        class_order: for class-name labels, how ``classes`` were numbered:
+            ``"given"`` (``--classes``, ``--classes-from``, an append's dataset), ``"source"`` (the
+            source's own numbering, a ``ClassLabel``, kept in its order), ``"splits"`` (the label
+            strings of every split of the source, sorted) or ``"sorted"`` (the names found here,
+            sorted); None for integer labels, none, or a plan saved before it was recorded.
     """
 
     root: Path
@@ -308,6 +351,7 @@ class SourceListing:
     members: MemberTable | None = None
     #: Declared fields' values per entry (sources/fieldvalues.py); None without ``--field``.
     fields: FieldTable | None = None
+    class_order: str | None = None
 
     def stamp(self, i: int) -> int:
         """Entry ``i``'s ``file_stamp`` at listing time, 0 when not recorded."""
@@ -374,4 +418,5 @@ def select_rows(listing: SourceListing, keep: np.ndarray) -> SourceListing:
                          stamps=listing.stamps[rows] if len(listing.stamps) == len(listing.sizes)
                          else np.zeros(0, dtype=np.uint64),
                          members=listing.members.select(rows) if listing.members is not None else None,
-                         fields=listing.fields.select(rows) if listing.fields is not None else None)
+                         fields=listing.fields.select(rows) if listing.fields is not None else None,
+                         class_order=listing.class_order)

@@ -260,7 +260,7 @@ def list_manifest(manifest: str | os.PathLike[str], door: DoorOptions = DoorOpti
     fields = door.fields
     if not manifest_path.is_file():
         raise SourceError("manifest file does not exist", path=manifest_path)
-    root_path = Path(door.root) if door.root is not None else manifest_path.parent
+    root_path = Path(door.source.root) if door.source.root is not None else manifest_path.parent
     if not root_path.is_dir():
         raise SourceError("manifest root is not a folder", path=root_path)
     jsonl = manifest_path.suffix.lower() in (".jsonl", ".ndjson")

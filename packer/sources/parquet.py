@@ -132,8 +132,8 @@ def _class_label_names(schema: Any, column: str, path: Path) -> tuple[str, ...]:
 def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawListing:
     """List Parquet files (HuggingFace datasets on disk): one sample per row.
 
-    The image column (``door.image_column``, else found by type) is a struct with ``bytes`` (and
-    ``path``) or a binary column; the label column (``door.label_field``) an integer (named by
+    The image column (``door.source.image_column``, else found by type) is a struct with ``bytes`` (and
+    ``path``) or a binary column; the label column (``door.source.label_field``) an integer (named by
     the file's ``ClassLabel`` metadata when it holds them: the source then numbers its classes)
     or a string. Parquet pages are compressed and cannot be read by offset, so the image bytes
     are copied once, in row order, into a spool in the staging folder that the workers then read
@@ -165,9 +165,9 @@ def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawLis
             except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
                 raise SourceError(f"not a readable Parquet file: {exc}", path=path) from None
             schema = handle.schema_arrow
-            image = _image_column(schema, door.image_column, path)
-            columns = [image] + ([door.label_field] if door.label_field in schema.names else [])
-            names = _class_label_names(schema, door.label_field, path)
+            image = _image_column(schema, door.source.image_column, path)
+            columns = [image] + ([door.source.label_field] if door.source.label_field in schema.names else [])
+            names = _class_label_names(schema, door.source.label_field, path)
             if names:
                 if declared is not None and declared != names:
                     raise SourceError("the Parquet files declare different ClassLabel names", path=path)
@@ -189,7 +189,7 @@ def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawLis
                         if not data or not isinstance(data, bytes):
                             out.reject(key, "not-an-image", "the row's image has no bytes")
                             continue
-                        value_label, why = _parquet_label(label, out, door.label_field)
+                        value_label, why = _parquet_label(label, out, door.source.label_field)
                         if value_label is None:
                             out.reject(key, LABEL_REJECTION, why)
                             continue

@@ -157,7 +157,7 @@ def _list_shard(shard: Path, index: int, out: _Listing, door: DoorOptions) -> No
     for archive, _, name, member in all_file_members(opened, out):
         key, suffix = split_key(name)
         if key != current and sample:
-            _sample(sample, out, opened.container, door.label_field)
+            _sample(sample, out, opened.container, door.source.label_field)
             sample, budget, read_kinds = [], MAX_SAMPLE_READ_BYTES, set()
         current = key
         if len(sample) >= MAX_SAMPLE_MEMBERS:
@@ -180,7 +180,7 @@ def _list_shard(shard: Path, index: int, out: _Listing, door: DoorOptions) -> No
             budget -= len(data)
         sample.append((name, member, data))
     if sample:
-        _sample(sample, out, opened.container, door.label_field)
+        _sample(sample, out, opened.container, door.source.label_field)
 
 
 def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

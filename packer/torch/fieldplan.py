@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..codecs import keeps_source_geometry
+from ..codecs import codec_for
 from ..dataset import Dataset, DatasetIndex
 from ..errors import IndexMismatchError, OptionError
 from ..fields import READ_FIELDS
@@ -99,10 +99,11 @@ def _check_geometry(geometry: Mapping[str, Any] | None, names: tuple[str, ...], 
         checked[name] = kinds
     boxes = [name for name, kinds in checked.items() if "xyxy" in kinds]
     moved = [name for name, kinds in checked.items() if kinds & {"xyxy", "points"}]
-    if moved and not keeps_source_geometry(dataset.manifest):
+    codec = codec_for(dataset)
+    if moved and not codec.keeps_source_geometry:
         # the coordinates are in the source's pixels; the stored images are not (silently wrong boxes)
         raise OptionError(f"geometry= moves {moved} with the image, but this dataset's codec "
-                          f"{dataset.manifest.codec.get('name')!r} resized the stored images (or may have: see "
+                          f"{codec.name!r} resized the stored images (or may have: see "
                           f"packer.codecs.keeps_source_geometry), so coordinates given in source pixels no longer "
                           f"match them; build with --codec passthrough or tiled (or jpeg without --max-size)")
     if len(boxes) > 1:
@@ -173,13 +174,13 @@ class _FieldPlan:
         self.min_box_area = getattr(decode, "min_box_area", DEFAULT_MIN_BOX_AREA)
         self.mask_interpolation = getattr(decode, "mask_interpolation", DEFAULT_MASK_INTERPOLATION)
         self.decodes_image = "image" in names or self.wants_geometry
-        if (self.wants_geometry and self.image_fields and dataset.manifest.codec.get("name") == "raw"
-                and not keeps_source_geometry(dataset.manifest)):
+        codec = codec_for(dataset)
+        if self.wants_geometry and self.image_fields and codec.crops_source:
             # raw centre-crops each image to its fixed size: a second image kept as stored shows
             # another framing, and no scale maps one onto the other
-            raise OptionError(f"image fields {list(self.image_fields)} cannot follow a crop of a raw-codec "
-                              f"dataset (raw centre-cropped and resampled the images, not the fields); build with "
-                              f"--codec passthrough or tiled, or read the fields without a crop transform")
+            raise OptionError(f"image fields {list(self.image_fields)} cannot follow a crop of a {codec.name}-codec "
+                              f"dataset ({codec.name} centre-cropped and resampled the images, not the fields); "
+                              f"build with --codec passthrough or tiled, or read the fields without a crop transform")
         self.variable = frozenset(name for name, kind in self.kinds.items()
                                   if (kind == "classes" and name not in self.multi_hot)
                                   or (kind == "array" and dataset.field_spec(name).variable))

@@ -22,7 +22,7 @@ import torch.utils.data as torch_data
 from ..classes import check_classes
 from ..codecs import check_decodable, dataset_max_pixels
 from ..dataset import as_sample_indices
-from ..errors import DecodeError
+from ..errors import DecodeError, SampleIndexError, SampleIndexTypeError
 from .collate import PaddedCollate, _collate_columns, collate
 from .fieldplan import DEFAULT_FIELDS, _check_fields, _FieldPlan
 from .imagefolder import _ImageFolderRefusals
@@ -155,10 +155,10 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         try:
             i = int(i)
         except TypeError:
-            raise TypeError(f"sample indices must be integers, got {type(i).__name__}") from None
+            raise SampleIndexTypeError(f"sample indices must be integers, got {type(i).__name__}") from None
         count = len(self.dataset)
         if not -count <= i < count:
-            raise IndexError(f"sample {i} out of range for a dataset of {count} samples")
+            raise SampleIndexError(f"sample {i} out of range for a dataset of {count} samples")
         return i % count
 
     def __getitem__(self, i: int) -> Any:
@@ -183,7 +183,8 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         idx = as_sample_indices(indices).reshape(-1)
         n = len(self.dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         idx = idx % n if n else idx
         return plan.samples(*self._read_fields(idx))
 
@@ -222,7 +223,8 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         dataset = self.dataset
         n = len(dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         idx = idx % n if n else idx
         images = self._raw_batch(idx, geometries)
         if images is not None:
@@ -304,7 +306,8 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         idx = as_sample_indices(indices).reshape(-1)
         n = len(self.dataset)
         if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"batch holds an index outside -{n}..{n - 1}")
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
         idx = idx % n if n else idx
         if self._plan is not None and self._fields != DEFAULT_FIELDS:
             if collate_fn is not None and collate_fn is not collate and type(collate_fn) is not PaddedCollate:

@@ -23,19 +23,18 @@ run fastest on), ``"HWC"`` the tensor itself. Single samples (``ds[i]``) stay co
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from .. import format as fmt
+from .. import decode as _decode  # noqa: F401  (imported before the workers fork, so they share its pages)
+from ..codecs import CodecReader, codec_for
 from ..dataset import Dataset
-from ..decode import decode_image  # imported before the workers fork, so they share its pages
-from ..errors import DecodeError, OptionError
+from ..errors import OptionError
 from ..imageinfo import DEFAULT_MAX_PIXELS
-from ..rawcrop import crop_resize_raw, raw_shape_of, read_raw_batch
+from ..rawcrop import crop_resize_raw, read_raw_batch
 from .runtime import BatchPool, DecodeFn, _empty_batch, _labels_in
 
 LAYOUTS = ("CHW", "HWC")
@@ -69,6 +68,14 @@ class _Pipeline:
         self.max_pixels = DEFAULT_MAX_PIXELS
         self.transform = transform
         self.target_transform = target_transform
+        self._codec: CodecReader | None = None
+
+    def codec(self, dataset: Dataset) -> CodecReader:
+        """The dataset's codec reader (``packer.codecs.codec_for``), made once per dataset."""
+        codec = self._codec
+        if codec is None or codec.entry is not dataset.manifest.codec:
+            codec = self._codec = codec_for(dataset)
+        return codec
 
     def pixels(self, dataset: Dataset, i: int, data: np.ndarray, geometries: list[Any] | None = None) -> Any:
         """The sample's image before layout: HWC pixels, or the 1-D payload when not decoding.
@@ -80,24 +87,14 @@ class _Pipeline:
             return data
         from ..transforms import DecodeTransform
 
+        if self.decode is True:
+            return self.codec(dataset).pixels(dataset, i, data, max_pixels=self.max_pixels)
         image_format = int(dataset.index.image_format[i])
-        fused = isinstance(self.decode, DecodeTransform)
-        if self.decode is True or fused:
-            if image_format == fmt.ImageFormat.RAW:
-                ix = dataset.index
-                shape = (int(ix.height[i]), int(ix.width[i]), int(ix.channels[i]))
-                if math.prod(shape) != data.size:
-                    raise DecodeError(f"raw payload of {data.size} bytes does not hold the index's "
-                                      f"{shape[0]}x{shape[1]}x{shape[2]} pixels", path=dataset.path, sample=i)
-                if fused:  # crop and resize the raw pixels; the index keys seeded draws
-                    return self._fused(data.reshape(shape), image_format, geometries, index=i, name=dataset.key(i))
-                return data.reshape(shape)
-            if fused:
-                return self._fused(data, image_format, geometries, index=i)
-            try:
-                return decode_image(data, image_format, max_pixels=self.max_pixels)
-            except DecodeError as exc:
-                raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path, sample=i) from None
+        if isinstance(self.decode, DecodeTransform):
+            stored = self.codec(dataset).stored_pixels(dataset, i, data)
+            if stored is not None:  # crop and resize the stored pixels; the index keys seeded draws
+                return self._fused(stored, image_format, geometries, index=i, name=dataset.key(i))
+            return self._fused(data, image_format, geometries, index=i)
         return self.decode(data, image_format)
 
     def _fused(self, data: Any, image_format: int, geometries: list[Any] | None, **options: Any) -> Any:
@@ -166,7 +163,7 @@ def _raw_fast_shape(dataset: Dataset, pipeline: _Pipeline,
     crop_shape = pipeline.batch_shape(count)  # a fused transform
     if crop_shape is None and pipeline.decode is not True:
         return None
-    raw_shape = raw_shape_of(dataset)
+    raw_shape = pipeline.codec(dataset).sample_shape
     if raw_shape is None:
         return None
     if crop_shape is not None:

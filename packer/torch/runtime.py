@@ -11,7 +11,7 @@ import torch
 import torch.utils.data as torch_data
 
 from ..dataset import Dataset, open_dataset
-from ..order import resolve_rank  # noqa: F401  (packer.torch.resolve_rank: the rule lives with the orders)
+from ..order import LAUNCHER_VARIABLES, resolve_rank  # noqa: F401  (packer.torch's: the rule lives with the orders)
 
 DecodeFn = Callable[[Any, int], Any]
 PathOrDataset = Union[str, "os.PathLike[str]", Dataset]

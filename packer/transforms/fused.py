@@ -15,7 +15,7 @@ from PIL import Image
 
 from ..codecs.tiles import cut_window, window_margin
 from ..decode import PILLOW_JPEG_COLORSPACES, decode_image
-from ..errors import DecodeError
+from ..errors import DecodeError, OptionError
 from ..format import ImageFormat
 from ..imageinfo import byte_view, detect_format
 from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
@@ -82,7 +82,7 @@ class DecodeTransform:
         self.out_height, self.out_width = _output_size(size)
         if isinstance(min_box_visibility, bool) or not isinstance(min_box_visibility, (int, float)) \
                 or not 0 <= min_box_visibility <= 1:
-            raise ValueError(f"min_box_visibility must be a fraction in 0..1, got {min_box_visibility!r}")
+            raise OptionError(f"min_box_visibility must be a fraction in 0..1, got {min_box_visibility!r}")
         #: Boxes moved by this crop (``PackedDataset(geometry=...)``) keep at least this fraction
         #: of their area, or are dropped (``CropGeometry.map_boxes``).
         self.min_box_visibility = float(min_box_visibility)
@@ -95,7 +95,7 @@ class DecodeTransform:
         self.mask_interpolation = check_mask_interpolation(mask_interpolation)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
                                  or seed < 0):
-            raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
+            raise OptionError(f"seed must be None or a non-negative integer, got {seed!r}")
         self.seed = None if seed is None else int(seed)
         # The epoch of the seeded draws: a one-element array, or a shared-memory torch tensor once
         # this transform is pickled with torch loaded (DataLoader workers, persistent ones too,
@@ -105,8 +105,8 @@ class DecodeTransform:
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
         if resize_backend not in RESIZE_BACKENDS:
-            raise ValueError(f"resize_backend must be one of {list(RESIZE_BACKENDS)}, "
-                             f"got {resize_backend!r}")
+            raise OptionError(f"resize_backend must be one of {list(RESIZE_BACKENDS)}, "
+                              f"got {resize_backend!r}")
         self.resize_backend = resize_backend
         self._rng: np.random.Generator | None = None
         self._rng_pid = -1
@@ -152,7 +152,7 @@ class DecodeTransform:
         ``PackedIterableDataset``, ``PackedDataLoader``, ``ThreadedLoader`` or ``GpuRawBatches``.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+            raise OptionError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch_cell[0] = int(epoch)
 
     @property
@@ -207,11 +207,11 @@ class DecodeTransform:
             The ``CropGeometry``.
 
         Raises:
-            ValueError: a size below one pixel.
+            OptionError: a size below one pixel.
         """
         width, height = int(width), int(height)
         if width < 1 or height < 1:
-            raise ValueError(f"an image of {width}x{height} pixels has nothing to crop")
+            raise OptionError(f"an image of {width}x{height} pixels has nothing to crop")
         box, flip = self._draw(width, height, rng if rng is not None else self._process_rng(), index)
         used = self._torch_plan(box, width, height)[1] if self._use_torch() else box
         return CropGeometry(box=used, flip=flip, size=self.size, source_size=(width, height))
@@ -225,9 +225,7 @@ class DecodeTransform:
         ``RandomResizedCrop`` sample. ``batch_with_geometry`` returns the pixels and these
         together (the only way to get both from unseeded draws).
         """
-        index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
-        boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
-        return self._geometries(boxes, flips, width, height)
+        return self.geometries_of(*self.batch_boxes(width, height, indices, rng=rng), width, height)
 
     def batch_boxes(self, width: int, height: int, indices: Any, *,
                     rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -245,9 +243,6 @@ class DecodeTransform:
 
     def geometries_of(self, boxes: np.ndarray, flips: np.ndarray, width: int, height: int) -> list[CropGeometry]:
         """The ``CropGeometry`` of each of ``batch_boxes``' boxes and flips."""
-        return self._geometries(boxes, flips, width, height)
-
-    def _geometries(self, boxes: np.ndarray, flips: np.ndarray, width: int, height: int) -> list[CropGeometry]:
         size = self.size
         return [CropGeometry(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), flip=bool(f), size=size,
                              source_size=(int(width), int(height))) for b, f in zip(boxes.tolist(), flips.tolist())]
@@ -277,25 +272,25 @@ class DecodeTransform:
             The ``(N, height, width, 3)`` uint8 torch tensor (and the geometries).
 
         Raises:
-            ValueError: ``indices`` missing with ``seed=``, or shapes that do not fit.
+            OptionError: ``indices`` missing with ``seed=``, or shapes that do not fit.
         """
         shape = tuple(images.shape)
         if len(shape) != 4 or shape[3] != 3:
-            raise ValueError(f"images must be an (N, H, W, 3) batch, got shape {shape}")
+            raise OptionError(f"images must be an (N, H, W, 3) batch, got shape {shape}")
         count, height, width = shape[0], shape[1], shape[2]
         if indices is None:
             if self.seed is not None:
-                raise ValueError("a seeded transform draws from each sample's index: pass indices=")
+                raise OptionError("a seeded transform draws from each sample's index: pass indices=")
             index_array = np.zeros(count, dtype=np.int64)
         else:
             index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
             if len(index_array) != count:
-                raise ValueError(f"{count} images but {len(index_array)} indices")
+                raise OptionError(f"need one index per image: {count} images, got {len(index_array)} indices")
         boxes, flips = self._batch_boxes(width, height, index_array, rng or self._process_rng())
         result = crop_resize_batch(images, boxes, self.size, flips=flips,
                                    clip_to_box=not self._resize_then_crop, out=out, kernel=kernel)
         if with_geometry:
-            return result, self._geometries(boxes, flips, width, height)
+            return result, self.geometries_of(boxes, flips, width, height)
         return result
 
     def batch_with_geometry(self, images: Any, indices: Any = None, *, out: Any = None,
@@ -353,16 +348,13 @@ class DecodeTransform:
             if data.dtype != np.uint8 or data.shape[2] != 3 or data.shape[0] < 1 or data.shape[1] < 1:
                 raise DecodeError(f"decoded pixels must be (H, W, 3) uint8, got {data.shape} "
                                   f"{data.dtype}", path=name or None)
-            pixels = data
-            decoded = None
-            raw_input = True
-        elif image_format == ImageFormat.RAW:
+            pixels, decoded, raw_input = data, None, True
+        elif image_format in ImageFormat.PIXEL_FORMATS:
             raise DecodeError("a raw payload carries no shape: pass its pixels as an (H, W, 3) "
                               "uint8 array (packer.torch.PackedDataset does), or use .batch()",
                               path=name or None)
         else:
-            pixels = None
-            raw_input = False
+            pixels, raw_input = None, False
             view = byte_view(data)
             if image_format is None or image_format == ImageFormat.UNKNOWN:
                 image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
@@ -390,8 +382,8 @@ class DecodeTransform:
                 if pixels.shape[1] > inside_w or pixels.shape[0] > inside_h:
                     pixels = pixels[:inside_h, :inside_w]
         if out is not None and (out.shape != self.output_shape or out.dtype != np.uint8):
-            raise ValueError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
-                             f"{out.dtype}")
+            raise OptionError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
+                              f"{out.dtype}")
         if self._use_torch():
             result, used = self._resize_torch(pixels, box, flip, out)
         else:
@@ -531,12 +523,9 @@ class DecodeTransform:
 
     def _simplejpeg(self, data: Any, m: int, width: int, height: int) -> np.ndarray:
         """simplejpeg's RGB decode of a ``width x height`` JPEG at DCT scale ``m``/8."""
-        if m == 8:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=self.fast_dct,
-                                          fastupsample=self.fast_upsample)
-        return simplejpeg.decode_jpeg(
-            data, colorspace="RGB", fastdct=self.fast_dct, fastupsample=self.fast_upsample,
-            min_width=math.ceil(width * m / 8), min_height=math.ceil(height * m / 8))
+        scaled = {} if m == 8 else {"min_width": math.ceil(width * m / 8), "min_height": math.ceil(height * m / 8)}
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=self.fast_dct,
+                                      fastupsample=self.fast_upsample, **scaled)
 
     def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float], m: int
                        ) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[float, float]] | None:
@@ -633,9 +622,9 @@ class RandomResizedCrop(DecodeTransform):
                          min_box_size=min_box_size, min_box_area=min_box_area,
                          mask_interpolation=mask_interpolation)
         if not (0 < scale[0] <= scale[1]):
-            raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
+            raise OptionError(f"scale must satisfy 0 < low <= high, got {scale!r}")
         if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+            raise OptionError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.flip = bool(flip)
@@ -693,7 +682,7 @@ class CenterCrop(DecodeTransform):
                          min_box_size=min_box_size, min_box_area=min_box_area,
                          mask_interpolation=mask_interpolation)
         if resize < max(self.size):
-            raise ValueError(f"resize ({resize}) must be at least the crop size {self.size}")
+            raise OptionError(f"resize ({resize}) must be at least the crop size {self.size}")
         self.resize = int(resize)
 
     def _box(self, width: int, height: int,

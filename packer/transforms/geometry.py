@@ -34,6 +34,8 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from ..errors import OptionError
+
 #: An output size: one int for a square, or ``(height, width)``.
 Size = Union[int, Sequence[int]]
 
@@ -48,10 +50,10 @@ def _output_size(size: Size) -> tuple[int, int]:
     else:
         dims = tuple(int(s) for s in size)
         if len(dims) != 2:
-            raise ValueError(f"size must be an int or (height, width), got {size!r}")
+            raise OptionError(f"size must be an int or (height, width), got {size!r}")
         height, width = dims
     if height < 1 or width < 1:
-        raise ValueError(f"size must be positive, got {size!r}")
+        raise OptionError(f"size must be positive, got {size!r}")
     return height, width
 
 
@@ -142,12 +144,12 @@ def check_mask_interpolation(mode: Any) -> str:
     """``"nearest"`` or ``"nearest-exact"``, from that string or torchvision's ``InterpolationMode``.
 
     Raises:
-        ValueError: any other mode (bilinear would invent labels between two classes).
+        OptionError: any other mode (bilinear would invent labels between two classes).
     """
     value = getattr(mode, "value", mode)  # torchvision's InterpolationMode.NEAREST has value "nearest"
     if value not in MASK_INTERPOLATIONS:
-        raise ValueError(f"mask_interpolation must be one of {list(MASK_INTERPOLATIONS)} (torchvision's "
-                         f"InterpolationMode.NEAREST / NEAREST_EXACT), got {mode!r}")
+        raise OptionError(f"mask_interpolation must be one of {list(MASK_INTERPOLATIONS)} (torchvision's "
+                          f"InterpolationMode.NEAREST / NEAREST_EXACT), got {mode!r}")
     return str(value)
 
 
@@ -155,10 +157,10 @@ def check_box_minimum(name: str, value: Any) -> float:
     """A non-negative ``min_size`` / ``min_area``.
 
     Raises:
-        ValueError: negative, NaN or not a number.
+        OptionError: negative, NaN or not a number.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0:
-        raise ValueError(f"{name} must be a non-negative number of output pixels, got {value!r}")
+        raise OptionError(f"{name} must be a non-negative number of output pixels, got {value!r}")
     return float(value)
 
 
@@ -305,7 +307,7 @@ class CropGeometry:
         """
         array = np.asarray(points)
         if array.ndim < 1 or array.shape[-1] not in (2, 3):
-            raise ValueError(f"points must have 2 or 3 values in their last axis, got shape {array.shape}")
+            raise OptionError(f"points must have 2 or 3 values in their last axis, got shape {array.shape}")
         values = array.astype(np.float64)
         u, v = self.map_xy(values[..., 0], values[..., 1])
         values[..., 0], values[..., 1] = u, v

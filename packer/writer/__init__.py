@@ -2,8 +2,10 @@
 
 The build is split in steps that any scheduler can run (see ``--part`` and ``--finish``):
 
-1. **plan** (``plan``, one process): list the source (``packer.sources``), compute the shard plan, save
-   it to ``OUT/.packer-build/plan.pkp``. The plan is a pure function of the listing and the options.
+1. **plan** (``plan``, one process): detect the source's kind once and list the source
+   (``packer.sources``), compute the shard plan, save it to ``OUT/.packer-build/plan.pkp``. The plan
+   is a pure function of the listing and the build settings (``settings``: ``BuildSettings``, what
+   is recorded; ``RunOptions``, how this run goes).
 2. **pack shards** (``pack``; any number of processes, machines or Ray tasks, see ``engines``):
    each planned shard is packed by one task that reads its files, checks them (``imageinfo``),
    encodes them (``codecs``), writes a temporary file, fsyncs it and renames it to its
@@ -21,9 +23,11 @@ previous dataset or nothing that opens; ``--resume`` reuses the plan and every f
 from __future__ import annotations
 
 from .commit import BuildResult
-from .plan import BuildOptions
 from .run import build, finish
+from .settings import BuildOptions, BuildSettings, CheckSettings, LayoutSettings, RunOptions
 
 # ``append`` stays in its module (``packer.writer.append.append``, or ``packer.append_dataset``):
-# re-exporting it here would shadow the module of the same name.
-__all__ = ["build", "finish", "BuildOptions", "BuildResult"]
+# re-exporting it here would shadow the module of the same name. ``BuildOptions`` is the
+# deprecated flat spelling of ``BuildSettings``.
+__all__ = ["build", "finish", "BuildSettings", "LayoutSettings", "CheckSettings", "RunOptions", "BuildOptions",
+           "BuildResult"]

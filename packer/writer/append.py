@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import asdict, replace
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,19 @@ import numpy as np
 
 from .. import format as fmt
 from ..dataset import open_index
-from ..remote.url import is_url, parse_url
+from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
-from .plan import BuildOptions, make_plan, save_plan
+from .plan import make_plan, save_plan
 from .records import read_record, record_path
-from ..sources import Rejection, SourceListing, SourceOptions, list_source, select_rows
-from .run import check_output_outside_source, check_workers, run_shards, source_options
+from .settings import BuildSettings, RunOptions, labels_for_append, run_from_legacy, settings_from_record
+from ..sources import Rejection, SourceListing, SourceOptions, detect_kind, list_source, select_rows
+from .run import check_output_outside_source, run_shards, source_options
 from .staging import APPEND_SPOOL_DIR, PLAN_NAME, RECORD_DIR, STAGING_DIR, build_lock
 
-__all__ = ["append", "options_from_manifest"]
+__all__ = ["append", "settings_from_manifest"]
 
 
 def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceListing:
@@ -46,28 +48,43 @@ def _drop_existing_keys(listing: SourceListing, existing: set[bytes]) -> SourceL
 
 
 def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
-           workers: int | None = None, seed: int | None = None, progress: bool = False, remote: Any = None,
-           resume: bool = False) -> BuildResult:
-    """Append the images of ``source`` to ``dataset`` as new shards (the library form of ``packer append``).
+           seed: int | None = None, run: RunOptions | None = None, **legacy: Any) -> BuildResult:
+    """Append the images of ``source`` to ``dataset`` as new shards (``packer.append_dataset``; the
+    library form of ``packer append``).
 
-    The build options of the dataset (alignment, shard size, codec, validation, shuffle, a fixed
-    class list and the label type) are reused;
-    ``seed`` defaults to the original seed plus the generation number, so each generation is shuffled
-    differently but reproducibly.
+    The dataset's recorded build settings (``build.settings``, or the flat options older datasets
+    recorded) are reused: layout, codec, checks, a fixed class list, the label type, and the
+    door options (label field, image column); the new source's kind is detected from its bytes
+    and ``root`` is its root. ``seed`` defaults to the original seed plus the generation number, so
+    each generation is shuffled differently but reproducibly. ``run``: how this run goes
+    (``workers``, ``progress``; ``resume`` and ``remote`` for a dataset URL); the old keywords
+    ``workers=``, ``progress=``, ``remote=``, ``resume=`` still work for one release (deprecated).
 
     Raises:
         BuildError, EmptySourceError, BuildLockedError, PackerError (a damaged dataset).
     """
-    if is_url(dataset) and parse_url(str(dataset)).scheme != "file":
+    if legacy:
+        unknown = sorted(set(legacy) - {"workers", "progress", "remote", "resume"})
+        if unknown:
+            raise OptionError(f"packer.append_dataset() got an unexpected keyword argument {unknown[0]!r} (how the "
+                              f"run goes is run=packer.RunOptions(...))")
+        warnings.warn(f"packer.append_dataset: {', '.join(f'{k}=' for k in legacy)} are deprecated and will be "
+                      f"removed in the next release; pass run=packer.RunOptions("
+                      f"{', '.join(f'{k}=' for k in legacy)})", DeprecationWarning, stacklevel=2)
+    run = run_from_legacy(run, legacy, call="packer.append_dataset")
+    location = parse_location(dataset, what="DATASET")
+    if location.url is not None:
         from .remote_out import append_to_url  # a new generation built locally, then uploaded (manifest last)
 
-        return append_to_url(append, str(dataset), source, remote=remote, resume=resume, root=root, workers=workers,
-                             seed=seed, progress=progress)
-    if is_url(dataset):
-        dataset = parse_url(str(dataset)).local_path
+        return append_to_url(_append, location.url.text, source, root=root, seed=seed, run=run)
+    return _append(location.local_path(), source, root=root, seed=seed, run=run)
+
+
+def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None,
+            seed: int | None, run: RunOptions) -> BuildResult:
     started = time.monotonic()
     out = Path(dataset)
-    check_workers(workers)
+    run.check()
     if not out.is_dir():
         raise SourceError("the dataset to append to is not a folder (expected a dataset folder holding "
                           "manifest.json)", path=out)
@@ -82,28 +99,30 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
                               f"from all its sources instead", path=out)
         # history holds generation 0 (the build) once anything was appended
         generation = len(manifest.history) if manifest.history else 1
-        options = _generation_options(manifest, generation, seed)
+        settings = _generation_settings(manifest, generation, seed)
+        # The new source's own kind (detected once, here) and root; the recorded door options.
+        settings = replace(settings, source=replace(settings.source, kind=detect_kind(source), root=root))
         spool = out / APPEND_SPOOL_DIR  # a compressed archive or Parquet source, decompressed once
         try:
             # Labels go through the source contract with the dataset's class list as the given
             # list: a name outside it gets the next label (or, when the dataset was built with a
             # fixed list, --classes, is rejected as unknown-class: never an id other splits lack);
             # a sample without a label is rejected when the dataset has class names.
-            listing = list_source(Path(source), append_source_options(options, manifest, root, spool))
+            listing = list_source(Path(source), append_source_options(settings, manifest, spool))
             classes = listing.classes
             listing = _drop_existing_keys(listing, _existing_keys(old.index))
             if len(listing) == 0:
                 raise EmptySourceError("every file of the new source is already in the dataset or rejected",
                                        path=Path(source))
             last_number = manifest.shards[-1].number if manifest.shards else -1
-            plan = make_plan(listing, options, source=Path(source).name, first_shard_number=last_number + 1)
+            plan = make_plan(listing, settings, source=Path(source).name, first_shard_number=last_number + 1)
             staging = out / STAGING_DIR
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 (staging / RECORD_DIR).mkdir(parents=True)
                 save_plan(plan, staging / PLAN_NAME)
-                run_shards(plan, out, list(range(plan.shard_count)), workers=workers, engine="local",
-                           address=None, progress=progress, fail_on_reject=False)
+                run_shards(plan, out, list(range(plan.shard_count)), workers=run.workers, engine="local",
+                           address=None, progress=run.progress, fail_on_reject=False)
                 result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name)
             except BaseException:
                 _discard_failed_append(out)
@@ -116,20 +135,20 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     return result
 
 
-def append_source_options(options: BuildOptions, manifest: fmt.Manifest, root: str | os.PathLike[str] | None,
-                          spool: Path) -> SourceOptions:
+def append_source_options(settings: BuildSettings, manifest: fmt.Manifest, spool: Path) -> SourceOptions:
     """The source contract's options for appending to a dataset: its class list is the given
     list, extended by new names unless the dataset was built with a fixed list (``--classes``);
     a dataset without names (``()``: integer labels, or none) takes integer labels or none."""
-    return replace(source_options(options, root=Path(root) if root is not None else None, spool_dir=spool),
-                   classes=tuple(manifest.classes), classes_origin="the class list of the dataset appended to",
-                   new_classes="reject" if options.classes is not None else "extend")
+    fixed = settings.labels.classes is not None
+    return source_options(replace(settings, labels=labels_for_append(settings, tuple(manifest.classes))),
+                          spool_dir=spool, new_classes="reject" if fixed else "extend")
 
 
-def _generation_options(manifest: fmt.Manifest, generation: int, seed: int | None) -> BuildOptions:
-    """The dataset's recorded build options (validated, ``options_from_manifest``), reseeded for this generation."""
-    options = options_from_manifest(manifest)
-    return replace(options, seed=options.seed + generation if seed is None else seed)
+def _generation_settings(manifest: fmt.Manifest, generation: int, seed: int | None) -> BuildSettings:
+    """The dataset's recorded build settings (``settings_from_manifest``), reseeded for this generation."""
+    settings = settings_from_manifest(manifest)
+    layout = settings.layout
+    return replace(settings, layout=replace(layout, seed=layout.seed + generation if seed is None else seed))
 
 
 def _existing_keys(index: Any) -> set[bytes]:
@@ -157,11 +176,11 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
                                                       previous_shards=old_shards)
     history = list(manifest.history) or [{
         "generation": 0, "kind": "build", "samples": manifest.sample_count, "shards": old_shards,
-        "classes": len(manifest.classes), "options": fmt.json_ready(manifest.build.get("options", {}))}]
+        "classes": len(manifest.classes), "settings": fmt.json_ready(fmt.recorded_build_settings(manifest.build))}]
     history.append({"generation": generation, "kind": "append", "source": source_name,
                     "samples": int(len(source_rows)), "shards": len(new_shards), "rejected": len(new_rejected),
                     "classes": len(classes), "first_shard_number": plan.first_shard_number,
-                    "options": plan.options.to_json()})
+                    "settings": plan.settings.to_json()})
     old_rejected = _previous_rejections(out)
     build_info = fmt.json_ready(dict(manifest.build))
     build_info.update(packed=manifest.sample_count + int(len(source_rows)),
@@ -170,7 +189,7 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
     result = commit_dataset(out, columns, list(manifest.shards) + new_shards, classes=classes, codec=manifest.codec,
                             alignment=manifest.alignment, build_info=build_info,
                             rejected=old_rejected + new_rejected, history=history, cleanup=False,
-                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.options.max_pixels))
+                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.settings.checks.max_pixels))
     return result, new_rejected
 
 
@@ -205,33 +224,14 @@ def _previous_rejections(out: Path) -> list[Rejection]:
     return rejected
 
 
-def options_from_manifest(manifest: fmt.Manifest) -> BuildOptions:
-    """The build options recorded in an (informational) manifest, validated field by field.
-
-    A field that is missing, unknown, of the wrong type or out of range (a hand edit, another
-    writer) falls back to the default instead of failing the append; the alignment always comes
-    from the manifest's normative ``alignment`` and the codec from its normative ``codec`` entry.
-    """
-    stored = manifest.build.get("options") if isinstance(manifest.build, dict) else None
-    options = BuildOptions(alignment=manifest.alignment)
-    # Every option, not to_json()'s: it leaves out the ones at their default (normalize_formats,
-    # label_type), and a recorded --normalize-formats or --label-type str must be kept too.
-    defaults = asdict(options)
-    codec = manifest.codec.get("name") if isinstance(manifest.codec, dict) else None
-    for name, value in (stored.items() if isinstance(stored, dict) else ()):
-        if name == "classes" and isinstance(value, list) and all(isinstance(c, str) for c in value):
-            value = tuple(value)  # a fixed class list (--classes): kept for every generation
-        elif name not in defaults or name == "alignment" or type(value) is not type(defaults[name]):
-            continue
-        candidate = replace(options, **{name: value})
-        try:
-            candidate.check()
-        except PackerError:
-            continue
-        options = candidate
-    if isinstance(codec, str) and codec != options.codec.split(":")[0]:
-        try:
-            options = replace(options, codec=codec).check()
-        except PackerError:
-            pass
-    return options
+def settings_from_manifest(manifest: fmt.Manifest) -> BuildSettings:
+    """The build settings recorded in an (informative) manifest, validated member by member
+    (``settings.settings_from_record``): a member that is missing, of the wrong type or out of
+    range (a hand edit, another writer) falls back to the default instead of failing the append;
+    the alignment always comes from the manifest's normative ``alignment`` and the codec from its
+    normative ``codec`` entry. Reads the nested ``build.settings`` and the flat ``build.options``
+    of datasets built before it alike."""
+    settings = settings_from_record(manifest.build, alignment=manifest.alignment, codec=manifest.codec)
+    if settings is None:
+        settings = settings_from_record({"settings": {}}, alignment=manifest.alignment, codec=manifest.codec)
+    return settings  # type: ignore[return-value]

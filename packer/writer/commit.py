@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError
@@ -23,6 +23,8 @@ from .atomic import fsync_dir, write_atomic
 from ..fields import IMAGE_COLUMNS
 from ..sources.fieldvalues import specs_with_shards
 from .plan import BuildPlan
+from .probes import FILE_KINDS, listing_probes
+from .settings import BuildSettings
 from .records import read_record, record_path
 from ..sources.blobs import gather_blob
 from ..sources import Rejection, SourceListing, empty_source_error
@@ -48,6 +50,8 @@ class BuildResult:
     already_complete: bool = False
     #: for ``already_complete``: the source was spot-checked against the recorded file sizes.
     source_verified: bool = True
+    #: how the class names were numbered (``SourceListing.class_order``); None when unknown.
+    class_order: str | None = None
 
 
 
@@ -81,11 +85,14 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
                                  f"to pack", rejected, path=out)
     columns, shards, source = assemble_index(listing, [headers[i] for i in live], [records[i] for i in live])
     fields = _field_declarations(listing, [headers[i] for i in live])
-    options = plan.options
-    codec = get_codec(options.codec)
-    build_info = {
-        "options": options.to_json(),
-        "source_kind": listing.kind,
+    settings = plan.settings
+    codec = get_codec(settings.codec)
+    probes = plan.source_probes
+    if probes is None and listing.kind in FILE_KINDS:  # a plan saved before the probes were planned
+        probes = listing_probes(listing)
+    build_info: dict[str, Any] = {
+        # What decides the bytes, the source's kind (detected once) included (SPEC §6.1).
+        "settings": settings.to_json(),
         "label_type": listing.label_type,
         "source_files": len(listing) + len(listing.rejected),
         "packed": int(len(source)),
@@ -93,11 +100,11 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         "planned_shards": plan.shard_count,
         "tool": f"packer {__version__}",
         "source": plan.source,
-        # A spread of {key: size} from the listing: `--resume` on the finished dataset checks
-        # them to tell "this source, already done" from "another source" without a new listing.
-        "source_probes": {listing.key(i): int(listing.sizes[i]) for i in
-                          sorted({int(x) for x in np.linspace(0, len(listing) - 1, num=min(16, len(listing)))})},
     }
+    if probes is not None:
+        # A spread of the source's files and their sizes (writer/probes.py): `--resume` on the
+        # finished dataset checks them to tell "this source, already done" from "another source".
+        build_info["source_probes"] = probes
     notes: dict[str, int] = {}
     for header in headers:
         for note, count in header.get("codec_notes", {}).items():
@@ -106,10 +113,13 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["warnings"] = list(listing.warnings)
     if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
         build_info["codec_notes"] = dict(sorted(notes.items()))
-    return commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
-                          alignment=options.alignment, build_info=build_info, rejected=rejected,
-                          history=list(history), cleanup=cleanup, max_pixels=recorded_max_pixels(options.max_pixels),
-                          fields=fields)
+    result = commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
+                            alignment=settings.layout.alignment, build_info=build_info, rejected=rejected,
+                            history=list(history), cleanup=cleanup,
+                            max_pixels=recorded_max_pixels(settings.checks.max_pixels),
+                            fields=fields)
+    result.class_order = listing.class_order
+    return result
 
 
 def _field_declarations(listing: SourceListing, headers: Sequence[dict[str, Any]]) -> tuple[fmt.FieldSpec, ...]:
@@ -202,7 +212,7 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
                        payload_bytes=payload, total_bytes=total, summary=build_info, classes=tuple(classes))
 
 
-def record_empty_build(out: Path, error: Exception, options: dict[str, Any], *, source_kind: str) -> None:
+def record_empty_build(out: Path, error: Exception, settings: BuildSettings) -> None:
     """A build that packed nothing: write its build report (every rejection, with its reason) and
     remove the working folder, so OUT holds no half-made build that ``--resume`` would continue.
 
@@ -213,8 +223,8 @@ def record_empty_build(out: Path, error: Exception, options: dict[str, Any], *, 
     rejected: list[Rejection] = list(getattr(error, "rejected", []))
     try:
         if not (out / fmt.MANIFEST_NAME).exists() and out.is_dir():
-            summary = {"packed": 0, "rejected": len(rejected), "error": str(error), "options": options,
-                       "source_kind": source_kind, "tool": f"packer {__version__}"}
+            summary = {"packed": 0, "rejected": len(rejected), "error": str(error), "settings": settings.to_json(),
+                       "tool": f"packer {__version__}"}
             write_atomic(out / fmt.REPORT_NAME, [_report_lines(summary, rejected)])
             error.args = (f"{error.args[0]}; every rejection is in {out / fmt.REPORT_NAME}",) + error.args[1:]
             if hasattr(error, "message"):

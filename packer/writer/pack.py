@@ -7,6 +7,7 @@ A task touches nothing another task owns, so tasks can run in any order and be r
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import time
@@ -19,13 +20,14 @@ import numpy as np
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError, PackerError, RejectedImageError
-from ..files import open_nonblocking, read_fd_capped
+from ..files import FolderReader, read_fd_capped
 from ..imageinfo import probe_image
 from .atomic import fsync_dir
 from ..names import source_name
 from ..pillowformats import normalize_to_png
 from ..sources.members import MemberReader
-from .plan import BuildOptions, BuildPlan
+from .plan import BuildPlan
+from .settings import BuildSettings
 from ..sources.fieldvalues import FIELD_REJECTION
 from .records import read_record, record_columns, record_path, write_record
 from ..sources import Rejection, file_stamp
@@ -91,15 +93,17 @@ class _PayloadWriter:
         self.alignment = alignment
         self.handle = open(path, "wb", buffering=8 << 20)
         self.handle.write(bytes(position))
+        self._zeros = memoryview(bytes(alignment))  # padding is a view of these, not a new object
 
     def write(self, payload: bytes) -> int:
         """Append one payload and its padding; returns its offset."""
         offset = self.position
+        size = len(payload)
         self.handle.write(payload)
-        padding = fmt.align_up(len(payload), self.alignment) - len(payload)
+        padding = -size % self.alignment
         if padding:
-            self.handle.write(bytes(padding))
-        self.position += len(payload) + padding
+            self.handle.write(self._zeros[:padding])
+        self.position += size + padding
         return offset
 
     def close(self) -> None:
@@ -117,9 +121,9 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     Raises:
         BuildError: an output I/O error (disk full, permissions), or a rejection with ``fail_on_reject``.
     """
-    options = plan.options
-    codec = get_codec(options.codec)
-    alignment = options.alignment
+    settings = plan.settings
+    codec = get_codec(settings.codec)
+    alignment = settings.layout.alignment
     listing = plan.listing
     image_fields = listing.fields.image_specs if listing.fields is not None else ()
     members = _segment_members(plan, shard, segment, segments)
@@ -134,28 +138,34 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     pending_files = pending_bytes = 0
     last_report = time.monotonic()
     writers: list[_PayloadWriter] = []
+    # Per-sample values as plain lists, taken from the listing's arrays once per segment.
+    sizes = listing.sizes[members].tolist()
+    stamps = (listing.stamps[members].tolist() if len(listing.stamps) == len(listing.sizes)
+              else [0] * len(members))
+    key_blob = listing.key_blob
+    key_starts = listing.key_offsets[members].tolist()
+    key_ends = listing.key_offsets[members + 1].tolist()
     try:
-        with MemberReader(listing.members) as archive:
+        with MemberReader(listing.members) as archive, FolderReader(listing.root) as files:
             main = _PayloadWriter(temp, start, alignment)
             writers.append(main)
             field_writers = {}
             for spec in image_fields:
                 field_writers[spec.name] = _PayloadWriter(field_temps[spec.name], start, alignment)
                 writers.append(field_writers[spec.name])
-            for source_index in members.tolist():
-                key = listing.key(source_index)
+            for position, source_index in enumerate(members.tolist()):
+                key = key_blob[key_starts[position]:key_ends[position]].tobytes().decode("utf-8")
+                size = sizes[position]
                 # an archive source's member is read by offset (build/members.py); a file by path
-                member = (archive.read(source_index, int(listing.sizes[source_index]))
-                          if listing.members is not None else None)
+                member = archive.read(source_index, size) if listing.members is not None else None
                 payload, info, rejection, note = _load_and_check(
-                    listing.root, key, int(listing.sizes[source_index]), options, codec,
-                    listing.stamp(source_index), member=member,
-                    name=source_name(key, listing.metadata(source_index)))
+                    files, key, size, settings, codec, stamps[position], member=member,
+                    name=source_name(key, listing.metadata(source_index)) if "%" in key else None)
                 pending_files += 1
                 extra: list[tuple[bytes, Any]] = []
                 if rejection is None:
                     for spec in image_fields:
-                        loaded = _load_field_image(listing, spec.name, source_index, key, options, archive)
+                        loaded = _load_field_image(listing, spec.name, source_index, key, settings, archive, files)
                         if isinstance(loaded, Rejection):
                             rejection = loaded
                             break
@@ -216,8 +226,8 @@ def _add_payload_row(rows: dict[str, list[int]], prefix: str, offset: int, paylo
     rows[prefix + ("format" if prefix else "image_format")].append(info.image_format)
 
 
-def _load_field_image(listing: Any, name: str, source_index: int, key: str, options: BuildOptions,
-                      archive: MemberReader) -> tuple[bytes, Any] | Rejection:
+def _load_field_image(listing: Any, name: str, source_index: int, key: str, settings: BuildSettings,
+                      archive: MemberReader, files: FolderReader) -> tuple[bytes, Any] | Rejection:
     """Read and check a sample's second image of field ``name``: stored as it is (pass-through,
     whatever the main codec: a mask must keep its exact values), header-checked like any image.
 
@@ -226,22 +236,25 @@ def _load_field_image(listing: Any, name: str, source_index: int, key: str, opti
     table = listing.fields
     field_key = table.image_key(name, source_index)
     size = int(table.image_sizes[name][source_index])
-    if size > options.max_file_size:
+    if size > settings.checks.max_file_size:
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}) is {size} bytes; the limit "
-                                               f"(--max-file-size) is {options.max_file_size}")
+                                               f"(--max-file-size) is {settings.checks.max_file_size}")
+    inside: bool | None = True
     if listing.members is not None:
         data, reason, message = archive.read(source_index, size, field=name)
         if reason:
             return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {message} ({reason})")
     else:
-        data = _read_listed(listing.root / field_key, field_key, size)
+        data, inside = _read_listed(files, field_key, field_key, size)
     if isinstance(data, Rejection):
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {data.message} ({data.reason})")
     try:
-        info = probe_image(data, name=field_key, validate=options.validate, max_pixels=options.max_pixels,
-                           show_bytes=_inside(listing.root, listing.root / field_key))
+        info = probe_image(data, name=field_key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels)
     except RejectedImageError as exc:
-        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {exc.message} ({exc.reason})")
+        message = exc.message
+        if exc.reason == "not-an-image" and not (inside or files.resolves_inside(field_key)):
+            message = _quiet_message(data, field_key, settings)
+        return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {message} ({exc.reason})")
     except PackerError as exc:
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {exc.message}")
     except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
@@ -297,7 +310,7 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
         BuildError: an output I/O error.
     """
     parts = sorted(parts, key=lambda p: p.segment)
-    alignment = plan.options.alignment
+    alignment = plan.settings.layout.alignment
     first = Path(parts[0].path)
     image_fields = [spec.name for spec in plan.listing.fields.image_specs] if plan.listing.fields is not None else []
     columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else ())
@@ -380,7 +393,7 @@ def pack_planned_shard(plan: BuildPlan, out: Path, shard: int, *, progress: Prog
     return assemble_shard(plan, out, shard, [part])
 
 
-def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOptions, codec: Any,
+def _load_and_check(files: FolderReader, key: str, listed_size: int, settings: BuildSettings, codec: Any,
                     listed_stamp: int = 0, member: tuple[bytes, str, str] | None = None,
                     name: bytes | None = None
                     ) -> tuple[bytes, Any, Rejection | None, str | None]:
@@ -394,56 +407,65 @@ def _load_and_check(root: Path, key: str, listed_size: int, options: BuildOption
     if member is not None:
         if member[1]:
             return b"", None, Rejection(key, member[1], member[2]), None
-        return _check(member[0], key, options, codec)
-    path = root / (key if name is None else os.fsdecode(name))  # an escaped key names other bytes
-    if listed_size > options.max_file_size:
+        return _check(member[0], key, settings, codec)
+    relative = key if name is None else os.fsdecode(name)  # an escaped key names other bytes
+    if listed_size > settings.checks.max_file_size:
         return b"", None, Rejection(key, "file-too-large",
                                     f"is {listed_size} bytes; the limit (--max-file-size) is "
-                                    f"{options.max_file_size}"), None
-    data = _read_listed(path, key, listed_size, listed_stamp)
+                                    f"{settings.checks.max_file_size}"), None
+    data, inside = _read_listed(files, relative, key, listed_size, listed_stamp)
     if isinstance(data, Rejection):
         return b"", None, data, None
-    return _check(data, key, options, codec, quote_bytes=_inside(root, path))
+    return _check(data, key, settings, codec,
+                  quote_bytes=True if inside else lambda: files.resolves_inside(relative))
 
 
-def _check(data: bytes, key: str, options: BuildOptions, codec: Any, *, quote_bytes: bool = True
-           ) -> tuple[bytes, Any, Rejection | None, str | None]:
+def _check(data: bytes, key: str, settings: BuildSettings, codec: Any, *,
+           quote_bytes: bool | Callable[[], bool] = True) -> tuple[bytes, Any, Rejection | None, str | None]:
     """Probe and encode one source's bytes (a file's or an archive member's).
 
-    ``quote_bytes=False`` for a file outside the source (a link to ``/etc/passwd``): a rejection
-    never quotes its bytes.
+    ``quote_bytes``: False for a file outside the source (a link to ``/etc/passwd``): a rejection
+    never quotes its bytes. A callable is asked only when a rejection would quote them (resolving
+    the path is left to the rare file that needs it).
     """
     converted = None
     try:
-        info = probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels)
-        if options.normalize_formats:  # --normalize-formats: rare formats become PNG (pillowformats)
-            png = normalize_to_png(data, info.image_format, path=key, max_pixels=options.max_pixels)
+        info = probe_image(data, name=key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels)
+        if settings.checks.normalize_formats:  # --normalize-formats: rare formats become PNG (pillowformats)
+            png = normalize_to_png(data, info.image_format, path=key, max_pixels=settings.checks.max_pixels)
             if png is not None:
                 converted = f"png from {fmt.ImageFormat.NAMES.get(info.image_format, 'other')}"
                 data = png
-                info = probe_image(data, name=key, validate="header", max_pixels=options.max_pixels)
+                info = probe_image(data, name=key, validate="header", max_pixels=settings.checks.max_pixels)
+        source_info = info
         payload, info = codec.encode(data, info, name=key)
     except RejectedImageError as exc:
         message = exc.message
-        if exc.reason == "not-an-image" and not quote_bytes:
-            # Never quote the bytes of a file outside the source (a link to /etc/passwd).
-            try:
-                probe_image(data, name=key, validate=options.validate, max_pixels=options.max_pixels,
-                            show_bytes=False)
-            except RejectedImageError as quiet:
-                message = quiet.message
+        if exc.reason == "not-an-image" and not (quote_bytes() if callable(quote_bytes) else quote_bytes):
+            message = _quiet_message(data, key, settings)  # never the bytes of a file outside the source
         return b"", None, Rejection(key, exc.reason, message), None
     except PackerError as exc:
         return b"", None, Rejection(key, "decode-failed", exc.message), None
     except Exception as exc:  # noqa: BLE001 - one hostile file must never abort the whole build
         return b"", None, Rejection(key, "decode-failed",
-                                    f"the {options.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
-    note = codec.note(data, payload, info) if hasattr(codec, "note") else None
+                                    f"the {settings.codec} codec failed on it: {type(exc).__name__}: {exc}"), None
+    note = codec.note(data, payload, info, source_info=source_info) if hasattr(codec, "note") else None
     return payload, info, None, converted if converted is not None and note is None else note
 
 
-def _read_listed(path: Path, key: str, listed_size: int, listed_stamp: int = 0) -> bytes | Rejection:
-    """The file's bytes if it is still the regular file of ``listed_size`` bytes that was listed.
+def _quiet_message(data: bytes, key: str, settings: BuildSettings) -> str:
+    """The not-an-image message that does not quote the file's bytes (a file outside the source)."""
+    try:
+        probe_image(data, name=key, validate=settings.checks.validate, max_pixels=settings.checks.max_pixels, show_bytes=False)
+    except RejectedImageError as quiet:
+        return quiet.message
+    return "bytes that are not an image (not quoted: the file lies outside the source folder)"
+
+
+def _read_listed(files: FolderReader, relative: str, key: str, listed_size: int, listed_stamp: int = 0
+                 ) -> tuple[bytes | Rejection, bool | None]:
+    """The file's bytes if it is still the regular file of ``listed_size`` bytes that was listed,
+    and whether it was reached inside the source without a link (``FolderReader.open``).
 
     The read is bounded whatever the file has become since it was listed (normal with
     ``--plan-only`` then ``--part``, ``--resume``, or a long listing): opened with ``O_NONBLOCK``
@@ -454,15 +476,24 @@ def _read_listed(path: Path, key: str, listed_size: int, listed_stamp: int = 0) 
     file rewritten or replaced since, even at the same size, is refused too. Symlinks are
     followed on purpose: the listing follows them, and the checks apply to what the descriptor
     refers to, wherever the link points.
+
+    The read asks for ``listed_size + 1`` bytes at once: a regular file that returns exactly
+    ``listed_size`` has ended (a local file reads short only at its end), so the usual second
+    read that sees the end costs nothing; a shorter read goes on as ``read_fd_capped`` does.
     """
     try:
-        fd, info = open_nonblocking(path)
+        fd, info, inside = files.open(relative)
     except FileNotFoundError:
-        return Rejection(key, "missing", "the file vanished after it was listed")
+        return Rejection(key, "missing", "the file vanished after it was listed"), None
     except PermissionError as exc:
-        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
+        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}"), None
     except OSError as exc:
-        return Rejection(key, "unreadable", f"open failed: {exc.strerror or exc}")
+        return Rejection(key, "unreadable", f"open failed: {exc.strerror or exc}"), None
+    return _read_opened(fd, info, key, listed_size, listed_stamp), inside
+
+
+def _read_opened(fd: int, info: os.stat_result, key: str, listed_size: int, listed_stamp: int) -> bytes | Rejection:
+    """``_read_listed`` once the file is open (closes ``fd``)."""
     try:
         if not stat.S_ISREG(info.st_mode):
             return Rejection(key, "changed-during-build",
@@ -475,25 +506,23 @@ def _read_listed(path: Path, key: str, listed_size: int, listed_stamp: int = 0) 
             return Rejection(key, "changed-during-build",
                              "rewritten or replaced since it was listed (another modification time, "
                              "same size)")
-        data = read_fd_capped(fd, listed_size, listed_size)
+        data = os.read(fd, listed_size + 1)
+        if 0 < len(data) < listed_size:  # a short read: the rest, capped as ever
+            rest = read_fd_capped(fd, listed_size - len(data), listed_size - len(data))
+            data = None if rest is None else data + rest
     except PermissionError as exc:
         return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
     except OSError as exc:
         return Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    if data is None:
+    if data is None or len(data) > listed_size:
         return Rejection(key, "changed-during-build",
                          f"listed as {listed_size} bytes, but it grew while it was read")
     if len(data) != listed_size:
         return Rejection(key, "changed-during-build",
                          f"listed as {listed_size} bytes, read {len(data)} bytes")
     return data
-
-
-def _inside(root: Path, path: Path) -> bool:
-    real_root = os.path.realpath(root)
-    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
 
 
 def _file_kind(mode: int) -> str:
@@ -506,13 +535,12 @@ def _file_kind(mode: int) -> str:
 
 
 def _hash_file(path: Path) -> int:
+    """The xxh3 of a finished shard file, hashed from a mapping of the page cache (no copy out)."""
     hasher = fmt.Hasher()
     with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(16 << 20)
-        view = memoryview(buffer)
-        while True:
-            n = handle.readinto(buffer)
-            if not n:
-                break
-            hasher.update(view[:n])
+        size = os.fstat(handle.fileno()).st_size
+        if size:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault-in, not one per page
+            with mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ) as mapping:
+                hasher.update(mapping)
     return hasher.intdigest()

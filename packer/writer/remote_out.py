@@ -9,6 +9,7 @@ goes up last: until then the URL holds the previous generation or nothing that o
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,32 +37,34 @@ def _writable(text: str) -> DatasetURL:
     return url
 
 
-def build_to_url(build: Callable[..., Any], source: Any, out: str, options: Any, *, remote: Any = None,
-                 overwrite: bool = False, resume: bool = False, **build_kwargs: Any) -> Any:
-    """Build ``source`` with ``build`` (``packer.writer.run.build``, passed in: no import cycle) into a
-    staging folder, then upload it to ``out`` (see the module docstring)."""
+def build_to_url(build: Callable[..., Any], source: Any, out: str, settings: Any, run: Any) -> Any:
+    """Build ``source`` with ``build`` (``packer.writer.run``'s, passed in: no import cycle) into a
+    staging folder, then upload it to ``out`` (see the module docstring). ``settings`` and ``run``
+    are the build's ``BuildSettings`` and ``RunOptions`` (``run.remote``: how to reach the store)."""
     url = _writable(out)
-    settings = as_remote_options(remote)
-    store = store_for(url, settings)
-    if not overwrite and not resume and store.head(fmt.MANIFEST_NAME) is not None:
+    remote = as_remote_options(run.remote)
+    store = store_for(url, remote)
+    if not run.overwrite and not run.resume and store.head(fmt.MANIFEST_NAME) is not None:
         raise OutputExistsError("a dataset is already here; pass --overwrite to replace it, --resume to finish "
                                 "an interrupted upload, or use `packer append`", path=url.text)
-    staging = staging_folder(url, settings, "build")
-    if not resume:
+    staging = staging_folder(url, remote, "build")
+    if not run.resume:
         shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    result = build(source, staging, options, resume=resume and staging.exists(), overwrite=False, **build_kwargs)
+    result = build(source, staging, settings, replace(run, resume=run.resume and staging.exists(), overwrite=False))
     if result is None:  # --part / --plan-only: nothing to upload yet
         return None
-    upload_dataset(staging, url, settings, overwrite=overwrite or resume)
+    upload_dataset(staging, url, remote, overwrite=run.overwrite or run.resume)
     shutil.rmtree(staging, ignore_errors=True)
     return result
 
 
-def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, remote: Any = None, resume: bool = False,
-                  **append_kwargs: Any) -> Any:
+def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, run: Any, **append_kwargs: Any) -> Any:
     """Append ``source`` to the dataset at URL ``dataset``: the new generation is built next to a copy of
-    the current manifest and index, and its new shards, index and manifest are uploaded (manifest last)."""
+    the current manifest and index, and its new shards, index and manifest are uploaded (manifest last).
+    ``run`` is the append's ``RunOptions`` (``run.remote``: how to reach the store; ``run.resume``:
+    finish an interrupted upload)."""
+    remote, resume = run.remote, run.resume
     from ..remote.reader import RemoteFiles
 
     url = _writable(dataset)
@@ -81,7 +84,7 @@ def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, remo
         shutil.copyfile(files.root / index_path, staging / index_path)
         (staging / fmt.MANIFEST_NAME).write_bytes(files.manifest_bytes)
         marker.write_text(files.generation)
-        result = append(staging, source, **append_kwargs)
+        result = append(staging, source, run=run, **append_kwargs)
     upload_dataset(staging, url, settings, expect_manifest=files.manifest_bytes)
     shutil.rmtree(staging, ignore_errors=True)
     return result

@@ -1,6 +1,10 @@
 """The whole build: plan (or reuse the saved plan), pack the planned shards with an engine, finish.
 
-``build`` is the library form of ``packer build``; ``finish`` combines the parts of a split build.
+``build`` is the library form of ``packer build`` (``packer.build_dataset``): it takes the build's
+``BuildSettings`` (what is recorded) and this run's ``RunOptions`` (how it runs); ``finish``
+combines the parts of a split build. The source's kind is detected once, at the start
+(``sources.detect_kind``), and travels in the settings: the plan, the listing, the report and
+the manifest all record it, and ``--resume`` compares it; nothing guesses it from the path.
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..remote.url import is_url, parse_url
-from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, SourceError
+from ..location import parse_location
+from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, PackerError, SourceError
 from ..progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
-from .plan import BuildOptions, BuildPlan, load_plan, make_plan, save_plan
-from ..sources import SourceOptions, list_source
+from .plan import BuildPlan, load_plan, make_plan, save_plan
+from .probes import FILE_KINDS, probe_mismatch, source_probes
+from .settings import BuildSettings, RunOptions, parse_part, settings_and_run
+from ..sources import SourceOptions, detect_kind, list_source, source_root
 from ..names import source_name
 from ..sources.members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 
-__all__ = ["build", "finish", "check_workers", "check_output_outside_source", "prepare_plan", "parse_part",
+__all__ = ["build", "finish", "check_output", "check_output_outside_source", "prepare_plan", "parse_part",
            "shards_of_part", "run_shards", "source_options"]
 
 logger = logging.getLogger("packer.build")
@@ -33,70 +39,67 @@ logger = logging.getLogger("packer.build")
 
 # --- planning ---------------------------------------------------------------------------------
 
-def parse_part(text: str) -> tuple[int, int]:
-    """Parse ``"K/N"`` (0-based K) into (K, N)."""
-    try:
-        k_text, n_text = text.split("/")
-        k, n = int(k_text), int(n_text)
-    except ValueError:
-        raise OptionError(f"--part must look like K/N (e.g. 0/4), got {text!r}") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise OptionError(f"--part {text}: need 0 <= K < N")
-    return k, n
-
-
 def shards_of_part(shard_count: int, part: int, parts: int) -> list[int]:
     """Planned shards of part ``part`` of ``parts``: round-robin, so parts get similar work."""
     return list(range(part, shard_count, parts))
 
 
-def options_difference(saved: BuildOptions, asked: BuildOptions) -> str:
-    """The options that differ, one ``name: saved X, asked Y`` each (not the two whole sets)."""
-    then, now = saved.to_json(), asked.to_json()
-    return "; ".join(f"{key}: saved {then.get(key, '(default)')!r}, asked {now.get(key, '(default)')!r}"
-                     for key in sorted(set(then) | set(now)) if then.get(key) != now.get(key))
+def source_options(settings: BuildSettings, **run: Any) -> SourceOptions:
+    """The source contract's options for a build with ``settings``: its source and label settings
+    as they are, its file-size limit; ``run``: how this listing runs (spool folder, progress,
+    on_error, new_classes)."""
+    return SourceOptions(source=settings.source, labels=settings.labels,
+                         max_file_size=settings.checks.max_file_size, **run)
 
 
-def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path | None = None,
-                 reuse: bool = True, progress: bool = False, strict_classes: bool = False,
-                 source_kind: str = "auto", label_field: str = "label", image_column: str | None = None,
-                 reused_by: str = "--resume") -> BuildPlan:
+def _kind_refusal(then: str, now: str, what: str, fix: str, out: Path) -> BuildError:
+    """The source given is of another kind than the one recorded (``what``: "... was built from")."""
+    return BuildError(f"{what} a {then}, not a {now}; {fix}", path=out)
+
+
+def prepare_plan(source: Path, out: Path, settings: BuildSettings, *, reuse: bool = True, progress: bool = False,
+                 strict_classes: bool = False, reused_by: str = "--resume") -> BuildPlan:
     """Load the saved plan if it matches, else list the source and save a new plan.
 
     Args:
-        strict_classes: refuse the whole source when a file is not in ``options.classes``
+        settings: the build's settings, with the source kind detected (``detect_kind``).
+        strict_classes: refuse the whole source when a file is not in the class list
             (``--on-error fail``), instead of rejecting those files.
         reused_by: the option that reuses the saved plan (``--resume``, ``--part``,
-            ``--plan-only``), named in the error when the options differ.
+            ``--plan-only``), named in the error when the settings differ.
 
     Raises:
-        OptionError: a saved plan exists with different options (and ``reuse`` is on): the
-            call is wrong, the message names each option that differs.
+        OptionError: a saved plan exists with different settings (and ``reuse`` is on): the
+            call is wrong, the message names each option that differs, as the user types it.
+        BuildError: the saved plan was made from a source of another kind, or another source.
         SourceError: ``strict_classes`` and the source holds classes not in the list.
     """
     staging = out / STAGING_DIR
     plan_path = staging / PLAN_NAME
-    source_root = root if root is not None else (source.parent if source.is_file() else source)
+    kind = settings.source.kind
     if reuse and plan_path.exists():
-        plan = load_plan(plan_path, source_root)
+        plan = load_plan(plan_path, source_root(source, kind, settings.source.root), source=settings.source)
         _refuse_append_plan(plan, out)
-        _check_same_source(plan, source_root)
-        if plan.options != options:
+        if plan.settings.source.kind != kind:
+            raise _kind_refusal(plan.settings.source.kind, kind, f"the unfinished build here ({reused_by} reuses "
+                                f"its saved plan) was planned from", f"point SRC at the same source, or delete {plan_path.parent} "
+                                f"to plan it again", out)
+        _check_same_source(plan, source_root(source, kind, settings.source.root))
+        if plan.settings != settings:
             if reused_by == "--resume":
                 fix = "use the same options with --resume, or build without --resume to start over"
             else:
                 fix = (f"give every --part/--plan-only/--finish step of a split build the options the plan was "
                        f"saved with, or delete {plan_path.parent} to plan it again")
             raise OptionError(f"an unfinished build with different options is in this folder ({reused_by} "
-                              f"reuses its saved plan): {options_difference(plan.options, options)}; {fix}",
+                              f"reuses its saved plan): {'; '.join(plan.settings.differences(settings))}; {fix}",
                               path=out)
         return plan
     created_staging = not staging.exists()
     try:
         with ListingProgress(enabled=progress) as counter:
-            listing = list_source(source, source_options(options, root=root, progress=counter.update,
-                                                         spool_dir=staging / SPOOL_DIR, source_kind=source_kind,
-                                                         label_field=label_field, image_column=image_column,
+            listing = list_source(source, source_options(settings, progress=counter.update,
+                                                         spool_dir=staging / SPOOL_DIR,
                                                          on_error="fail" if strict_classes else "skip"))
     except BaseException:
         # a refused source (a bomb, a damaged archive, a full disk) leaves no spool in OUT
@@ -104,7 +107,7 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
         if created_staging:
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    plan = make_plan(listing, options, source=source.name)
+    plan = make_plan(listing, settings, source=source.name, source_probes=source_probes(source, kind, listing))
     try:
         staging.mkdir(parents=True, exist_ok=True)
         (staging / RECORD_DIR).mkdir(exist_ok=True)
@@ -112,13 +115,6 @@ def prepare_plan(source: Path, out: Path, options: BuildOptions, *, root: Path |
     except OSError as exc:
         raise io_error(exc, "saving the build plan", plan_path) from None
     return plan
-
-
-def source_options(options: BuildOptions, **door: object) -> SourceOptions:
-    """The source contract's options for a build with ``options``: the class list, label type and
-    size limits the build asks for (``door``: the ``SourceOptions`` fields that say how to read it)."""
-    return SourceOptions(fields=options.field_specs, classes=options.classes, label_type=options.label_type,
-                         max_file_size=options.max_file_size, **door)  # type: ignore[arg-type]
 
 
 def _refuse_append_plan(plan: BuildPlan, out: Path) -> None:
@@ -157,7 +153,13 @@ def _check_same_source(plan: BuildPlan, source_root: Path, probes: int = 16) -> 
 
 # --- packing one planned shard ----------------------------------------------------------------
 
-def _check_output(out: Path, overwrite: bool) -> None:
+def check_output(out: Path, overwrite: bool) -> None:
+    """Make OUT (a folder) if needed and refuse one that is not a writable folder, or that holds a
+    dataset unless ``overwrite``.
+
+    Raises:
+        SourceError, BuildError, OutputExistsError.
+    """
     if out.exists() and not out.is_dir():
         raise SourceError("output exists and is not a folder", path=out)
     try:
@@ -168,16 +170,6 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise BuildError("the output folder is not writable", path=out)
     if (out / fmt.MANIFEST_NAME).exists() and not overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out)
-
-
-def check_workers(workers: int | None) -> None:
-    """Refuse a worker count that is not a positive integer (None means: available cores).
-
-    Raises:
-        OptionError: naming ``--workers`` and what is allowed.
-    """
-    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
-        raise OptionError(f"--workers must be a positive number of processes, got {workers!r}")
 
 
 def check_output_outside_source(source: Path, out: Path) -> None:
@@ -200,128 +192,107 @@ def check_output_outside_source(source: Path, out: Path) -> None:
                           f"dataset's own files as images; choose an OUT outside SRC", path=out)
 
 
-def build(source: str | os.PathLike[str], out: str | os.PathLike[str], options: BuildOptions = BuildOptions(),
-          *, workers: int | None = None, overwrite: bool = False, resume: bool = False,
-          on_error: str = "skip", root: str | os.PathLike[str] | None = None,
-          part: tuple[int, int] | None = None, plan_only: bool = False, engine: str = "local",
-          address: str | None = None, source_kind: str = "auto", label_field: str = "label",
-          image_column: str | None = None, progress: bool = False, remote: Any = None) -> BuildResult | None:
-    """Build a dataset from ``source`` into ``out`` (the library form of ``packer build``).
+def build(source: str | os.PathLike[str], out: str | os.PathLike[str], settings: BuildSettings | None = None,
+          run: RunOptions | None = None, **legacy: Any) -> BuildResult | None:
+    """Build a dataset from ``source`` into ``out`` (``packer.build_dataset``; the library form of
+    ``packer build``).
 
     ``out`` may be a dataset URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``file://``): the build
     packs into a staging folder of the node cache, then uploads it, the manifest last
-    (``packer.writer.remote_out``; ``remote`` takes ``packer.remote.RemoteOptions``).
+    (``packer.writer.remote_out``; ``run.remote`` takes ``packer.remote.RemoteOptions``).
 
     Args:
-        source: an ImageFolder-layout folder, a ``.csv``/``.jsonl`` manifest, or an archive
-            source (tar, tar of tars, zip, WebDataset shards or brace pattern: ``packer/sources/``).
-        out: the output folder.
-        options: everything that changes the output bytes.
-        workers: processes packing shards (default: available cores). Output is identical for any value.
-        overwrite: replace an existing dataset (it stays readable until the new manifest lands).
-        resume: continue an interrupted build with the same options, reusing finished shards.
-        on_error: ``"skip"`` (reject and report bad files) or ``"fail"`` (stop at the first).
-        root: the folder manifest paths are relative to (default: the manifest's folder).
-        part: ``(K, N)``: pack only part K of N and return None; run ``finish`` afterwards.
-        plan_only: list the source and save the plan (for the parts to share), then return None.
-        engine: ``"local"`` (process pool) or ``"ray"``.
-        address: the Ray cluster address for ``engine="ray"``.
-        source_kind: ``"auto"`` (recognised by content) or a kind of ``archives.SOURCE_KINDS``.
-        label_field: the WebDataset ``.json`` field, or the Parquet column, that holds the label.
-        image_column: the Parquet column holding the images (default: found by its type).
-        progress: show a tqdm bar on stderr; off by default in the library (the CLI turns it
-            on): library calls only log, to the ``packer`` loggers (warnings reach stderr).
+        source: an ImageFolder-layout folder, a ``.csv``/``.tsv``/``.jsonl`` manifest, an archive
+            (tar, tar of tars, compressed tar, zip), WebDataset shards (a tar, a folder, a brace
+            pattern), Parquet, a COCO annotation file, or a Hugging Face ``save_to_disk`` folder.
+        out: the output folder or URL.
+        settings: what the build records and what decides its bytes (``packer.BuildSettings``;
+            default: every default). Its source kind is detected from the source's bytes
+            (unless it names one) and recorded.
+        run: how this run goes (``packer.RunOptions``: workers, engine, part, resume, ...).
+        legacy: the old spelling, for one release (a ``BuildOptions`` as ``settings`` or
+            ``options=``, and ``workers=``, ``root=``, ``source_kind=``, ...): converted by
+            ``settings.settings_and_run`` with a ``DeprecationWarning``.
 
     Returns:
-        The BuildResult, or None when only a part was packed.
+        The BuildResult, or None when only a part was packed or only the plan was saved.
 
     Raises:
-        SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError.
+        SourceError, EmptySourceError, OutputExistsError, BuildLockedError, BuildError, OptionError.
     """
-    if is_url(out):
-        if parse_url(str(out)).scheme == "file":
-            out = parse_url(str(out)).local_path
-        else:
-            from .remote_out import build_to_url
+    settings, run = settings_and_run(settings, run, legacy)
+    location = parse_location(out, what="OUT")
+    if location.url is not None:  # packed in a staging folder, then uploaded, the manifest last
+        from .remote_out import build_to_url
 
-            return build_to_url(build, source, str(out), options, remote=remote, overwrite=overwrite, resume=resume,
-                                workers=workers, on_error=on_error, root=root, part=part, plan_only=plan_only,
-                                engine=engine, address=address, source_kind=source_kind, label_field=label_field,
-                                image_column=image_column, progress=progress)
+        return build_to_url(_build, source, location.url.text, settings, run)
+    return _build(source, location.local_path(), settings, run)
+
+
+def _build(source: str | os.PathLike[str], out: str | os.PathLike[str], settings: BuildSettings,
+           run: RunOptions) -> BuildResult | None:
     started = time.monotonic()
     source_path, out_path = Path(source), Path(out)
-    if on_error not in ("skip", "fail"):
-        raise OptionError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
-    options.check()  # before the output folder or its lock file exist
-    check_workers(workers)
-    check_engine(engine)  # a missing Ray fails here, before listing, planning or any file is written
+    settings.check()  # before the output folder or its lock file exist
+    run.check()
+    check_engine(run.engine)  # a missing Ray fails here, before listing, planning or any file is written
     if not source_path.exists() and "{" not in str(source):  # a brace pattern names WebDataset shards
         raise SourceError("source does not exist", path=source_path)
     check_output_outside_source(source_path, out_path)
+    settings = settings.detected(detect_kind(source, settings.source.kind))  # once: recorded from here on
     # --resume continues a build that was replacing a dataset, or that committed and was killed
     # while cleaning up: its saved plan shows it was allowed to write here.
-    split = part is not None or plan_only  # one step of a split build: shares the folder with others
-    continuing = resume and not split and (out_path / STAGING_DIR / PLAN_NAME).is_file()
-    if resume and not split and not overwrite and not continuing and (out_path / fmt.MANIFEST_NAME).is_file():
+    continuing = run.resume and not run.split and (out_path / STAGING_DIR / PLAN_NAME).is_file()
+    if (run.resume and not run.split and not run.overwrite and not continuing
+            and (out_path / fmt.MANIFEST_NAME).is_file()):
         # A requeued job after success: the dataset is the result, not an obstacle.
-        return _already_complete(source_path, out_path, options, Path(root) if root is not None else None,
-                                 started)
+        return _already_complete(source_path, out_path, settings, started)
     created = not out_path.exists()
-    _check_output(out_path, overwrite or split or continuing)
-    if split and (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
+    check_output(out_path, run.overwrite or run.split or continuing)
+    if run.split and (out_path / fmt.MANIFEST_NAME).exists() and not run.overwrite:
         raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it", path=out_path)
-    root_path = Path(root) if root is not None else None
     try:
-        return _build_locked(source_path, out_path, options, root_path, started, workers=workers,
-                             overwrite=overwrite, resume=resume, continuing=continuing, on_error=on_error,
-                             part=part, plan_only=plan_only, split=split, engine=engine, address=address,
-                             progress=progress, source_kind=source_kind, label_field=label_field,
-                             image_column=image_column)
+        return _build_locked(source_path, out_path, settings, run, started, continuing=continuing)
     except SourceError:  # the input is unusable: leave no half-made output behind
         _drop_lock_file(out_path, remove_empty=created)
         raise
 
 
-def _build_locked(source_path: Path, out_path: Path, options: BuildOptions, root_path: Path | None,
-                  started: float, *, workers: int | None, overwrite: bool, resume: bool, continuing: bool,
-                  on_error: str, part: tuple[int, int] | None, plan_only: bool, split: bool, engine: str,
-                  address: str | None, progress: bool, source_kind: str = "auto",
-                  label_field: str = "label", image_column: str | None = None) -> BuildResult | None:
-    with build_lock(out_path, shared=split):
-        if not (overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
+def _build_locked(source_path: Path, out_path: Path, settings: BuildSettings, run: RunOptions, started: float, *,
+                  continuing: bool) -> BuildResult | None:
+    with build_lock(out_path, shared=run.split):
+        if not (run.overwrite or continuing) and (out_path / fmt.MANIFEST_NAME).exists():
             # Checked again under the lock: another build may have committed since the check above.
             raise OutputExistsError("a dataset already exists here; pass --overwrite to replace it",
                                     path=out_path)
         staging = out_path / STAGING_DIR
-        if not split and not resume and staging.exists():
+        if not run.split and not run.resume and staging.exists():
             shutil.rmtree(staging)  # a stale, unfinished build: start over (use --resume to continue)
         try:
-            plan = prepare_plan(source_path, out_path, options, root=root_path, reuse=resume or split,
-                                progress=progress, strict_classes=on_error == "fail",
-                                source_kind=source_kind, label_field=label_field,
-                                image_column=image_column,
-                                reused_by="--part" if part is not None else "--plan-only" if plan_only else "--resume")
+            plan = prepare_plan(source_path, out_path, settings, reuse=run.resume or run.split, progress=run.progress,
+                                strict_classes=run.on_error == "fail",
+                                reused_by="--part" if run.part is not None else "--plan-only" if run.plan_only
+                                else "--resume")
         except EmptySourceError as exc:
-            if not (part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
-                record_empty_build(out_path, exc, options.to_json(), source_kind=getattr(exc, "source_kind", None)
-                                   or ("manifest" if source_path.is_file() else "folder"))
+            if not (run.part is not None and (staging / PLAN_NAME).is_file()):  # not a part of a live split build
+                record_empty_build(out_path, exc, settings)
             raise
         logger.info("planned %d shard(s) for %d file(s) (%d rejected while listing)", plan.shard_count,
                     len(plan.listing), len(plan.listing.rejected))
-        if plan_only:
+        if run.plan_only:
             return None
-        if not split:
+        if not run.split:
             shutil.rmtree(staging / TEMP_DIR, ignore_errors=True)
-        shard_ids = (shards_of_part(plan.shard_count, *part) if part is not None
+        shard_ids = (shards_of_part(plan.shard_count, *run.part) if run.part is not None
                      else list(range(plan.shard_count)))
-        run_shards(plan, out_path, shard_ids, workers=workers, engine=engine, address=address,
-                   progress=progress, fail_on_reject=on_error == "fail")
-        if part is not None:
+        run_shards(plan, out_path, shard_ids, workers=run.workers, engine=run.engine, address=run.address,
+                   progress=run.progress, fail_on_reject=run.on_error == "fail")
+        if run.part is not None:
             return None
         try:
             result = finish_build(plan, out_path)
         except EmptySourceError as exc:  # every listed file was rejected while packing
-            record_empty_build(out_path, exc, options.to_json(), source_kind=plan.listing.kind)
+            record_empty_build(out_path, exc, plan.settings)
             raise
     result.seconds = time.monotonic() - started
     logger.info("committed %d samples in %d shard(s) to %s", result.sample_count, result.shard_count, out_path)
@@ -341,48 +312,50 @@ def _drop_lock_file(out: Path, *, remove_empty: bool) -> None:
             pass
 
 
-def _already_complete(source: Path, out: Path, options: BuildOptions, root: Path | None,
-                      started: float) -> BuildResult:
-    """``--resume`` on a finished dataset: complete when it was built from this source with these
-    options (exit 0, nothing rewritten); otherwise a clear error.
+def _recorded_settings(info: dict[str, Any], asked: BuildSettings) -> BuildSettings | None:
+    """The settings a finished dataset's build record holds (strictly read: a record that does
+    not parse is no record), the door options older records lack taken as asked."""
+    nested = fmt.recorded_build_settings(info)
+    if nested is None:
+        return None
+    try:
+        return BuildSettings.from_json(nested, unrecorded_source=asked.source)
+    except PackerError:
+        return None
+
+
+def _already_complete(source: Path, out: Path, settings: BuildSettings, started: float) -> BuildResult:
+    """``--resume`` on a finished dataset: complete when it was built from this source (of the same
+    kind, its probed files unchanged) with these settings (exit 0, nothing rewritten); otherwise a
+    clear error.
 
     Raises:
-        BuildError: the dataset here was built with other options or from another source.
+        BuildError: the dataset here was built from a source of another kind, from another
+            source, or with other settings.
     """
     from ..dataset import open_index
 
     with build_lock(out), open_index(out) as index:
         info = index.manifest.build if isinstance(index.manifest.build, dict) else {}
-        stored = info.get("options")
-        try:
-            built_with = BuildOptions(**stored) if isinstance(stored, dict) else None
-        except TypeError:
-            built_with = None
-        if built_with != options:
-            asked = options.to_json()
-            then = built_with.to_json() if built_with is not None else {}
-            differ = ", ".join(f"{k}: built {then.get(k, '?')!r}, asked {v!r}" for k, v in sorted(asked.items())
-                               if then.get(k) != v) if built_with is not None else "its options are not recorded"
-            raise BuildError(f"--resume: a finished dataset is here, built with other options ({differ}); pass "
-                             f"--overwrite to rebuild it, or use the options it was built with", path=out)
-        kind = "manifest" if source.is_file() else "folder"
-        if info.get("source_kind") not in (None, kind):
-            raise BuildError(f"--resume: the finished dataset here was built from a {info.get('source_kind')}, "
-                             f"not a {kind}; pass --overwrite to rebuild it", path=out)
-        source_root = root if root is not None else (source.parent if source.is_file() else source)
-        probes = info.get("source_probes")  # informational: checked for type, never trusted
-        for key, size in (probes.items() if isinstance(probes, dict) else ()):
-            if (not isinstance(size, int) or isinstance(size, bool) or not key or key.startswith("/")
-                    or ".." in key.split("/")):
-                continue
-            try:
-                now = os.stat(source_root / key).st_size
-            except OSError:
-                now = -1
-            if now != size:
-                raise BuildError(f"--resume: the finished dataset here was built from a different source: {key!r} "
-                                 f"is {'missing' if now < 0 else f'{now} bytes'} under {source_root}, it was "
-                                 f"{size} bytes; pass --overwrite to rebuild", path=out)
+        built_with = _recorded_settings(info, settings)
+        if built_with is None:
+            raise BuildError("--resume: a finished dataset is here, but its build settings are not recorded; "
+                             "pass --overwrite to rebuild it", path=out)
+        kind = settings.source.kind
+        if built_with.source.kind != kind:
+            raise _kind_refusal(built_with.source.kind, kind, "--resume: the finished dataset here was built from",
+                                "pass --overwrite to rebuild it", out)
+        differ = built_with.differences(settings, then="built", now="asked")
+        if differ:
+            raise BuildError(f"--resume: a finished dataset is here, built with other options ({'; '.join(differ)}); "
+                             f"pass --overwrite to rebuild it, or use the options it was built with", path=out)
+        probes = info.get("source_probes")
+        # Records before the nested settings probed archive members by key: no file to check.
+        checkable = isinstance(probes, dict) and ("settings" in info or kind in FILE_KINDS)
+        changed = probe_mismatch(source, kind, settings.source.root, probes) if checkable else None
+        if changed:
+            raise BuildError(f"--resume: the finished dataset here was built from a different source: {changed}; "
+                             f"pass --overwrite to rebuild", path=out)
         shards = index.manifest.shards
         payload = int(index.sizes.sum())
         total = sum(s.size for s in shards) + index.manifest.index.size
@@ -390,12 +363,13 @@ def _already_complete(source: Path, out: Path, options: BuildOptions, root: Path
         return BuildResult(path=out, sample_count=len(index), shard_count=len(shards), rejected=[],
                            payload_bytes=payload, total_bytes=total, seconds=time.monotonic() - started,
                            summary=dict(info), classes=tuple(index.classes), already_complete=True,
-                           source_verified=isinstance(probes, dict))
+                           source_verified=checkable)
 
 
 def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = None,
            root: str | os.PathLike[str] | None = None, *, overwrite: bool = False) -> BuildResult:
-    """Combine the parts of a split build into the dataset (``packer build --finish``).
+    """Combine the parts of a split build into the dataset (``packer build --finish``), with the
+    settings its saved plan records.
 
     Raises:
         BuildError: no split build here, a part is missing, or the staged plan is an append's.
@@ -405,36 +379,34 @@ def finish(out: str | os.PathLike[str], source: str | os.PathLike[str] | None = 
     plan_path = out_path / STAGING_DIR / PLAN_NAME
     if not plan_path.exists():
         raise BuildError("no split build to finish here (no saved plan); run the parts first", path=out_path)
-    source_root = Path(root) if root is not None else (
-        (Path(source).parent if Path(source).is_file() else Path(source)) if source is not None else Path("."))
     with build_lock(out_path):
         if (out_path / fmt.MANIFEST_NAME).exists() and not overwrite:
             raise OutputExistsError("a dataset already exists here; pass --overwrite (as the parts did) to "
                                     "replace it", path=out_path)
-        plan = load_plan(plan_path, source_root)
+        plan = load_plan(plan_path, Path("."))
+        if source is not None:  # the keys' folder, by the kind the plan recorded (informative here)
+            plan.listing.root = source_root(source, plan.settings.source.kind, root)
         _refuse_append_plan(plan, out_path)
         try:
             return finish_build(plan, out_path)
         except EmptySourceError as exc:
-            record_empty_build(out_path, exc, plan.options.to_json(), source_kind=plan.listing.kind)
+            record_empty_build(out_path, exc, plan.settings)
             raise
 
 
 # --- engines ----------------------------------------------------------------------------------
 
 def check_engine(engine: str) -> None:
-    """Refuse an unknown engine, or ``"ray"`` where Ray is not installed, before any work.
+    """Refuse ``"ray"`` where Ray is not installed, before any work (an unknown engine is refused by
+    ``RunOptions.check``).
 
     Raises:
-        OptionError: not ``"local"`` or ``"ray"``.
         MissingDependencyError: ``"ray"`` without Ray.
     """
     if engine == "ray":
         from .engines.ray_engine import require_ray
 
         require_ray()
-    elif engine != "local":
-        raise OptionError(f"unknown engine {engine!r} (use 'local' or 'ray')")
 
 
 def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int | None, engine: str,
@@ -447,6 +419,6 @@ def run_shards(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int
             from .engines.ray_engine import run_with_ray
             run_with_ray(plan, out, shard_ids, address=address, progress=bar.update,
                          fail_on_reject=fail_on_reject)
-        else:  # "local": check_engine refused anything else before the build started
+        else:  # "local": RunOptions.check refused anything else before the build started
             from .engines.local import run_local
             run_local(plan, out, shard_ids, workers=workers, progress=bar.update, fail_on_reject=fail_on_reject)

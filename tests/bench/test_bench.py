@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from packer.bench import (HEADROOM, BenchOptions, child_pids, process_cpu_seconds, run_bench, run_queue_seconds,
                           storage_read_bytes)
+from packer.errors import OptionError
 from packer.writer import build
 from packer.cli import _register, cli
 from packer.writer.plan import BuildOptions
@@ -24,7 +25,7 @@ _register()
 FIELDS = {"advice", "batches", "codec", "cores", "dataset", "diagnosis", "formats", "image_size", "loader",
           "main_cpu", "main_wait", "mb_per_s", "meets_target", "notes", "num_samples", "options", "payload_bytes",
           "required_rate", "samples", "samples_per_s", "seconds", "size", "storage_bytes", "target_rate",
-          "worker_cpu", "worker_wait", "workers"}
+          "worker_cpu", "worker_wait", "workers", "threads", "batches_per_epoch", "idle_workers"}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,41 @@ def test_torch_dataloader_with_a_worker_process(dataset: Path) -> None:
     assert "workers" in err
 
 
+@pytest.mark.parametrize("decode", ["rrc", "none", "full"])
+def test_threaded_loader_is_measured(dataset: Path, decode: str) -> None:
+    """--loader threaded: ThreadedLoader's batches on threads of this process (--workers its threads)."""
+    pytest.importorskip("torch")
+    _, doc, err = run_cli(str(dataset), "-b", "5", "-n", "6", "--warmup", "1", "--size", "24", "--decode", decode,
+                          "--loader", "threaded", "-j", "2", "--target-rate", "1e9")
+    bench = doc["bench"]
+    assert bench["loader"] == "threaded" and bench["threads"] == 2 and bench["workers"] == 0
+    assert bench["worker_cpu"] is None and bench["samples"] == 29 and bench["payload_bytes"] > 0  # 4 + 5 short
+    assert bench["batches_per_epoch"] == 5 and bench["main_cpu"] > 0  # 24 samples in batches of 5
+    assert "loader      threaded, 2 thread(s)" in err and "TOO SLOW" in err
+    assert not any("install torch" in item or "use more workers" in item for item in bench["advice"])
+
+
+def test_idle_workers_are_counted_and_named(dataset: Path) -> None:
+    """4 workers on 24 samples in batches of 12: 2 batches an epoch, so workers 2 and 3 get none.
+
+    Each still wakes once an epoch (persistent workers are told of every new epoch), and on a
+    loaded machine such a short run can put them over the idle threshold: the count is checked
+    against the measurement, and the note against the count (the advice table checks the text
+    for the issue's run)."""
+    pytest.importorskip("torch")
+    _, doc, err = run_cli(str(dataset), "-b", "12", "-n", "16", "--warmup", "2", "--decode", "full", "-j", "4")
+    bench = doc["bench"]
+    assert bench["batches_per_epoch"] == 2
+    idle = sum(1 for c, w in zip(bench["worker_cpu"], bench["worker_wait"]) if c + w < 0.1)
+    assert bench["idle_workers"] == idle
+    noted = [note for note in bench["notes"] if "workers sat idle" in note]
+    if idle:
+        assert f"{idle} of 4 workers sat idle" in err
+        assert noted and "an epoch of 24 samples holds 2 batches of 12" in noted[0], bench["notes"]
+    else:
+        assert not noted
+
+
 @pytest.mark.parametrize("reader,decode", [("map", "full"), ("iterable", "rrc"),
                                            ("iterable", "none")])
 def test_torch_readers_in_the_main_process(dataset: Path, reader: str, decode: str) -> None:
@@ -112,10 +148,18 @@ def test_missing_dataset_is_an_error(tmp_path: Path) -> None:
 
 
 def test_options_are_validated() -> None:
-    with pytest.raises(ValueError, match="order"):
+    with pytest.raises(OptionError, match="order"):
         BenchOptions(order="shuffled")
-    with pytest.raises(ValueError, match="target_rate"):
+    with pytest.raises(OptionError, match="target_rate"):
         BenchOptions(target_rate=0)
+    for options, message in (({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+                             ({"size": -3}, "size must be at least 1, got -3"),
+                             ({"warmup": -1}, "warmup and workers must not be negative, got warmup=-1, workers=None"),
+                             ({"workers": -2}, "warmup and workers must not be negative, got warmup=5, workers=-2"),
+                             ({"layout": "NHWC"}, "layout must be one of ['HWC', 'CHW'], got 'NHWC'")):
+        with pytest.raises(OptionError) as caught:
+            BenchOptions(**options)
+        assert isinstance(caught.value, ValueError) and caught.value.message == message
 
 
 # The advice itself is tested as a table of injected measurements in test_bench_advice.py.
@@ -206,6 +250,30 @@ def test_raw_datasets_are_cropped_at_their_stored_size_and_upsampling_is_flagged
     assert any("--size 224 is larger than the stored images (median 24x32" in note
                for note in document["bench"]["notes"])
     assert "decode      rrc 224x224" in stderr
+
+
+def test_the_in_process_loop_decodes_raw_pixels_and_refuses_an_unknown_codec(tmp_path: Path) -> None:
+    """The loop asks the codec, as the readers do: raw payloads are pixels (--decode full read
+    none of them before), and a codec this packer does not know is refused when the loop opens."""
+    import shutil
+
+    from helpers import edit_manifest, png_folder
+    from packer.errors import DecodeError
+
+    build(png_folder(tmp_path / "src", 6), tmp_path / "raw", BuildOptions(codec="raw:size=6x5"), workers=1,
+          progress=False)
+    for decode in ("full", "rrc", "none"):
+        result = run_bench(tmp_path / "raw", BenchOptions(batch_size=3, batches=2, warmup=0, decode=decode,
+                                                          loader="simple"))
+        assert result.samples == 6 and result.codec == "raw"
+    unknown = Path(shutil.copytree(tmp_path / "raw", tmp_path / "unknown"))
+    edit_manifest(unknown, lambda document: document.update(codec={"name": "zstd-future"}))
+    for decode in ("full", "rrc"):
+        with pytest.raises(DecodeError) as caught:
+            run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode=decode, loader="simple"))
+        assert caught.value.message.startswith("the dataset's codec 'zstd-future' is not one this packer can decode "
+                                               "(it knows jpeg, passthrough, raw, tiled)")
+    assert run_bench(unknown, BenchOptions(batch_size=3, batches=1, warmup=0, decode="none", loader="simple")).samples == 3
 
 
 def test_the_default_size_never_upsamples(tmp_path: Path) -> None:

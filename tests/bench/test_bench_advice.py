@@ -28,6 +28,9 @@ def measured(**changes: Any) -> BenchResult:
     return BenchResult(**base)
 
 
+IDLE_SIX = dict(num_samples=300, workers=8, cores=2, worker_cpu=[0.94, 0.19] + [0.01, 0.0] * 3,
+                worker_wait=[0.02] * 2 + [0.0] * 6, batches_per_epoch=2, idle_workers=6,
+                options={"batch_size": 256})  # the run of issue 39: worker 0 made the 256-sample batches
 OVERSUBSCRIBED = dict(workers=8, cores=2, worker_cpu=[0.24] * 6 + [0.01, 0.0], worker_wait=[0.72] * 6 + [0.0, 0.0])
 
 # (situation, measurement, options, expected diagnosis, an advice line that must be there, words that must not)
@@ -89,6 +92,21 @@ TABLE = [
     ("in-process loop without torch", measured(loader="simple", workers=0, worker_cpu=None, worker_wait=None,
                                                main_cpu=0.99), BenchOptions(),
      "cpu-bound", "install torch (pip install 'packer-shards[torch]')", ("use more workers",)),
+    ("8 workers on 300 samples in batches of 256: 2 batches an epoch, 6 workers never get one",
+     measured(**IDLE_SIX), BenchOptions(batch_size=256),
+     "cpu-bound", "6 of 8 workers sat idle: an epoch of 300 samples holds 2 batches of 256",
+     ("use more workers", "wait on reads", "use at most")),
+    ("idle workers while an epoch has batches for all: something else set the pace",
+     measured(worker_cpu=[0.3, 0.3, 0.0, 0.0], worker_wait=[0.0] * 4, workers=4, main_cpu=0.95,
+              batches_per_epoch=40, idle_workers=2), BenchOptions(),
+     "main-bound", "2 of 4 workers sat idle (they ran less than 10% of the time): the other workers kept up", ()),
+    ("ThreadedLoader on one of four cores", measured(loader="threaded", workers=0, threads=1, cores=4, worker_cpu=None,
+                                                     worker_wait=None, main_cpu=0.98), BenchOptions(loader="threaded"),
+     "cpu-bound", "use more threads: 1 thread(s) on 4 cores; try --workers 4", ("use more workers", "install torch")),
+    ("tiny raw images in ThreadedLoader: no advice to measure what was measured",
+     measured(**RAW32, loader="threaded", workers=0, threads=2, cores=2, worker_cpu=None, worker_wait=None,
+              main_cpu=1.7), BenchOptions(loader="threaded"),
+     "cpu-bound", "crop on the GPU with packer.gpu.GpuRawBatches", ("--loader threaded measures it",)),
 ]
 
 
@@ -101,6 +119,16 @@ def test_advice_table(situation: str, result: BenchResult, options: BenchOptions
     assert any(line in item for item in advice[1:]), advice
     for word in absent:
         assert not any(word in item for item in advice[1:]), (word, advice)
+
+
+def test_the_limit_line_names_the_idle_workers() -> None:
+    slow = measured(**{**IDLE_SIX, "options": {**BenchOptions().__dict__, "batch_size": 256}}, required_rate=1500.0,
+                    meets_target=False)
+    slow.diagnosis = diagnose(slow)
+    slow.advice = advise(slow, BenchOptions())
+    report = format_report(slow)
+    assert "limit       cpu-bound: the workers computed all the time; 6 of 8 workers sat idle (see the note)" in report
+    assert "- 6 of 8 workers sat idle" in report and "use --workers 2, or a smaller --batch-size" in report
 
 
 def test_every_diagnosis_is_in_the_table() -> None:

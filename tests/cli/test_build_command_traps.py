@@ -16,7 +16,7 @@ from PIL import Image
 from helpers import write_images
 from packer.cli import _register, cli
 from packer.errors import MissingDependencyError
-from packer.writer import BuildOptions, build
+from packer.writer import BuildSettings, RunOptions, build
 from packer.writer.staging import STAGING_DIR
 
 _register()
@@ -52,8 +52,8 @@ def test_a_part_with_other_options_is_a_usage_error_naming_only_what_differs(sou
     result = _run("build", source, out, "--part", "1/2", "--shard-size", "8K", "--seed", "2")
     assert result.exit_code == 2, result.output
     message = result.stderr.strip()
-    assert "seed: saved 1, asked 2" in message
-    assert "--resume" not in message and "shard_size" not in message and "{" not in message
+    assert "--seed: saved 1, asked 2" in message  # named as the user typed it
+    assert "--resume" not in message and "shard" not in message and "{" not in message
     assert "--part reuses its saved plan" in message
 
 
@@ -62,7 +62,7 @@ def test_resume_with_other_options_names_what_differs(source: Path, tmp_path: Pa
     assert _run("build", source, out, "--plan-only", "--shard-size", "8K").exit_code == 0
     result = _run("build", source, out, "--resume", "--shard-size", "16K")
     assert result.exit_code == 2
-    assert "shard_size: saved 8192, asked 16384" in result.stderr
+    assert "--shard-size: saved 8192, asked 16384" in result.stderr
     assert "use the same options with --resume" in result.stderr
 
 
@@ -70,7 +70,7 @@ def test_engine_ray_without_ray_fails_before_any_work(source: Path, tmp_path: Pa
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     out = tmp_path / "out"
     with pytest.raises(MissingDependencyError, match=r"pip install 'packer-shards\[ray\]'"):
-        build(source, out, BuildOptions(), engine="ray", progress=False)
+        build(source, out, BuildSettings(), RunOptions(engine="ray"))
     assert not out.exists()  # no .packer-build, no lock file, no folder
     result = _run("build", source, out, "--engine", "ray")
     assert result.exit_code == 3 and "--engine ray needs Ray" in result.stderr

@@ -19,7 +19,7 @@ from packer.writer import build
 from packer.cli import _register, cli
 from packer.dataset import open_dataset, open_index
 from packer.inspect.grid import CAPTION_HEIGHT
-from packer.writer.plan import BuildOptions
+from packer import BuildSettings, LayoutSettings, RunOptions
 
 _register()
 
@@ -37,7 +37,7 @@ def make_images(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("cli")
-    build(make_images(tmp / "src"), tmp / "ds", BuildOptions(shard_size=12 << 10), workers=1, progress=False)
+    build(make_images(tmp / "src"), tmp / "ds", BuildSettings(layout=LayoutSettings(shard_size=12 << 10)), RunOptions(workers=1))
     return tmp / "ds"
 
 

@@ -50,3 +50,12 @@ def test_the_listed_help_is_each_command_own_first_paragraph() -> None:
         module, short = COMMANDS[name]
         assert command.callback.__module__ == f"packer.cli.{module}"
         assert " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split()) == short, name
+        # one sentence that `packer --help` (80 columns) and the site's command list show whole
+        assert short.endswith(".") and short.count(". ") == 0 and len(short) <= 80 - 6 - max(map(len, COMMANDS)), short
+
+
+def test_packer_help_cuts_no_summary() -> None:
+    from click.testing import CliRunner
+
+    listed = CliRunner().invoke(cli, ["--help"], terminal_width=80).output.split("Commands:")[1]
+    assert "..." not in listed and all(COMMANDS[name][1] in listed for name in COMMANDS), listed

@@ -18,6 +18,7 @@ from packer.errors import (
                            ManifestError,
                            OffsetOutOfBoundsError,
                            OptionError,
+                           SampleIndexTypeError,
                            OverlappingRecordsError,
                            UnsafePathError,
 )
@@ -420,11 +421,11 @@ def test_sample_indices_must_be_integers(built: tuple[Path, Path]) -> None:
     """1.7 must not silently read sample 1, nor a bool mask samples 0 and 1."""
     with open_dataset(built[1]) as ds:
         for bad in ([1.7], np.array([True, False]), ["1"]):
-            with pytest.raises(TypeError, match="sample indices must be integers"):
+            with pytest.raises(SampleIndexTypeError, match="sample indices must be integers"):
                 ds.read_batch(bad)
-            with pytest.raises(TypeError, match="sample indices must be integers"):
+            with pytest.raises(SampleIndexTypeError, match="sample indices must be integers"):
                 list(ds.iter_samples(bad))
-        with pytest.raises(TypeError, match="past int64"):
+        with pytest.raises(SampleIndexTypeError, match="past int64"):
             ds.read_batch(np.array([2**64 - 1], dtype=np.uint64))
         assert len(ds.read_batch(np.array([1, 2], dtype=np.uint32))) == 2 and len(ds.read_batch([])) == 0
 

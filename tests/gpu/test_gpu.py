@@ -285,12 +285,41 @@ def test_raw_batches_refuse_encoded_datasets(jpeg_dataset: Path) -> None:
         gpu.GpuRawBatches(jpeg_dataset, 4, device="cpu")
 
 
-def test_raw_batches_check_sizes_against_the_codec(raw_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from packer import codecs
+def test_jpeg_batches_refuse_stored_pixels_and_unknown_codecs_when_they_open(raw_dataset: Path, jpeg_dataset: Path,
+                                                                             tmp_path: Path) -> None:
+    import shutil
 
-    monkeypatch.setattr(codecs, "raw_sample_shape", lambda entry, path=None: (12, 10, 4))
-    with pytest.raises(IndexMismatchError, match="raw codec says"):
-        gpu.GpuRawBatches(raw_dataset, 4, device="cpu")
+    from helpers import edit_manifest
+    from packer.errors import DecodeError
+
+    with pytest.raises(OptionError) as caught:
+        gpu.GpuJpegBatches(raw_dataset, 4, device="cpu")
+    assert caught.value.message == (f"GpuJpegBatches decodes encoded images, but the payloads of {raw_dataset} are "
+                                    f"'raw' pixels: read them with packer.gpu.GpuRawBatches")
+    unknown = Path(shutil.copytree(jpeg_dataset, tmp_path / "unknown"))
+    edit_manifest(unknown, lambda document: document.update(codec={"name": "zstd-future"}))
+    with pytest.raises(DecodeError) as error:
+        gpu.GpuJpegBatches(unknown, 4, device="cpu")
+    assert "codec 'zstd-future' is not one this packer can decode (it knows jpeg, passthrough" in error.value.message
+
+
+def test_raw_batches_check_sizes_and_formats_against_the_codec(raw_dataset: Path, tmp_path: Path) -> None:
+    """Every row must be one sample of the codec's shape and format 7 (the codec's check_index)."""
+    import shutil
+
+    from helpers import edit_manifest, rewrite_index
+
+    smaller = Path(shutil.copytree(raw_dataset, tmp_path / "smaller"))
+    edit_manifest(smaller, lambda document: document["codec"].update(height=6))  # 180-byte samples
+    with pytest.raises(IndexMismatchError) as caught:
+        gpu.GpuRawBatches(smaller, 4, device="cpu")
+    assert caught.value.sample == 0 and caught.value.message == (
+        "is 360 bytes of image_format 7, but the raw codec says every sample is 180 bytes (6x10x3) of format 7")
+    jpeg_row = Path(shutil.copytree(raw_dataset, tmp_path / "jpeg-row"))
+    rewrite_index(jpeg_row, lambda columns: columns["image_format"].__setitem__(3, 1))
+    with pytest.raises(IndexMismatchError) as caught:
+        gpu.GpuRawBatches(jpeg_row, 4, device="cpu")
+    assert caught.value.sample == 3 and caught.value.message.startswith("is 360 bytes of image_format 1, but")
 
 
 def test_cuda_device_without_a_gpu_is_a_clear_error(raw_dataset: Path) -> None:

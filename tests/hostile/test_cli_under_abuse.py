@@ -17,9 +17,9 @@ import pytest
 
 from packer import format as fmt
 from packer.dataset import open_index
-from packer.errors import EmptySourceError, OptionError, PackerError, SourceError
+from packer.errors import EmptySourceError, OptionError, PackerError, SampleKeyError, SourceError
 from packer.writer import build
-from packer.writer.plan import BuildOptions
+from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings
 
 from helpers import REPO, copy_dataset, count_trial, noisy_png, noisy_png_classes, run_main, strict_json
 from test_crafted_datasets import _set_metadata
@@ -60,7 +60,7 @@ def test_huge_integer_labels_summarise_in_bounded_memory(tmp_path):
     manifest = tmp_path / "list.csv"
     labels = [10**12, 2**63 - 1, 0, 7]
     manifest.write_text("path,label\n" + "".join(f"{i}.png,{label}\n" for i, label in enumerate(labels)))
-    build(manifest, tmp_path / "out", root=images, workers=1, progress=False)
+    build(manifest, tmp_path / "out", BuildSettings(source=SourceSettings(root=images)), RunOptions(workers=1))
     tracemalloc.start()
     try:
         from packer.inspect.summary import format_summary, summarize
@@ -130,19 +130,29 @@ def test_hostile_build_report_never_hangs_or_breaks_inspect_and_append(small_dat
     count_trial("class6-hostile-report")
 
 
-@pytest.mark.parametrize("edit", ["inf", "codec-int", "options-list", "options-garbage", "history-nan"])
+@pytest.mark.parametrize("edit", ["inf", "codec-int", "settings-list", "settings-garbage", "old-options-garbage",
+                                  "old-options-list", "history-nan"])
 def test_informational_manifest_fields_never_break_append_or_inspect(small_dataset, tmp_path, edit):
     ds = copy_dataset(small_dataset, tmp_path / "ds")
     manifest = json.loads((ds / fmt.MANIFEST_NAME).read_text())
+    settings = manifest["build"]["settings"]
     if edit == "inf":
         manifest["build"]["x"] = "INF"
     elif edit == "codec-int":
-        manifest["build"]["options"]["codec"] = 5
-    elif edit == "options-list":
-        manifest["build"]["options"] = [1, 2]
-    elif edit == "options-garbage":
-        manifest["build"]["options"].update(seed="x", shard_size=-1, alignment=3, max_pixels=True,
-                                            unknown_field={"a": 1}, validate="nope")
+        settings["codec"] = 5
+    elif edit == "settings-list":
+        manifest["build"]["settings"] = [1, 2]
+    elif edit == "settings-garbage":
+        settings["layout"].update(seed="x", shard_size=-1, alignment=3, unknown_field={"a": 1})
+        settings["checks"].update(max_pixels=True, validate="nope")
+        settings["labels"] = "cat,dog"
+        settings["source"].update(kind=7, root=["/"], label_field=None)
+    elif edit.startswith("old-options"):  # the flat options packer 0.1 recorded, hand-edited
+        del manifest["build"]["settings"]
+        manifest["build"]["source_kind"] = "folder"
+        manifest["build"]["options"] = [1, 2] if edit == "old-options-list" else {
+            "seed": "x", "shard_size": -1, "alignment": 3, "max_pixels": True, "unknown_field": {"a": 1},
+            "validate": "nope", "classes": [3]}
     elif edit == "history-nan":
         manifest["history"] = [{"generation": 0, "n": "NAN"}]
     text = json.dumps(manifest).replace('"INF"', "1e400").replace('"NAN"', "-1e999")
@@ -270,10 +280,10 @@ def test_bad_values_are_usage_errors_naming_the_option(paths, tmp_path):
     code, out, err = run_main(["inspect", paths["dataset"], "--sample", ""])
     assert code == 2 and "--sample" in err
     with open_index(paths["dataset"]) as index:
-        with pytest.raises(KeyError):
+        with pytest.raises(SampleKeyError, match="keys are non-empty strings"):
             index.find("")
     with pytest.raises(OptionError, match="workers"):
-        build(paths["src"], tmp_path / "w", workers=0, progress=False)
+        build(paths["src"], tmp_path / "w", BuildSettings(), RunOptions(workers=0))
     count_trial("class8-usage-errors", 9)
 
 
@@ -317,7 +327,7 @@ def test_out_equal_to_or_inside_src_is_refused(tmp_path):
     src = noisy_png_classes(tmp_path / "src")
     for out in (src, src / "class0" / "ds", src / "newclass"):
         with pytest.raises(SourceError, match="source folder"):
-            build(src, out, workers=1, progress=False)
+            build(src, out, BuildSettings(), RunOptions(workers=1))
     assert not (src / "newclass").exists()
     code, out_text, err = run_main(["build", str(src), str(src / "ds"), "-q"])
     assert code == 2 and "inside the source folder" in err
@@ -331,7 +341,7 @@ def test_every_file_rejected_writes_the_report_and_cleans_up(tmp_path):
         (src / "c" / f"{i}.jpg").write_bytes(b"not an image %d" % i)
     out = tmp_path / "out"
     with pytest.raises(EmptySourceError, match="every one of the 3 (listed )?source files was rejected"):
-        build(src, out, workers=1, progress=False)
+        build(src, out, BuildSettings(), RunOptions(workers=1))
     lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
     assert lines[0]["type"] == "summary" and lines[0]["packed"] == 0
     assert sorted(line["key"] for line in lines[1:]) == ["c/0.jpg", "c/1.jpg", "c/2.jpg"]
@@ -348,7 +358,7 @@ def test_control_characters_in_names_are_escaped_on_output(tmp_path):
     evil = "a\x1b]0;owned\x07\x1b[2J\u202eb.png"
     noisy_png(src / "cls\x1b[31m" / evil)
     (src / "cls\x1b[31m" / "bad\x1b[1m.png").write_bytes(b"junk")
-    build(src, tmp_path / "out", workers=1, progress=False)
+    build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     for argv in (["inspect", str(tmp_path / "out"), "--sample", "0"], ["inspect", str(tmp_path / "out")]):
         code, out, err = run_main(argv)
         assert code == 0, err
@@ -366,7 +376,7 @@ def test_bytes_of_files_outside_the_source_are_never_quoted(tmp_path):
     src = noisy_png_classes(tmp_path / "src")
     (src / "class0" / "passwd.jpg").symlink_to(secret)
     (src / "class0" / "inside.jpg").write_bytes(b"hello inside bytes")
-    result = build(src, tmp_path / "out", workers=1, progress=False)
+    result = build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     messages = {r.key: r.message for r in result.rejected}
     assert "root:x" not in messages["class0/passwd.jpg"] and "outside the source" in messages["class0/passwd.jpg"]
     assert "hello inside" in messages["class0/inside.jpg"]  # inside the source: still helpful
@@ -388,7 +398,7 @@ def test_names_with_line_breaks_cannot_forge_output_lines(tmp_path):
     src = tmp_path / "src"
     noisy_png(src / "cls" / "a\nsample    99\nkey       fake.png")
     (src / "cls" / "bad\nrejected   0 file(s)").write_bytes(b"junk")
-    build(src, tmp_path / "out", workers=1, progress=False)
+    build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     code, out, err = run_main(["inspect", str(tmp_path / "out"), "--sample", "0"])
     assert code == 0, err
     assert len(out.strip().splitlines()) == 9 and "sample    99" not in out.splitlines()
@@ -457,13 +467,13 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
 def test_staging_files_planted_or_damaged_never_hang_resume(tmp_path, planted):
     src = noisy_png_classes(tmp_path / "src")
     out = tmp_path / "out"
-    assert build(src, out, workers=1, progress=False, plan_only=True) is None
+    assert build(src, out, BuildSettings(), RunOptions(workers=1, plan_only=True)) is None
     staging = out / ".packer-build"
     if planted == "plan-fifo":
         (staging / "plan.pkp").unlink()
         os.mkfifo(staging / "plan.pkp")
         with pytest.raises(PackerError, match="plan"):
-            build(src, out, workers=1, progress=False, resume=True)
+            build(src, out, BuildSettings(), RunOptions(workers=1, resume=True))
         return count_trial("staging-planted")
     records = staging / "done"
     records.mkdir(exist_ok=True)
@@ -482,7 +492,7 @@ def test_staging_files_planted_or_damaged_never_hang_resume(tmp_path, planted):
                                "image_format")})
         assert plan.fingerprint != 0  # the record carries the right plan: only its path is wrong
         assert read_record(record, plan.fingerprint, out) is None
-    result = build(src, out, workers=1, progress=False, resume=True)
+    result = build(src, out, BuildSettings(), RunOptions(workers=1, resume=True))
     assert result.sample_count == 6
     count_trial("staging-planted")
 
@@ -509,9 +519,9 @@ def test_ctrl_c_while_the_workers_fork_stops_the_build(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", submit_taking_a_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        build(src, tmp_path / "out", BuildOptions(shard_size=16 << 10), workers=2, progress=False)
+        build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=2))
     assert calls and not (tmp_path / "out" / "manifest.json").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
     monkeypatch.undo()
-    build(src, tmp_path / "out", BuildOptions(shard_size=16 << 10), workers=2, progress=False, resume=True)
+    build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=2, resume=True))
     assert (tmp_path / "out" / "manifest.json").exists()

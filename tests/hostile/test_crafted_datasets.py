@@ -26,7 +26,7 @@ from packer import format as fmt
 from packer.dataset import open_dataset, open_index
 from packer.errors import IndexMismatchError, PackerError
 from packer.writer import build
-from packer.writer.plan import BuildOptions
+from packer import BuildSettings, LayoutSettings, RunOptions
 
 from helpers import REPO, copy_dataset, count_trial, run_main
 
@@ -48,7 +48,7 @@ def pristine(tmp_path_factory) -> Path:
         folder.mkdir(parents=True)
         for i in range(4):
             Image.fromarray(rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    build(work / "src", work / "ds", BuildOptions(shard_size=12 << 10), workers=1, progress=False)
+    build(work / "src", work / "ds", BuildSettings(layout=LayoutSettings(shard_size=12 << 10)), RunOptions(workers=1))
     assert len(json.loads((work / "ds" / "manifest.json").read_text())["shards"]) >= 2
     return work / "ds"
 

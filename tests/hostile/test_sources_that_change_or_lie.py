@@ -21,7 +21,8 @@ from packer import format as fmt
 from packer.dataset import open_index
 from packer.errors import OptionError
 from packer.writer import build
-from packer.writer.plan import BuildOptions
+from packer import BuildSettings, RunOptions
+from packer import CheckSettings
 
 from helpers import count_trial, noisy_jpeg, noisy_png, noisy_png_classes, run_cli
 
@@ -57,12 +58,12 @@ def test_tiffs_with_hostile_field_types_are_rejected_and_the_build_goes_on(tmp_p
              "rational.tif": (279, 5, struct.pack("<II", 16, 3)), "ascii.tif": (273, 2, b"200\0")}
     for name, field in cases.items():
         (src / "class0" / name).write_bytes(_tiff(field))
-    result = build(src, tmp_path / "out", workers=1, progress=False)
+    result = build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     reasons = {r.key: r.reason for r in result.rejected}
     assert reasons == {f"class0/{name}": "decode-failed" for name in cases}
     assert result.sample_count == 6
     # --resume over the same folder meets them again and still finishes
-    result = build(src, tmp_path / "out", workers=1, progress=False, overwrite=True, resume=True)
+    result = build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1, overwrite=True, resume=True))
     assert result.sample_count == 6
     count_trial("class1-build-hostile-tiffs", len(cases))
 
@@ -81,10 +82,10 @@ def _plan_then_swap(tmp_path: Path, swap: Any, **options: Any) -> Any:
     """
     src = noisy_png_classes(tmp_path / "src", classes=3, per_class=20)
     out = tmp_path / "out"
-    opts = BuildOptions(**options)
-    assert build(src, out, opts, workers=1, progress=False, plan_only=True) is None
+    settings = BuildSettings(checks=CheckSettings(**options))
+    assert build(src, out, settings, RunOptions(workers=1, plan_only=True)) is None
     swap(src / VICTIM)
-    return build(src, out, opts, workers=1, progress=False, resume=True)
+    return build(src, out, settings, RunOptions(workers=1, resume=True))
 
 
 @pytest.mark.timeout(60)
@@ -142,13 +143,13 @@ def test_sparse_multi_gigabyte_file_is_rejected_without_reading_it(tmp_path):
         handle.truncate(3 << 30)  # 3 GiB, almost no blocks on disk
     tracemalloc.start()
     try:
-        result = build(src, tmp_path / "out", workers=1, progress=False)
+        result = build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     rejected = {r.key: r for r in result.rejected}
     assert rejected["class0/huge.jpg"].reason == "file-too-large"
-    assert str(BuildOptions().max_file_size) in rejected["class0/huge.jpg"].message
+    assert str(CheckSettings().max_file_size) in rejected["class0/huge.jpg"].message
     assert peak < 64 << 20
     count_trial("class2-sparse-3GiB")
 
@@ -161,7 +162,7 @@ def test_max_file_size_is_an_option_recorded_in_the_manifest(tmp_path):
                             "--max-file-size", str(limit)])
     assert code == 0, output
     with open_index(tmp_path / "out") as index:
-        assert index.manifest.build["options"]["max_file_size"] == limit
+        assert index.manifest.build["settings"]["checks"]["max_file_size"] == limit
         keys = set(index.keys())
     assert "class0/big.png" not in keys and len(keys) == 6
     report = (tmp_path / "out" / fmt.REPORT_NAME).read_text()
@@ -170,7 +171,7 @@ def test_max_file_size_is_an_option_recorded_in_the_manifest(tmp_path):
         code, output = run_cli(["build", str(src), str(tmp_path / "bad"), "--max-file-size", bad])
         assert code == 2 and "--max-file-size" in output and "Traceback" not in output, (bad, output)
     with pytest.raises(OptionError, match="max-file-size"):
-        BuildOptions(max_file_size=0).check()
+        CheckSettings(max_file_size=0).check()
     count_trial("class2-max-file-size-cli", 6)
 
 
@@ -195,7 +196,7 @@ def test_class_folder_1200_levels_deep_builds(tmp_path):
     os.close(image)
     os.close(fd)
     try:
-        result = build(src, tmp_path / "out", workers=1, progress=False)
+        result = build(src, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
         with open_index(tmp_path / "out") as index:
             keys = list(index.keys())
         assert "class1/" + "/".join(parts) + "/deep.png" in keys

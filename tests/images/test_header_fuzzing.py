@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from helpers import assert_headers_agree_with_pillow
 from packer.errors import RejectedImageError
 from packer.imageinfo import ImageInfo, probe_image
 
@@ -45,8 +46,10 @@ def _print_trial_counts() -> Any:
 
 
 def check(data: bytes, label: str) -> None:
-    """The contract: an ImageInfo with sane fields, or a RejectedImageError with a known reason."""
+    """The contract: an ImageInfo with sane fields, or a RejectedImageError with a known reason;
+    and the header parsers (``packer.imageheaders``) say exactly what Pillow alone says."""
     TRIALS[label] = TRIALS.get(label, 0) + 1
+    assert_headers_agree_with_pillow(data, name="fuzzed", max_pixels=4_000_000)
     for validate in ("header", "full"):
         try:
             info = probe_image(data, name="fuzzed", validate=validate, max_pixels=4_000_000)

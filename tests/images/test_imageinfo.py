@@ -20,7 +20,7 @@ from PIL import Image
 
 from packer import format as fmt
 from packer import imageinfo as imageinfo_module
-from packer.errors import DecodeError, PackerError, RejectedImageError
+from packer.errors import DecodeError, OptionError, PackerError, RejectedImageError
 from packer.format import ImageFormat
 from packer.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, detect_format, probe_image
 
@@ -379,9 +379,9 @@ def test_rejection_without_name_has_no_dangling_prefix() -> None:
 
 def test_bad_arguments_are_value_errors() -> None:
     data = VALID["png-rgb"][0]()
-    with pytest.raises(ValueError, match="validate"):
+    with pytest.raises(OptionError, match="validate"):
         probe_image(data, validate="pixels")
-    with pytest.raises(ValueError, match="max_pixels"):
+    with pytest.raises(OptionError, match="max_pixels"):
         probe_image(data, max_pixels=0)
 
 
@@ -621,7 +621,7 @@ def test_probe_limits_and_thin_images() -> None:
     assert _rejection(_png(30, 20), name="p.png", max_pixels=100) == (
         "too-many-pixels", "image is 30x20 = 600 pixels; the limit (max_pixels) is 100", "p.png")
     assert _rejection(b"", name="e.png") == ("empty-file", "the file is empty (0 bytes); expected image data", "e.png")
-    with pytest.raises(ValueError, match="^max_pixels must be at least 1, got 0$"):
+    with pytest.raises(OptionError, match="^max_pixels must be at least 1, got 0$"):
         probe_image(_png(1, 1), max_pixels=0)
 
 

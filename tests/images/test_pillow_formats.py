@@ -13,7 +13,7 @@ from packer.writer import build
 from packer.writer.plan import BuildOptions
 from packer.dataset import open_dataset
 from packer.decode import decode_image
-from packer.errors import DecodeError, RejectedImageError
+from packer.errors import DecodeError, OptionError, RejectedImageError
 from packer.format import ImageFormat
 from packer.imageinfo import probe_image
 from packer.pillowformats import check_reader_formats, decodable_by
@@ -97,7 +97,7 @@ def test_reader_table() -> None:
     assert ImageFormat.BY_PIL_NAME["PPM"] in decodable_by("dali")
     assert ImageFormat.BY_PIL_NAME["TGA"] not in decodable_by("dali")
     assert ImageFormat.RAW not in decodable_by("cpu")
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError, match=r"^reader must be one of \['cpu', 'dali', 'nvjpeg'\], got 'opencv'$"):
         decodable_by("opencv")
 
 

@@ -9,10 +9,8 @@ unless ``PACKER_REQUIRE_BROWSER=1`` (set by ``make test``) makes its absence a f
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,8 @@ from packer.inspect.summary import summarize
 from packer.inspect.svg import bar_chart, bin_counts, histogram, line_chart, text
 from packer.writer import build
 from packer.writer.plan import BuildOptions
+
+from helpers import run_chromium
 
 #: Class folder names a hostile source could hold: markup, an attribute break-out, a bidi override.
 HOSTILE = ("<script>alert(1)<", "<img src=x onerror=alert(2)>", "q\"uote' & amp", "dog\u202eevil")
@@ -128,6 +128,10 @@ def test_html_report_with_verify_says_ok_or_damaged(dataset: Path, tmp_path: Pat
     assert code == 1 and document["ok"] is False and document["html"]["verify_ok"] is False
     page = (tmp_path / "bad.html").read_text("utf-8")
     assert "Verify ran: DAMAGED" in page and "checksum" in page
+    # the shard's own checksum row has no sample and no key: empty cells, never the word None
+    rows = re.findall(r"<tr>(<td>.*?)</tr>", page[page.index('id="verify"'):page.index("</section>")], re.S)
+    assert any("shard-checksum" in row and "<td>0</td><td></td><td></td>" in row for row in rows), rows
+    assert not any("<td>None</td>" in row for row in rows), rows
 
 
 def test_html_option_errors(dataset: Path, tmp_path: Path) -> None:
@@ -159,26 +163,6 @@ def test_render_html_lists_verify_problems_escaped(dataset: Path) -> None:
 
 
 # --- in a browser -------------------------------------------------------------------------------
-
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("PACKER_REQUIRE_BROWSER") == "1":
-            pytest.fail("PACKER_REQUIRE_BROWSER=1 but chromium is not installed (apt-get install chromium)")
-        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
-    return found
-
-
-def run_chromium(page: Path, profile: Path, *args: str) -> tuple[str, list[str]]:
-    """Load ``page`` headless with a fresh profile; returns stdout and the page's console messages."""
-    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-               "--enable-logging=stderr", "--v=0", *args, page.resolve().as_uri()]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout, console
-
 
 def test_chromium_reports_console_errors_so_the_check_can_fail(tmp_path: Path) -> None:
     broken = tmp_path / "broken.html"

@@ -12,6 +12,7 @@ from PIL import Image
 
 from packer.writer import build
 from packer.dataset import open_dataset, open_index
+from packer.errors import OptionError
 from packer.inspect.grid import CAPTION_HEIGHT, contact_sheet, pick_samples
 from packer.writer.plan import BuildOptions
 from packer.inspect.summary import format_summary, summarize
@@ -64,7 +65,7 @@ def test_summary_counts_and_bytes(folder: Path) -> None:
     assert s["sample_bytes"]["min"] == int(sizes.min()) and s["sample_bytes"]["max"] == int(sizes.max())
     assert s["alignment"] == 4096
     assert s["codec"]["name"] == "passthrough"
-    assert s["build"]["options"]["seed"] == 3
+    assert s["build"]["settings"]["layout"]["seed"] == 3
     assert s["dataset_format_version"] == 1
 
 
@@ -160,6 +161,12 @@ def test_contact_sheet_size_and_content(folder: Path, tmp_path: Path) -> None:
         assert image.size == (3 * 40, 2 * (40 + CAPTION_HEIGHT)) == (result["width"], result["height"])
         # the last cell of the second row is empty: background colour
         assert image.convert("RGB").getpixel((2 * 40 + 20, 40 + CAPTION_HEIGHT + 20)) == (24, 24, 24)
+    with open_dataset(folder) as ds:
+        for columns, thumb in ((0, 40), (3, 0)):
+            with pytest.raises(OptionError) as caught:
+                contact_sheet(ds, tmp_path / "bad.png", columns=columns, thumb=thumb)
+            assert caught.value.message == f"columns and thumb must be at least 1, got {columns} and {thumb}"
+    assert not (tmp_path / "bad.png").exists()
 
 
 def test_contact_sheet_marks_damaged_samples(folder: Path, tmp_path: Path) -> None:

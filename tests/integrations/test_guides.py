@@ -1,6 +1,6 @@
-"""The integration guides run as written: every ```python / ```sh block of each page, in page
-order, in a fresh working folder with ``packer`` on PATH (the README test's rules and markers:
-``tests/project/test_docs.py``).
+"""The integration guides run as written: each page top to bottom, its ```python / ```sh blocks in
+page order in one shell session, in a fresh working folder with ``packer`` on PATH (the docs
+test's rules, markers and session: ``tests/project/test_docs.py``).
 
 The torchvision page runs under ``make test-torchvision`` (torchvision does not import beside the
 main venv's torch): its blocks are marked ``skip needs torchvision...`` for the main docs run,
@@ -10,13 +10,11 @@ and run here, in the torchvision venv.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import packer_on_path
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = REPO / "docs" / "guides"
@@ -31,28 +29,16 @@ PAGES = {"lightning.md": "lightning", "huggingface.md": "datasets", "grain-jax.m
 
 
 def _run_page(page: str, home: Path) -> None:
-    blocks = _readme.readme_blocks((GUIDES / page).read_text(encoding="utf-8"))
+    """The page top to bottom in one shell session (``test_docs.run_session``); on the torchvision
+    page its ``skip needs torchvision`` blocks run too (this is the venv that has torchvision)."""
+    name = f"docs/guides/{page}"
+    blocks = _readme.readme_blocks((GUIDES / page).read_text(encoding="utf-8"), name)
     assert blocks, f"{page} has no code blocks"
-    env = packer_on_path(home)
-    ran = 0
-    for block in blocks:
-        if block.marker == "skip":
-            assert block.reason, f"{page} line {block.line}: a skipped block must say why"
-            if not (page == "torchvision-v2.md" and block.reason.startswith(TORCHVISION_SKIP)):
-                continue
-        assert block.marker in ("", "skip"), f"{page} line {block.line}: marker {block.marker}"
-        if block.language == "python":
-            script = home / f"block_{block.line}.py"
-            script.write_text(block.code)
-            command = [sys.executable, str(script)]
-        else:
-            command = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-        done = subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=300)
-        output = (done.stdout[-3000:] + "\n" + done.stderr[-3000:]).strip()
-        assert done.returncode == 0, f"{page} line {block.line} ({block.language}) exited {done.returncode}:\n{output}"
-        assert "Traceback (most recent call last)" not in done.stderr, f"{page} line {block.line}:\n{output}"
-        ran += 1
-    assert ran, f"{page}: no block ran"
+    ran = [block for block in blocks if block.marker != "skip"
+           or (page == "torchvision-v2.md" and block.reason.startswith(TORCHVISION_SKIP))]
+    assert ran, f"{page}: no block runs"
+    _readme.run_session(name, blocks, home, runnable=lambda block: page == "torchvision-v2.md"
+                        and block.reason.startswith(TORCHVISION_SKIP))
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p != "torchvision-v2.md"])

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from packer.errors import OptionError, StateMismatchError
+from packer.errors import OptionError, StateMismatchError, UnexpectedKeywordError
 from packer.order import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_BLOCK_SAMPLES,
@@ -120,6 +120,8 @@ def _fake_torch(available: bool, initialized: bool) -> types.ModuleType:
 
 
 def test_resolve_rank_asks_torch_distributed_only_when_torch_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _LAUNCHER_NAMES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert resolve_rank() == (0, 1)
     assert "torch" not in sys.modules  # never imported for it
@@ -133,6 +135,48 @@ def test_resolve_rank_asks_torch_distributed_only_when_torch_is_imported(monkeyp
     assert resolve_rank() == (3, 4)
     assert resolve_rank(1, 2) == (1, 2)  # given wins
     assert ReadOrder().resolved().world_size == 4 and ReadOrder().resolved().rank == 3
+
+
+_LAUNCHER_NAMES = ("WORLD_SIZE", "RANK", "SLURM_NTASKS", "SLURM_PROCID")
+
+
+def test_a_rank_a_launcher_started_without_a_process_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun or srun started several copies, none joined a process group: each would read the
+    whole dataset as rank 0 of 1. Refused, naming both fixes, for every reader (torch-free ones too)."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    for name in _LAUNCHER_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(OptionError) as caught:
+        resolve_rank()
+    assert caught.value.message == (
+        "the environment says this process is rank 1 of 2 (WORLD_SIZE=2, RANK=1: set by torchrun), but "
+        "torch.distributed is not initialised, so this reader would read every sample on every rank: call "
+        "torch.distributed.init_process_group() before making it (its rank and world size then come from the "
+        "process group), or pass rank= and world_size= in the order (order=packer.ReadOrder(..., rank=1, "
+        "world_size=2); rank=0, world_size=1 to read the whole dataset in this process)")
+    assert resolve_rank(1, 2) == (1, 2) and ReadOrder(rank=0, world_size=1).resolved().world_size == 1
+    with pytest.raises(OptionError, match="^the environment says this process is rank 1 of 2"):
+        ReadOrder().resolved()
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(available=True, initialized=True))
+    assert resolve_rank() == (3, 4)  # a process group: the environment no longer decides
+    monkeypatch.delitem(sys.modules, "torch")
+    for world in ("1", "", "two", " "):
+        monkeypatch.setenv("WORLD_SIZE", world)
+        assert resolve_rank() == (0, 1)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_NTASKS", " 4 ")
+    with pytest.raises(OptionError, match=r"^the environment says this process is rank \? of 4 \(SLURM_NTASKS=4, "
+                                          r"SLURM_PROCID=\?: set by Slurm\)"):
+        resolve_rank()
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    with pytest.raises(OptionError, match=r"rank 3 of 4 \(SLURM_NTASKS=4, SLURM_PROCID=3: set by Slurm\)"):
+        resolve_rank()
+    monkeypatch.setenv("SLURM_PROCID", " ")
+    with pytest.raises(OptionError, match=r"rank \? of 4"):
+        resolve_rank()
 
 
 def test_resolve_rank_takes_numpy_integers_and_returns_ints() -> None:
@@ -205,8 +249,9 @@ def test_old_keywords_are_refused_beside_a_read_order_or_when_never_taken() -> N
         read_order_from(ReadOrder("block"), {"seed": 1, "window": 2}, reader="PackedThing")
     assert caught.value.message == ("PackedThing: seed=, window= and order=ReadOrder('block') both say how to read; "
                                     "put them in the ReadOrder")
-    with pytest.raises(TypeError) as unknown:
+    with pytest.raises(TypeError) as unknown:  # what Python raises for an unknown keyword, and typed
         read_order_from(None, {"sed": 1}, reader="PackedThing")
+    assert isinstance(unknown.value, UnexpectedKeywordError)
     assert str(unknown.value) == "PackedThing() got an unexpected keyword argument 'sed'"
     with pytest.raises(TypeError):
         read_order_from(None, {"batch_size": 4}, reader="R")  # only readers that took it as an order setting

@@ -1,35 +1,36 @@
-"""Every ```python and ```sh block of README.md and of the documentation (docs/**/*.md) runs, as written.
+"""Every page of README.md and of the documentation (docs/**/*.md) runs top to bottom, as a reader runs it.
 
-How a reader would follow a page: one working folder per page (also ``$HOME``, so ``~/...``
-paths land in it) holding what the examples name (``SRC``, ``NEW_SRC``, ``list.csv``,
-``~/data/imagenet/train``, ``~/data/cifar/train``, ``~/images``, ...), a ``packer`` command on
-``PATH``, and the page's blocks run in page order (a later block may use what an earlier one of
-the same page built, like ``packed/train``; pages do not share folders). Nothing in a block is
-rewritten; a block indented inside a list item runs too (dedented). A block fails the test when
-it raises, exits non-zero or prints a traceback.
+How a reader follows a page: a fresh home folder (``$HOME``, so ``~/...`` lands in it) with a
+``packer`` command on ``PATH``, the sample data the pages read written by ``packer sample-data
+~/data`` (what getting-started has a new user run first; a page that runs it itself, like
+getting-started, is not given it twice), then the page's ```sh and ```python blocks, in page
+order, in **one shell session** (``bash -e -o pipefail``): a ``cd`` or a variable of one block
+holds in the next, a Python block is saved as a script and run with ``python`` from that shell,
+and the first block that fails stops the page. Nothing in a block is rewritten; a block indented
+inside a list item runs too (dedented). A page fails the test when a block exits non-zero or
+prints a traceback; the failure names the block.
 
 Markers, an HTML comment on the line(s) just before a block's opening fence:
 
-* ``<!-- readme-test: gpu -->``: needs an NVIDIA GPU (CUDA); skipped without one.
-* ``<!-- readme-test: skip REASON -->``: not runnable here (a cluster scheduler, ssh to
-  hosts); the reason is required and shown in the skip.
+* ``<!-- readme-test: gpu -->``: needs an NVIDIA GPU (CUDA); left out without one.
+* ``<!-- readme-test: skip REASON -->``: not runnable here (a cluster scheduler, ssh to hosts, a
+  cloud bucket); the reason is required and reported.
 
-Shell blocks run with ``bash -e -o pipefail``; Python blocks as a script file.
+The pages of the framework integrations (``tests/integrations/test_guides.py``: Lightning,
+Hugging Face, Grain, torchvision) run there, with their libraries, through the same session.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from helpers import packer_on_path
 
@@ -113,64 +114,12 @@ def test_every_page_has_a_title_and_the_docs_have_blocks() -> None:
     assert sum(1 for block in BLOCKS if block.page.startswith("docs/") and not block.marker) >= 20
 
 
-def _write_images(root: Path, names: dict[str, list[str]], seed: int,
-                  size: tuple[int, int] | None = None) -> None:
-    rng = np.random.default_rng(seed)
-    for label, files in names.items():
-        (root / label).mkdir(parents=True, exist_ok=True)
-        for name in files:
-            shape = size or (40 + rng.integers(0, 24), 48 + rng.integers(0, 24))
-            pixels = rng.integers(0, 255, (*shape, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / label / name, quality=85)
-
-
-def _write_coco(root: Path) -> None:
-    """A COCO detection source: ``images/`` and ``instances.json`` (0 to 3 boxes per image)."""
-    (root / "images").mkdir(parents=True)
-    coco: dict[str, list] = {"images": [], "annotations": [],
-                             "categories": [{"id": 1, "name": "person"}, {"id": 18, "name": "dog"}]}
-    rng = np.random.default_rng(4)
-    for i in range(8):
-        name = f"{i:012d}.jpg"
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(root / "images" / name)
-        coco["images"].append({"id": i, "file_name": name, "width": 64, "height": 48})
-        for k in range(i % 4):
-            coco["annotations"].append({"id": 10 * i + k, "image_id": i, "category_id": (1, 18)[k % 2],
-                                        "bbox": [4.0 + 8 * k, 6.0, 20.0, 30.0], "iscrowd": 0})
-    (root / "instances.json").write_text(json.dumps(coco))
-
-
-_WORLDS: dict[str, dict[str, object]] = {}
-
-
-@pytest.fixture
-def world(request, tmp_path_factory) -> dict[str, object]:
-    """The reader's working folder (and $HOME) for the block's page, made on its first block."""
-    page = request.node.callspec.params["block"].page if hasattr(request.node, "callspec") else "README.md"
-    if page not in _WORLDS:
-        _WORLDS[page] = make_world(tmp_path_factory.mktemp(re.sub(r"\W", "_", page)))
-    return _WORLDS[page]
-
-
-def make_world(home: Path) -> dict[str, object]:
-    """A folder with every input the pages name."""
-    classes = {"cat": [f"{i:03d}.jpg" for i in range(24)], "dog": [f"{i:03d}.jpg" for i in range(24)]}
-    _write_images(home / "data" / "imagenet" / "train", classes, seed=0)
-    _write_images(home / "data" / "imagenet" / "val", {"dog": ["000.jpg", "001.jpg"]}, seed=2)  # lacks cat
-    shutil.copytree(home / "data" / "imagenet" / "train", home / "SRC")
-    shutil.copytree(home / "data" / "imagenet" / "train", home / "images")
-    _write_images(home / "NEW_SRC", {"cat": ["100.jpg", "101.jpg"], "emu": ["000.jpg"]}, seed=1)
-    _write_coco(home / "coco")
-    cifar = {label: [f"{i:03d}.png" for i in range(40)] for label in ("airplane", "frog")}
-    _write_images(home / "data" / "cifar" / "train", cifar, seed=3, size=(32, 32))
-    files = [f"{label}/{name}" for label, names in classes.items() for name in names]
-    (home / "list.csv").write_text("path,label,caption\n" + "".join(f"{f},{f.split('/')[0]},a photo\n"
-                                                                    for f in files))
-    (home / "list.jsonl").write_text("".join(json.dumps({"path": f"images/{f}", "label": f.split("/")[0],
-                                                         "metadata": {"n": n}}) + "\n"
-                                             for n, f in enumerate(files)))
-    env = packer_on_path(home)
-    return {"home": home, "env": env}
+#: The pages tests/integrations/test_guides.py runs (each needs its framework's library).
+INTEGRATION_PAGES = ("docs/guides/lightning.md", "docs/guides/huggingface.md", "docs/guides/grain-jax.md",
+                     "docs/guides/torchvision-v2.md")
+#: What a reader has run before any page: the sample data every page reads (``packer sample-data``).
+SAMPLE_DATA = "packer sample-data ~/data"
+_HOMES: dict[str, Path] = {}
 
 
 def _has_cuda() -> bool:
@@ -181,29 +130,72 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_doc_block_runs(block: Block, world: dict[str, object]) -> None:
-    where = f"{block.page} line {block.line}"
-    if block.marker == "skip":
-        assert block.reason, f"{where}: a skipped block must say why (readme-test: skip REASON)"
-        pytest.skip(f"{where}: {block.reason}")
-    assert block.marker in ("", "gpu"), f"{where}: unknown marker readme-test: {block.marker}"
-    if block.marker == "gpu" and not _has_cuda():
-        pytest.skip(f"{where}: needs a CUDA GPU")
-    home = world["home"]
-    assert isinstance(home, Path)
-    if block.language == "python":
-        script = home / f"block_{re.sub(r'[^A-Za-z0-9]', '_', block.page)}_{block.line}.py"
-        script.write_text(block.code)
-        command = [sys.executable, str(script)]
-    else:
-        command = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-    done = subprocess.run(command, cwd=home, env=world["env"], capture_output=True, text=True, timeout=TIMEOUT_S)
-    output = (done.stdout[-3000:] + "\n" + done.stderr[-3000:]).strip()
-    assert done.returncode == 0, f"{where} ({block.language}) exited {done.returncode}:\n{output}"
+def session_script(blocks: list[Block], home: Path, *, gpu: bool, prelude: str = "",
+                   runnable: "Callable[[Block], bool] | None" = None) -> tuple[str, list[str]]:
+    """One bash script running ``blocks`` in page order (Python blocks saved beside it and run by
+    ``python``), and the skips it leaves out with their reasons.
+
+    Before each block the script writes ``### <page>:L<line>`` to stderr, so a failure names the
+    block it stopped in. ``runnable(block)``, when given, decides for ``skip`` blocks (the
+    torchvision page runs its ``needs torchvision`` blocks in that venv).
+    """
+    lines, skipped = ["set -e -o pipefail", prelude], []
+    for block in blocks:
+        where = f"{block.page} line {block.line}"
+        if block.marker == "skip" and not (runnable and runnable(block)):
+            assert block.reason, f"{where}: a skipped block must say why (readme-test: skip REASON)"
+            skipped.append(f"{where}: {block.reason}")
+            continue
+        assert block.marker in ("", "gpu", "skip"), f"{where}: unknown marker readme-test: {block.marker}"
+        if block.marker == "gpu" and not gpu:
+            skipped.append(f"{where}: needs a CUDA GPU")
+            continue
+        lines.append(f"echo '### {block.page}:L{block.line}' >&2")
+        if block.language == "python":
+            script = home / f"block_{re.sub(r'[^A-Za-z0-9]', '_', block.page)}_{block.line}.py"
+            script.write_text(block.code)
+            lines.append(f"python {script}")
+        else:
+            lines.append(block.code)
+    return "\n".join(lines) + "\n", skipped
+
+
+def run_session(page: str, blocks: list[Block], home: Path, *, prelude: str = "", timeout: float = 840,
+                runnable: "Callable[[Block], bool] | None" = None) -> list[str]:
+    """Run ``blocks`` of ``page`` in one shell session in ``home`` (``packer`` and this checkout's
+    Python on ``PATH``); fails naming the block that failed. Returns the skipped blocks."""
+    env = packer_on_path(home)
+    # after packer, this interpreter's own commands (python, torchrun, moto_server), as in an activated venv
+    bin_dir, rest = env["PATH"].split(os.pathsep, 1)
+    env["PATH"] = os.pathsep.join([bin_dir, str(Path(sys.executable).parent), rest])
+    script, skipped = session_script(blocks, home, gpu=_has_cuda(), prelude=prelude, runnable=runnable)
+    (home / "session.sh").write_text(script)
+    done = subprocess.run(["bash", str(home / "session.sh")], cwd=home, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    markers = re.findall(r"^### (\S+)$", done.stderr, re.MULTILINE)
+    where = markers[-1] if markers else f"{page} (before its first block)"
+    output = (done.stdout[-3000:] + "\n" + done.stderr[-4000:]).strip()
+    assert done.returncode == 0, f"{where} exited {done.returncode} (the page runs top to bottom):\n{output}"
     assert "Traceback (most recent call last)" not in done.stderr, f"{where}:\n{output}"
     # the docs show the current spelling: no deprecated reader keyword (shown: the warning names __main__)
     assert "is deprecated and goes in the next release" not in done.stderr, f"{where}:\n{output}"
+    return skipped
+
+
+SESSION_PAGES = [page for page in PAGES if page_name(page) not in INTEGRATION_PAGES]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("page", SESSION_PAGES, ids=[page_name(page) for page in SESSION_PAGES])
+def test_page_runs_top_to_bottom(page: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    name = page_name(page)
+    blocks = [block for block in BLOCKS if block.page == name]
+    if not any(block.marker != "skip" for block in blocks):
+        pytest.skip(f"{name} has no runnable block")
+    home = tmp_path_factory.mktemp(re.sub(r"\W", "_", name))
+    _HOMES[name] = home
+    runs_it = any(SAMPLE_DATA in block.code for block in blocks if not block.marker)
+    run_session(name, blocks, home, prelude="" if runs_it else SAMPLE_DATA + " >/dev/null 2>&1")
 
 
 #: The page whose blocks build train and val splits with one class list (its comments promise it).
@@ -214,10 +206,9 @@ def test_split_claims_hold_after_the_blocks_ran() -> None:
     """What the splits guide's comments promise about the outputs its blocks made (run after them)."""
     from packer.classes import check_classes
 
-    if SPLITS_PAGE not in _WORLDS:
+    if SPLITS_PAGE not in _HOMES:
         pytest.skip(f"the blocks of {SPLITS_PAGE} did not run (deselected)")
-    home = _WORLDS[SPLITS_PAGE]["home"]
-    assert isinstance(home, Path)
+    home = _HOMES[SPLITS_PAGE]
     train, val = home / "packed" / "train", home / "packed" / "val"
     assert (train / "manifest.json").is_file() and (val / "manifest.json").is_file(), \
         f"{SPLITS_PAGE} no longer builds packed/train and packed/val"
@@ -241,8 +232,13 @@ def test_site_hooks_rewrite_links_and_list_new_pages(tmp_path: Path) -> None:
                                     "reference/spec.md") == "[r](../index.md) [c](../changelog.md)"
     docs = tmp_path / "docs"
     (docs / "guides").mkdir(parents=True)
+    (docs / "reference").mkdir()
     for name in ("listed.md", "new-guide.md"):
         (docs / "guides" / name).write_text(f"# {name}\n")
-    config = {"docs_dir": str(docs), "nav": [{"Home": "index.md"}, {"Guides": ["guides/listed.md"]}]}
+    (docs / "reference" / "new-ref.md").write_text("# new\n")
+    config = {"docs_dir": str(docs), "nav": [{"Home": "index.md"}, {"Build": ["guides/listed.md"]},
+                                             {"Reference": ["reference/cli.md"]}]}
     docs_hooks.on_config(config)
-    assert config["nav"][1] == {"Guides": ["guides/listed.md", "guides/new-guide.md"]}
+    assert config["nav"] == [{"Home": "index.md"}, {"Build": ["guides/listed.md"]},
+                             {"More guides": ["guides/new-guide.md"]},
+                             {"Reference": ["reference/cli.md", "reference/new-ref.md"]}]

@@ -45,6 +45,7 @@ EXTRA_FIELDS: dict[str, Any] = {
     "skipped": {"unsafe-name": 2, "name-collision": 1},
     "examples": [("../a.png", "unsafe-name", "its key: '..' path component"),
                  ("cat/b.png", "name-collision", "'cat/b.png' is already written for another sample")],
+    "key": "cat/missing.png",
 }
 
 

@@ -71,7 +71,7 @@ def test_distribution_name_commands_and_version_source() -> None:
     project = PYPROJECT["project"]
     assert project["name"] == DISTRIBUTION
     assert "version" not in project and project["dynamic"] == ["version"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packer.__version__"}
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "packer._version.__version__"}
     assert project["scripts"] == {"packer": "packer.__main__:entry", "packer-shards": "packer.__main__:entry"}
     assert re.fullmatch(r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.dev\d+)?", packer.__version__)
 
@@ -96,3 +96,17 @@ def test_python_m_packer_runs_the_cli() -> None:
     done = subprocess.run([sys.executable, "-m", "packer", "--version"], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == f"packer, version {packer.__version__}"
+
+
+def test_each_store_has_a_narrow_extra_and_remote_is_all_of_them() -> None:
+    """An S3-only user installs [s3] (pip never resolves the GCS and Azure SDKs); [remote] is every
+    store, and a missing transport names its URL's extra (packer/remote/store.py)."""
+    from packer.remote.store import SCHEME_EXTRAS
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    names = {extra: {re.split(r"[\[<>=]", requirement)[0] for requirement in extras[extra]}
+             for extra in ("s3", "gcs", "azure", "http")}
+    assert names == {"s3": {"fsspec", "s3fs", "obstore"}, "gcs": {"fsspec", "gcsfs", "obstore"},
+                     "azure": {"fsspec", "adlfs", "obstore"}, "http": {"fsspec", "obstore"}}
+    assert extras["remote"] == [f"{DISTRIBUTION}[s3,gcs,azure,http]"]
+    assert set(SCHEME_EXTRAS.values()) == set(names)

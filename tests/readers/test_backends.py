@@ -19,7 +19,7 @@ from packer.writer import build
 from packer.dataset import open_dataset
 from packer.backends.buffers import aligned_empty, buffer_address
 from packer.backends.direct import DIRECT_BLOCK, DirectShard
-from packer.errors import DirectIOUnsupportedError
+from packer.errors import DirectIOUnsupportedError, OptionError
 from packer.errors import MisalignedRecordError, OffsetOutOfBoundsError, TruncatedFileError
 from packer.writer.plan import BuildOptions
 
@@ -242,10 +242,10 @@ def test_file_system_without_o_direct(datasets: dict, monkeypatch: pytest.Monkey
     path = datasets["passthrough", 4096]
     real_open = os.open
 
-    def refusing_open(target: object, flags: int, *args: object) -> int:
+    def refusing_open(target: object, flags: int, *args: object, **kwargs: object) -> int:
         if flags & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(target, flags, *args)
+        return real_open(target, flags, *args, **kwargs)  # dir_fd=: files are opened below a folder handle
 
     monkeypatch.setattr(direct.os, "open", refusing_open)
     with open_dataset(path, backend="direct") as ds:
@@ -293,7 +293,7 @@ def test_aligned_empty() -> None:
         assert buffer.nbytes == size and buffer.dtype == np.uint8
         if size:
             assert buffer.ctypes.data % DIRECT_BLOCK == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError, match=r"^need nbytes >= 0 and alignment >= 1, got -1, 4096$"):
         aligned_empty(-1)
 
 

@@ -24,6 +24,9 @@ from packer.errors import (
     NotAPackerFileError,
     OptionError,
     PackerError,
+    SampleIndexError,
+    SampleIndexTypeError,
+    SampleKeyError,
     TruncatedFileError,
 )
 from packer.writer import BuildOptions, build
@@ -142,15 +145,21 @@ def test_find_matches_whole_keys_only(base3: Path) -> None:
     with open_index(base3) as index:
         assert index.find("a/z.png") == 1 and index.find("a/a/z.png") == 0
         for missing in ["z.png", "a/a", "pnga/z", "11", "1111", "a/z.pn", "", "\udc80", 7, None]:
-            with pytest.raises(KeyError) as caught:
+            with pytest.raises(SampleKeyError) as caught:
                 index.find(missing)  # type: ignore[arg-type]
-            assert caught.value.args == (missing,)
+            assert isinstance(caught.value, KeyError) and caught.value.key == missing
+            assert str(caught.value).startswith(f"no sample has the key {missing!r}")
+        for missing, why in (("", ": keys are non-empty strings"), (7, ": keys are non-empty strings"),
+                             ("\udc80", ": it holds a lone surrogate, and keys are UTF-8"), ("z.png", "")):
+            with pytest.raises(SampleKeyError) as caught:
+                index.find(missing)  # type: ignore[arg-type]
+            assert str(caught.value) == f"no sample has the key {missing!r}{why}"
     _rewrite_index(base3, _with_blob("keys", [b"x", b"a/z.png", b"b/a/z.png"]))  # the false match comes last
     with open_index(base3) as index:
         assert [index.find(k) for k in ("x", "a/z.png", "b/a/z.png")] == [0, 1, 2]
     with open_index(VECTORS / "valid" / "empty") as index:
         for key in ("X", "XX", "a"):
-            with pytest.raises(KeyError):
+            with pytest.raises(SampleKeyError, match=f"^no sample has the key {key!r}$"):
                 index.find(key)
 
 
@@ -165,11 +174,11 @@ def test_sample_numbers_are_checked_like_a_sequence(base3: Path, tmp_path: Path)
         assert [index.key(i) for i in (-3, -1, 0, 2)] == ["cat/a.png", "dog/c.bmp", "cat/a.png", "dog/c.bmp"]
         assert index.shard_of(-1) == 1 and index.shard_of(1) == 0
         for bad in (3, -4, 10):
-            with pytest.raises(IndexError) as caught:
+            with pytest.raises(SampleIndexError) as caught:
                 index.key(bad)
             assert str(caught.value) == f"sample {bad} out of range for a dataset of 3 samples"
     with open_index(VECTORS / "valid" / "empty") as index:
-        with pytest.raises(IndexError, match="^sample 0 out of range for a dataset of 0 samples$"):
+        with pytest.raises(SampleIndexError, match="^sample 0 out of range for a dataset of 0 samples$"):
             index.key(0)
 
 
@@ -328,10 +337,11 @@ def test_batches_and_iteration_check_their_indices() -> None:
             batch = checked.read_batch(np.array([[2, -3], [-1, 1]]))
             assert [bytes(batch[j]) for j in range(4)] == [every[2], every[0], every[2], every[1]]
         assert [bytes(b) for b, _ in dataset.iter_samples([-3, -1, 2])] == [every[0], every[2], every[2]]
-        for bad in ([3], [-4], [0, 3], [-4, 1], [-4, 3]):
-            with pytest.raises(IndexError, match=r"^batch holds an index outside 0\.\.2$"):
+        for bad, first in (([3], 3), ([-4], -4), ([0, 3], 3), ([-4, 1], -4), ([-4, 3], -4)):
+            outside = rf"{first}, outside -3\.\.2 \(a dataset of 3 samples\)$"
+            with pytest.raises(SampleIndexError, match=f"^batch holds index {outside}"):
                 dataset.read_batch(bad)
-            with pytest.raises(IndexError, match=r"^indices hold a value outside 0\.\.2$"):
+            with pytest.raises(SampleIndexError, match=f"^indices hold {outside}"):
                 list(dataset.iter_samples(bad))
         assert [label for _, label in dataset.iter_samples()] == [0, 0, 1]
 
@@ -403,19 +413,19 @@ def _reader_pixels(path: Path) -> np.ndarray:
 
 
 def test_sample_indices_errors_show_the_first_value() -> None:
-    with pytest.raises(TypeError) as caught:
+    with pytest.raises(SampleIndexTypeError) as caught:
         as_sample_indices([1.7, 2.0])
     assert str(caught.value) == f"sample indices must be integers, got float64 values (e.g. {np.float64(1.7)!r})"
-    with pytest.raises(TypeError) as caught:  # a 2-D array: the first value, not the first row
+    with pytest.raises(SampleIndexTypeError) as caught:  # a 2-D array: the first value, not the first row
         as_sample_indices([[2.5, 1.0], [3.0, 4.0]])
     assert str(caught.value) == f"sample indices must be integers, got float64 values (e.g. {np.float64(2.5)!r})"
-    with pytest.raises(TypeError) as caught:
+    with pytest.raises(SampleIndexTypeError) as caught:
         as_sample_indices(np.array([True, False]))
     assert str(caught.value) == f"sample indices must be integers, got bool values (e.g. {np.True_!r})"
     largest = np.iinfo(np.int64).max  # the largest unsigned value that fits is accepted
     got = as_sample_indices(np.array([largest, 3], dtype=np.uint64))
     assert got.dtype == np.int64 and got.tolist() == [largest, 3]
-    with pytest.raises(TypeError) as caught:
+    with pytest.raises(SampleIndexTypeError) as caught:
         as_sample_indices(np.array([3, largest + 1], dtype=np.uint64))
     assert str(caught.value) == f"sample index {largest + 1} is past int64"
     empty = as_sample_indices(np.zeros(0, dtype=np.float64))  # no values: nothing to refuse

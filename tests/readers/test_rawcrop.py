@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from packer.writer import build  # noqa: E402
 from packer.writer.plan import BuildOptions  # noqa: E402
-from packer.errors import DecodeError  # noqa: E402
+from packer.errors import DecodeError, OptionError, SampleIndexError  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.rawcrop import (AGREEMENT_MAX_ABS, AGREEMENT_MEAN_ABS, RRC_DRAWS,  # noqa: E402
                             compiled_kernel_available, crop_resize_batch, random_resized_crop_boxes, raw_shape_of, read_raw_batch,
@@ -57,7 +57,7 @@ def test_sample_uniforms_depend_only_on_seed_epoch_index() -> None:
     assert not np.array_equal(draws, sample_uniforms(4, 2, indices, RRC_DRAWS))  # another seed
     many = sample_uniforms(0, 0, np.arange(20_000), 4)
     assert abs(many.mean() - 0.5) < 0.01 and abs(np.corrcoef(many[:, 0], many[:, 1])[0, 1]) < 0.03
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(OptionError, match="non-negative"):
         sample_uniforms(0, 0, [-1], 3)
 
 
@@ -109,9 +109,9 @@ def test_crop_resize_writes_into_a_strided_out_and_checks_shapes() -> None:
     crop_resize_batch(images, boxes, (8, 8), out=nchw.permute(0, 2, 3, 1))
     expected = crop_resize_batch(images, boxes, (8, 8))
     assert torch.equal(nchw.permute(0, 2, 3, 1), expected)
-    with pytest.raises(ValueError, match="non-empty part"):
+    with pytest.raises(OptionError, match="non-empty part"):
         crop_resize_batch(images, np.array([[0.0, 0.0, 17.0, 16.0]] * 3), (8, 8))
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(OptionError, match="out must be"):
         crop_resize_batch(images, boxes, (8, 8), out=torch.empty((3, 8, 9, 3), dtype=torch.uint8))
 
 
@@ -161,7 +161,7 @@ def test_compiled_kernel_checks_its_arguments() -> None:
         _rawresample.crop_resize(src, out, box, np.zeros(1, np.uint8), True, 1, 4, 5, 3, 2, 2)
     with pytest.raises(ValueError, match="does not match"):
         _rawresample.crop_resize(src, out, box, np.zeros(2, np.uint8), True, 1, 4, 4, 3, 2, 2)
-    with pytest.raises(ValueError, match="kernel must be"):
+    with pytest.raises(OptionError, match="kernel must be"):
         crop_resize_batch(src, np.array([[0.0, 0.0, 4.0, 4.0]]), (2, 2), kernel="numba")
 
 
@@ -253,6 +253,39 @@ def test_crop_resize_raw_equals_the_gather_then_the_batched_resample(raw_dataset
         assert torch.equal(out.permute(0, 2, 3, 1), expected)  # the channels-last storage of a CHW batch
 
 
+def test_bad_crop_arguments_are_option_errors_that_say_what_was_expected(raw_dataset: Path) -> None:
+    """Every refusal of the batched crop doors is an OptionError (still a ValueError) naming what came."""
+    from packer.dataset import open_dataset
+    from packer.rawcrop import crop_resize_raw
+
+    images = _noise(2, 16, 16)
+    box = np.array([[0.0, 0.0, 8.0, 8.0]])
+    cases = [
+        (lambda: random_resized_crop_boxes(np.zeros((3, 2)), 16, 16),
+         f"need an (N, {RRC_DRAWS}) array of draws, got shape (3, 2)"),
+        (lambda: crop_resize_batch(images[0], box, (4, 4)),
+         "images must be an (N, H, W, C) uint8 batch, got (16, 16, 3) torch.uint8"),
+        (lambda: crop_resize_batch(images.astype(np.float32), box, (4, 4)),
+         "images must be an (N, H, W, C) uint8 batch, got (2, 16, 16, 3) torch.float32"),
+        (lambda: crop_resize_batch(images, box, (4, 4)), "need one box per image: 2 images, got 1 boxes"),
+        (lambda: sample_uniforms(-1, 0, [0], 3),
+         "seed, epoch, count and indices must be non-negative, got seed=-1, epoch=0, count=3, min index=0"),
+    ]
+    with open_dataset(raw_dataset) as dataset:
+        shape = raw_shape_of(dataset)
+        height, width = shape[0], shape[1]
+        cases.append((lambda: crop_resize_raw(dataset, [0, 1], shape, box, None, (4, 4)),
+                      "need one box per image: 2 images, got 1 boxes"))
+        if compiled_kernel_available():  # in place: the kernel's refusal, with crop_resize_batch's words
+            outside = np.array([[0.0, 0.0, width + 1.0, height]])
+            cases.append((lambda: crop_resize_raw(dataset, [0], shape, outside, None, (4, 4)),
+                          f"every box must be a non-empty part of the {width}x{height} image ("))
+        for call, message in cases:
+            with pytest.raises(OptionError) as caught:
+                call()
+            assert isinstance(caught.value, ValueError) and caught.value.message.startswith(message), caught.value
+
+
 def test_raw_gather_without_the_compiled_kernel_gives_the_same_batch(raw_dataset: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from packer import rawcrop
@@ -304,7 +337,7 @@ def test_seeded_batch_is_a_function_of_seed_epoch_and_index() -> None:
     assert not np.array_equal(forward, transform.batch(images, [10, 11, 12, 13, 14, 15]).numpy())
     transform.set_epoch(0)
     np.testing.assert_array_equal(forward, transform.batch(images, [10, 11, 12, 13, 14, 15]).numpy())
-    with pytest.raises(ValueError, match="pass indices"):
+    with pytest.raises(OptionError, match="pass indices"):
         transform.batch(images)
 
 
@@ -313,7 +346,7 @@ def test_raw_bytes_without_shape_are_refused_with_a_reason() -> None:
         RandomResizedCrop(8)(bytes(300), ImageFormat.RAW)
     with pytest.raises(DecodeError, match=r"\(H, W, 3\) uint8"):
         RandomResizedCrop(8)(np.zeros((4, 4, 3), dtype=np.float32), ImageFormat.RAW)
-    with pytest.raises(ValueError, match="seed must be"):
+    with pytest.raises(OptionError, match="seed must be"):
         RandomResizedCrop(8, seed=-1)
 
 
@@ -444,7 +477,7 @@ def test_load_batch_equals_collated_getitems(raw_dataset: Path, options: dict) -
     want_images, want_labels = collate(dataset.__getitems__(indices))
     assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
     assert labels.dtype == torch.int64
-    with pytest.raises(IndexError):
+    with pytest.raises(SampleIndexError, match="outside"):
         dataset.load_batch([N])
 
 

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from packer.writer import build  # noqa: E402
 from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.order import ReadOrder  # noqa: E402
+from packer.errors import OptionError  # noqa: E402
 from packer.threaded import ThreadedLoader  # noqa: E402
 from packer.torch import PackedDataset, collate  # noqa: E402
 from packer.transforms import RandomResizedCrop  # noqa: E402
@@ -141,7 +142,7 @@ def test_errors_surface_in_order_and_an_early_stop_does_not_hang(datasets: dict)
     for _ in ThreadedLoader(datasets["raw"], batch_size=1, threads=3, prefetch=8):
         break
     for bad in ({"threads": 0}, {"prefetch": 0}, {"threads": True}):
-        with pytest.raises(ValueError, match="positive integer"):
+        with pytest.raises(OptionError, match=r"^(threads|prefetch) must be a positive integer, got (0|True)$"):
             ThreadedLoader(datasets["raw"], batch_size=5, **bad)
     with pytest.raises(ValueError, match="epoch"):
         ThreadedLoader(datasets["raw"], batch_size=5).set_epoch(-1)

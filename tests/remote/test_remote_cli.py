@@ -65,6 +65,28 @@ def test_building_over_a_dataset_needs_overwrite(cli_env, tmp_path):
     assert result.exit_code == 2 and "already" in result.output
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_building_a_source_with_a_rejected_file_to_a_url(cli_env, tmp_path, as_json):
+    """Issue 39: the upload succeeded, then the summary joined the URL string with '/' (a TypeError:
+    exit 1, and an empty stdout with --json); a rerun with --resume crashed the same way. Real
+    sources almost always hold a file that is rejected."""
+    write_images(tmp_path / "src", {"a": 3, "b": 2})
+    (tmp_path / "src" / "a" / "broken.jpg").write_bytes(b"not an image")
+    url = f"s3://{cli_env.bucket}/ds"
+    for again in ([], ["--resume"]):
+        argv = ["build", str(tmp_path / "src"), url, "--workers", "1", "-q", *again] + (["--json"] if as_json else [])
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+        if as_json:
+            document = json.loads(result.stdout)
+            assert document["ok"] and document["rejected"] == 1 and document["path"] == url
+            assert document["rejected_by_reason"] == {"not-an-image": 1}
+        else:
+            assert f"rejected 1 file(s): 1 not-an-image; see {url}/{fmt.REPORT_NAME}" in result.stderr
+    with packer.open_dataset(url, remote=options_for(cli_env, tmp_path / "reader")) as dataset:
+        assert len(dataset) == 5 and dataset.manifest.build["settings"]["source"]["kind"] == "folder"
+
+
 class _Killed(BaseException):
     """Stands for the process dying: raised from the upload's progress callback, it stops the upload there."""
 

@@ -49,15 +49,16 @@ def test_a_dataset_uploads_to_and_reads_from_gs_and_az(monkeypatch, small_datase
         assert remote.url == url
 
 
-@pytest.mark.parametrize("scheme, package", [("gs", "gcsfs"), ("az", "adlfs")])
-def test_a_missing_gcsfs_or_adlfs_names_the_extra(monkeypatch, tmp_path, scheme, package):
+@pytest.mark.parametrize("scheme, package, extra", [("gs", "gcsfs", "gcs"), ("az", "adlfs", "azure"),
+                                                   ("s3", "s3fs", "s3"), ("https", "aiohttp", "http")])
+def test_a_missing_transport_names_the_narrow_extra(monkeypatch, tmp_path, scheme, package, extra):
     import importlib
     import sys
 
     monkeypatch.setitem(sys.modules, package, None)  # import fails as if not installed
-    monkeypatch.delitem(importlib.import_module("fsspec.registry")._registry, "gcs" if scheme == "gs" else "az",
-                        raising=False)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'packer-shards\[remote\]'") as caught:
+    monkeypatch.delitem(importlib.import_module("fsspec.registry")._registry,
+                        {"gs": "gcs", "az": "az", "s3": "s3", "https": "https"}[scheme], raising=False)
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'packer-shards\[{extra}\]'") as caught:
         packer.open_dataset(f"{scheme}://bucket/ds", remote=RemoteOptions(cache_dir=str(tmp_path)))
     assert package in caught.value.message or "filesystem" in caught.value.message
 

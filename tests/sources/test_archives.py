@@ -18,13 +18,14 @@ from packer.sources import tar as tar_source
 from packer.sources import SourceOptions, list_source
 from packer.sources.detect import expand_braces
 from packer.sources.sniff import sniff_container
-from packer.writer.plan import BuildOptions
 from packer.writer.run import finish
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, SourceError
 from packer.names import ESCAPED_FIELD, unescape_key
+from packer import BuildSettings, LayoutSettings, RunOptions
+from helpers import with_source
 
-OPTIONS = BuildOptions(shard_size=12 << 10, seed=3)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=3))
 
 
 def jpeg(seed: int) -> bytes:
@@ -69,7 +70,7 @@ EXPECTED = {key: (data, key.split("/")[0]) for key, data in FILES.items()}
 def test_tar_of_class_folders(tmp_path: Path, mode: str, suffix: str) -> None:
     source = write_tar(tmp_path / f"data.{suffix}.bin", FILES, mode)  # the name says nothing: the bytes do
     assert sniff_container(source) == ("tar" if mode == "w" else f"tar.{suffix[4:]}")
-    result = build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    result = build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=2))
     assert result.sample_count == len(FILES) and not result.rejected
     assert packed(tmp_path / "ds") == EXPECTED
     assert not (tmp_path / "ds" / ".packer-build").exists()  # the spool went with the staging folder
@@ -86,7 +87,7 @@ def test_tar_of_tars_is_one_class_per_inner_tar(tmp_path: Path) -> None:
         inner[f"{cls}.tar"] = buffer.getvalue()
     for mode in ("w", "w:gz"):
         source = write_tar(tmp_path / f"train-{mode[-2:]}.tar", inner, mode)
-        build(source, tmp_path / f"ds{mode}", OPTIONS, workers=2, progress=False)
+        build(source, tmp_path / f"ds{mode}", OPTIONS, RunOptions(workers=2))
         assert packed(tmp_path / f"ds{mode}") == EXPECTED
 
 
@@ -96,7 +97,7 @@ def test_zip(tmp_path: Path) -> None:
         for n, (key, data) in enumerate(FILES.items()):
             archive.writestr(key, data, compress_type=(zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED,
                                                        zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)[n % 4])
-    build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=2))
     assert packed(tmp_path / "ds") == EXPECTED
 
 
@@ -114,7 +115,7 @@ def test_zip_damage_and_bombs_are_member_rejections(tmp_path: Path) -> None:
     where = data.find(FILES["cat/001.jpg"][-60:-40])
     data[where] ^= 0xFF  # same size, wrong CRC
     source.write_bytes(bytes(data))
-    result = build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    result = build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
     reasons = {r.key: r.reason for r in result.rejected}
     assert reasons == {"cat/damaged.jpg": "unreadable", "cat/bomb.bin": "decompression-bomb",
                        "../escape.jpg": "outside-root", "cat/link.jpg": "not-a-file"}
@@ -145,7 +146,7 @@ def test_hostile_tar_members_are_accounted_for(tmp_path: Path) -> None:
         "../up.jpg": "outside-root", "/etc/abs.jpg": "outside-root", "cat/sym.jpg": "not-a-file",
         "cat/hard.jpg": "not-a-file", "cat/fifo": "not-a-file", "cat/.DS_Store": "hidden-file",
         "cat/ok.jpg": "duplicate-entry", "cat/big.jpg": "oversize-member", "top.jpg": "not-in-class-folder"}
-    result = build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    result = build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
     assert {r.key: r.reason for r in result.rejected}["cat/text.jpg"] == "not-an-image"
     with open_dataset(tmp_path / "ds") as ds:
         keys = {ds.key(i): i for i in range(len(ds))}
@@ -166,14 +167,14 @@ def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:
     gz.write_bytes(gz.read_bytes()[:-200])
     for damaged in (source, gz):
         with pytest.raises(SourceError, match="damaged"):
-            build(damaged, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+            build(damaged, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
 
 
 def test_compressed_bomb_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
     monkeypatch.setattr(tar_source, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
     with pytest.raises(SourceError, match="decompression bomb"):
-        build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+        build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
 
 
 def webdataset_shards(folder: Path, *, json_labels: bool = False) -> list[Path]:
@@ -199,8 +200,8 @@ def test_webdataset_folder_pattern_and_labels(tmp_path: Path) -> None:
     shards = webdataset_shards(tmp_path / "wds")
     pattern = str(tmp_path / "wds" / "train-{000000..000002}.tar")
     assert expand_braces(pattern) == [str(p) for p in shards]
-    build(pattern, tmp_path / "a", OPTIONS, workers=2, progress=False)
-    build(tmp_path / "wds", tmp_path / "b", OPTIONS, workers=1, progress=False)
+    build(pattern, tmp_path / "a", OPTIONS, RunOptions(workers=2))
+    build(tmp_path / "wds", tmp_path / "b", OPTIONS, RunOptions(workers=1))
     same = lambda files: {name: data for name, data in files.items()  # noqa: E731
                           if name not in ("manifest.json", "build-report.jsonl")}
     # The same samples, byte for byte; the manifest's informational build object names the source
@@ -217,7 +218,7 @@ def test_webdataset_folder_pattern_and_labels(tmp_path: Path) -> None:
             assert int(ds.labels[i]) == ("cat", "dog", "emu").index(key.split("_")[0])
             assert ds.metadata(i)["txt"] == "a caption"
     named = webdataset_shards(tmp_path / "wds2", json_labels=True)
-    build(named[0], tmp_path / "c", OPTIONS, workers=1, progress=False, source_kind="webdataset")
+    build(named[0], tmp_path / "c", with_source(OPTIONS, kind="webdataset"), RunOptions(workers=1))
     with open_dataset(tmp_path / "c") as ds:
         assert ds.classes == ("cat",) and ds.metadata(0)["json"]["w"] == 1
 
@@ -229,17 +230,17 @@ def test_deterministic_parts_and_resume(tmp_path: Path, kind: str) -> None:
         webdataset_shards(tmp_path / "wds")
     else:
         source = write_tar(tmp_path / f"src.{kind}", FILES, "w" if kind == "tar" else "w:gz")
-    build(source, tmp_path / "one", OPTIONS, workers=1, progress=False)
-    build(source, tmp_path / "two", OPTIONS, workers=2, progress=False)
+    build(source, tmp_path / "one", OPTIONS, RunOptions(workers=1))
+    build(source, tmp_path / "two", OPTIONS, RunOptions(workers=2))
     assert dataset_files(tmp_path / "one") == dataset_files(tmp_path / "two")
     split = tmp_path / "split"
     for k in (1, 0):
-        build(source, split, OPTIONS, part=(k, 2), workers=1, progress=False)
+        build(source, split, OPTIONS, RunOptions(workers=1, part=(k, 2)))
     finish(split, source)
     assert dataset_files(split) == dataset_files(tmp_path / "one")
     resumed = tmp_path / "resumed"
-    build(source, resumed, OPTIONS, part=(0, 2), workers=1, progress=False)
-    build(source, resumed, OPTIONS, resume=True, workers=2, progress=False)
+    build(source, resumed, OPTIONS, RunOptions(workers=1, part=(0, 2)))
+    build(source, resumed, OPTIONS, RunOptions(workers=2, resume=True))
     assert dataset_files(resumed) == dataset_files(tmp_path / "one")
 
 
@@ -248,11 +249,11 @@ def test_resume_refuses_a_changed_archive(tmp_path: Path) -> None:
 
     source = write_tar(tmp_path / "src.tar", FILES)
     out = tmp_path / "ds"
-    build(source, out, OPTIONS, part=(0, 2), workers=1, progress=False)
+    build(source, out, OPTIONS, RunOptions(workers=1, part=(0, 2)))
     write_tar(source, dict(list(FILES.items())[:5]))
     os.utime(source, ns=(1, 1))
     with pytest.raises(BuildError, match="planned from"):
-        build(source, out, OPTIONS, resume=True, workers=1, progress=False)
+        build(source, out, OPTIONS, RunOptions(workers=1, resume=True))
 
 
 def test_tar_zst(tmp_path: Path) -> None:
@@ -261,7 +262,7 @@ def test_tar_zst(tmp_path: Path) -> None:
     source = tmp_path / "data.tar.zst"
     source.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
     assert sniff_container(source) == "tar.zst"
-    build(source, tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=2))
     assert packed(tmp_path / "ds") == EXPECTED
 
 
@@ -283,14 +284,14 @@ def test_parquet_huggingface_layout(tmp_path: Path) -> None:
     pq.write_table(table.slice(0, 10), tmp_path / "hf" / "data" / "train-00000-of-00002.parquet", row_group_size=4)
     pq.write_table(table.slice(10), tmp_path / "hf" / "data" / "train-00001-of-00002.parquet", row_group_size=4)
     (tmp_path / "hf" / "README.md").write_text("a dataset card")
-    result = build(tmp_path / "hf", tmp_path / "ds", OPTIONS, workers=2, progress=False)
+    result = build(tmp_path / "hf", tmp_path / "ds", OPTIONS, RunOptions(workers=2))
     assert {r.key: r.reason for r in result.rejected} == {"x.jpg": "not-an-image"}
     assert packed(tmp_path / "ds") == EXPECTED
-    build(tmp_path / "hf", tmp_path / "ds1", OPTIONS, workers=1, progress=False)
+    build(tmp_path / "hf", tmp_path / "ds1", OPTIONS, RunOptions(workers=1))
     assert dataset_files(tmp_path / "ds1") == dataset_files(tmp_path / "ds")
     plain = pa.table({"img": pa.array([FILES[k] for k in keys]), "cls": pa.array([k.split("/")[0] for k in keys])})
     pq.write_table(plain, tmp_path / "plain.bin")
-    build(tmp_path / "plain.bin", tmp_path / "ds2", OPTIONS, workers=1, progress=False, label_field="cls")
+    build(tmp_path / "plain.bin", tmp_path / "ds2", with_source(OPTIONS, label_field="cls"), RunOptions(workers=1))
     with open_dataset(tmp_path / "ds2") as ds:
         assert ds.classes == ("cat", "dog", "emu") and ds.key(0).startswith("plain/")
 
@@ -303,11 +304,11 @@ def test_a_webdataset_whose_keys_have_folders_is_recognised_by_its_shared_keys(t
         files[f"a/{i:03d}.jpg"] = jpeg(i)
         files[f"a/{i:03d}.cls"] = str(i % 2).encode()
     write_tar(tmp_path / "shard.tar", files)
-    build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, RunOptions(workers=1))
     assert packed(tmp_path / "ds") == {f"a/{i:03d}.jpg": (jpeg(i), str(i % 2)) for i in range(4)}
     # a class folder holding a stray text file stays a tar of class folders
     write_tar(tmp_path / "classes.tar", {"cat/notes.txt": b"hello", **FILES})
-    result = build(tmp_path / "classes.tar", tmp_path / "ds2", OPTIONS, workers=1, progress=False)
+    result = build(tmp_path / "classes.tar", tmp_path / "ds2", OPTIONS, RunOptions(workers=1))
     assert packed(tmp_path / "ds2") == EXPECTED and [r.key for r in result.rejected] == ["cat/notes.txt"]
 
 
@@ -335,7 +336,7 @@ def test_webdataset_labels_are_read_strictly(tmp_path: Path, member: str, body: 
     float turned into no label, or a boolean into one."""
     write_tar(tmp_path / "shard.tar", {"000.jpg": jpeg(0), f"000.{member}": body, "001.jpg": jpeg(1),
                                        "001.cls": b"1"})
-    result = build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+    result = build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, RunOptions(workers=1))
     labels = {key: int(value) for key, (_, value) in packed(tmp_path / "ds").items()}
     if message is None:
         assert labels == {"000.jpg": label, "001.jpg": 1} and not result.rejected
@@ -348,7 +349,7 @@ def test_webdataset_labels_are_read_strictly(tmp_path: Path, member: str, body: 
 def test_webdataset_mixing_integer_and_name_labels_names_one_of_each(tmp_path: Path) -> None:
     write_tar(tmp_path / "shard.tar", {"000.jpg": jpeg(0), "000.cls": b"5", "001.jpg": jpeg(1), "001.cls": b"owl"})
     with pytest.raises(SourceError, match=r"labels mix integers \(first: 5\) and class names \(first: 'owl'\)"):
-        build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, workers=1, progress=False)
+        build(tmp_path / "shard.tar", tmp_path / "ds", OPTIONS, RunOptions(workers=1))
 
 
 def test_parquet_labels_booleans_are_two_classes_and_floats_are_refused(tmp_path: Path) -> None:
@@ -357,20 +358,20 @@ def test_parquet_labels_booleans_are_two_classes_and_floats_are_refused(tmp_path
     keys = list(FILES)[:4]
     pq.write_table(pa.table({"img": pa.array([FILES[k] for k in keys]), "label": pa.array([True, False, None, True])}),
                    tmp_path / "bool.parquet")
-    build(tmp_path / "bool.parquet", tmp_path / "b", OPTIONS, workers=1, progress=False)
+    build(tmp_path / "bool.parquet", tmp_path / "b", OPTIONS, RunOptions(workers=1))
     with open_dataset(tmp_path / "b") as ds:
         assert sorted((ds.key(i), int(ds.labels[i])) for i in range(len(ds))) == [
             ("bool/000000000", 1), ("bool/000000001", 0), ("bool/000000002", -1), ("bool/000000003", 1)]
     pq.write_table(pa.table({"img": pa.array([FILES[k] for k in keys[:2]]), "label": pa.array([1.5, 2.0])}),
                    tmp_path / "float.parquet")
     with pytest.raises(EmptySourceError, match="no packable members"):
-        build(tmp_path / "float.parquet", tmp_path / "f", OPTIONS, workers=1, progress=False)
+        build(tmp_path / "float.parquet", tmp_path / "f", OPTIONS, RunOptions(workers=1))
     report = [json.loads(line) for line in (tmp_path / "f" / "build-report.jsonl").read_text().splitlines()][1:]
     assert [(r["key"], r["reason"]) for r in report] == [("float/000000000", "bad-label"),
                                                          ("float/000000001", "bad-label")]
     assert "holds '1.5' (float): expected an integer or a class name" in report[0]["message"]
     summary = json.loads((tmp_path / "f" / "build-report.jsonl").read_text().splitlines()[0])
-    assert (summary["source_kind"], summary["rejected"]) == ("parquet", 2)
+    assert (summary["settings"]["source"]["kind"], summary["rejected"]) == ("parquet", 2)
 
 
 def test_cli_build_from_archives(tmp_path: Path) -> None:
@@ -404,7 +405,7 @@ def test_cut_archives_fail_cleanly(tmp_path: Path, kind: str) -> None:
         source = tmp_path / f"cut{n}.{kind}"
         source.write_bytes(data[:cut])
         try:
-            result = build(source, tmp_path / f"ds{n}", OPTIONS, workers=1, progress=False)
+            result = build(source, tmp_path / f"ds{n}", OPTIONS, RunOptions(workers=1))
         except SourceError:
             continue
         assert result.sample_count + len(result.rejected) >= 1
@@ -416,8 +417,8 @@ def test_append_from_a_compressed_archive(tmp_path: Path) -> None:
 
     first = dict(list(FILES.items())[:9])
     rest = dict(list(FILES.items())[9:])
-    build(write_tar(tmp_path / "a.tar", first), tmp_path / "ds", OPTIONS, workers=1, progress=False)
-    result = append(tmp_path / "ds", write_tar(tmp_path / "b.tar.gz", rest, "w:gz"), workers=1, progress=False)
+    build(write_tar(tmp_path / "a.tar", first), tmp_path / "ds", OPTIONS, RunOptions(workers=1))
+    result = append(tmp_path / "ds", write_tar(tmp_path / "b.tar.gz", rest, "w:gz"), run=RunOptions(workers=1))
     assert result.sample_count >= len(rest)
     assert packed(tmp_path / "ds") == EXPECTED
     assert not (tmp_path / "ds" / ".packer-append-spool").exists()
@@ -429,7 +430,7 @@ def test_each_kind_of_archive_damage_is_named(tmp_path: Path, monkeypatch: pytes
 
     def message(source: Path) -> str:
         with pytest.raises(SourceError) as caught:
-            build(source, tmp_path / f"{source.name}-ds", OPTIONS, workers=1, progress=False)
+            build(source, tmp_path / f"{source.name}-ds", OPTIONS, RunOptions(workers=1))
         assert caught.value.path == str(source)
         return caught.value.message
 
@@ -477,7 +478,7 @@ def test_a_compressed_tar_whose_header_claims_more_than_the_stream_holds(tmp_pat
     source = tmp_path / "lying.tar.gz"
     source.write_bytes(gzip.compress(header.tobuf(tarfile.USTAR_FORMAT) + present))
     with pytest.raises(SourceError) as caught:
-        build(source, tmp_path / "ds", OPTIONS, workers=1, progress=False)
+        build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
     assert type(caught.value) is SourceError and caught.value.path == str(source)
     assert caught.value.message == ("the compressed tar ends inside a member: a header claims more bytes than the "
                                     "archive holds")

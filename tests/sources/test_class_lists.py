@@ -13,12 +13,14 @@ from PIL import Image
 
 from packer import format as fmt
 from packer.writer import build
-from packer.writer.plan import BuildOptions
 from packer.sources import SourceOptions, list_source
 from packer.classes import check_classes, load_class_list
 from packer.cli import cli, _register
 from packer.dataset import open_index
 from packer.errors import ClassListMismatchError, EmptySourceError, OptionError, SourceError
+from packer import LabelSettings, SourceSettings
+from packer import BuildSettings, RunOptions
+from packer import LayoutSettings
 
 _register()
 
@@ -41,8 +43,9 @@ def labels_by_class(path: Path) -> dict[str, set[int]]:
         return out
 
 
-def quick(source: Path, out: Path, **options) -> object:
-    return build(source, out, BuildOptions(**options), workers=1, progress=False)
+def quick(source: Path, out: Path, *, classes: object = None, shuffle: bool = True) -> object:
+    return build(source, out, BuildSettings(layout=LayoutSettings(shuffle=shuffle), labels=LabelSettings(classes=classes)),
+                 RunOptions(workers=1))
 
 
 # --- folder sources ---------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def test_append_keeps_a_fixed_class_list(tmp_path: Path) -> None:
     write_images(tmp_path / "more", {"dog": 2, "wolf": 1})
     (tmp_path / "more" / "dog" / "000.jpg").unlink()  # already in the dataset under that key
     quick(tmp_path / "train", tmp_path / "ds", classes=("cat", "dog", "emu"))
-    result = append(tmp_path / "ds", tmp_path / "more", workers=1)
+    result = append(tmp_path / "ds", tmp_path / "more", run=RunOptions(workers=1))
     assert open_index(tmp_path / "ds").classes == ("cat", "dog", "emu")
     assert [(r.key, r.reason) for r in result.rejected] == [("wolf/000.jpg", "unknown-class")]
     assert sorted(open_index(tmp_path / "ds").labels.tolist()) == [0, 1, 1]
@@ -86,8 +89,7 @@ def test_append_keeps_a_fixed_class_list(tmp_path: Path) -> None:
 def test_on_error_fail_refuses_unknown_classes_as_a_whole(tmp_path: Path) -> None:
     write_images(tmp_path / "val", {"dog": 1, "wolf": 1})
     with pytest.raises(SourceError, match="not in the class list.*wolf/000.jpg"):
-        build(tmp_path / "val", tmp_path / "out", BuildOptions(classes=("cat", "dog")), workers=1,
-              progress=False, on_error="fail")
+        build(tmp_path / "val", tmp_path / "out", BuildSettings(labels=LabelSettings(classes=("cat", "dog"))), RunOptions(workers=1, on_error="fail"))
     assert not (tmp_path / "out" / fmt.MANIFEST_NAME).exists()
 
 
@@ -134,9 +136,9 @@ def test_cli_summary_states_the_label_rule(tmp_path: Path) -> None:
 
 def test_build_options_take_the_cli_spellings_of_a_class_list(tmp_path: Path) -> None:
     (tmp_path / "classes.json").write_text('["b", "a"]')
-    assert BuildOptions(classes=str(tmp_path / "classes.json")).classes == ("b", "a")
-    assert BuildOptions(classes="x, y").classes == ("x", "y")
-    assert BuildOptions(classes=["p", "q"]).classes == ("p", "q")
+    assert LabelSettings(classes=str(tmp_path / "classes.json")).classes == ("b", "a")
+    assert LabelSettings(classes="x, y").classes == ("x", "y")
+    assert LabelSettings(classes=["p", "q"]).classes == ("p", "q")
 
 
 @pytest.mark.parametrize("spec, message", [("", "empty"), ("a,,a", "twice"), ("missing/list.txt", "no such file")])
@@ -207,17 +209,17 @@ def make_manifest(tmp_path: Path, rows: list[tuple[str, str]], header: str = "pa
 
 def test_string_labels_are_sorted_class_names_and_label_type_is_reported(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "zebra"), ("", "ant"), ("", "zebra")])
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     assert listing.classes == ("ant", "zebra") and listing.labels.tolist() == [1, 0, 1]
     assert listing.label_type == "str"
-    result = build(manifest, tmp_path / "ds", BuildOptions(), root=tmp_path / "img", workers=1, progress=False)
+    result = build(manifest, tmp_path / "ds", BuildSettings(source=SourceSettings(root=tmp_path / "img")), RunOptions(workers=1))
     assert result.summary["label_type"] == "str"
 
 
 @pytest.mark.parametrize("label", ['" 1 "', "1_000", "\u0661", "+1", "007"])
 def test_labels_that_only_look_like_integers_are_rejected_not_read(tmp_path: Path, label: str) -> None:
     manifest = make_manifest(tmp_path, [("", "1"), ("", label), ("", "2")])
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     assert listing.labels.tolist() == [1, 2] and listing.classes == ()
     [rejection] = listing.rejected  # the contract's rule for every door: bad-label, keyed by the file
     assert (rejection.key, rejection.reason) == ("x/001.jpg", "bad-label") and "strictly" in rejection.message
@@ -226,18 +228,18 @@ def test_labels_that_only_look_like_integers_are_rejected_not_read(tmp_path: Pat
 def test_label_type_int_and_str(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "3"), ("", "cat"), ("", "10")])
     with pytest.raises(SourceError, match="labels mix integers.*--label-type str"):
-        list_source(manifest, SourceOptions(root=tmp_path / "img"))
-    as_int = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="int"))
+        list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
+    as_int = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(label_type="int")))
     assert as_int.labels.tolist() == [3, 10] and [r.reason for r in as_int.rejected] == ["bad-label"]
-    as_str = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="str"))
+    as_str = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(label_type="str")))
     assert as_str.classes == ("10", "3", "cat") and as_str.labels.tolist() == [1, 2, 0]
     with pytest.raises(OptionError, match="label-type"):
-        list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="float"))
+        list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(label_type="float")))
 
 
 def test_manifest_with_a_class_list_rejects_unknown_labels(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "dog"), ("", "wolf"), ("", "cat")])
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", classes=("cat", "dog", "emu")))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(classes=("cat", "dog", "emu"))))
     assert listing.classes == ("cat", "dog", "emu") and listing.labels.tolist() == [1, 0]
     assert [r.reason for r in listing.rejected] == ["unknown-class"]
 
@@ -247,7 +249,7 @@ def test_duplicate_path_column_is_an_error(tmp_path: Path) -> None:
     manifest = tmp_path / "list.csv"
     manifest.write_text("path,label,path\nx/000.jpg,1,x/001.jpg\n")
     with pytest.raises(SourceError, match="repeats column.*path"):
-        list_source(manifest, SourceOptions(root=tmp_path / "img"))
+        list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
 
 
 def test_csv_column_named_metadata_is_refused(tmp_path: Path) -> None:
@@ -255,7 +257,7 @@ def test_csv_column_named_metadata_is_refused(tmp_path: Path) -> None:
     manifest = tmp_path / "list.csv"
     manifest.write_text('path,label,metadata\nx/000.jpg,1,"{""a"": 1}"\n')
     with pytest.raises(SourceError, match="named 'metadata'"):
-        list_source(manifest, SourceOptions(root=tmp_path / "img"))
+        list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
 
 
 def test_jsonl_hostile_rows_are_rejected_per_row(tmp_path: Path) -> None:
@@ -271,7 +273,7 @@ def test_jsonl_hostile_rows_are_rejected_per_row(tmp_path: Path) -> None:
     ]
     manifest = tmp_path / "list.jsonl"
     manifest.write_text("\n".join(rows) + "\n")
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img"))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     assert len(listing) == 1 and listing.metadata(0) == b'{"ok":1.5}'
     reasons = {r.key.split(":")[1]: (r.reason, r.message) for r in listing.rejected}
     assert "deeper than" in reasons["2"][1]
@@ -285,19 +287,19 @@ def test_no_usable_rows_names_reasons_and_header_fixes(tmp_path: Path) -> None:
     hf = tmp_path / "metadata.jsonl"
     hf.write_text("".join(json.dumps({"file_name": f"x/{i:03d}.jpg", "label": 0}) + "\n" for i in range(3)))
     with pytest.raises(EmptySourceError, match="3 rejected: 3 bad-manifest-row.*rename column 'file_name' to 'path'"):
-        list_source(hf, SourceOptions(root=tmp_path / "img"))
+        list_source(hf, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     spaced = tmp_path / "spaced.csv"
     spaced.write_text("path, label\nx/000.jpg,1\n")
     with pytest.raises(SourceError, match="' label' has spaces"):
-        list_source(spaced, SourceOptions(root=tmp_path / "img"))
+        list_source(spaced, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     nolabel = tmp_path / "nolabel.csv"
     nolabel.write_text("path,target\nx/000.jpg,1\n")
     with pytest.raises(SourceError, match="rename column 'target' to 'label'"):
-        list_source(nolabel, SourceOptions(root=tmp_path / "img"))
+        list_source(nolabel, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     lists = tmp_path / "lists.jsonl"
     lists.write_text("".join(json.dumps({"path": f"x/{i:03d}.jpg", "label": [0, 1]}) + "\n" for i in range(3)))
     with pytest.raises(EmptySourceError, match="is a list \\(multi-label\\)"):
-        list_source(lists, SourceOptions(root=tmp_path / "img"))
+        list_source(lists, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
 
 
 # --- label kinds crossed with a given class list (issue 31: survivors of the hand-written round) ------
@@ -305,14 +307,14 @@ def test_no_usable_rows_names_reasons_and_header_fixes(tmp_path: Path) -> None:
 def test_integer_labels_followed_only_by_names_are_refused_as_a_mix(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "3"), ("", "0"), ("", "cat")])
     with pytest.raises(SourceError) as caught:
-        list_source(manifest, SourceOptions(root=tmp_path / "img"))
+        list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img")))
     assert caught.value.message.startswith("labels mix integers (first: 3) and class names (first: 'cat'): "
                                            "x/000.jpg and x/002.jpg")
 
 
 def test_integer_labels_with_a_given_class_list_must_be_below_its_length(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "0"), ("", "2"), ("", "3"), ("", "-1")])
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", classes=("a", "b", "c"), label_type="int"))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(classes=("a", "b", "c"), label_type="int")))
     assert listing.classes == ("a", "b", "c") and listing.labels.tolist() == [0, 2]
     assert [(r.reason, r.message) for r in listing.rejected] == [
         ("unknown-class", "label 3 is outside the 3 classes given (--classes)"),
@@ -321,8 +323,7 @@ def test_integer_labels_with_a_given_class_list_must_be_below_its_length(tmp_pat
 
 def test_a_given_class_list_keeps_its_order_for_name_labels(tmp_path: Path) -> None:
     manifest = make_manifest(tmp_path, [("", "cat"), ("", "dog"), ("", "cat")])
-    result = build(manifest, tmp_path / "ds", BuildOptions(classes=("dog", "cat")), root=tmp_path / "img",
-                   workers=1, progress=False)
+    result = build(manifest, tmp_path / "ds", BuildSettings(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(classes=("dog", "cat"))), RunOptions(workers=1))
     assert result.classes == ("dog", "cat")
     with open_index(tmp_path / "ds") as index:
         assert index.classes == ("dog", "cat")
@@ -333,7 +334,7 @@ def test_a_given_class_list_keeps_its_order_for_name_labels(tmp_path: Path) -> N
 def test_the_int64_range_is_read_to_its_ends(tmp_path: Path) -> None:
     low, high = -(1 << 63), (1 << 63) - 1
     manifest = make_manifest(tmp_path, [("", str(low)), ("", str(high)), ("", str(low - 1)), ("", str(high + 1))])
-    listing = list_source(manifest, SourceOptions(root=tmp_path / "img", label_type="int"))
+    listing = list_source(manifest, SourceOptions(source=SourceSettings(root=tmp_path / "img"), labels=LabelSettings(label_type="int")))
     assert listing.labels.tolist() == [low, high]
     assert [r.message for r in listing.rejected] == [f"label {low - 1} does not fit in a signed 64-bit integer",
                                                      f"label {high + 1} does not fit in a signed 64-bit integer"]

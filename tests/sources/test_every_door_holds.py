@@ -26,9 +26,11 @@ from PIL import Image
 import fuzz_sources  # scripts/: the structure-aware archive builders
 from packer.dataset import open_dataset, open_index
 from packer.errors import BuildError, MissingDependencyError, PackerError, SourceError
-from packer.writer import BuildOptions, build
+from packer.writer import build
+from packer import BuildSettings, LabelSettings, LayoutSettings, RunOptions, SourceSettings
+from helpers import with_source
 
-OPTIONS = BuildOptions(shard_size=64 << 10, seed=1)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=64 << 10, seed=1))
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -101,7 +103,8 @@ def test_classes_are_applied_to_tar_zip_and_webdataset(tmp_path: Path, kind: str
     """A validation archive of cat and horse built with the training list (cat, dog, zebra): cat is 0
     as in training and horse is unknown-class, not ``cat=0, horse=1`` (1 is dog in training)."""
     source = archive_source(tmp_path, kind, VAL)
-    result = build(source, tmp_path / "out", replace(OPTIONS, classes=TRAIN_CLASSES), workers=1, progress=False)
+    result = build(source, tmp_path / "out", replace(OPTIONS, labels=LabelSettings(classes=TRAIN_CLASSES)),
+                   RunOptions(workers=1))
     with open_index(tmp_path / "out") as index:
         assert index.classes == TRAIN_CLASSES
         assert set(index.labels.tolist()) == {0}
@@ -146,9 +149,8 @@ def unlabeled_key(kind: str, number: int) -> str:
 def test_append_never_gives_unlabeled_samples_the_last_class(tmp_path: Path, kind: str) -> None:
     from packer.writer.append import append
 
-    build(write_tar(tmp_path / "base.tar", {"cat/0.jpg": jpeg(0), "dog/0.jpg": jpeg(1)}), tmp_path / "ds", OPTIONS,
-          workers=1, progress=False)
-    result = append(tmp_path / "ds", unlabeled_source(tmp_path, kind, ["cat", None, None]), workers=1)
+    build(write_tar(tmp_path / "base.tar", {"cat/0.jpg": jpeg(0), "dog/0.jpg": jpeg(1)}), tmp_path / "ds", OPTIONS, RunOptions(workers=1))
+    result = append(tmp_path / "ds", unlabeled_source(tmp_path, kind, ["cat", None, None]), run=RunOptions(workers=1))
     got = samples(tmp_path / "ds")
     assert got[unlabeled_key(kind, 0)][1] == "cat"
     for number in (1, 2):  # a label of -1 used as a numpy index was the last class, "dog"
@@ -160,13 +162,13 @@ def test_append_never_gives_unlabeled_samples_the_last_class(tmp_path: Path, kin
 @pytest.mark.parametrize("kind", ["webdataset", "parquet"])
 def test_names_mixed_with_unlabeled_samples_build_a_dataset_that_opens(tmp_path: Path, kind: str) -> None:
     source = unlabeled_source(tmp_path, kind, ["cat", "dog", None, "cat", None])
-    result = build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    result = build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     got = samples(tmp_path / "out")  # opens: no label -1 beside a class list (SPEC R40)
     assert sorted(v for _, v in got.values()) == ["cat", "cat", "dog"]
     assert {k: r for k, r in reasons(result).items()} == {unlabeled_key(kind, 2): "unlabeled",
                                                           unlabeled_key(kind, 4): "unlabeled"}
     with pytest.raises(SourceError, match=r"2 sample\(s\) have no label \(--on-error fail\)"):
-        build(source, tmp_path / "strict", OPTIONS, workers=1, progress=False, on_error="fail")
+        build(source, tmp_path / "strict", OPTIONS, RunOptions(workers=1, on_error="fail"))
 
 
 # --- archives ----------------------------------------------------------------------------------------
@@ -180,7 +182,7 @@ def test_overlapping_zip_members_are_rejected_not_expanded(tmp_path: Path) -> No
                 for n in range(2000)]
     source = tmp_path / "bomb.zip"
     source.write_bytes(fuzz_sources.zip_archive(entries))
-    result = build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    result = build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert result.sample_count == 1 and result.payload_bytes <= source.stat().st_size
     assert set(reasons(result).values()) == {"overlapping-member"} and len(result.rejected) == 2000
 
@@ -190,7 +192,7 @@ def test_zip_entry_declaring_a_terabyte_is_a_rejection_not_a_memory_error(tmp_pa
                fuzz_sources.ZipEntry(b"cat/huge.jpg", jpeg(2), compress_size=1 << 40, zip64=True)]
     source = tmp_path / "huge.zip"
     source.write_bytes(fuzz_sources.zip_archive(entries))
-    result = build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    result = build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert list(samples(tmp_path / "out")) == ["cat/ok.jpg"]
     assert reasons(result) == {"cat/huge.jpg": "truncated"}
     assert "past the end of the archive" in result.rejected[0].message
@@ -203,7 +205,7 @@ def test_concatenated_tars_and_multi_member_tar_gz_pack_every_part(tmp_path: Pat
     (tmp_path / "cat.tar.gz").write_bytes(gzip.compress(tar_bytes(first)) + gzip.compress(tar_bytes(second)))
     expected = {key: (data, key.split("/")[0]) for key, data in {**first, **second}.items()}
     for name in ("cat.tar", "cat.tar.gz"):
-        result = build(tmp_path / name, tmp_path / f"out-{name}", OPTIONS, workers=1, progress=False)
+        result = build(tmp_path / name, tmp_path / f"out-{name}", OPTIONS, RunOptions(workers=1))
         assert samples(tmp_path / f"out-{name}") == expected and not result.rejected
 
 
@@ -214,7 +216,7 @@ def test_an_inner_tar_member_lying_about_its_size_is_not_packed_with_the_next_me
         (len(jpeg(1)) + 511) // 512 * 512, b"\x00")])
     assert lie > len(cat) - len(second) - 512
     outer = write_tar(tmp_path / "train.tar", {"cat.tar": bytes(cat), "dog.tar": tar_bytes({"0.jpg": jpeg(2)})})
-    result = build(outer, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    result = build(outer, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     got = samples(tmp_path / "out")
     assert got == {"cat/0.jpg": (jpeg(0), "cat"), "dog/0.jpg": (jpeg(2), "dog")}
     assert reasons(result)["cat/1.jpg"] == "truncated" and set(reasons(result)) <= {"cat/1.jpg", "cat.tar"}
@@ -229,7 +231,7 @@ def test_a_brace_pattern_is_counted_before_it_is_expanded(tmp_path: Path) -> Non
     started = time.monotonic()
     try:
         with pytest.raises(SourceError, match="names more than 1000000 files"):
-            build(pattern, tmp_path / "out", OPTIONS, workers=1, progress=False)
+            build(pattern, tmp_path / "out", OPTIONS, RunOptions(workers=1))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -252,7 +254,7 @@ def test_one_webdataset_key_with_hundreds_of_large_members_is_bounded_and_accoun
     source = sparse_webdataset(tmp_path / "one-key.tar", 300, 1 << 20)  # 300 MiB of text members
     tracemalloc.start()
     try:
-        result = build(source, tmp_path / "out", OPTIONS, workers=1, progress=False, source_kind="webdataset")
+        result = build(source, tmp_path / "out", with_source(OPTIONS, kind="webdataset"), RunOptions(workers=1))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -273,8 +275,9 @@ def test_one_webdataset_key_with_hundreds_of_members_and_fields_is_bounded(tmp_p
     source = sparse_webdataset(tmp_path / "one-key.tar", 200, 1 << 20)
     tracemalloc.start()
     try:
-        result = build(source, tmp_path / "out", replace(OPTIONS, fields=("caption=text@part000.txt",)), workers=1,
-                       progress=False, source_kind="webdataset")
+        settings = replace(OPTIONS, source=SourceSettings(kind="webdataset"),
+                           labels=LabelSettings(fields=("caption=text@part000.txt",)))
+        result = build(source, tmp_path / "out", settings, RunOptions(workers=1))
         rejected = result.rejected
     except EmptySourceError as exc:  # the sample's 4 MiB of NUL text escape past the metadata limit
         rejected = exc.rejected  # type: ignore[attr-defined]
@@ -292,7 +295,7 @@ def test_a_tar_zst_without_zstandard_names_the_extra(tmp_path: Path, monkeypatch
     source.write_bytes(zstandard.ZstdCompressor().compress(tar_bytes({"cat/0.jpg": jpeg(0)})))
     monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard now fails
     with pytest.raises(MissingDependencyError, match=r"pip install 'packer-shards\[zstd\]'"):
-        build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+        build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert not (tmp_path / "out" / ".packer-build").exists()
 
 
@@ -302,7 +305,7 @@ def test_no_spool_is_left_after_a_bomb_refusal(tmp_path: Path, monkeypatch: pyte
     source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
     monkeypatch.setattr(tar_door, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
     with pytest.raises(SourceError, match="decompression bomb"):
-        build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+        build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert not (tmp_path / "out" / ".packer-build").exists()
 
 
@@ -319,7 +322,7 @@ def test_no_spool_is_left_after_a_full_disk(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(tar_door._Tee, "readinto", full_disk)
     with pytest.raises(BuildError, match="disk is full"):
-        build(source, tmp_path / "out", OPTIONS, workers=1, progress=False)
+        build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert not (tmp_path / "out" / ".packer-build").exists()
 
 
@@ -330,7 +333,7 @@ def test_repeated_classlabel_names_are_refused_not_merged(tmp_path: Path) -> Non
     hf = {"info": {"features": {"label": {"_type": "ClassLabel", "names": ["cat", "cat", "dog"]}}}}
     pq.write_table(table.replace_schema_metadata({b"huggingface": json.dumps(hf).encode()}), tmp_path / "hf.parquet")
     with pytest.raises(SourceError, match="declares class names more than once \\('cat'\\)"):
-        build(tmp_path / "hf.parquet", tmp_path / "out", OPTIONS, workers=1, progress=False)
+        build(tmp_path / "hf.parquet", tmp_path / "out", OPTIONS, RunOptions(workers=1))
 
 
 # --- every user-supplied file ----------------------------------------------------------------------------
@@ -389,7 +392,7 @@ def test_source_detection_walks_a_1200_level_folder_without_recursion(tmp_path: 
     os.close(image)
     os.close(fd)
     try:
-        result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
+        result = build(src, tmp_path / "out", OPTIONS, RunOptions(workers=1))
         assert result.sample_count == 1
     finally:  # pytest's own cleanup (shutil.rmtree) recurses per level too; rm does not
         subprocess.run(["rm", "-rf", str(src / "a" / "d")], check=True)

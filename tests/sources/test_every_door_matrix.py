@@ -3,7 +3,9 @@
 For every source kind, the same images and labels are written the way that kind holds them, built
 with each option, and compared with the image folder built with the same option: the same dataset
 (classes, and per sample in dataset order: key, bytes, label, fields), or a typed refusal naming
-why. ``EXPECTED`` is the promise, cell by cell; the test checks every cell, and
+why. One column re-runs a finished build with ``--resume`` through the CLI (a job script requeued
+after it succeeded): it must be a no-op that exits 0 for every kind (the kind is recorded, never
+guessed from the path). ``EXPECTED`` is the promise, cell by cell; the test checks every cell, and
 ``docs/reference/doors.md`` holds the table rendered from ``EXPECTED`` (a test checks that the page
 matches, so the page says exactly what the matrix checks). Regenerate the page's table with
 
@@ -20,7 +22,7 @@ import sys
 import tarfile
 import time
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,14 +30,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from packer import BuildSettings, LabelSettings, LayoutSettings, RunOptions
 from packer.dataset import open_dataset
 from packer.errors import PackerError
-from packer.writer import BuildOptions, build, finish
+from packer.writer import build, finish
 from packer.writer.append import append
+
+from helpers import with_source
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reference" / "doors.md"
-OPTIONS = BuildOptions(shard_size=12 << 10, seed=5)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=5))
+ONE = RunOptions(workers=1)
 CLASSES = ("emu", "cat", "dog", "zebra")  # --classes: another order, and a class without samples
 
 #: The samples every kind holds: key, label.
@@ -62,9 +68,10 @@ def caption(key: str) -> str:
 @dataclass
 class Source:
     path: Path
-    build: dict[str, Any]          # build() keywords: root, source_kind
+    build: dict[str, Any]          # the source settings it needs: root, kind (packer.SourceSettings)
     cli: list[str]                 # the same as CLI arguments
     fields: tuple[str, ...] = ()   # --field declarations the kind needs
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _tar(path: Path, files: dict[str, bytes], mode: str = "w") -> Path:
@@ -144,7 +151,7 @@ def write_webdataset(folder: Path, samples: list[tuple[str, str]], unlabeled: li
     for key in unlabeled:
         files[key] = image(key)
     (folder / "shards").mkdir(parents=True, exist_ok=True)
-    return Source(_tar(folder / "shards" / "train-000000.tar", files), {"source_kind": "webdataset"},
+    return Source(_tar(folder / "shards" / "train-000000.tar", files), {"kind": "webdataset"},
                   ["--source-kind", "webdataset"])
 
 
@@ -173,6 +180,22 @@ def write_coco(folder: Path, samples: list[tuple[str, str]], unlabeled: list[str
     return Source(path, {"root": root}, ["--root", str(root)])
 
 
+def write_hf(folder: Path, samples: list[tuple[str, str]], unlabeled: list[str]) -> Source:
+    """A Hugging Face ``save_to_disk`` folder: the images as a ``{bytes, path}`` column (the path is
+    the sample's key; named with --image-column, as it is not an ``Image`` feature), the labels a
+    ``ClassLabel`` of the names this half holds (-1: no label)."""
+    hf = pytest.importorskip("datasets")
+    hf.disable_progress_bars()
+    names = sorted({label for _, label in samples})
+    keys = [key for key, _ in samples] + unlabeled
+    features = hf.Features({"image": {"bytes": hf.Value("binary"), "path": hf.Value("string")},
+                            "label": hf.ClassLabel(names=names)})
+    columns = {"image": [{"bytes": image(key), "path": key} for key in keys],
+               "label": [names.index(label) for _, label in samples] + [-1] * len(unlabeled)}
+    hf.Dataset.from_dict(columns, features=features).save_to_disk(str(folder / "hf"))
+    return Source(folder / "hf", {"image_column": "image"}, ["--image-column", "image"])
+
+
 def write_side_files(folder: Path, samples: list[tuple[str, str]], unlabeled: list[str]) -> Source:
     root = _images_folder(folder / "src", samples, unlabeled)
     for key, _ in samples:
@@ -193,7 +216,14 @@ KINDS: dict[str, Callable[[Path, list[tuple[str, str]], list[str]], Source]] = {
     "Parquet": write_parquet,
     "COCO": write_coco,
     "side files": write_side_files,
+    "HF save_to_disk": write_hf,
 }
+
+
+#: The Python doors (issue 35): ``packer.Writer`` given each sample's bytes, or its decoded pixels
+#: (stored as lossless PNG: the cell compares decoded pixels, not bytes), and ``packer.pack`` with
+#: an ``fn`` giving each sample's bytes. No source path: ``append`` takes a path, not a writer.
+PYTHON_DOORS = ("Writer (bytes)", "Writer (arrays)", "pack")
 
 
 def make(kind: str, folder: Path, samples: list[tuple[str, str]], unlabeled: list[str] = ()) -> Source:  # type: ignore[assignment]
@@ -201,7 +231,10 @@ def make(kind: str, folder: Path, samples: list[tuple[str, str]], unlabeled: lis
     return KINDS[kind](folder, samples, list(unlabeled))
 
 
-OPTION_NAMES = ("plain", "--classes", "--classes-from", "unlabeled", "append", "--resume", "--part K/N", "workers=2")
+#: The finished build re-run with ``--resume`` (through the CLI): a no-op that exits 0.
+RERUN = "done, then `--resume`"
+OPTION_NAMES = ("plain", "--classes", "--classes-from", "unlabeled", "append", "--resume", "--part K/N", "workers=2",
+                RERUN)
 
 
 # --- the promise ------------------------------------------------------------------------------------------
@@ -212,28 +245,45 @@ SAME = "same"
 #: keys and bytes equal, the kind has no main label (COCO's categories are a field). ``refused
 #: (CLASS)``: a typed error before anything is written.
 EXPECTED: dict[str, dict[str, str]] = {kind: dict.fromkeys(OPTION_NAMES, SAME) for kind in KINDS}
+NO_OP = "no-op (exit 0)"
+for _kind in KINDS:
+    EXPECTED[_kind][RERUN] = NO_OP
 for _kind in ("folder", "tar", "tar of tars", "tar.gz", "zip", "side files"):
     EXPECTED[_kind]["unlabeled"] = "same (2 not-in-class-folder)"
 for _kind in ("CSV", "TSV", "JSONL"):
     EXPECTED[_kind]["unlabeled"] = "same (2 bad-manifest-row)"
-for _kind in ("WebDataset", "Parquet"):
+for _kind in ("WebDataset", "Parquet", "HF save_to_disk"):
     EXPECTED[_kind]["unlabeled"] = "same (2 unlabeled)"
 EXPECTED["COCO"] = {"plain": "same images", "--classes": "refused (OptionError)", "--classes-from": "refused (OptionError)",
                     "unlabeled": "n/a (no main labels)", "append": "refused (OptionError)", "--resume": "same images",
-                    "--part K/N": "same images", "workers=2": "same images"}
+                    "--part K/N": "same images", "workers=2": "same images", RERUN: NO_OP}
 EXPECTED["side files"]["append"] = "refused (OptionError)"  # append does not take declared fields yet
+for _kind in PYTHON_DOORS:
+    EXPECTED[_kind] = dict.fromkeys(OPTION_NAMES, SAME)
+    EXPECTED[_kind]["unlabeled"] = "same (2 unlabeled)"
+    EXPECTED[_kind]["append"] = "n/a (no source path)"
+    EXPECTED[_kind][RERUN] = NO_OP
+for _kind in PYTHON_DOORS[:2]:  # a Writer's samples live only in the process writing them
+    for _option in ("--resume", "--part K/N", RERUN):
+        EXPECTED[_kind][_option] = "refused (OptionError)"
 
 
 # --- running a cell ---------------------------------------------------------------------------------------
 
-def content(out: Path, *, ordered: bool = True) -> dict[str, Any]:
-    """What two builds must share: the class list, and per sample its key, bytes, label and fields."""
+def pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def content(out: Path, *, ordered: bool = True, decoded: bool = False) -> dict[str, Any]:
+    """What two builds must share: the class list, and per sample its key, bytes (``decoded``: its
+    decoded pixels), label and fields."""
     with open_dataset(out, verify_checksums=True) as ds:
         rows = []
         for i in range(len(ds)):
             label = int(ds.labels[i])
             fields = tuple((spec.name, str(ds.value(spec.name, i))) for spec in ds.fields)
-            rows.append((ds.key(i), hashlib.sha256(ds.read(i)).hexdigest(),
+            data = pixels(ds.read(i)).tobytes() if decoded else ds.read(i)
+            rows.append((ds.key(i), hashlib.sha256(data).hexdigest(),
                          ds.classes[label] if ds.classes else label, fields))
         return {"classes": ds.classes, "rows": rows if ordered else sorted(rows)}
 
@@ -251,24 +301,25 @@ class Matrix:
         self.cells: dict[str, dict[str, str]] = {}
         self.train = base / "train-ds"  # --classes-from: a training set with one more class
         train = write_folder(base / "train", SAMPLES + [("owl/000.jpg", "owl")], [])
-        build(train.path, self.train, OPTIONS, workers=1, progress=False)
+        build(train.path, self.train, OPTIONS, ONE)
 
-    def reference(self, option: str) -> dict[str, Any]:
-        if option not in self.references:
+    def reference(self, option: str, *, decoded: bool = False) -> dict[str, Any]:
+        name = f"{option} (decoded)" if decoded else option
+        if name not in self.references:
             out = self.base / f"ref-{len(self.references)}"
             source = write_folder(self.base / f"ref-src-{len(self.references)}", SAMPLES, [])
-            build(source.path, out, self.options(option), workers=1, progress=False)
-            self.references[option] = content(out)
-        return self.references[option]
+            build(source.path, out, self.options(option), ONE)
+            self.references[name] = content(out, decoded=decoded)
+        return self.references[name]
 
-    def options(self, option: str, fields: tuple[str, ...] = ()) -> BuildOptions:
-        options = replace(OPTIONS, fields=fields)
+    def options(self, option: str, fields: tuple[str, ...] = ()) -> BuildSettings:
+        labels = LabelSettings(fields=fields)
         if option == "--classes":
-            return replace(options, classes=CLASSES)
+            labels = replace(labels, classes=CLASSES)
         if option == "--classes-from":
             with open_dataset(self.train) as ds:
-                return replace(options, classes=ds.classes)
-        return options
+                labels = replace(labels, classes=ds.classes, classes_origin=f"--classes-from {self.train}")
+        return replace(OPTIONS, labels=labels)
 
     def run(self, kind: str, option: str) -> str:
         folder = self.base / f"{kind}-{option}".replace(" ", "_").replace("/", "_")
@@ -276,15 +327,21 @@ class Matrix:
         out = folder / "out"
         if option == "unlabeled" and kind == "COCO":
             return "n/a (no main labels)"
+        if kind in PYTHON_DOORS:
+            return self._python(kind, option, out)
         source = make(kind, folder, SAMPLES, UNLABELED if option == "unlabeled" else [])
-        options = self.options(option, source.fields)
+        options = with_source(self.options(option, source.fields), **source.build)
+        if option == RERUN:
+            return self._rerun(kind, source, out)
         try:
             result = self._build(kind, option, source, options, folder, out)
+        except _Refused as exc:
+            return f"refused ({exc.name})"
         except PackerError as exc:
-            return f"refused ({exc.name if isinstance(exc, _Refused) else type(exc).__name__})"
+            return f"refused ({type(exc).__name__})"
         found = content(out, ordered=option != "append")
         reference = self.reference("plain" if option in ("unlabeled", "append", "--resume", "--part K/N",
-                                                         "workers=2") else option)
+                                                         "workers=2", RERUN) else option)
         if option == "append":
             reference = {"classes": reference["classes"], "rows": sorted(reference["rows"])}
         if kind == "COCO":
@@ -300,45 +357,120 @@ class Matrix:
         return f"same ({len(extra)} {extra[0]})" if extra and len(set(extra)) == 1 else (
             SAME if not extra else f"same ({', '.join(sorted(extra))})")
 
-    def _build(self, kind: str, option: str, source: Source, options: BuildOptions, folder: Path,
+    def _python(self, kind: str, option: str, out: Path) -> str:
+        """A Python door's cell: the samples written (or mapped) in the folder's listing order, with
+        the option's settings, compared with the folder path's dataset."""
+        import packer
+
+        if option == "append":
+            return "n/a (no source path)"
+        rows = SAMPLES + ([(key, None) for key in UNLABELED] if option == "unlabeled" else [])
+        decoded = kind == "Writer (arrays)"
+        image_of = (lambda key: pixels(image(key))) if decoded else image
+        settings = self.options(option)
+        run = RunOptions(workers=2 if option == "workers=2" else 1)
+        try:
+            if kind.startswith("Writer"):
+                if option in ("--resume", "--part K/N", RERUN):
+                    run = replace(run, resume=True) if option != "--part K/N" else replace(run, part=(0, 2))
+                with packer.Writer(out, settings=settings, run=run) as writer:
+                    for key, label in rows:
+                        writer.write(image_of(key), label, key=key)
+                result = writer.result
+            else:
+                fn = lambda row: {"image": image_of(row[0]), "label": row[1], "key": row[0]}  # noqa: E731
+                if option == "--part K/N":
+                    for part in (1, 0):
+                        packer.pack(rows, out, fn, chunk_size=2, part=(part, 2), settings=settings, run=run)
+                    result = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                elif option == "--resume":  # mapped in part, then resumed
+                    packer.pack(rows, out, fn, chunk_size=2, part=(0, 2), settings=settings, run=run)
+                    result = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                else:
+                    result = packer.pack(rows, out, fn, chunk_size=2, settings=settings, run=run)
+                if option == RERUN:
+                    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+                    again = packer.pack(rows, out, fn, chunk_size=2, resume=True, settings=settings, run=run)
+                    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+                    if not again.already_complete or after != before:
+                        return "built again"
+        except PackerError as exc:
+            return f"refused ({type(exc).__name__})"
+        found = content(out, decoded=decoded)
+        reference = self.reference("plain" if option in ("unlabeled", "--resume", "--part K/N", "workers=2", RERUN)
+                                   else option, decoded=decoded)
+        if found != reference:
+            return "DIFFERENT"
+        if option == RERUN:
+            return NO_OP
+        extra = [r.reason for r in (result.rejected if result is not None else [])]
+        return f"same ({len(extra)} {extra[0]})" if extra and len(set(extra)) == 1 else (
+            SAME if not extra else f"same ({', '.join(sorted(extra))})")
+
+    def _cli(self, source: Source, out: Path, *more: str) -> tuple[int, dict[str, Any], str]:
+        """``packer build SRC OUT`` with the matrix's options, as a user types it: (exit code, the
+        --json document, stderr)."""
+        from click.testing import CliRunner
+
+        from packer.cli import _register, cli
+
+        _register()
+        argv = ["build", str(source.path), str(out), "-q", "--json", "--workers", "1", "--shard-size",
+                str(OPTIONS.layout.shard_size), "--seed", str(OPTIONS.layout.seed), *source.cli, *more]
+        done = CliRunner().invoke(cli, argv)
+        return done.exit_code, json.loads(done.stdout), done.stderr
+
+    def _rerun(self, kind: str, source: Source, out: Path) -> str:
+        """A finished build, then the same command with --resume: exit 0, nothing rewritten."""
+        code, document, errors = self._cli(source, out)
+        assert code == 0 and document["ok"], errors
+        before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+        code, document, errors = self._cli(source, out, "--resume")
+        if code != 0:
+            return f"exit {code} ({document.get('error')}: {document.get('message')})"
+        if not document.get("already_complete"):
+            return "built again"
+        if {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()} != before:
+            return "rewritten"
+        found, reference = content(out), self.reference("plain")
+        if kind == "COCO":
+            return NO_OP if images_only(found) == images_only(reference) else "DIFFERENT images"
+        if source.fields:
+            found = {"classes": found["classes"], "rows": [row[:3] + ((),) for row in found["rows"]]}
+        return NO_OP if found == reference else "DIFFERENT"
+
+    def _build(self, kind: str, option: str, source: Source, options: BuildSettings, folder: Path,
                out: Path) -> Any:
-        one = {"workers": 1, "progress": False, **source.build}
         if option == "--classes-from":  # through the CLI, as a user gives it
-            from click.testing import CliRunner
-
-            from packer.cli import _register, cli
-
-            _register()
-            argv = ["build", str(source.path), str(out), "-q", "--json", "--workers", "1", "--shard-size",
-                    str(OPTIONS.shard_size), "--seed", str(OPTIONS.seed), "--classes-from", str(self.train), *source.cli]
-            done = CliRunner().invoke(cli, argv)
-            document = json.loads(done.stdout)
+            code, document, errors = self._cli(source, out, "--classes-from", str(self.train))
             if not document["ok"]:
-                assert done.exit_code in (1, 2, 3), done.output
+                assert code in (1, 2, 3), errors
+                assert "--classes-from" in document["message"], document  # named as the user typed it
                 raise _Refused(document["error"])
-            assert done.exit_code == 0, done.output
+            assert code == 0, errors
             return None
         if option == "append":
             first = [s for s in SAMPLES if s[1] in ("cat", "dog")][:3]
             rest = [s for s in SAMPLES if s not in first]
             half = make(kind, folder / "first", first)
-            build(half.path, out, options, **{"workers": 1, "progress": False, **half.build})
+            build(half.path, out, with_source(options, **half.build), ONE)
             more = make(kind, folder / "rest", rest)
-            return append(out, more.path, root=more.build.get("root"), workers=1)
+            return append(out, more.path, root=more.build.get("root"), run=ONE)
         if option == "--resume":  # planned (and killed) before packing, then resumed
-            build(source.path, out, options, plan_only=True, **one)
-            return build(source.path, out, options, resume=True, **one)
+            build(source.path, out, options, RunOptions(workers=1, plan_only=True))
+            return build(source.path, out, options, RunOptions(workers=1, resume=True))
         if option == "--part K/N":
             for part in (1, 0):
-                build(source.path, out, options, part=(part, 2), **one)
+                build(source.path, out, options, RunOptions(workers=1, part=(part, 2)))
             return finish(out, source.path, source.build.get("root"))
         if option == "workers=2":
-            return build(source.path, out, options, **{**one, "workers": 2})
-        return build(source.path, out, options, **one)
+            return build(source.path, out, options, RunOptions(workers=2))
+        return build(source.path, out, options, ONE)
 
 
-class _Refused(PackerError):
-    """A CLI refusal, named by the class the CLI reported."""
+class _Refused(Exception):
+    """A CLI refusal, named by the class the CLI reported (not a PackerError subclass: the error
+    class tree is what packer.errors exports, tests/project/test_process_boundaries.py)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -379,7 +511,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Any:
     print(f"door matrix: {json.dumps({'kinds': len(built.cells), 'cells': sum(outcomes.values()), 'outcomes': outcomes, 'seconds': round(time.monotonic() - started, 1)}, sort_keys=True)}")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [*KINDS, *PYTHON_DOORS])
 def test_every_door_keeps_the_folder_paths_promises(matrix: Matrix, kind: str) -> None:
     """One kind across every option: each cell as ``EXPECTED`` says."""
     observed = {option: matrix.run(kind, option) for option in OPTION_NAMES}

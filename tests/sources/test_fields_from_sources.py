@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.writer import BuildOptions, build
+from packer.writer import build
 from packer.sources import folder as sources
 from packer.sources import SourceOptions, list_source
 from packer.sources.coco import coco_categories
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OptionError, SourceError
+from packer import LabelSettings, SourceSettings
+from helpers import with_source
+from packer import BuildSettings, LayoutSettings, RunOptions
 
 
 def jpeg(seed: int, size: tuple[int, int] = (12, 16)) -> bytes:
@@ -68,7 +71,7 @@ def side_file_folder(root: Path, count: int = 4) -> Path:
 def test_folder_side_files_read_back_as_written(tmp_path: Path) -> None:
     src = side_file_folder(tmp_path / "src")
     out = tmp_path / "out"
-    result = build(src, out, BuildOptions(fields=FOLDER_FIELDS, shuffle=False))
+    result = build(src, out, BuildSettings(layout=LayoutSettings(shuffle=False), labels=LabelSettings(fields=FOLDER_FIELDS)))
     assert result.sample_count == 8 and result.rejected == []
     with open_dataset(out, verify_checksums=True) as ds:
         assert [ds.key(i) for i in range(len(ds))] == [f"{c}/{i:03d}.jpg" for c in ("cat", "dog") for i in range(4)]
@@ -94,7 +97,7 @@ def test_default_image_source_is_the_field_name_with_any_image_extension(tmp_pat
     (tmp_path / "src" / "a" / "2.jpg").write_bytes(jpeg(2))
     (tmp_path / "src" / "a" / "2.depth.png").write_bytes(mask_png(2))
     (tmp_path / "src" / "a" / "2.depth.tif").write_bytes(mask_png(2))
-    listing = list_source(tmp_path / "src", SourceOptions(fields=BuildOptions(fields=("depth=image",)).field_specs))
+    listing = list_source(tmp_path / "src", SourceOptions(labels=LabelSettings(fields=("depth=image",))))
     assert [listing.key(i) for i in range(len(listing))] == ["a/1.jpg"]
     assert listing.fields.image_key("depth", 0) == "a/1.depth.png"
     reason, message = {r.key: (r.reason, r.message) for r in listing.rejected}["a/2.jpg"]
@@ -113,7 +116,7 @@ def test_folder_side_file_problems_are_rejections_with_reasons(tmp_path: Path) -
     (cat / "005.txt").write_bytes(b"\xff\xfe not utf-8")                     # caption not UTF-8
     (cat / "006.jpg").unlink()                                               # side files without an image
     (cat / "007.json").write_text("[" * 10_000 + "]" * 10_000)             # hostile nesting
-    result = build(src, tmp_path / "out", BuildOptions(fields=FOLDER_FIELDS, shuffle=False))
+    result = build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shuffle=False), labels=LabelSettings(fields=FOLDER_FIELDS)))
     reasons = rejected(result)
     assert reasons["cat/000.jpg"] == ("bad-field", "field 'mask': the sample has no member cat/000.mask.png")
     assert reasons["cat/001.jpg"][0] == "bad-field" and "cat/001.json is not strict JSON: NaN" in reasons["cat/001.jpg"][1]
@@ -141,10 +144,10 @@ def test_side_files_grouped_even_when_not_neighbours(tmp_path: Path, monkeypatch
     (folder / "1-d" / "x.jpg").write_bytes(jpeg(3))
     (folder / "1-d" / "x.txt").write_text("x")
     (folder / "1.jpg").write_bytes(jpeg(1))
-    fields = BuildOptions(fields=("caption=text@txt",)).field_specs
+    fields = LabelSettings(fields=("caption=text@txt",)).field_specs
 
     def listed() -> list[tuple[str, str]]:
-        listing = list_source(tmp_path / "src", SourceOptions(fields=fields))
+        listing = list_source(tmp_path / "src", SourceOptions(labels=LabelSettings(fields=fields)))
         blob, offsets = listing.fields.blobs["caption"], listing.fields.offsets["caption"]
         return [(listing.key(i), blob[offsets[i]:offsets[i + 1]].tobytes().decode()) for i in range(len(listing))]
 
@@ -168,7 +171,7 @@ def test_folder_without_fields_lists_every_file_as_today(tmp_path: Path) -> None
     assert [with_nothing.key(i) for i in range(len(with_nothing))] == [walked.key(i) for i in range(len(walked))] == [
         f"{c}/{i:03d}.{ext}" for c in ("cat", "dog") for i in range(2) for ext in ("jpg", "json", "mask.png", "txt")]
     assert with_nothing.fields is None and with_nothing.meta_blob.size == 0
-    result = build(src, tmp_path / "out", BuildOptions(shuffle=False))
+    result = build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shuffle=False)))
     assert result.sample_count == 8  # jpg and mask.png of each stem; json and txt rejected as not images
     assert {r.reason for r in result.rejected} == {"not-an-image"}
 
@@ -183,21 +186,21 @@ def test_non_utf8_side_file_names_are_refused_with_fields(tmp_path: Path) -> Non
             handle.write(jpeg(2))
     except OSError:
         pytest.skip("this file system refuses non-UTF-8 names")
-    listing = list_source(tmp_path / "src", SourceOptions(fields=BuildOptions(fields=("caption=text@txt",)).field_specs))
+    listing = list_source(tmp_path / "src", SourceOptions(labels=LabelSettings(fields=("caption=text@txt",))))
     assert [listing.key(i) for i in range(len(listing))] == ["a/1.jpg"]
     assert [r.reason for r in listing.rejected] == ["undecodable-name"]
 
 
 def test_folder_fields_deterministic_across_workers_and_resume(tmp_path: Path) -> None:
     src = side_file_folder(tmp_path / "src", count=6)
-    options = BuildOptions(fields=FOLDER_FIELDS, shard_size=3 * 4096, seed=5)
+    options = BuildSettings(layout=LayoutSettings(shard_size=3 * 4096, seed=5), labels=LabelSettings(fields=FOLDER_FIELDS))
     build(src, tmp_path / "one", options)
-    build(src, tmp_path / "two", options, workers=2)
+    build(src, tmp_path / "two", options, RunOptions(workers=2))
     first = all_files(tmp_path / "one")
     assert first == all_files(tmp_path / "two")
     assert sum(name.startswith("shards/field-mask-") for name in first) > 1
-    build(src, tmp_path / "split", options, plan_only=True)
-    build(src, tmp_path / "split", options, resume=True)
+    build(src, tmp_path / "split", options, RunOptions(plan_only=True))
+    build(src, tmp_path / "split", options, RunOptions(resume=True))
     assert all_files(tmp_path / "split") == first
 
 
@@ -231,7 +234,7 @@ def test_webdataset_fields_read_back_as_written(tmp_path: Path, mode: str, suffi
     shards = [write_shard(tmp_path / f"train-{n}.{suffix}", wds_members(5 * n, 5), mode) for n in range(2)]
     source = f"{tmp_path}/train-{{0..1}}.{suffix}"
     out = tmp_path / "out"
-    result = build(source, out, BuildOptions(fields=WDS_FIELDS, shuffle=False, shard_size=4 * 4096))
+    result = build(source, out, BuildSettings(layout=LayoutSettings(shuffle=False, shard_size=4 * 4096), labels=LabelSettings(fields=WDS_FIELDS)))
     assert result.sample_count == 10 and result.rejected == [] and shards
     with open_dataset(out, verify_checksums=True) as ds:
         assert len(ds.manifest.shards) > 1
@@ -254,7 +257,7 @@ def test_webdataset_field_problems_are_rejections(tmp_path: Path) -> None:
     members.insert(members.index(("s0003.txt", b"caption 3")), ("s0003.extra.npy", b"\x93NUMPY"))
     members.insert(members.index(("s0004.txt", b"caption 4")), ("s0004.left.png", mask_png(4)))
     shard = write_shard(tmp_path / "shard.tar", members)
-    result = build(shard, tmp_path / "out", BuildOptions(fields=WDS_FIELDS, shuffle=False))
+    result = build(shard, tmp_path / "out", BuildSettings(layout=LayoutSettings(shuffle=False), labels=LabelSettings(fields=WDS_FIELDS)))
     reasons = rejected(result)
     assert reasons["s0000.jpg"] == ("bad-field", "field 'mask': the sample has no member s0000.mask.png")
     assert reasons["s0001.jpg"][0] == "bad-field" and "field 'mask' (s0001.mask.png)" in reasons["s0001.jpg"][1]
@@ -269,7 +272,7 @@ def test_webdataset_repeated_keys_keep_fields_aligned(tmp_path: Path) -> None:
     """A key repeated in a later shard is dropped with its field values and member locations."""
     write_shard(tmp_path / "train-0.tar", wds_members(0, 4))
     write_shard(tmp_path / "train-1.tar", wds_members(2, 4))  # s0002, s0003 again
-    result = build(f"{tmp_path}/train-{{0..1}}.tar", tmp_path / "out", BuildOptions(fields=WDS_FIELDS, shuffle=False))
+    result = build(f"{tmp_path}/train-{{0..1}}.tar", tmp_path / "out", BuildSettings(layout=LayoutSettings(shuffle=False), labels=LabelSettings(fields=WDS_FIELDS)))
     assert sorted(r.key for r in result.rejected if r.reason == "duplicate-entry") == ["s0002.jpg", "s0003.jpg"]
     with open_dataset(tmp_path / "out", verify_checksums=True) as ds:
         assert [ds.key(i) for i in range(len(ds))] == [f"s{n:04d}.jpg" for n in range(6)]
@@ -289,20 +292,20 @@ def test_webdataset_fields_deterministic_and_resumable(tmp_path: Path) -> None:
     write_shard(tmp_path / "train-0.tar", wds_members(0, 6))
     write_shard(tmp_path / "train-1.tar", wds_members(6, 6))
     source = f"{tmp_path}/train-{{0..1}}.tar"
-    options = BuildOptions(fields=WDS_FIELDS, shard_size=3 * 4096, seed=9)
+    options = BuildSettings(layout=LayoutSettings(shard_size=3 * 4096, seed=9), labels=LabelSettings(fields=WDS_FIELDS))
     build(source, tmp_path / "one", options)
-    build(source, tmp_path / "two", options, workers=2)
+    build(source, tmp_path / "two", options, RunOptions(workers=2))
     first = all_files(tmp_path / "one")
     assert first == all_files(tmp_path / "two")
-    build(source, tmp_path / "split", options, plan_only=True)  # the member table's field rows travel in the plan
-    build(source, tmp_path / "split", options, resume=True)
+    build(source, tmp_path / "split", options, RunOptions(plan_only=True))  # the member table's field rows travel in the plan
+    build(source, tmp_path / "split", options, RunOptions(resume=True))
     assert all_files(tmp_path / "split") == first
 
 
 def test_class_tars_and_zips_refuse_fields(tmp_path: Path) -> None:
     tar = write_shard(tmp_path / "classes.tar", [("cat/1.jpg", jpeg(1)), ("cat/1.png", mask_png(1))])
     with pytest.raises(OptionError, match="a tar of class folders .* does not take declared fields"):
-        list_source(tar, SourceOptions(source_kind="tar", fields=BuildOptions(fields=("mask=image",)).field_specs))
+        list_source(tar, SourceOptions(source=SourceSettings(kind="tar"), labels=LabelSettings(fields=("mask=image",))))
 
 
 # --- COCO ------------------------------------------------------------------------------------------------
@@ -334,13 +337,17 @@ def coco_source(root: Path, *, annotations: list | None = None, images: list | N
 def test_coco_round_trip_boxes_are_xyxy_pixels(tmp_path: Path) -> None:
     annotations, images = coco_source(tmp_path / "src")
     out = tmp_path / "out"
-    result = build(annotations, out, BuildOptions(shuffle=False), root=images)
+    result = build(annotations, out, BuildSettings(source=SourceSettings(root=images), layout=LayoutSettings(shuffle=False)))
     assert result.sample_count == 5 and result.rejected == []
     with open_dataset(out, verify_checksums=True) as ds:
         assert [spec.describe() for spec in ds.fields] == ["boxes: float32[N,4]", "labels: int64[N]",
                                                           "iscrowd: uint8[N]", "area: float32[N]", "image_id: int64"]
         assert ds.classes == () and ds.labels.tolist() == [-1] * 5
         assert coco_categories(ds.field_spec("labels").source) == [(1, "person"), (5, "car"), (18, "dog")]
+        with pytest.raises(OptionError) as caught:  # another field's source
+            coco_categories(ds.field_spec("boxes").source)
+        assert caught.value.message == ("expected the source of a COCO-built labels field ('coco:...; categories "
+                                        f"[...]'), got {ds.field_spec('boxes').source[:80]!r}")
         assert ds.field_spec("labels").classes == ("person", "car", "dog")  # names of the label values
         assert "XYXY" in ds.field_spec("boxes").source
         assert [ds.key(i) for i in range(5)] == [f"{i:012d}.jpg" for i in range(5)]
@@ -359,7 +366,7 @@ def test_coco_is_recognised_by_content(tmp_path: Path) -> None:
     annotations, images = coco_source(tmp_path / "src")
     renamed = annotations.with_name("instances_val")  # no suffix at all
     annotations.rename(renamed)
-    listing = list_source(renamed, SourceOptions(root=images))
+    listing = list_source(renamed, SourceOptions(source=SourceSettings(root=images)))
     assert listing.kind == "coco" and len(listing) == 5
 
 
@@ -382,7 +389,7 @@ def test_hostile_coco_documents_are_source_errors(tmp_path: Path, change, messag
     annotations, images = coco_source(tmp_path / "src")
     change(annotations)
     with pytest.raises(SourceError, match=message):
-        list_source(annotations, SourceOptions(root=images))
+        list_source(annotations, SourceOptions(source=SourceSettings(root=images)))
 
 
 def test_a_deep_coco_document_in_utf16_is_refused_by_the_parse_itself(tmp_path: Path) -> None:
@@ -399,7 +406,7 @@ def test_a_deep_coco_document_in_utf16_is_refused_by_the_parse_itself(tmp_path: 
     annotations.write_bytes(('{"images": [], "categories": [], "note": ["∀", ' + "[" * depth + "]" * depth + "]}")
                             .encode("utf-16-le"))
     with pytest.raises(SourceError) as caught:
-        list_source(annotations, SourceOptions(root=images))
+        list_source(annotations, SourceOptions(source=SourceSettings(root=images)))
     assert type(caught.value) is SourceError and caught.value.path == str(annotations)
     assert caught.value.message == "the annotation file nests arrays or objects too deeply to be COCO"
     _register()
@@ -443,7 +450,7 @@ def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> Non
     path, root = coco_source(tmp_path / "src", annotations=annotations, images=images)
     for i in range(105, 111):
         (root / f"copy-{i}.jpg").write_bytes(jpeg(i))
-    listing = list_source(path, SourceOptions(root=root))
+    listing = list_source(path, SourceOptions(source=SourceSettings(root=root)))
     reasons = {r.key: (r.reason, r.message) for r in listing.rejected}
     for image_id, expected in messages.items():
         name = f"{image_id % 5:012d}.jpg" if image_id < 105 else f"copy-{image_id}.jpg"
@@ -464,13 +471,13 @@ def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> Non
 
 def test_coco_builds_are_deterministic_and_resumable(tmp_path: Path) -> None:
     annotations, images = coco_source(tmp_path / "src")
-    options = BuildOptions(shard_size=2 * 4096, seed=1)
-    build(annotations, tmp_path / "one", options, root=images)
-    build(annotations, tmp_path / "two", options, root=images, workers=2)
+    options = BuildSettings(layout=LayoutSettings(shard_size=2 * 4096, seed=1))
+    build(annotations, tmp_path / "one", with_source(options, root=images))
+    build(annotations, tmp_path / "two", with_source(options, root=images), RunOptions(workers=2))
     first = all_files(tmp_path / "one")
     assert first == all_files(tmp_path / "two")
-    build(annotations, tmp_path / "split", options, root=images, plan_only=True)
-    build(annotations, tmp_path / "split", options, root=images, resume=True)
+    build(annotations, tmp_path / "split", with_source(options, root=images), RunOptions(plan_only=True))
+    build(annotations, tmp_path / "split", with_source(options, root=images), RunOptions(resume=True))
     assert all_files(tmp_path / "split") == first
 
 
@@ -479,12 +486,12 @@ def test_coco_without_root_says_to_pass_it(tmp_path: Path) -> None:
     with pytest.raises(EmptySourceError, match="pass the image folder, e.g. --root train2017/"):
         list_source(annotations)
     with pytest.raises(OptionError) as caught:
-        list_source(annotations, SourceOptions(fields=BuildOptions(fields=("boxes=float32[N,4]",)).field_specs))
+        list_source(annotations, SourceOptions(labels=LabelSettings(fields=("boxes=float32[N,4]",))))
     assert caught.value.message == ("--field: a COCO annotation file (it declares its own fields: boxes, labels, "
                                     "iscrowd, area, image_id) does not take declared fields; fields come from a "
                                     "CSV/JSONL manifest, an image folder with side files, or a WebDataset")
     with pytest.raises(OptionError, match="--classes does not apply to a COCO source"):
-        list_source(annotations, SourceOptions(classes=("dog",)))
+        list_source(annotations, SourceOptions(labels=LabelSettings(classes=("dog",))))
 
 
 def test_cli_builds_a_coco_source(tmp_path: Path) -> None:
@@ -509,7 +516,7 @@ def test_named_integer_values_out_of_range_are_refused_at_open(tmp_path: Path) -
 
     annotations, images = coco_source(tmp_path / "src")
     out = tmp_path / "out"
-    build(annotations, out, BuildOptions(shuffle=False), root=images)
+    build(annotations, out, BuildSettings(source=SourceSettings(root=images), layout=LayoutSettings(shuffle=False)))
     document = json.loads((out / "manifest.json").read_text("utf-8"))
     labels = next(f for f in document["fields"] if f["name"] == "labels")
     labels["classes"] = labels["classes"][:2]  # label 2 (dog) now names no class
@@ -544,7 +551,7 @@ def test_unpaired_surrogate_escapes_are_rejections_not_crashes(tmp_path: Path) -
         (src / name).write_bytes(jpeg(1))
     manifest = src / "m.jsonl"
     manifest.write_text('{"path": "a.jpg", "label": "\\ud800x"}\n{"path": "b.jpg", "label": "dog"}\n', "utf-8")
-    result = build(manifest, tmp_path / "out", BuildOptions(), workers=1)
+    result = build(manifest, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     assert result.sample_count == 1
     assert [(r.key, r.reason) for r in result.rejected] == [("m.jsonl:1", "bad-manifest-row")]
     assert "unpaired surrogate" in result.rejected[0].message
@@ -555,14 +562,14 @@ def test_unpaired_surrogate_escapes_are_rejections_not_crashes(tmp_path: Path) -
 def test_coco_names_with_unpaired_surrogates(tmp_path: Path) -> None:
     images = [{"id": 100, "file_name": "a\ud800.jpg"}, {"id": 101, "file_name": "000000000001.jpg"}]
     path, root = coco_source(tmp_path / "src", images=images, annotations=[])
-    listing = list_source(path, SourceOptions(root=root))
+    listing = list_source(path, SourceOptions(source=SourceSettings(root=root)))
     assert [(r.key, r.reason) for r in listing.rejected] == [("images[0]", "undecodable-name")]
     assert listing.rejected[0].message == "file_name 'a\\ud800.jpg' holds an unpaired surrogate escape (not a file name)"
     assert [listing.key(i) for i in range(len(listing))] == ["000000000001.jpg"]
-    result = build(path, tmp_path / "out", BuildOptions(), root=root, workers=1)  # the report can be written
+    result = build(path, tmp_path / "out", BuildSettings(source=SourceSettings(root=root)), RunOptions(workers=1))  # the report can be written
     assert result.sample_count == 1
     path, root = coco_source(tmp_path / "src2", categories=[{"id": 1, "name": "dog\udfff"}])
     with pytest.raises(SourceError) as caught:
-        list_source(path, SourceOptions(root=root))
+        list_source(path, SourceOptions(source=SourceSettings(root=root)))
     assert caught.value.message == ("categories[0] name 'dog\\udfff' holds an unpaired surrogate escape "
                                     "(not Unicode text)")

@@ -6,6 +6,7 @@ memory. The run prints its counts (``source fuzzing: {...}``, read by scripts/re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ SECONDS = 20
 def test_structure_aware_fuzzing_finds_no_untyped_ending(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_sources.py"), "--seconds", str(SECONDS),
                            "--seed", "25", "--keep", str(tmp_path / "failures"), "--case-seconds", "60"],
-                          capture_output=True, text=True, timeout=200, cwd=REPO)
+                          capture_output=True, text=True, timeout=200, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's packer, not an install
     summary_line = [line for line in done.stdout.splitlines() if line.startswith("source fuzzing: ")]
     assert summary_line, done.stdout + done.stderr
     print(summary_line[-1])  # the reliability report reads it (pytest -s)

@@ -20,7 +20,8 @@ from packer import SourceError  # noqa: E402
 from packer.classes import check_classes  # noqa: E402
 from packer.decode import decode_as_stored  # noqa: E402
 from packer.writer import build  # noqa: E402
-from packer.writer.plan import BuildOptions  # noqa: E402
+from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings  # noqa: E402
+from packer import SourceSettings
 
 
 def _png(seed: int, size: tuple[int, int] = (8, 10), mode: str = "RGB") -> bytes:
@@ -59,8 +60,9 @@ def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf")
 
 
-def _build(source: Path, out: Path, **kw) -> Path:
-    build(source, out, BuildOptions(shard_size=16 << 10), workers=1, **kw)
+def _build(source: Path, out: Path, **source_settings) -> Path:
+    build(source, out, BuildSettings(source=SourceSettings(**source_settings), layout=LayoutSettings(shard_size=16 << 10)),
+          RunOptions(workers=1))
     return out
 
 
@@ -74,7 +76,7 @@ def test_a_dataset_keeps_its_class_names_images_and_columns_as_fields(hf_root, c
     assert "'meta' is not stored (a struct column)" in warned and "'Camera Model' is not stored" in warned
     ds = packer.open_dataset(out)
     assert ds.classes == ("cat", "dog", "owl") and len(ds) == 10
-    assert ds.manifest.build["source_kind"] == "hf"
+    assert ds.manifest.build["settings"]["source"]["kind"] == "hf"
     declared = {spec.name: spec for spec in ds.fields}
     assert {name: spec.describe() for name, spec in declared.items()} == {
         "caption": "caption: text", "score": "score: float32", "count": "count: int16", "ok": "ok: bool",
@@ -222,9 +224,47 @@ def test_every_part_of_a_save_to_disk_folder_is_checked_before_it_is_trusted(tmp
     assert message.startswith("the columns do not fit one index: these fields need 56 index columns"), message
     # listed without a spool folder (only packer build gives one)
     with pytest.raises(SourceError) as caught:
-        list_source(folder, SourceOptions(source_kind="hf"))
+        list_source(folder, SourceOptions(source=SourceSettings(kind="hf")))
     assert caught.value.message == "a Hugging Face source needs a spool folder (build it through packer build)"
     # and without pyarrow at all
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
     with pytest.raises(MissingDependencyError, match=r"needs pyarrow: pip install 'packer-shards\[hf\]'"):
         _build(folder, tmp_path / "no-pyarrow")
+
+
+def test_the_build_summary_says_how_the_class_names_were_numbered(tmp_path):
+    """A ClassLabel keeps its own order and its splits need no --classes-from (the guide says so);
+    string labels are numbered across the DatasetDict's splits; a lone split's strings are sorted."""
+    from click.testing import CliRunner
+
+    import packer.cli.build_cmd  # noqa: F401  (registers the command)
+    from packer.cli import cli
+
+    image = hf.Image()
+
+    def split(labels, feature):
+        return hf.Dataset.from_dict({"image": [{"bytes": _png(i), "path": f"{i}.png"} for i in range(len(labels))],
+                                     "label": labels}, features=hf.Features({"image": image, "label": feature}))
+
+    names = hf.ClassLabel(names=["zebra", "cat", "owl"])  # not sorted: kept in this order
+    hf.DatasetDict({"train": split([0, 1, 2, 0], names), "val": split([2], names)}).save_to_disk(str(tmp_path / "named"))
+    strings = hf.Value("string")
+    hf.DatasetDict({"train": split(["b", "a"], strings), "val": split(["c"], strings)}).save_to_disk(
+        str(tmp_path / "strings"))
+    split(["b", "a"], strings).save_to_disk(str(tmp_path / "lone"))
+
+    def summary(source: str) -> str:
+        done = CliRunner().invoke(cli, ["build", str(tmp_path / source), str(tmp_path / f"out-{source.replace('/', '-')}"),
+                                        "--quiet", "--workers", "1"])
+        assert done.exit_code == 0, done.output
+        return next(line for line in done.output.splitlines() if line.startswith("labels:"))
+
+    line = summary("named/train")
+    assert "3 classes from the source's ClassLabel names, in their order" in line, line
+    assert "need no --classes-from" in line and "sorted" not in line and "build other splits" not in line
+    assert packer.open_dataset(tmp_path / "out-named-train").classes == ("zebra", "cat", "owl")
+    line = summary("strings/train")
+    assert "3 classes from the label strings of every split of the DatasetDict, sorted" in line, line
+    assert "need no --classes-from" in line
+    line = summary("lone")
+    assert "2 classes from label strings, sorted" in line and "build other splits with --classes-from" in line

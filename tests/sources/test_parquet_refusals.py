@@ -13,6 +13,7 @@ import pytest
 import packer
 from packer.errors import SourceError
 from packer.sources.parquet import list_parquet
+from packer import BuildSettings, RunOptions
 
 from helpers import png_bytes
 
@@ -29,9 +30,11 @@ def write_parquet(path: Path, columns: dict[str, list], class_names: list[str] |
     return path
 
 
-def refused(source: Path, tmp_path: Path, **options) -> SourceError:
+def refused(source: Path, tmp_path: Path, *, on_error: str = "skip", source_kind: str = "auto",
+            **door: object) -> SourceError:
+    settings = packer.BuildSettings(source=packer.SourceSettings(kind=source_kind, **door))
     with pytest.raises(SourceError) as caught:
-        packer.build_dataset(source, tmp_path / "out", workers=1, **options)
+        packer.build_dataset(source, tmp_path / "out", settings, packer.RunOptions(workers=1, on_error=on_error))
     assert type(caught.value) is SourceError
     assert not (tmp_path / "out" / "manifest.json").exists()
     return caught.value
@@ -72,7 +75,7 @@ def test_a_label_past_the_class_label_names(tmp_path: Path) -> None:
     (in the build report), the rest is packed with the declared names; ``on_error="fail"`` refuses."""
     path = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0), png_bytes(1)], "label": [0, 2]},
                          ["cat", "dog"])
-    packer.build_dataset(path, tmp_path / "ds", workers=1)
+    packer.build_dataset(path, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     with packer.open_dataset(tmp_path / "ds") as ds:
         assert (ds.classes, len(ds), ds.labels.tolist()) == (("cat", "dog"), 1, [0])
     report = [json.loads(line) for line in (tmp_path / "ds" / "build-report.jsonl").read_text().splitlines()[1:]]
@@ -101,7 +104,7 @@ def test_a_parquet_source_without_pyarrow_names_the_extra(tmp_path: Path, monkey
     for name in ("pyarrow", "pyarrow.parquet"):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(MissingDependencyError) as caught:
-        packer.build_dataset(path, tmp_path / "out", workers=1)
+        packer.build_dataset(path, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     assert caught.value.message == "reading Parquet needs pyarrow: pip install 'packer-shards[parquet]'"
     assert not (tmp_path / "out" / "manifest.json").exists()
 
@@ -141,7 +144,7 @@ def test_a_spool_that_cannot_be_written_is_a_build_error(tmp_path: Path, monkeyp
     monkeypatch.setattr(parquet_module, "open", lambda *args, **kw: FailingSpool(open(*args, **kw)), raising=False)
     source = write_parquet(tmp_path / "rows.parquet", {"image": [png_bytes(0)], "label": [0]})
     with pytest.raises(BuildError) as caught:
-        packer.build_dataset(source, tmp_path / "out", workers=1)
+        packer.build_dataset(source, tmp_path / "out", BuildSettings(), RunOptions(workers=1))
     assert caught.value.message == expected
     assert caught.value.path.endswith("spool-parquet.bin")
     assert not (tmp_path / "out" / "manifest.json").exists()

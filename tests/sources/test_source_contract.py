@@ -12,6 +12,7 @@ from packer.errors import EmptySourceError, OptionError, SourceError
 from packer.sources import RawListingBuilder, SourceOptions, apply_contract
 from packer.sources.archive_listing import _Listing
 from packer.sources.members import RAW, ZIP_DEFLATED
+from packer import LabelSettings
 
 ROOT = Path("/nowhere")
 
@@ -33,7 +34,9 @@ def listing(*labels: object, kind: str = "manifest", declared: tuple[str, ...] =
 
 
 def apply(raw, **options):  # type: ignore[no-untyped-def]
-    result = apply_contract(raw, SourceOptions(**options))
+    """The contract with the label settings (classes, label_type, classes_origin) and the rest as given."""
+    labels = {name: options.pop(name) for name in ("classes", "label_type", "classes_origin") if name in options}
+    result = apply_contract(raw, SourceOptions(labels=LabelSettings(**labels), **options))
     return result.classes, result.labels.tolist(), result.label_type, {r.key: r.reason for r in result.rejected}
 
 
@@ -192,7 +195,7 @@ def test_a_new_door_is_a_function_returning_a_raw_listing(tmp_path: Path) -> Non
         return out.finish(tmp_path, "my-format", empty_what="my format lists nothing")
 
     result = apply_contract(list_my_format([("a", "dog"), ("b", "cat"), ("c", None)]),
-                            SourceOptions(classes=("cat", "dog", "emu")))
+                            SourceOptions(labels=LabelSettings(classes=("cat", "dog", "emu"))))
     assert result.classes == ("cat", "dog", "emu") and result.labels.tolist() == [1, 0]
     assert [(r.key, r.reason) for r in result.rejected] == [("c", "unlabeled")]
     assert np.array_equal(result.sizes, np.array([1, 1], dtype=np.uint64))

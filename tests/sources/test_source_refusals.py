@@ -17,13 +17,15 @@ import packer
 from packer.classes import MAX_CLASS_FILE_BYTES, MAX_CLASSES, classes_of, load_class_list
 from packer.errors import OptionError, SourceError
 from packer.sources.tar import list_tar
+from packer import BuildSettings, RunOptions, SourceSettings
 
 from helpers import png_bytes, png_folder
 
 
-def refused(source: Path | str, tmp_path: Path, error: type, **options) -> str:
+def refused(source: Path | str, tmp_path: Path, error: type, *, source_kind: str = "auto", **door: object) -> str:
+    settings = BuildSettings(source=SourceSettings(kind=source_kind, **door))
     with pytest.raises(error) as caught:
-        packer.build_dataset(source, tmp_path / "out", workers=1, **options)
+        packer.build_dataset(source, tmp_path / "out", settings, RunOptions(workers=1))
     assert type(caught.value) is error
     assert not (tmp_path / "out" / "manifest.json").exists()
     return caught.value.message
@@ -154,6 +156,21 @@ def test_a_tar_door_given_something_else_or_a_compressed_tar_without_a_spool(tmp
     assert caught.value.message.startswith("a compressed tar needs a spool folder to decompress into")
 
 
+def test_the_kind_detected_once_refuses_a_kind_no_door_has(tmp_path: Path) -> None:
+    """``detect_kind`` is the one place a kind is decided (a build asks it once, then records the
+    kind); a kind no door reads is refused there by its option's name."""
+    from packer.sources import detect_kind
+
+    folder = png_folder(tmp_path / "src", 2)
+    with pytest.raises(OptionError) as caught:
+        detect_kind(folder, "rar")
+    assert caught.value.message == ("--source-kind must be one of auto, folder, manifest, tar, zip, webdataset, "
+                                    "parquet, coco, hf, got 'rar'")
+    assert detect_kind(folder) == "folder" and detect_kind(folder, "manifest") == "folder"
+    assert detect_kind(_zip_of_classes(tmp_path / "a.zip")) == "zip"
+    assert detect_kind(_tar_of_classes(tmp_path / "a.tar")) == "tar"
+
+
 def test_a_coco_file_whose_root_is_not_a_folder_or_that_cannot_be_read(tmp_path: Path) -> None:
     from packer.sources.coco import list_coco
 
@@ -162,7 +179,7 @@ def test_a_coco_file_whose_root_is_not_a_folder_or_that_cannot_be_read(tmp_path:
     message = refused(annotations, tmp_path, SourceError, source_kind="coco", root=tmp_path / "nowhere")
     assert message == "the image folder (--root) is not a folder"
     with pytest.raises(SourceError) as caught:
-        list_coco(tmp_path / "missing.json", tmp_path)
+        list_coco(tmp_path / "missing.json")
     assert caught.value.message == "the annotation file: no such file"
     assert caught.value.path == str(tmp_path / "missing.json")
 
@@ -206,7 +223,7 @@ def test_the_cli_refuses_two_class_lists_and_a_list_from_a_dataset_without_names
     manifest = tmp_path / "rows.csv"
     manifest.write_text("path,label\n" + "".join(f"{p.relative_to(src).as_posix()},{i % 2}\n"
                                                  for i, p in enumerate(sorted(src.rglob("*.png")))))
-    packer.build_dataset(manifest, tmp_path / "ints", workers=1, root=src)
+    packer.build_dataset(manifest, tmp_path / "ints", BuildSettings(source=SourceSettings(root=src)), RunOptions(workers=1))
     runner = CliRunner()
     both = runner.invoke(cli, ["build", str(src), str(tmp_path / "a"), "--classes", "cat,dog",
                                "--classes-from", str(tmp_path / "ints")])

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from packer.writer import build  # noqa: E402
 from packer.decode import decode_image  # noqa: E402
+from packer.errors import SampleIndexError, SampleIndexTypeError  # noqa: E402
 from packer.writer.plan import BuildOptions  # noqa: E402
 from packer.torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, PackedSampler, collate, resolve_rank
 
@@ -77,8 +78,10 @@ def test_raw_bytes_and_numpy_indices(packed: Path, source: Path) -> None:
         payload, label = ds[i]
         assert payload.dtype == torch.uint8 and payload.dim() == 1
         assert payload.numpy().tobytes() == (source / ds.dataset.key(int(i) % len(ds))).read_bytes()
-    with pytest.raises(IndexError):
+    with pytest.raises(SampleIndexError, match=f"^sample {len(ds)} out of range for a dataset of {len(ds)} samples$"):
         ds[len(ds)]
+    with pytest.raises(SampleIndexTypeError, match="^sample indices must be integers, got NoneType$"):
+        ds[None]
 
 
 @pytest.mark.parametrize("decode", [True, False])
@@ -302,10 +305,13 @@ def test_getitems_checks_range_and_never_aliases_repeated_samples(tmp_path) -> N
         for k in range(3):
             Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "src" / c / f"{k}.png")
     build(tmp_path / "src", tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    outside = r"^batch holds index -7, outside -6\.\.5 \(a dataset of 6 samples\)$"
     for decode in (True, False):
         ds = PackedDataset(tmp_path / "ds", decode=decode)
-        with pytest.raises(IndexError):
+        with pytest.raises(SampleIndexError, match=outside):
             ds.__getitems__([0, -7])
+        with pytest.raises(SampleIndexError, match=outside):  # dict samples (fields=) check the same way
+            PackedDataset(tmp_path / "ds", decode=decode, fields=("index", "label")).__getitems__([0, -7])
         assert torch.equal(ds.__getitems__([-1])[0][0], ds[5][0])
         first, second, _ = ds.__getitems__([3, 3, 4])
         before = second[0].clone()

@@ -13,7 +13,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from packer.errors import DecodeError
+from packer.errors import DecodeError, OptionError
 from packer.format import ImageFormat
 from packer.transforms import FAST_SCALES, CenterCrop, RandomResizedCrop, center_crop_box, normalize_on_gpu, random_resized_crop_params
 from packer.transforms.fused import _dct_scale
@@ -113,7 +113,7 @@ def test_out_parameter_writes_into_a_batch_slot(jpeg: bytes, backend: str) -> No
     assert returned is batch[1] or np.shares_memory(returned, batch)
     np.testing.assert_array_equal(batch[1], transform(jpeg, 1, np.random.default_rng(1)))
     assert not batch[0].any()
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(OptionError, match="out must be"):
         transform(jpeg, 1, np.random.default_rng(1), out=np.zeros((32, 32, 4), np.uint8))
 
 
@@ -231,7 +231,7 @@ def test_center_crop_box_matches_torchvision_arithmetic() -> None:
     # 500x375 -> 341x256, crop starts at (58, 16) in resized pixels.
     assert (right - left) == pytest.approx(224 * 500 / 341)
     assert left == pytest.approx(58 * 500 / 341) and top == pytest.approx(16 * 375 / 256)
-    with pytest.raises(ValueError, match="resize"):
+    with pytest.raises(OptionError, match="resize"):
         CenterCrop(224, resize=200)
 
 
@@ -328,14 +328,44 @@ def test_pickles_and_uses_a_per_process_rng_when_none_is_given(jpeg: bytes) -> N
 
 def test_invalid_arguments() -> None:
     for bad in (0, (10,), (10, 0)):
-        with pytest.raises(ValueError):
+        with pytest.raises(OptionError):
             RandomResizedCrop(bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError):
         RandomResizedCrop(32, scale=(0.5, 0.1))
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError):
         RandomResizedCrop(32, ratio=(0.0, 1.0))
-    with pytest.raises(ValueError, match="resize_backend"):
+    with pytest.raises(OptionError, match="resize_backend"):
         CenterCrop(32, resize=40, resize_backend="cv2")
+
+
+def test_bad_arguments_are_option_errors_that_say_what_was_expected_and_what_came() -> None:
+    """Every refusal of the transforms' public doors is an OptionError (still a ValueError) with its message."""
+    images = np.zeros((2, 8, 8, 3), np.uint8)
+    cases = [
+        (lambda: RandomResizedCrop(32, seed=-1), "seed must be None or a non-negative integer, got -1"),
+        (lambda: RandomResizedCrop(32, min_box_visibility=1.5),
+         "min_box_visibility must be a fraction in 0..1, got 1.5"),
+        (lambda: RandomResizedCrop(32, resize_backend="cv2"),
+         "resize_backend must be one of ['auto', 'pil', 'torch'], got 'cv2'"),
+        (lambda: RandomResizedCrop(32, scale=(0.5, 0.1)), "scale must satisfy 0 < low <= high, got (0.5, 0.1)"),
+        (lambda: RandomResizedCrop(32, ratio=(0.0, 1.0)), "ratio must satisfy 0 < low <= high, got (0.0, 1.0)"),
+        (lambda: RandomResizedCrop((10,)), "size must be an int or (height, width), got (10,)"),
+        (lambda: RandomResizedCrop((10, 0)), "size must be positive, got (10, 0)"),
+        (lambda: CenterCrop(32, resize=16), "resize (16) must be at least the crop size (32, 32)"),
+        (lambda: RandomResizedCrop(8).set_epoch(-1), "epoch must be a non-negative integer, got -1"),
+        (lambda: RandomResizedCrop(8).set_epoch(True), "epoch must be a non-negative integer, got True"),
+        (lambda: RandomResizedCrop(8).geometry(0, 5), "an image of 0x5 pixels has nothing to crop"),
+        (lambda: RandomResizedCrop(8).batch(images[0]), "images must be an (N, H, W, 3) batch, got shape (8, 8, 3)"),
+        (lambda: RandomResizedCrop(8).batch(images[..., :1]),
+         "images must be an (N, H, W, 3) batch, got shape (2, 8, 8, 1)"),
+        (lambda: RandomResizedCrop(8, seed=0).batch(images),
+         "a seeded transform draws from each sample's index: pass indices="),
+        (lambda: RandomResizedCrop(8).batch(images, [1, 2, 3]), "need one index per image: 2 images, got 3 indices"),
+    ]
+    for call, message in cases:
+        with pytest.raises(OptionError) as caught:
+            call()
+        assert isinstance(caught.value, ValueError) and caught.value.message == message
 
 
 def test_auto_backend_follows_whether_torch_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from PIL import Image
 
 torch = pytest.importorskip("torch")
 
+from packer.errors import OptionError  # noqa: E402
 from packer.writer import BuildOptions, build  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.rawcrop import AGREEMENT_MAX_ABS, crop_resize_batch  # noqa: E402
@@ -345,7 +346,7 @@ def test_keypoints_outside_the_output_become_invisible() -> None:
     assert moved[0, :, 2].tolist() == [0, 1, 2, 0, 0]  # x=20 is outside [0, 20); 22.5 too; 0 stays 0
     xy = g.map_points(np.array([[30.0, 15.0]]))
     np.testing.assert_allclose(xy, [[10, 5]])
-    with pytest.raises(ValueError, match="2 or 3 values"):
+    with pytest.raises(OptionError, match="2 or 3 values"):
         g.map_points(np.zeros((3, 4)))
 
 
@@ -365,11 +366,11 @@ def test_nearest_resampling_keeps_values_and_follows_a_half_resolution_mask() ->
 
 
 def test_transform_geometry_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="min_box_visibility"):
+    with pytest.raises(OptionError, match="min_box_visibility"):
         RandomResizedCrop(8, min_box_visibility=1.5)
-    with pytest.raises(ValueError, match="min_box_visibility"):
+    with pytest.raises(OptionError, match="min_box_visibility"):
         CenterCrop(8, resize=8, min_box_visibility=-0.1)
-    with pytest.raises(ValueError, match="nothing to crop"):
+    with pytest.raises(OptionError, match="nothing to crop"):
         RandomResizedCrop(8, seed=0).geometry(0, 10, 1)
     assert "min_box_visibility=0.25" in repr(RandomResizedCrop(8, min_box_visibility=0.25))
 

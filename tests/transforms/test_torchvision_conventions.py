@@ -16,6 +16,7 @@ from PIL import Image
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+from packer.errors import OptionError  # noqa: E402
 from packer.format import ImageFormat  # noqa: E402
 from packer.transforms import CenterCrop, CropGeometry, RandomResizedCrop  # noqa: E402
 from packer.transforms.geometry import (  # noqa: E402
@@ -63,7 +64,7 @@ def test_the_mask_default_is_torchvisions_nearest() -> None:
 
     assert RandomResizedCrop(8, mask_interpolation=InterpolationMode("nearest-exact")).mask_interpolation \
         == "nearest-exact"
-    with pytest.raises(ValueError, match="NEAREST / NEAREST_EXACT"):
+    with pytest.raises(OptionError, match="NEAREST / NEAREST_EXACT"):
         RandomResizedCrop(8, mask_interpolation="bilinear")
 
 
@@ -163,7 +164,7 @@ def test_a_sliver_box_through_packed_dataset(tmp_path) -> None:
     assert default["boxes"].tolist() == [[5.0, 5.0, 35.0, 35.0]]  # the 0.5 px wide box is dropped
     kept = PackedDataset(tmp_path / "ds", decode=CenterCrop(40, resize=40, min_box_size=0, min_box_area=0), **fields)[0]
     assert len(kept["boxes"]) == 2
-    with pytest.raises(ValueError, match="min_box_size must be a non-negative number"):
+    with pytest.raises(OptionError, match="min_box_size must be a non-negative number"):
         CenterCrop(40, resize=40, min_box_size=-1)
 
 

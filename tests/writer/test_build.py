@@ -14,7 +14,8 @@ from packer import format as fmt
 from packer.writer import build
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OutputExistsError, SourceError
-from packer.writer.plan import BuildOptions, plan_shards
+from packer.writer.plan import plan_shards
+from packer import BuildSettings, LayoutSettings, RunOptions, SourceSettings
 from helpers import dataset_files, write_images
 
 
@@ -30,7 +31,7 @@ def source(tmp_path: Path) -> Path:
 
 
 def test_round_trip_every_byte_and_label(source: Path, tmp_path: Path) -> None:
-    result = build(source, tmp_path / "ds", BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    result = build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
     assert result.sample_count == 18 and result.shard_count > 1 and not result.rejected
     with open_dataset(tmp_path / "ds", verify_checksums=True) as ds:
         assert ds.classes == ("cat", "dog", "emu")
@@ -46,19 +47,19 @@ def test_round_trip_every_byte_and_label(source: Path, tmp_path: Path) -> None:
 
 
 def test_identical_bytes_whatever_the_worker_count(source: Path, tmp_path: Path) -> None:
-    options = BuildOptions(shard_size=12 << 10, seed=7)
-    build(source, tmp_path / "w1", options, workers=1, progress=False)
-    build(source, tmp_path / "w2", options, workers=2, progress=False)
-    build(source, tmp_path / "w3", options, workers=3, progress=False)
+    options = BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=7))
+    build(source, tmp_path / "w1", options, RunOptions(workers=1))
+    build(source, tmp_path / "w2", options, RunOptions(workers=2))
+    build(source, tmp_path / "w3", options, RunOptions(workers=3))
     one = dataset_files(tmp_path / "w1")
     assert one == dataset_files(tmp_path / "w2") == dataset_files(tmp_path / "w3")
     assert any(name.startswith("shards/") for name in one)
 
 
 def test_seed_changes_order_and_no_shuffle_keeps_sorted(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "a", BuildOptions(seed=1), workers=1, progress=False)
-    build(source, tmp_path / "b", BuildOptions(seed=2), workers=1, progress=False)
-    build(source, tmp_path / "s", BuildOptions(shuffle=False), workers=1, progress=False)
+    build(source, tmp_path / "a", BuildSettings(layout=LayoutSettings(seed=1)), RunOptions(workers=1))
+    build(source, tmp_path / "b", BuildSettings(layout=LayoutSettings(seed=2)), RunOptions(workers=1))
+    build(source, tmp_path / "s", BuildSettings(layout=LayoutSettings(shuffle=False)), RunOptions(workers=1))
     keys = {name: list(open_dataset(tmp_path / name).keys()) for name in "abs"}
     assert keys["a"] != keys["b"] and sorted(keys["a"]) == sorted(keys["b"])
     assert keys["s"] == sorted(keys["s"], key=str.encode)
@@ -66,7 +67,7 @@ def test_seed_changes_order_and_no_shuffle_keeps_sorted(source: Path, tmp_path: 
 
 
 def test_layout_is_aligned_and_padding_is_zero(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "ds", BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
     ds = open_dataset(tmp_path / "ds")
     for number, entry in enumerate(ds.manifest.shards):
         data = (tmp_path / "ds" / entry.path).read_bytes()
@@ -83,7 +84,7 @@ def test_layout_is_aligned_and_padding_is_zero(source: Path, tmp_path: Path) -> 
 
 
 def test_alignment_one_packs_tightly(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "ds", BuildOptions(alignment=1), workers=1, progress=False)
+    build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(alignment=1)), RunOptions(workers=1))
     ds = open_dataset(tmp_path / "ds")
     assert ds.manifest.alignment == 1
     total = sum(p.stat().st_size for p in source.rglob("*.jpg"))
@@ -101,7 +102,7 @@ def test_manifest_inputs_csv_and_jsonl(source: Path, tmp_path: Path) -> None:
     csv_path = tmp_path / "list.csv"
     csv_path.write_text("path,label,caption\n" + "".join(
         f"{p.relative_to(source).as_posix()},{p.parent.name},\"a {p.stem}, photo\"\n" for p in files))
-    build(csv_path, tmp_path / "csv", BuildOptions(), root=source, workers=1, progress=False)
+    build(csv_path, tmp_path / "csv", BuildSettings(source=SourceSettings(root=source)), RunOptions(workers=1))
     ds = open_dataset(tmp_path / "csv")
     assert ds.classes == ("cat", "dog", "emu") and len(ds) == len(files)
     i = ds.find("dog/002.jpg")
@@ -110,7 +111,7 @@ def test_manifest_inputs_csv_and_jsonl(source: Path, tmp_path: Path) -> None:
     jsonl = tmp_path / "list.jsonl"
     jsonl.write_text("".join(json.dumps({"path": p.relative_to(source).as_posix(), "label": n,
                                          "metadata": {"n": n}}) + "\n" for n, p in enumerate(files)))
-    build(jsonl, tmp_path / "jsonl", BuildOptions(), root=source, workers=1, progress=False)
+    build(jsonl, tmp_path / "jsonl", BuildSettings(source=SourceSettings(root=source)), RunOptions(workers=1))
     ds = open_dataset(tmp_path / "jsonl")
     assert ds.classes == () and sorted(ds.labels.tolist()) == list(range(len(files)))
     for i in range(len(ds)):
@@ -121,7 +122,7 @@ def test_manifest_rows_outside_root_missing_and_duplicate_are_rejected(source: P
     csv_path = tmp_path / "list.csv"
     csv_path.write_text("path,label\ncat/000.jpg,cat\n../escape.jpg,cat\ncat/000.jpg,cat\nnope.jpg,dog\n"
                         "/etc/passwd,dog\n,dog\n")
-    result = build(csv_path, tmp_path / "ds", BuildOptions(), root=source, workers=1, progress=False)
+    result = build(csv_path, tmp_path / "ds", BuildSettings(source=SourceSettings(root=source)), RunOptions(workers=1))
     reasons = sorted(r.reason for r in result.rejected)
     assert result.sample_count == 1
     assert reasons == ["bad-manifest-row", "duplicate-entry", "missing", "outside-root", "outside-root"]
@@ -132,11 +133,11 @@ def test_manifest_rows_outside_root_missing_and_duplicate_are_rejected(source: P
 
 
 def test_refuses_existing_dataset_without_overwrite(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     with pytest.raises(OutputExistsError, match="--overwrite"):
-        build(source, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+        build(source, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     before = dataset_files(tmp_path / "ds")
-    build(source, tmp_path / "ds", BuildOptions(seed=3), workers=1, progress=False, overwrite=True)
+    build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(seed=3)), RunOptions(workers=1, overwrite=True))
     after = dataset_files(tmp_path / "ds")
     assert before != after
     # old shard and index files are gone: only what the new manifest references is left
@@ -148,16 +149,16 @@ def test_refuses_existing_dataset_without_overwrite(source: Path, tmp_path: Path
 
 def test_clear_errors_for_missing_and_empty_sources(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="does not exist"):
-        build(tmp_path / "nope", tmp_path / "out", progress=False)
+        build(tmp_path / "nope", tmp_path / "out")
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(EmptySourceError, match="no files"):
-        build(tmp_path / "empty", tmp_path / "out", progress=False)
+        build(tmp_path / "empty", tmp_path / "out")
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_rebuild_into_same_folder_gives_same_bytes(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "a", BuildOptions(), workers=2, progress=False)
-    build(source, tmp_path / "b", BuildOptions(), workers=1, progress=False)
+    build(source, tmp_path / "a", BuildSettings(), RunOptions(workers=2))
+    build(source, tmp_path / "b", BuildSettings(), RunOptions(workers=1))
     comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
     assert not comparison.diff_files and not comparison.left_only and not comparison.right_only
 
@@ -167,7 +168,7 @@ def test_manifest_duplicates_are_found_by_hash_then_key(source: Path, tmp_path: 
     rows = ["cat/000.jpg,cat", "dog/001.jpg,dog", "cat/000.jpg,cat", "emu/002.jpg,emu", "cat/000.jpg,emu",
             "dog/001.jpg,dog"]
     csv_path.write_text("path,label\n" + "\n".join(rows) + "\n")
-    result = build(csv_path, tmp_path / "ds", BuildOptions(shuffle=False), root=source, workers=1, progress=False)
+    result = build(csv_path, tmp_path / "ds", BuildSettings(source=SourceSettings(root=source), layout=LayoutSettings(shuffle=False)), RunOptions(workers=1))
     assert sorted((r.key, r.reason) for r in result.rejected) == [
         ("cat/000.jpg", "duplicate-entry"), ("cat/000.jpg", "duplicate-entry"), ("dog/001.jpg", "duplicate-entry")]
     ds = open_dataset(tmp_path / "ds")
@@ -198,8 +199,8 @@ def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path
     import packer.writer.pack as build_module
 
     (source / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")  # a rejection inside a segment
-    options = BuildOptions(shard_size=1 << 30)  # one shard
-    build(source, tmp_path / "one", options, workers=1, progress=False)
+    options = BuildSettings(layout=LayoutSettings(shard_size=1 << 30))  # one shard
+    build(source, tmp_path / "one", options, RunOptions(workers=1))
     calls = []
     real = build_module.segment_count
 
@@ -208,7 +209,7 @@ def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path
         return real(plan, shard, wanted, min_bytes=1)
 
     monkeypatch.setattr(build_module, "segment_count", tiny_segments)
-    build(source, tmp_path / "seg", options, workers=3, progress=False)
+    build(source, tmp_path / "seg", options, RunOptions(workers=3))
     assert calls == [6]  # one shard, 3 workers: 6 segments
     assert dataset_files(tmp_path / "seg") == dataset_files(tmp_path / "one")
     assert not list((tmp_path / "seg").rglob("*.partial"))
@@ -238,8 +239,7 @@ def test_a_failing_segmented_build_leaves_no_segment_files(source: Path, tmp_pat
     monkeypatch.setattr(build_module, "segment_count", lambda plan, shard, wanted, min_bytes=1:
                         real(plan, shard, wanted, min_bytes=1))
     with pytest.raises(BuildError, match="--on-error fail"):
-        build(source, tmp_path / "out", BuildOptions(shard_size=1 << 30), workers=4, on_error="fail",
-              progress=False)
+        build(source, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=1 << 30)), RunOptions(workers=4, on_error="fail"))
     assert not list((tmp_path / "out").rglob("*.partial"))
     assert not (tmp_path / "out" / "manifest.json").exists()
 
@@ -252,7 +252,7 @@ def test_hostile_manifest_rows_are_rejected_not_crashing(source: Path, tmp_path:
             {"path": "cat/002.jpg", "label": True}]
     jsonl = tmp_path / "list.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = build(jsonl, tmp_path / "ds", BuildOptions(), root=source, workers=1, progress=False)
+    result = build(jsonl, tmp_path / "ds", BuildSettings(source=SourceSettings(root=source)), RunOptions(workers=1))
     assert result.sample_count == 1
     assert sorted(r.reason for r in result.rejected) == ["bad-manifest-row"] * 4
     assert any("unpaired surrogate" in r.message for r in result.rejected)  # "\ud800" is no text

@@ -17,11 +17,13 @@ from packer import format as fmt
 from packer.dataset import open_dataset, open_index
 from packer.errors import BuildError, EmptySourceError, IndexMismatchError
 from packer.sources.listing import Rejection
-from packer.writer import BuildOptions, build, finish
+from packer.sources import SourceSettings
+from packer.writer import BuildSettings, LayoutSettings, RunOptions, build, finish
 from packer.writer.commit import _report_lines, record_empty_build
 from packer.writer.plan import load_plan
 from packer.writer.records import RECORD_COLUMNS, read_record, record_path, write_record
 from packer.writer.staging import PLAN_NAME, STAGING_DIR
+from packer import CheckSettings, LabelSettings
 
 from helpers import TWO_SHARDS, index_columns, png_bytes, png_folder
 from test_plan import _png_bytes
@@ -68,8 +70,8 @@ def test_records_round_trip_and_distrust(tmp_path: Path) -> None:
 
 def test_finish_names_the_missing_shards(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 24), tmp_path / "ds"
-    options = BuildOptions(shard_size=8192, alignment=4096)  # one sample per shard: 24 planned shards
-    build(src, out, options, workers=1, progress=False, part=(0, 2))
+    options = BuildSettings(layout=LayoutSettings(shard_size=8192, alignment=4096))  # one sample per shard: 24 planned shards
+    build(src, out, options, RunOptions(workers=1, part=(0, 2)))
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
     assert plan.shard_count == 24
     with pytest.raises(BuildError) as caught:
@@ -77,7 +79,7 @@ def test_finish_names_the_missing_shards(tmp_path: Path) -> None:
     odd = ", ".join(str(i) for i in range(1, 21, 2))
     assert caught.value.message == (f"12 of 24 planned shards are not packed yet (shards {odd} ...); "
                                     f"run the missing parts, or the build with --resume")
-    build(src, out, options, workers=1, progress=False, part=(1, 2))
+    build(src, out, options, RunOptions(workers=1, part=(1, 2)))
     for i in range(3, 24, 2):
         record_path(out, i).unlink()  # shard 1 alone is there: 11 missing, at most 10 shown
     with pytest.raises(BuildError) as caught:
@@ -85,7 +87,7 @@ def test_finish_names_the_missing_shards(tmp_path: Path) -> None:
     assert caught.value.message == ("11 of 24 planned shards are not packed yet (shards 3, 5, 7, 9, 11, 13, 15, 17, "
                                     "19, 21 ...); run the missing parts, or the build with --resume")
     assert caught.value.path == str(out)
-    build(src, out, options, workers=1, progress=False, part=(1, 2))
+    build(src, out, options, RunOptions(workers=1, part=(1, 2)))
     for i in range(5, 24, 2):
         record_path(out, i).unlink()
     with pytest.raises(BuildError) as caught:
@@ -100,7 +102,7 @@ def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
         (src / "a" / f"{i}.png").write_bytes(b"text, not a png")
     (src / "a" / "empty.jpg").write_bytes(b"")
     with pytest.raises(EmptySourceError) as caught:
-        build(src, tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+        build(src, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     assert caught.value.message.startswith(
         "every one of the 4 listed source files was rejected; nothing to pack (4 rejected: 3 not-an-image (e.g. ")
     assert "1 empty-file (e.g. a/empty.jpg" in caught.value.message
@@ -112,8 +114,8 @@ def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
 def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 6, bad=2), tmp_path / "ds"
     (src / "stray.png").write_bytes(b"a file outside every class folder: rejected when listed")
-    options = BuildOptions(shard_size=12288, seed=3)
-    result = build(src, out, options, workers=1, progress=False)
+    settings = BuildSettings(layout=LayoutSettings(shard_size=12288, seed=3))
+    result = build(src, out, settings, RunOptions(workers=1))
     with open_index(out) as ds:
         manifest = ds.manifest
         sizes = ds.index.size
@@ -128,7 +130,7 @@ def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
 
     probes = {path.relative_to(src).as_posix(): path.stat().st_size  # every listed file (<= 16 of them)
               for path in sorted((src / "cat").iterdir()) + sorted((src / "dog").iterdir())}
-    summary = {"options": options.to_json(), "source_kind": "folder", "source_files": 9, "packed": 6, "rejected": 3,
+    summary = {"settings": settings.detected("folder").to_json(), "source_files": 9, "packed": 6, "rejected": 3,
                "planned_shards": result.summary["planned_shards"], "tool": f"packer {__version__}",
                "label_type": "str", "source": "src", "source_probes": probes,
                "classes_checksum": fmt.class_list_checksum(("cat", "dog"))}
@@ -147,14 +149,14 @@ def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
 
 def test_overwrite_removes_what_no_manifest_names(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 6), tmp_path / "ds"
-    build(src, out, BuildOptions(shard_size=12288), workers=1, progress=False)
+    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12288)), RunOptions(workers=1))
     stale = [out / ".manifest.json.999.tmp", out / ".build-report.jsonl.999.tmp",
              out / "shards" / "shard-00099-00000000000000ff.pks", out / "index-00000000000000ff.pki"]
     for path in stale:
         path.write_bytes(b"x")
     keep = out / "shards" / "notes.txt"
     keep.write_bytes(b"mine")
-    build(src, out, BuildOptions(shard_size=12288, seed=5), workers=1, progress=False, overwrite=True)
+    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12288, seed=5)), RunOptions(workers=1, overwrite=True))
     assert not any(p.exists() for p in stale)
     assert keep.exists(), "only packer's own file names are removed"
     with open_index(out) as ds:
@@ -169,7 +171,7 @@ def test_overwrite_removes_what_no_manifest_names(tmp_path: Path) -> None:
 def test_report_lines_are_canonical_json(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 4), tmp_path / "ds"
     (src / "cat" / "café.png").write_bytes(b"not a png")
-    result = build(src, out, BuildOptions(), workers=1, progress=False)
+    result = build(src, out, BuildSettings(), RunOptions(workers=1))
     assert result.path == out
     lines = (out / fmt.REPORT_NAME).read_text(encoding="utf-8").splitlines()
     for line in lines:  # sorted keys, UTF-8 as is (no \\u escapes)
@@ -204,7 +206,7 @@ def test_commit_io_errors_are_build_errors(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(commit_module, "write_atomic", full_disk)
     with pytest.raises(BuildError) as caught:
-        build(src, out, BuildOptions(), workers=1, progress=False)
+        build(src, out, BuildSettings(), RunOptions(workers=1))
     assert caught.value.message == ("the disk is full while writing the index and manifest; free space and run "
                                     "again with --resume")
     assert caught.value.path == str(out)
@@ -219,7 +221,7 @@ def test_codec_notes_are_summed_over_shards(tmp_path: Path) -> None:
         pixels = rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(src / "a" / f"{i}.jpg", quality=90, progressive=(i == 4))
     (src / "a" / "p.png").write_bytes((src / "a" / "0.jpg").read_bytes() and _png_bytes())
-    result = build(src, tmp_path / "ds", BuildOptions(codec="tiled", shard_size=8192), workers=1, progress=False)
+    result = build(src, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=8192), codec="tiled"), RunOptions(workers=1))
     assert result.shard_count >= 3
     assert result.summary["codec_notes"] == {"kept: not a JPEG (png)": 1, "kept: progressive": 1, "tiled": 4}
     assert list(result.summary["codec_notes"]) == sorted(result.summary["codec_notes"])
@@ -238,25 +240,27 @@ def test_an_empty_build_reports_every_rejection_and_leaves_no_staging(tmp_path: 
         (bad / f"{i}.png").write_bytes(b"nope")
     out = tmp_path / "out"
     with pytest.raises(EmptySourceError) as caught:
-        build(tmp_path / "bad", out, BuildOptions(), workers=1, progress=False)
+        build(tmp_path / "bad", out, BuildSettings(), RunOptions(workers=1))
     suffix = f"; every rejection is in {out / fmt.REPORT_NAME}"
     assert caught.value.message.endswith(suffix) and str(caught.value).endswith(suffix)
     assert caught.value.args == (str(caught.value),)
     lines = [json.loads(line) for line in (out / fmt.REPORT_NAME).read_text().splitlines()]
     summary = lines[0]
     assert summary["error"] + suffix == str(caught.value)
-    assert {k: v for k, v in summary.items() if k not in ("error", "options")} == {
-        "type": "summary", "packed": 0, "rejected": 2, "source_kind": "folder", "tool": f"packer {packer.__version__}"}
-    assert summary["options"]["max_pixels"] == DEFAULT_MAX_PIXELS and summary["options"]["validate"] == "header"
+    assert {k: v for k, v in summary.items() if k not in ("error", "settings")} == {
+        "type": "summary", "packed": 0, "rejected": 2, "tool": f"packer {packer.__version__}"}
+    assert summary["settings"]["source"]["kind"] == "folder"  # detected before the listing found nothing
+    assert summary["settings"]["checks"]["max_pixels"] == DEFAULT_MAX_PIXELS
+    assert summary["settings"]["checks"]["validate"] == "header"
     assert [(line["type"], line["key"], line["reason"]) for line in lines[1:]] == [
         ("rejected", "a/0.png", "not-an-image"), ("rejected", "a/1.png", "not-an-image")]
     assert sorted(p.name for p in out.iterdir()) == [fmt.REPORT_NAME]  # no staging folder left to --resume
     # over an existing dataset (--overwrite), the dataset keeps its own report
     good = tmp_path / "good"
-    build(png_folder(tmp_path / "src", 2), good, BuildOptions(), workers=1, progress=False)
+    build(png_folder(tmp_path / "src", 2), good, BuildSettings(), RunOptions(workers=1))
     report = (good / fmt.REPORT_NAME).read_bytes()
     with pytest.raises(EmptySourceError) as caught:
-        build(tmp_path / "bad", good, BuildOptions(), workers=1, progress=False, overwrite=True)
+        build(tmp_path / "bad", good, BuildSettings(), RunOptions(workers=1, overwrite=True))
     assert "every rejection is in" not in caught.value.message
     assert (good / fmt.REPORT_NAME).read_bytes() == report
 
@@ -265,7 +269,7 @@ def test_a_folder_in_place_of_the_report_is_refused_before_the_commit(tmp_path: 
     out = tmp_path / "out"
     (out / fmt.REPORT_NAME).mkdir(parents=True)
     with pytest.raises(BuildError) as caught:
-        build(png_folder(tmp_path / "src", 2), out, BuildOptions(), workers=1, progress=False)
+        build(png_folder(tmp_path / "src", 2), out, BuildSettings(), RunOptions(workers=1))
     assert (caught.value.message, caught.value.path) == (
         f"{fmt.REPORT_NAME} is a folder, not a regular file; remove it and run again", str(out / fmt.REPORT_NAME))
     assert not (out / fmt.MANIFEST_NAME).exists()
@@ -282,7 +286,7 @@ def test_the_recorded_pixel_limit_is_the_largest_above_the_default(tmp_path: Pat
     src = png_folder(tmp_path / "src", 2)
     for limit, recorded in [(big, big), (DEFAULT_MAX_PIXELS, None), (1000, None)]:
         out = tmp_path / f"ds-{limit}"
-        build(src, out, BuildOptions(max_pixels=limit), workers=1, progress=False)
+        build(src, out, BuildSettings(checks=CheckSettings(max_pixels=limit)), RunOptions(workers=1))
         with open_index(out) as index:
             assert index.manifest.max_pixels == recorded
 
@@ -297,7 +301,7 @@ def test_the_build_report_keeps_listing_warnings_and_non_ascii_keys(tmp_path: Pa
         Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(src / split / "ok.png")
     (src / "val" / "ñandú.png").write_bytes(b"not an image")
     out = tmp_path / "ds"
-    build(src, out, BuildOptions(), workers=1, progress=False)
+    build(src, out, BuildSettings(), RunOptions(workers=1))
     text = (out / fmt.REPORT_NAME).read_text(encoding="utf-8")
     summary, rejected = (json.loads(line) for line in text.splitlines())
     assert summary["warnings"] == [split_folder_warning(["train", "val"])]
@@ -325,7 +329,7 @@ def field_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 5-sample build with a text field and an image field, one sample per shard."""
     base = tmp_path_factory.mktemp("fields")
     src = side_file_folder(base / "src", 5)
-    build(src, base / "ds", BuildOptions(fields=FIELDS, shuffle=False, shard_size=8192), workers=1)
+    build(src, base / "ds", BuildSettings(layout=LayoutSettings(shuffle=False, shard_size=8192), labels=LabelSettings(fields=FIELDS)), RunOptions(workers=1))
     return src, base / "ds"
 
 
@@ -386,7 +390,7 @@ def test_an_empty_coco_build_reports_a_non_utf8_file_name(tmp_path: Path) -> Non
     annotations.write_text(json.dumps(document), "utf-8")  # "\udcff" stays a JSON escape
     out = tmp_path / "out"
     with pytest.raises(EmptySourceError):
-        build(annotations, out, BuildOptions(), root=root / "images", workers=1)
+        build(annotations, out, BuildSettings(source=SourceSettings(root=root / "images")), RunOptions(workers=1))
     lines = (out / fmt.REPORT_NAME).read_bytes().split(b"\n")
     assert len(lines) == 4 and lines[3] == b""
     keys = [json.loads(line.decode("utf-8", "surrogateescape"))["key"] for line in lines[1:3]]
@@ -399,13 +403,14 @@ def test_an_empty_build_report_for_any_error(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     error = RuntimeError("nothing to pack", "detail")
-    record_empty_build(out, error, {"seed": 1}, source_kind="folder")
+    settings = BuildSettings(source=SourceSettings(kind="folder"), layout=LayoutSettings(seed=1))
+    record_empty_build(out, error, settings)
     report = out / fmt.REPORT_NAME
     assert error.args == (f"nothing to pack; every rejection is in {report}", "detail")
     assert not hasattr(error, "message")
     assert [json.loads(line) for line in report.read_text("utf-8").splitlines()] == [
         {"type": "summary", "packed": 0, "rejected": 0, "error": "('nothing to pack', 'detail')",
-         "options": {"seed": 1}, "source_kind": "folder", "tool": f"packer {__version__}"}]
+         "settings": settings.to_json(), "tool": f"packer {__version__}"}]
     assert sorted(p.name for p in out.iterdir()) == [fmt.REPORT_NAME]
 
 
@@ -441,7 +446,7 @@ def test_source_probes_are_16_listed_files_spread_evenly(tmp_path: Path) -> None
     (src / "a").mkdir(parents=True)
     for i in range(20):
         (src / "a" / f"{i:02d}.png").write_bytes(png_bytes(i, (4 + i % 3, 4)))
-    result = build(src, tmp_path / "ds", BuildOptions(), workers=1)
+    result = build(src, tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     # np.linspace(0, 19, 16) truncated: i * 19 / 15 is a whole number only at i = 0 and 15
     rows = sorted({int(i * 19 / 15) for i in range(16)})
     assert len(rows) == 16
@@ -460,7 +465,7 @@ def test_finish_build_without_cleanup_keeps_staging_and_unreferenced_files(tmp_p
     for i in range(3):
         (src / "a" / f"{i}.png").write_bytes(png_bytes(i))
     out = tmp_path / "ds"
-    build(src, out, BuildOptions(shard_size=8192), workers=1, part=(0, 1))
+    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=8192)), RunOptions(workers=1, part=(0, 1)))
     stray = out / fmt.shard_file_name(99, 0xAB)  # "shards/shard-00099-....pks"
     stray.write_bytes(b"x")
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)

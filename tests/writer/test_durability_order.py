@@ -39,8 +39,8 @@ from packer import format as fmt
 from packer.writer import build
 from packer.writer.append import append
 from packer.writer.atomic import fsync_dir, write_atomic
-from packer.writer.plan import BuildOptions
 from packer.writer.staging import PLAN_NAME, RECORD_DIR, STAGING_DIR
+from packer import BuildSettings, LayoutSettings, RunOptions
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,13 @@ def make_images(root: Path, count: int, seed: int = 0) -> Path:
     return root
 
 
-OPTIONS = BuildOptions(shard_size=12 << 10)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=12 << 10))
 
 
 def traced_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> tuple[list[Event], Path]:
     src, out = make_images(tmp_path / "src", 6), tmp_path / "ds"
     tracer = Tracer(monkeypatch)
-    build(src, out, OPTIONS, workers=1, progress=False, **kwargs)  # type: ignore[arg-type]
+    build(src, out, OPTIONS, RunOptions(workers=1, **kwargs))  # type: ignore[arg-type]
     return tracer.events, out
 
 
@@ -165,9 +165,9 @@ def test_build_commits_in_a_crash_consistent_order(tmp_path: Path, monkeypatch: 
 def test_resumed_and_split_builds_commit_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, out = make_images(tmp_path / "src", 6), tmp_path / "ds"
     tracer = Tracer(monkeypatch)
-    build(src, out, OPTIONS, workers=1, progress=False, plan_only=True)
-    build(src, out, OPTIONS, workers=1, progress=False, part=(0, 2))
-    build(src, out, OPTIONS, workers=1, progress=False, part=(1, 2))
+    build(src, out, OPTIONS, RunOptions(workers=1, plan_only=True))
+    build(src, out, OPTIONS, RunOptions(workers=1, part=(0, 2)))
+    build(src, out, OPTIONS, RunOptions(workers=1, part=(1, 2)))
     from packer.writer import finish
 
     finish(out, src)
@@ -176,17 +176,17 @@ def test_resumed_and_split_builds_commit_in_order(tmp_path: Path, monkeypatch: p
 
 def test_overwrite_commits_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, out = make_images(tmp_path / "src", 6), tmp_path / "ds"
-    build(src, out, OPTIONS, workers=1, progress=False)
+    build(src, out, OPTIONS, RunOptions(workers=1))
     tracer = Tracer(monkeypatch)
-    build(src, out, BuildOptions(shard_size=12 << 10, seed=1), workers=1, progress=False, overwrite=True)
+    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=1)), RunOptions(workers=1, overwrite=True))
     assert violations(tracer.events, out) == []
 
 
 def test_append_commits_in_a_crash_consistent_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ds"
-    build(make_images(tmp_path / "src", 4), out, OPTIONS, workers=1, progress=False)
+    build(make_images(tmp_path / "src", 4), out, OPTIONS, RunOptions(workers=1))
     tracer = Tracer(monkeypatch)
-    append(out, make_images(tmp_path / "more", 4, seed=1), workers=1, progress=False)
+    append(out, make_images(tmp_path / "more", 4, seed=1), run=RunOptions(workers=1))
     assert violations(tracer.events, out) == []
     names = [os.path.basename(e.path) for e in tracer.events if e.op == "replace"]
     assert names[-2:] == [fmt.MANIFEST_NAME, fmt.REPORT_NAME]

@@ -39,13 +39,14 @@ from packer.errors import (BuildError, BuildLockedError, NotAPackerFileError, Op
 from packer.verify import verify
 from packer.writer import build
 from packer.writer.pack import pack_planned_shard
-from packer.writer.plan import BuildOptions, load_plan
+from packer.writer.plan import load_plan
 from packer.writer.records import read_record, record_path
 from packer.writer.staging import PLAN_NAME, STAGING_DIR, build_lock
+from packer import BuildSettings, LayoutSettings, RunOptions
 
 from helpers import make_png_classes
 
-OPTIONS = BuildOptions(shard_size=16 << 10)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=16 << 10))
 REPO = Path(__file__).resolve().parents[2]
 #: Trial counts, printed at the end of the module (run with -s to see them).
 TRIALS: dict[str, int] = {}
@@ -93,8 +94,8 @@ def sources(tmp_path_factory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("sources")
     src_a = make_source(base / "a", seed=1)
     src_b = make_source(base / "b", seed=2)
-    build(src_a, base / "ref_a", OPTIONS, workers=1, progress=False)
-    build(src_b, base / "ref_b", OPTIONS, workers=1, progress=False)
+    build(src_a, base / "ref_a", OPTIONS, RunOptions(workers=1))
+    build(src_b, base / "ref_b", OPTIONS, RunOptions(workers=1))
     return {"a": src_a, "b": src_b, "tree_a": tree(base / "ref_a"), "tree_b": tree(base / "ref_b"),
             "samples_a": dataset_samples(base / "ref_a"), "samples_b": dataset_samples(base / "ref_b")}
 
@@ -227,7 +228,7 @@ def test_sigkill_at_every_stage_then_resume(sources, tmp_path, scenario):
     count_file = tmp_path / "counts.json"
     out = tmp_path / "out"
     prepare(out)
-    status = run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False, overwrite=overwrite),
+    status = run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1, overwrite=overwrite)),
                         count_file=count_file)
     assert status == 0
     counts = json.loads(count_file.read_text())
@@ -238,13 +239,13 @@ def test_sigkill_at_every_stage_then_resume(sources, tmp_path, scenario):
     reused_total = 0
     for point, kill_at in points:
         prepare(out)
-        status = run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False, overwrite=overwrite),
+        status = run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1, overwrite=overwrite)),
                             point=point, kill_at=kill_at)
         assert killed(status), f"{point}#{kill_at}: the child was not killed (status {status})"
         state = check_after_kill(out, allowed)
         outcomes[state] = outcomes.get(state, 0) + 1
         shards_before = _finished_shard_inodes(out)
-        result = build(src, out, OPTIONS, workers=1, progress=False, resume=True, overwrite=overwrite)
+        result = build(src, out, OPTIONS, RunOptions(workers=1, overwrite=overwrite, resume=True))
         assert result is not None and result.sample_count == 18
         after = tree(out)
         assert after == sources["tree_b"], (
@@ -297,13 +298,13 @@ def test_sigkill_during_resume_then_resume_again(sources, tmp_path):
     for first, second in [(("pack-file", 5), ("pack-file", 3)), (("rename", 6), ("renamed", 4)),
                           (("shard-record", 3), ("cleanup", 1)), (("pack-file", 12), ("rename", 9))]:
         shutil.rmtree(out, ignore_errors=True)
-        assert killed(run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False),
+        assert killed(run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1)),
                                  point=first[0], kill_at=first[1]))
-        status = run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False, resume=True),
+        status = run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1, resume=True)),
                             point=second[0], kill_at=second[1])
         assert killed(status) or status == 0
         check_after_kill(out, [sources["samples_b"]])
-        build(src, out, OPTIONS, workers=1, progress=False, resume=True, overwrite=True)
+        build(src, out, OPTIONS, RunOptions(workers=1, overwrite=True, resume=True))
         assert tree(out) == sources["tree_b"]
         trials += 1
     _count("sigkill-resume-twice", trials)
@@ -312,9 +313,9 @@ def test_sigkill_during_resume_then_resume_again(sources, tmp_path):
 def test_plain_rebuild_after_kill_starts_over_cleanly(sources, tmp_path):
     """Without --resume, a build into a killed build's folder starts over and leaves no stale file."""
     src, out = sources["b"], tmp_path / "out"
-    assert killed(run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False),
+    assert killed(run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1)),
                              point="shard-record", kill_at=4))
-    build(src, out, OPTIONS, workers=1, progress=False)
+    build(src, out, OPTIONS, RunOptions(workers=1))
     assert tree(out) == sources["tree_b"]
 
 
@@ -322,20 +323,20 @@ def test_resume_after_commit_cleans_up(sources, tmp_path):
     """Killed after the manifest landed but before cleanup: the dataset is complete; --resume (with
     or without --overwrite) only finishes the cleanup."""
     src, out = sources["b"], tmp_path / "out"
-    assert killed(run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False),
+    assert killed(run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1)),
                              point="cleanup", kill_at=1))
     assert (out / staging_module.STAGING_DIR).exists()
     assert dataset_samples(out) == sources["samples_b"]
-    build(src, out, OPTIONS, workers=1, progress=False, resume=True)
+    build(src, out, OPTIONS, RunOptions(workers=1, resume=True))
     assert tree(out) == sources["tree_b"]
 
 
 def test_resume_with_other_options_is_refused(sources, tmp_path):
     src, out = sources["b"], tmp_path / "out"
-    assert killed(run_forked(lambda: build(src, out, OPTIONS, workers=1, progress=False),
+    assert killed(run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1)),
                              point="pack-file", kill_at=6))
-    with pytest.raises(OptionError, match="different options.*shard_size: saved 16384, asked 32768"):
-        build(src, out, BuildOptions(shard_size=32 << 10), workers=1, progress=False, resume=True)
+    with pytest.raises(OptionError, match="different options.*--shard-size: saved 16384, asked 32768"):
+        build(src, out, BuildSettings(layout=LayoutSettings(shard_size=32 << 10)), RunOptions(workers=1, resume=True))
     assert not (out / fmt.MANIFEST_NAME).exists()
 
 
@@ -353,7 +354,7 @@ def test_sigkill_cli_from_outside(sources, tmp_path):
     byte-identical."""
     src = make_source(tmp_path / "src", classes=4, per_class=40, seed=3)
     reference = tmp_path / "ref"
-    build(src, reference, OPTIONS, workers=1, progress=False)
+    build(src, reference, OPTIONS, RunOptions(workers=1))
     want = tree(reference)
     want_samples = dataset_samples(reference)
     plan_file = Path(staging_module.STAGING_DIR) / staging_module.PLAN_NAME
@@ -388,7 +389,7 @@ def test_sigkill_cli_from_outside(sources, tmp_path):
         deadline = time.monotonic() + 20
         while True:  # orphaned pool workers hold the inherited lock until they notice and exit
             try:
-                build(src, out, OPTIONS, workers=2, progress=False, resume=True, overwrite=True)
+                build(src, out, OPTIONS, RunOptions(workers=2, overwrite=True, resume=True))
                 break
             except BuildLockedError:
                 assert time.monotonic() < deadline, "the lock of a killed build was never released"
@@ -464,7 +465,7 @@ def test_disk_full_injected_at_every_stage(sources, tmp_path, monkeypatch, scena
         with monkeypatch.context() as patch:
             _inject_full_disk(patch, budget)
             try:
-                build(src, out, OPTIONS, workers=1, progress=False, overwrite=scenario == "overwrite")
+                build(src, out, OPTIONS, RunOptions(workers=1, overwrite=scenario == "overwrite"))
                 outcome = "completed"
             except BuildError as exc:
                 assert "disk is full" in str(exc), exc
@@ -474,7 +475,7 @@ def test_disk_full_injected_at_every_stage(sources, tmp_path, monkeypatch, scena
             assert _stray_temps(out) == []
             state = check_after_kill(out, [sources["samples_b"], sources["samples_a"]])
             assert state == ("dataset-1" if scenario == "overwrite" else "no-dataset")
-        build(src, out, OPTIONS, workers=1, progress=False, resume=True, overwrite=True)
+        build(src, out, OPTIONS, RunOptions(workers=1, overwrite=True, resume=True))
         assert tree(out) == sources["tree_b"]
     _count(f"enospc-injected-{scenario}", len(budgets))
     assert outcomes.get("disk-full", 0) >= len(budgets) - 2
@@ -516,9 +517,9 @@ def test_disk_full_real_tmpfs(sources, tmp_path, small_tmpfs):
         open_dataset(out)
     moved = tmp_path / "moved"
     shutil.copytree(out, moved)
-    build(src, moved, OPTIONS, workers=1, progress=False, resume=True)
+    build(src, moved, OPTIONS, RunOptions(workers=1, resume=True))
     reference = tmp_path / "ref"
-    build(src, reference, OPTIONS, workers=1, progress=False)
+    build(src, reference, OPTIONS, RunOptions(workers=1))
     assert tree(moved) == tree(reference)
     _count("enospc-tmpfs", 1)
 
@@ -552,7 +553,7 @@ def test_unwritable_output_folder(sources, tmp_path):
 
 def _check_unwritable(src: Path, out: Path, parent: Path) -> None:
     with pytest.raises(BuildError, match="permission denied|not writable|read-only"):
-        build(src, out, OPTIONS, workers=1, progress=False)
+        build(src, out, OPTIONS, RunOptions(workers=1))
     done = subprocess.run([sys.executable, "-m", "packer", "build", str(src), str(out), "-q"], cwd=REPO,
                           capture_output=True, timeout=120)
     assert done.returncode == 3 and "Traceback" not in done.stderr.decode(), done.stderr.decode()
@@ -573,14 +574,14 @@ def test_existing_output_folder_read_only(sources, tmp_path):
         try:
             subprocess.run(["mount", "-o", "remount,bind,ro", str(out)], check=True, capture_output=True)
             with pytest.raises(BuildError):
-                build(sources["b"], out, OPTIONS, workers=1, progress=False, overwrite=True)
+                build(sources["b"], out, OPTIONS, RunOptions(workers=1, overwrite=True))
         finally:
             subprocess.run(["umount", "-l", str(out)], check=False)
     else:
         out.chmod(0o555)
         try:
             with pytest.raises(BuildError):
-                build(sources["b"], out, OPTIONS, workers=1, progress=False, overwrite=True)
+                build(sources["b"], out, OPTIONS, RunOptions(workers=1, overwrite=True))
         finally:
             out.chmod(0o755)
     assert tree(out) == before
@@ -604,7 +605,7 @@ def test_source_vanishes_or_changes_during_build(tmp_path, monkeypatch):
         real_run_shards(*args, **kwargs)
 
     monkeypatch.setattr(run_module, "run_shards", mutate_then_pack)
-    result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    result = build(src, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     reasons = {r.key: r.reason for r in result.rejected}
     assert reasons == {"class0/img01.png": "missing", "class1/img02.png": "changed-during-build",
                        "class2/img03.png": "changed-during-build"}
@@ -647,16 +648,19 @@ def test_source_changes_while_workers_pack(tmp_path):
 def test_unreadable_source_file_injected(tmp_path, monkeypatch):
     """Permission denied on a source file (injected: root reads anything): rejected as unreadable."""
     src = make_source(tmp_path / "src", seed=9)
-    real_open = pack_module.open_nonblocking  # the one place packing opens a source file
+    import packer.files as files_module
+
+    real_open = files_module.open_nonblocking  # the one place packing opens a source file (FolderReader)
     victim = str(src / "class1" / "img04.png")
 
     def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(file) == victim:
+        # by its path, or by its name beside a folder handle (FolderReader's way)
+        if str(file) == victim or (kwargs.get("dir_fd") is not None and str(file) == "img04.png"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(pack_module, "open_nonblocking", fake_open)
-    result = build(src, tmp_path / "out", OPTIONS, workers=1, progress=False)
+    monkeypatch.setattr(files_module, "open_nonblocking", fake_open)
+    result = build(src, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert [(r.key, r.reason) for r in result.rejected] == [("class1/img04.png", "unreadable")]
     assert result.sample_count == 17
     _count("source-unreadable-injected", 1)
@@ -708,12 +712,12 @@ def test_second_build_is_locked_out(sources, tmp_path):
     out.mkdir()
     with build_lock(out):
         with pytest.raises(BuildLockedError, match="another packer build"):
-            build(sources["b"], out, OPTIONS, workers=1, progress=False)
+            build(sources["b"], out, OPTIONS, RunOptions(workers=1))
         done = subprocess.run([sys.executable, "-m", "packer", "build", str(sources["b"]), str(out), "-q"],
                               cwd=REPO, capture_output=True, timeout=120)
         assert done.returncode == 3 and "another packer build" in done.stderr.decode()
     assert not (out / fmt.MANIFEST_NAME).exists()
-    build(sources["b"], out, OPTIONS, workers=1, progress=False)
+    build(sources["b"], out, OPTIONS, RunOptions(workers=1))
     assert tree(out) == sources["tree_b"]
 
 
@@ -727,12 +731,12 @@ def test_build_finishing_between_check_and_lock_is_not_replaced(sources, tmp_pat
     def racing_lock(path: Path, **kwargs: Any) -> Any:
         if not raced:
             raced.append(True)
-            assert run_forked(lambda: build(sources["a"], out, OPTIONS, workers=1, progress=False)) == 0
+            assert run_forked(lambda: build(sources["a"], out, OPTIONS, RunOptions(workers=1))) == 0
         return real_lock(path, **kwargs)
 
     monkeypatch.setattr(run_module, "build_lock", racing_lock)
     with pytest.raises(OutputExistsError):
-        build(sources["b"], out, OPTIONS, workers=1, progress=False)
+        build(sources["b"], out, OPTIONS, RunOptions(workers=1))
     assert tree(out) == sources["tree_a"]
 
 
@@ -765,8 +769,8 @@ def test_concurrent_cli_builds_never_mix(sources, tmp_path):
 def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path) -> None:
     """Mutant: ``read_record`` no longer compares the shard file's size with its record."""
     src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
-    options = BuildOptions(shard_size=16 << 10)
-    build(src, out, options, workers=1, part=(0, 1), progress=False)  # every shard packed, no manifest
+    options = BuildSettings(layout=LayoutSettings(shard_size=16 << 10))
+    build(src, out, options, RunOptions(workers=1, part=(0, 1)))  # every shard packed, no manifest
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
     assert plan.shard_count >= 2
     header, _ = read_record(record_path(out, 1), plan.fingerprint, out)
@@ -777,7 +781,7 @@ def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path
         handle.truncate(full_size - 4096)
     assert read_record(record_path(out, 1), plan.fingerprint, out) is None
 
-    result = build(src, out, options, workers=1, resume=True, progress=False)
+    result = build(src, out, options, RunOptions(workers=1, resume=True))
     assert result.sample_count == 10
     report = verify(out, progress=False, workers=1)
     assert report.ok, report.problems
@@ -786,7 +790,7 @@ def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path
 
 def test_a_record_of_a_truncated_shard_is_redone_by_pack(tmp_path: Path) -> None:
     src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
-    build(src, out, BuildOptions(shard_size=16 << 10), workers=1, part=(0, 1), progress=False)
+    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1, part=(0, 1)))
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
     header, _ = read_record(record_path(out, 0), plan.fingerprint, out)
     shard = out / header["path"]
@@ -823,5 +827,5 @@ def test_ctrl_c_during_a_pool_build_leaves_the_pool_threads_quiet(tmp_path, monk
     for trial in range(20):
         delay[0] = 0.004 * (trial % 5)
         with pytest.raises(KeyboardInterrupt):
-            build(src, tmp_path / f"out{trial}", BuildOptions(shard_size=16 * 1024), workers=2, progress=False)
+            build(src, tmp_path / f"out{trial}", BuildSettings(layout=LayoutSettings(shard_size=16 * 1024)), RunOptions(workers=2))
     assert thread_errors == []

@@ -46,9 +46,9 @@ import pytest
 from PIL import Image
 
 import packer
+from packer import BuildSettings, CheckSettings, LabelSettings, LayoutSettings, RunOptions, SourceSettings
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, OptionError, PackerError
-from packer.writer.plan import BuildOptions
 
 # --- the all-pairs generator -------------------------------------------------------------------------
 
@@ -337,29 +337,31 @@ def _row_id(row: dict[str, Any]) -> str:
 
 def _build(row: dict[str, Any], tmp_path: Path) -> Path:
     rows = samples(row["labels"])
-    options = BuildOptions(shard_size=16 << 10, seed=3, codec=row["codec"], label_type=row["label_type"],
-                           classes=given_classes(row["classes"], row["labels"]), normalize_formats=row["normalize"],
-                           fields=("score=float32",) if row["fields"] else ())
-    out = tmp_path / "ds"
     kind = {"csv": "manifest", "jsonl": "manifest"}.get(row["door"], row["door"])
 
-    def root(folder: Path) -> Path | None:
-        return folder / "images" if row["door"] in MANIFESTS else None
+    def settings(folder: Path) -> BuildSettings:
+        return BuildSettings(
+            source=SourceSettings(kind=kind, root=folder / "images" if row["door"] in MANIFESTS else None),
+            layout=LayoutSettings(shard_size=16 << 10, seed=3), codec=row["codec"],
+            checks=CheckSettings(normalize_formats=row["normalize"]),
+            labels=LabelSettings(classes=given_classes(row["classes"], row["labels"]), label_type=row["label_type"],
+                                 fields=("score=float32",) if row["fields"] else ()))
 
+    out = tmp_path / "ds"
+    one = RunOptions(workers=1)
     if row["mode"] == "append":
         first = write_source(tmp_path / "first", row["door"], rows[:2], row["labels"], row["fields"])
         second = write_source(tmp_path / "second", row["door"], rows[2:], row["labels"], row["fields"])
-        packer.build_dataset(first, out, options, workers=1, source_kind=kind, root=root(tmp_path / "first"))
-        packer.append_dataset(out, second, workers=1, root=root(tmp_path / "second"))
+        packer.build_dataset(first, out, settings(tmp_path / "first"), one)
+        packer.append_dataset(out, second, run=one, root=settings(tmp_path / "second").source.root)
         return out
     source = write_source(tmp_path / "src", row["door"], rows, row["labels"], row["fields"])
     if row["mode"] == "resume":
-        packer.build_dataset(source, out, options, workers=1, plan_only=True, source_kind=kind,
-                             root=root(tmp_path / "src"))
+        packer.build_dataset(source, out, settings(tmp_path / "src"), RunOptions(workers=1, plan_only=True))
         assert not (out / "manifest.json").exists()
-        packer.build_dataset(source, out, options, workers=1, resume=True, source_kind=kind, root=root(tmp_path / "src"))
+        packer.build_dataset(source, out, settings(tmp_path / "src"), RunOptions(workers=1, resume=True))
     else:
-        packer.build_dataset(source, out, options, workers=1, source_kind=kind, root=root(tmp_path / "src"))
+        packer.build_dataset(source, out, settings(tmp_path / "src"), one)
     return out
 
 

@@ -1,5 +1,5 @@
-"""The shard plan (packer/writer/plan.py): build options and their refusals, order and cuts, shard
-capacity, and the saved plan a resumed build trusts.
+"""The shard plan (packer/writer/plan.py): build settings and their refusals (packer/writer/settings.py),
+order and cuts, shard capacity, and the saved plan a resumed build trusts.
 
 Builds run with workers=1: packing then happens in this process, where mutmut sees it."""
 
@@ -18,6 +18,7 @@ from packer.dataset import open_index
 from packer.errors import BuildError, OptionError
 from packer.sources import list_source
 from packer.writer import build
+from packer.sources import LabelSettings, SourceSettings
 from packer.writer.plan import (
     DEFAULT_MAX_FILE_SIZE,
     DEFAULT_SHARD_SIZE,
@@ -27,6 +28,12 @@ from packer.writer.plan import (
     plan_shards,
     save_plan,
 )
+from packer.writer.settings import BuildSettings, CheckSettings, LayoutSettings, RunOptions
+
+
+def layout(**changes: Any) -> BuildSettings:
+    """Settings whose layout has ``changes`` (alignment, shard_size, shuffle, seed)."""
+    return BuildSettings(layout=LayoutSettings(**changes))
 
 from helpers import png_bytes, png_folder
 
@@ -34,42 +41,99 @@ from helpers import png_bytes, png_folder
 # --- build: atomic, records, commit, plan ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"alignment": 3}, "--alignment must be a power of two between 1 and 16777216, got 3"),
-    ({"alignment": 0}, "--alignment must be a power of two between 1 and 16777216, got 0"),
-    ({"alignment": 1 << 25}, "--alignment must be a power of two between 1 and 16777216, got 33554432"),
-    ({"alignment": 4096, "shard_size": 4095},
+@pytest.mark.parametrize("settings, message", [
+    (layout(alignment=3), "--alignment must be a power of two between 1 and 16777216, got 3"),
+    (layout(alignment=0), "--alignment must be a power of two between 1 and 16777216, got 0"),
+    (layout(alignment=1 << 25), "--alignment must be a power of two between 1 and 16777216, got 33554432"),
+    (layout(alignment=4096, shard_size=4095),
      "--shard-size must be at least the alignment (4096 bytes) and below 2^62, got 4095"),
-    ({"shard_size": fmt.MAX_FILE_SIZE},
+    (layout(shard_size=fmt.MAX_FILE_SIZE),
      f"--shard-size must be at least the alignment (4096 bytes) and below 2^62, got {fmt.MAX_FILE_SIZE}"),
-    ({"max_pixels": 0}, "--max-pixels must be a positive number of pixels, got 0"),
-    ({"validate": "some"}, "--validate must be 'header' or 'full', got 'some'"),
+    (layout(seed=-1), "--seed must be an integer from 0 to 2^64-1, got -1"),
+    (layout(seed=1 << 64), f"--seed must be an integer from 0 to 2^64-1, got {1 << 64}"),
+    (layout(shuffle=1), "shuffle must be True or False (--no-shuffle turns it off), got 1"),
+    (BuildSettings(checks=CheckSettings(max_pixels=0)), "--max-pixels must be a positive number of pixels, got 0"),
+    (BuildSettings(checks=CheckSettings(validate="some")), "--validate must be 'header' or 'full', got 'some'"),
+    (BuildSettings(checks=CheckSettings(normalize_formats="yes")),
+     "--normalize-formats is a flag (True or False), got 'yes'"),
+    (BuildSettings(codec=5), "--codec must be a codec spec like 'jpeg:quality=90', got 5"),
+    (BuildSettings(labels=LabelSettings(label_type="float")), "--label-type must be one of auto, int, str, got 'float'"),
+    (BuildSettings(source=SourceSettings(kind="rar")),
+     "--source-kind must be one of auto, folder, manifest, tar, zip, webdataset, parquet, coco, hf, got 'rar'"),
+    (BuildSettings(source=SourceSettings(label_field=None)), "--label-field must be a column or field name, got None"),
+    (BuildSettings(source=SourceSettings(image_column=3)), "--image-column must be a column or field name, got 3"),
+    (BuildSettings(layout=4096), "BuildSettings.layout must be a packer.LayoutSettings, got int"),
 ])
-def test_build_options_are_checked_by_name(changes: dict[str, Any], message: str) -> None:
+def test_build_settings_are_checked_by_the_option_name(settings: BuildSettings, message: str) -> None:
     with pytest.raises(OptionError) as caught:
-        BuildOptions(**changes).check()
+        settings.check()
     assert caught.value.message == message
 
 
-def test_build_options_edges_are_accepted() -> None:
-    BuildOptions(alignment=1, shard_size=1, max_pixels=1, validate="full").check()
-    BuildOptions(alignment=fmt.MAX_ALIGNMENT, shard_size=fmt.MAX_ALIGNMENT).check()
-    BuildOptions(shard_size=fmt.MAX_FILE_SIZE - 1).check()
+@pytest.mark.parametrize("run, message", [
+    (RunOptions(workers=0), "--workers must be a positive number of processes, got 0"),
+    (RunOptions(workers=True), "--workers must be a positive number of processes, got True"),
+    (RunOptions(engine="dask"), "unknown engine 'dask' (use 'local' or 'ray')"),
+    (RunOptions(on_error="ignore"), "--on-error must be 'skip' or 'fail', got 'ignore'"),
+    (RunOptions(part=(2, 2)), "--part must be K/N with 0 <= K < N, got (2, 2)"),
+    (RunOptions(resume="yes"), "--resume is a flag (True or False), got 'yes'"),
+    (RunOptions(plan_only=1), "--plan-only is a flag (True or False), got 1"),
+])
+def test_run_options_are_checked_by_the_option_name(run: RunOptions, message: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        run.check()
+    assert caught.value.message == message
+
+
+def test_run_options_take_a_part_as_text() -> None:
+    assert RunOptions(part="1/4").part == (1, 4) and RunOptions(part=[0, 2]).part == (0, 2)
+    assert RunOptions(part="1/4").split and RunOptions(plan_only=True).split and not RunOptions().split
+    with pytest.raises(OptionError, match=r"^--part 4/4: need 0 <= K < N$"):
+        RunOptions(part="4/4")
+
+
+def test_build_settings_edges_are_accepted() -> None:
+    layout(alignment=1, shard_size=1, seed=(1 << 64) - 1).check()
+    BuildSettings(checks=CheckSettings(max_pixels=1, validate="full")).check()
+    layout(alignment=fmt.MAX_ALIGNMENT, shard_size=fmt.MAX_ALIGNMENT).check()
+    layout(shard_size=fmt.MAX_FILE_SIZE - 1).check()
+    BuildSettings(source=SourceSettings(kind="python")).check()  # packer.Writer's samples: no door, no path
+    assert BuildSettings().to_json() == {
+        "source": {"kind": "auto", "root": None, "label_field": "label", "image_column": None},
+        "layout": {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True, "seed": 0},
+        "codec": "passthrough",
+        "checks": {"validate": "header", "max_pixels": CheckSettings().max_pixels, "max_file_size": DEFAULT_MAX_FILE_SIZE,
+                   "normalize_formats": False},
+        "labels": {"classes": None, "classes_origin": None, "label_type": "auto", "fields": []}}
+    assert DEFAULT_SHARD_SIZE == 512 << 20
+    with pytest.raises(OptionError, match="codec"):
+        BuildSettings(codec="nope").check()
+
+
+def test_the_flat_build_options_are_the_same_settings() -> None:
+    """BuildOptions (deprecated) moves each flat name to its group, and writes the flat record it wrote."""
+    flat = BuildOptions(alignment=512, shard_size=8192, shuffle=False, seed=3, codec="raw:size=8x8", validate="full",
+                        max_pixels=99, classes=("b", "a"), label_type="str", max_file_size=77, normalize_formats=True,
+                        fields=("score=float32",))
+    assert flat.to_settings(SourceSettings(kind="zip")) == BuildSettings(
+        source=SourceSettings(kind="zip"), layout=LayoutSettings(512, 8192, False, 3), codec="raw:size=8x8",
+        checks=CheckSettings("full", 99, 77, True),
+        labels=LabelSettings(classes=("b", "a"), label_type="str", fields=("score=float32",)))
     assert BuildOptions().to_json() == {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
                                         "seed": 0, "codec": "passthrough", "validate": "header",
                                         "max_pixels": BuildOptions().max_pixels,
                                         "max_file_size": DEFAULT_MAX_FILE_SIZE}
-    assert DEFAULT_SHARD_SIZE == 512 << 20
-    with pytest.raises(OptionError, match="codec"):
-        BuildOptions(codec="nope").check()
+    assert flat.field_specs == flat.to_settings().labels.field_specs
+    with pytest.raises(OptionError, match="^--max-pixels"):
+        BuildOptions(max_pixels=0).check()
 
 
 def test_plan_order_and_cuts(tmp_path: Path) -> None:
     listing = list_source(png_folder(tmp_path / "src", 9))
-    shuffled = make_plan(listing, BuildOptions(seed=4, shard_size=3 * 4096 + 4096))
+    shuffled = make_plan(listing, layout(seed=4, shard_size=3 * 4096 + 4096))
     assert shuffled.order.tolist() == np.random.Generator(np.random.PCG64(4)).permutation(9).tolist()
     assert shuffled.order.dtype == np.int64
-    kept = make_plan(listing, BuildOptions(shuffle=False, shard_size=3 * 4096 + 4096))
+    kept = make_plan(listing, layout(shuffle=False, shard_size=3 * 4096 + 4096))
     assert kept.order.tolist() == list(range(9)) and kept.order.dtype == np.int64
     assert kept.shard_starts.tolist() == [0, 3, 6, 9] and kept.shard_count == 3
     assert kept.shard_members(1).tolist() == [3, 4, 5]
@@ -82,20 +146,20 @@ def test_plan_order_and_cuts(tmp_path: Path) -> None:
     assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 19).tolist() == [0, 1, 2]
     assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 10).tolist() == [0, 1, 2]
     with pytest.raises(BuildError, match="^shard size 100 is smaller than the alignment 4096$"):
-        make_plan(listing, BuildOptions(shard_size=100))
+        make_plan(listing, layout(shard_size=100))
 
 
 def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:
     src = png_folder(tmp_path / "src", 7)
     (src / "stray.png").write_bytes(b"outside every class folder")
     listing = list_source(src)
-    plan = make_plan(listing, BuildOptions(seed=2, shard_size=8192), source="src", first_shard_number=5)
+    plan = make_plan(listing, layout(seed=2, shard_size=8192), source="src", first_shard_number=5)
     path = tmp_path / "plan.pkp"
     digest = save_plan(plan, path)
     assert digest == plan.fingerprint == fmt.checksum(path.read_bytes()) != 0
     loaded = load_plan(path, src)
     assert loaded.fingerprint == digest and loaded.source == "src" and loaded.first_shard_number == 5
-    assert loaded.options == plan.options and loaded.listing.kind == "folder"
+    assert loaded.settings == plan.settings and loaded.listing.kind == "folder" == loaded.settings.source.kind
     assert loaded.order.tolist() == plan.order.tolist() and loaded.order.dtype == np.int64
     assert loaded.shard_starts.tolist() == plan.shard_starts.tolist() and loaded.shard_starts.dtype == np.int64
     assert loaded.listing.classes == listing.classes and loaded.listing.root == src
@@ -134,7 +198,7 @@ def _saved_plan(tmp_path: Path, **overrides: Any) -> tuple[Path, Path]:
              for i in range(6)]
     manifest = src / "list.jsonl"
     manifest.write_text("\n".join(lines) + "\n")
-    plan = make_plan(list_source(manifest), BuildOptions(shard_size=8192))
+    plan = make_plan(list_source(manifest), layout(shard_size=8192))
     plan = replace(plan, **overrides)
     path = tmp_path / "plan.pkp"
     save_plan(plan, path)
@@ -186,10 +250,20 @@ def test_plan_header_defaults_and_unusable_headers(tmp_path: Path) -> None:
     _rewrite_header(path, lambda h: (h.pop("source"), h.pop("first_shard_number")))
     loaded = load_plan(path, src)  # a plan written before these fields existed
     assert loaded.source == "" and loaded.first_shard_number == 0
-    _rewrite_header(path, lambda h: h["options"].update(bogus=1))
+    _rewrite_header(path, lambda h: h["settings"]["layout"].update(seed="x"))
     with pytest.raises(BuildError) as caught:
         load_plan(path, src)
-    assert caught.value.message.startswith("the saved build plan is unusable (TypeError(")
+    assert caught.value.message.startswith("the saved build plan is unusable (OptionError(")
+    assert "build settings: layout.seed is 'x'" in caught.value.message
+    _rewrite_header(path, lambda h: (h["settings"]["layout"].update(seed=0), h.pop("kind")))
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message == f"the saved build plan is unusable (KeyError('kind')); delete {tmp_path} to start over"
+    _rewrite_header(path, lambda h: (h.pop("settings"), h.update(options={"seed": 1, "bogus": 1}, kind="manifest")))
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message.startswith("the saved build plan is unusable (OptionError(")
+    assert "unknown options ['bogus']" in caught.value.message
     assert caught.value.message.endswith(f"); delete {tmp_path} to start over") and caught.value.path == str(path)
     path.write_bytes(path.read_bytes()[:40])
     with pytest.raises(BuildError) as damaged:
@@ -203,7 +277,7 @@ def test_plan_header_defaults_and_unusable_headers(tmp_path: Path) -> None:
 
 def test_make_plan_edges(tmp_path: Path) -> None:
     listing = list_source(png_folder(tmp_path / "src", 3))
-    plan = make_plan(listing, BuildOptions(shard_size=4096, alignment=4096))  # shard size == alignment is allowed
+    plan = make_plan(listing, layout(shard_size=4096, alignment=4096))  # shard size == alignment is allowed
     assert plan.source == "" and plan.shard_count == 3 and plan.first_shard_number == 0
     empty = plan_shards(np.zeros(0, dtype=np.uint64), 1, 64)
     assert empty.dtype == np.int64
@@ -211,7 +285,7 @@ def test_make_plan_edges(tmp_path: Path) -> None:
     assert plan_shards(np.ones(3, dtype=np.uint64), 1, 65).tolist() == [0, 1, 2, 3]
     assert plan_shards(np.ones(3, dtype=np.uint64), 1, 66).tolist() == [0, 2, 3]
     with pytest.raises(OptionError) as caught:
-        BuildOptions(codec="nope").check()
+        BuildSettings(codec="nope").check()
     assert caught.value.message == "unknown codec 'nope'; available: jpeg, passthrough, raw, tiled"
 
 
@@ -223,11 +297,11 @@ def test_plan_consistency_edges(tmp_path: Path) -> None:
     path, src = _saved_plan(tmp_path, shard_starts=np.array([0, 3, 3, 6]))
     assert load_plan(path, src).shard_starts.tolist() == [0, 3, 3, 6]  # an empty planned shard is tolerated
     listing = list_source(png_folder(tmp_path / "src2", 2))
-    empty = make_plan(select_rows(listing, np.zeros(2, dtype=bool)), BuildOptions())
+    empty = make_plan(select_rows(listing, np.zeros(2, dtype=bool)), BuildSettings())
     assert empty.shard_starts.tolist() == [0]
     save_plan(empty, tmp_path / "empty.pkp")
     assert load_plan(tmp_path / "empty.pkp", src).shard_count == 0
-    plan = make_plan(listing, BuildOptions())
+    plan = make_plan(listing, BuildSettings())
     short_labels = replace(plan, listing=replace(plan.listing, labels=plan.listing.labels[:-1]))
     save_plan(short_labels, tmp_path / "labels.pkp")
     with pytest.raises(BuildError, match="inconsistent"):
@@ -237,29 +311,33 @@ def test_plan_consistency_edges(tmp_path: Path) -> None:
 # --- build/plan: class lists, the file-size option, what a saved plan keeps -----------------------
 
 
-def test_build_options_class_lists(tmp_path: Path) -> None:
-    assert BuildOptions(classes=["b", "a"]).classes == ("b", "a")  # from JSON: a list becomes a tuple
-    assert BuildOptions(classes="dog,cat").classes == ("dog", "cat")  # names separated by commas
+def test_label_settings_class_lists(tmp_path: Path) -> None:
+    assert LabelSettings(classes=["b", "a"]).classes == ("b", "a")  # from JSON: a list becomes a tuple
+    assert LabelSettings(classes="dog,cat").classes == ("dog", "cat")  # names separated by commas
     listed = tmp_path / "classes.txt"
     listed.write_text("zebra\n\n  ant \n")
-    assert BuildOptions(classes=listed).classes == ("zebra", "ant") == BuildOptions(classes=str(listed)).classes
-    assert BuildOptions(classes=("x",)).classes == ("x",) and BuildOptions().classes is None
-    assert BuildOptions(classes=["b", "a"]).to_json()["classes"] == ["b", "a"]
-    assert "classes" not in BuildOptions().to_json()
-    for classes, message in [([], "classes: the class list is empty"), (["a", "a"], "classes: class 'a' is listed twice"),
-                             (("a", 3), "classes: class names must be non-empty strings, got 3")]:
+    assert LabelSettings(classes=listed).classes == ("zebra", "ant") == LabelSettings(classes=str(listed)).classes
+    assert LabelSettings(classes=("x",)).classes == ("x",) and LabelSettings().classes is None
+    assert LabelSettings(classes=["b", "a"]).to_json()["classes"] == ["b", "a"]
+    assert LabelSettings().to_json()["classes"] is None and LabelSettings().to_json()["classes_origin"] is None
+    for classes, message in [([], "--classes: the class list is empty"),
+                             (["a", "a"], "--classes: class 'a' is listed twice"),
+                             (("a", 3), "--classes: class names must be non-empty strings, got 3")]:
         with pytest.raises(OptionError) as caught:
-            BuildOptions(classes=classes).check()
+            LabelSettings(classes=classes).check()
         assert caught.value.message == message
+    with pytest.raises(OptionError) as caught:  # the message names where the list came from
+        LabelSettings(classes=("a", "a"), classes_origin="--classes-from /data/train").check()
+    assert caught.value.message == "--classes-from /data/train: class 'a' is listed twice"
 
 
-def test_build_options_max_file_size_bounds() -> None:
+def test_the_max_file_size_bounds() -> None:
     for value in (0, -1, True, 1.5, fmt.MAX_FILE_SIZE):
         with pytest.raises(OptionError) as caught:
-            BuildOptions(max_file_size=value).check()
-        assert caught.value.message == f"--max-file-size must be between 1 byte and 2^62, got {value}"
+            CheckSettings(max_file_size=value).check()
+        assert caught.value.message == f"--max-file-size must be between 1 byte and 2^62, got {value!r}"
     for value in (1, 2, fmt.MAX_FILE_SIZE - 1):
-        BuildOptions(max_file_size=value).check()
+        CheckSettings(max_file_size=value).check()
 
 
 def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> None:
@@ -272,17 +350,18 @@ def test_a_saved_plan_keeps_label_type_warnings_and_stamps(tmp_path: Path) -> No
         for i in range(2):
             Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(src / split / f"{i}.png")
     listing = list_source(src)
-    plan = make_plan(listing, BuildOptions(shard_size=8192))
+    plan = make_plan(listing, layout(shard_size=8192))
     path = tmp_path / "plan.pkp"
     save_plan(plan, path)
     loaded = load_plan(path, src).listing
     assert loaded.warnings == [split_folder_warning(["train", "val"])] == listing.warnings
     assert loaded.label_type == listing.label_type
+    assert loaded.class_order == listing.class_order == "sorted"  # folder names (the build's summary says)
     assert loaded.stamps.tolist() == listing.stamps.tolist() and len(loaded.stamps) == 4
     assert loaded.stamps.dtype == np.uint64
-    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings")))  # a plan from before these fields
+    _rewrite_header(path, lambda h: (h.pop("label_type"), h.pop("warnings"), h.pop("class_order")))  # before these
     older = load_plan(path, src).listing
-    assert older.label_type == "str" and older.warnings == []
+    assert older.label_type == "str" and older.warnings == [] and older.class_order is None
 
 
 def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
@@ -296,7 +375,7 @@ def test_a_plan_without_stamps_loads_with_none(tmp_path: Path) -> None:
 
 
 def test_the_build_result_names_the_class_list(tmp_path: Path) -> None:
-    result = build(png_folder(tmp_path / "src", 4), tmp_path / "ds", BuildOptions(), workers=1, progress=False)
+    result = build(png_folder(tmp_path / "src", 4), tmp_path / "ds", BuildSettings(), RunOptions(workers=1))
     assert result.classes == ("cat", "dog") and result.sample_count == 4
 
 
@@ -307,12 +386,13 @@ def test_option_refusals_name_the_option() -> None:
     from packer.errors import OptionError
 
     with pytest.raises(OptionError) as caught:
-        BuildOptions(fields=(3,))
+        LabelSettings(fields=(3,))
     assert caught.value.message == ("a field is declared by a --field string, a FieldSpec or a declaration "
                                     "object, got 3")
     with pytest.raises(OptionError) as caught:
-        BuildOptions(normalize_formats="yes").check()
-    assert caught.value.message == "normalize_formats must be True or False, got 'yes'"
+        BuildOptions(fields=(3,))
+    assert caught.value.message == ("a field is declared by a --field string, a FieldSpec or a declaration "
+                                    "object, got 3")
 
 
 def test_a_plan_that_is_not_a_regular_file_is_refused_by_name(tmp_path: Path) -> None:
@@ -345,14 +425,15 @@ def test_a_rejected_key_that_is_not_utf8_survives_the_saved_plan(tmp_path: Path)
                 "categories": [{"id": 3, "name": "caf\u00e9"}]}
     annotations = root / "instances.json"
     annotations.write_text(json.dumps(document), "utf-8")
-    listing = list_source(annotations, SourceOptions(root=root / "images"))
+    listing = list_source(annotations, SourceOptions(source=SourceSettings(root=root / "images")))
     assert [r.key for r in listing.rejected] == ["x\udcff.jpg"]
-    plan = make_plan(listing, BuildOptions())
+    plan = make_plan(listing, BuildSettings())
     save_plan(plan, tmp_path / "plan.pkp")
     loaded = load_plan(tmp_path / "plan.pkp", root / "images")
     assert [r.to_json() for r in loaded.listing.rejected] == [r.to_json() for r in listing.rejected]
     assert loaded.listing.fields.specs == listing.fields.specs  # the category names, non-ASCII
-    result = build(annotations, tmp_path / "ds", BuildOptions(), root=root / "images", workers=1)
+    result = build(annotations, tmp_path / "ds", BuildSettings(source=SourceSettings(root=root / "images")),
+                   RunOptions(workers=1))
     assert result.sample_count == 1 and [r.key for r in result.rejected] == ["x\udcff.jpg"]
     lines = (tmp_path / "ds" / fmt.REPORT_NAME).read_bytes().split(b"\n")
     assert len(lines) == 3 and lines[1].startswith(b'{"key": "x\xff.jpg", "message": "annotation 7: ')
@@ -382,7 +463,7 @@ def test_built_shards_are_at_most_the_shard_size(tmp_path: Path) -> None:
     for i in range(8):  # stored images of exactly 4 KiB: four of them fill 16 KiB of payload
         (src / "x" / f"{i}.png").write_bytes(_png_of_size(4096, seed=i))
     out = tmp_path / "ds"
-    build(src, out, BuildOptions(shard_size=16 << 10), workers=1, progress=False)
+    build(src, out, layout(shard_size=16 << 10), RunOptions(workers=1))
     with open_index(out) as index:
         sizes = [s.size for s in index.manifest.shards]
     assert sizes and max(sizes) <= 16 << 10, sizes

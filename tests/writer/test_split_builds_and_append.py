@@ -19,13 +19,14 @@ from packer.dataset import open_dataset
 from packer.errors import BuildError, OptionError
 from packer.writer import build, finish
 from packer.writer.append import append
-from packer.writer.plan import BuildOptions, make_plan
+from packer.writer.plan import make_plan
+from packer import BuildSettings, CheckSettings, LabelSettings, LayoutSettings, RunOptions
 
 from helpers import dataset_files, png_bytes, write_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-OPTIONS = BuildOptions(shard_size=12 << 10, seed=5)
+OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=5))
 
 
 @pytest.fixture
@@ -37,10 +38,10 @@ def source(tmp_path: Path) -> Path:
 
 
 def test_parts_then_finish_equal_a_single_build(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "single", OPTIONS, workers=1, progress=False)
+    build(source, tmp_path / "single", OPTIONS, RunOptions(workers=1))
     split = tmp_path / "split"
     for k in (2, 0, 1):  # any order, any machine
-        assert build(source, split, OPTIONS, part=(k, 3), workers=1, progress=False) is None
+        assert build(source, split, OPTIONS, RunOptions(workers=1, part=(k, 3))) is None
         assert not (split / "manifest.json").exists()  # a part never makes a dataset
     result = finish(split, source)
     assert result.sample_count == 22
@@ -49,7 +50,7 @@ def test_parts_then_finish_equal_a_single_build(source: Path, tmp_path: Path) ->
 
 def test_finish_names_missing_parts(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "split"
-    build(source, out, OPTIONS, part=(0, 2), workers=1, progress=False)
+    build(source, out, OPTIONS, RunOptions(workers=1, part=(0, 2)))
     with pytest.raises(BuildError, match="not packed yet"):
         finish(out, source)
     assert not (out / "manifest.json").exists()
@@ -57,14 +58,14 @@ def test_finish_names_missing_parts(source: Path, tmp_path: Path) -> None:
 
 def test_parts_with_different_options_or_inputs_are_refused(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "split"
-    build(source, out, OPTIONS, part=(0, 2), workers=1, progress=False)
+    build(source, out, OPTIONS, RunOptions(workers=1, part=(0, 2)))
     with pytest.raises(OptionError, match="different options") as caught:
-        build(source, out, BuildOptions(shard_size=12 << 10, seed=6), part=(1, 2), workers=1, progress=False)
+        build(source, out, BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=6)), RunOptions(workers=1, part=(1, 2)))
     assert "seed: saved" in caught.value.message and "--resume" not in caught.value.message
     other = tmp_path / "other"
     write_images(other, {"a": 8, "b": 8, "c": 6}, size=40)
     with pytest.raises(BuildError, match="different source"):
-        build(other, out, OPTIONS, part=(1, 2), workers=1, progress=False)
+        build(other, out, OPTIONS, RunOptions(workers=1, part=(1, 2)))
 
 
 def test_cli_part_and_finish(source: Path, tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ def test_cli_part_and_finish(source: Path, tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["build", str(source), str(out), "--finish", "-q"])
     assert result.exit_code == 0, result.output
-    build(source, tmp_path / "single", OPTIONS, workers=1, progress=False)
+    build(source, tmp_path / "single", OPTIONS, RunOptions(workers=1))
     assert dataset_files(out) == dataset_files(tmp_path / "single")
     bad = runner.invoke(cli, ["build", str(source), str(out), "--part", "3/2"])
     assert bad.exit_code == 2 and "0 <= K < N" in bad.output
@@ -87,10 +88,10 @@ def test_cli_part_and_finish(source: Path, tmp_path: Path) -> None:
 def test_ray_engine_equals_local_pool(source: Path, tmp_path: Path) -> None:
     import ray
 
-    build(source, tmp_path / "local", OPTIONS, workers=2, progress=False)
+    build(source, tmp_path / "local", OPTIONS, RunOptions(workers=2))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        build(source, tmp_path / "ray", OPTIONS, engine="ray", progress=False)
+        build(source, tmp_path / "ray", OPTIONS, RunOptions(engine="ray"))
     finally:
         ray.shutdown()
     assert dataset_files(tmp_path / "ray") == dataset_files(tmp_path / "local")
@@ -98,7 +99,7 @@ def test_ray_engine_equals_local_pool(source: Path, tmp_path: Path) -> None:
 
 def test_append_adds_shards_and_keeps_old_readers_working(source: Path, tmp_path: Path) -> None:
     ds_path = tmp_path / "ds"
-    build(source, ds_path, OPTIONS, workers=1, progress=False)
+    build(source, ds_path, OPTIONS, RunOptions(workers=1))
     before = {p.name: p.read_bytes() for p in (ds_path / "shards").iterdir()}
     old = open_dataset(ds_path)
     old_bytes = [old.read(i) for i in range(len(old))]
@@ -107,7 +108,7 @@ def test_append_adds_shards_and_keeps_old_readers_working(source: Path, tmp_path
     for path in sorted((new / "b").iterdir()):
         path.rename(path.with_name("new-" + path.name))
     shutil.copy(source / "a" / "000.jpg", new / "b" / "000.jpg")  # same key as an existing sample
-    result = append(ds_path, new, workers=1, progress=False)
+    result = append(ds_path, new, run=RunOptions(workers=1))
     assert result.sample_count == 22 + 7
     assert [r.reason for r in result.rejected] == ["duplicate-entry"]
     ds = open_dataset(ds_path, verify_checksums=True)
@@ -130,7 +131,7 @@ def test_plan_of_a_million_entries_is_fast_and_small() -> None:
 
     listing = bench_plan.synthetic_listing(1_000_000)
     tracemalloc.start()
-    plan = make_plan(listing, BuildOptions())
+    plan = make_plan(listing, BuildSettings())
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert plan.shard_starts[-1] == 1_000_000 and np.all(np.diff(plan.shard_starts) > 0)
@@ -141,12 +142,12 @@ def test_plan_of_a_million_entries_is_fast_and_small() -> None:
 
 def test_plan_only_then_parts(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "split"
-    assert build(source, out, OPTIONS, plan_only=True, progress=False) is None
+    assert build(source, out, OPTIONS, RunOptions(plan_only=True)) is None
     assert (out / ".packer-build" / "plan.pkp").is_file() and not (out / "shards").exists()
     for k in range(2):
-        build(source, out, OPTIONS, part=(k, 2), workers=1, progress=False)
+        build(source, out, OPTIONS, RunOptions(workers=1, part=(k, 2)))
     finish(out, source)
-    build(source, tmp_path / "single", OPTIONS, workers=1, progress=False)
+    build(source, tmp_path / "single", OPTIONS, RunOptions(workers=1))
     assert dataset_files(out) == dataset_files(tmp_path / "single")
 
 
@@ -157,7 +158,7 @@ def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: 
     from packer.errors import OutputExistsError
 
     ds_path = tmp_path / "ds"
-    build(source, ds_path, OPTIONS, workers=1, progress=False)
+    build(source, ds_path, OPTIONS, RunOptions(workers=1))
     before = {p.name for p in (ds_path / "shards").iterdir()}
     new = tmp_path / "new"
     write_images(new, {"zebra": 4}, seed=4)
@@ -167,7 +168,7 @@ def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: 
 
     monkeypatch.setattr(append_module, "commit_dataset", broken_commit)
     with pytest.raises(OSError):
-        append(ds_path, new, workers=1, progress=False)
+        append(ds_path, new, run=RunOptions(workers=1))
     assert not (ds_path / STAGING_DIR).exists()  # no plan left behind for --finish/--resume
     assert {p.name for p in (ds_path / "shards").iterdir()} == before  # its new shards are gone
     assert len(open_dataset(ds_path, verify_checksums=True)) == 22
@@ -185,20 +186,21 @@ def test_a_failed_append_cleans_up_and_can_never_be_finished_as_a_build(source: 
     with pytest.raises(BuildError, match="interrupted `packer append`"):
         finish(ds_path, new, overwrite=True)
     with pytest.raises(BuildError, match="interrupted `packer append`"):
-        build(new, ds_path, OPTIONS, resume=True, workers=1, progress=False)
+        build(new, ds_path, OPTIONS, RunOptions(workers=1, resume=True))
     assert len(open_dataset(ds_path, verify_checksums=True)) == 22
 
 
 def test_generations_are_numbered_one_by_one(source: Path, tmp_path: Path) -> None:
     ds_path = tmp_path / "ds"
-    build(source, ds_path, OPTIONS, workers=1, progress=False)
+    build(source, ds_path, OPTIONS, RunOptions(workers=1))
     for n in range(2):
         new = tmp_path / f"new{n}"
         write_images(new, {f"extra{n}": 2}, seed=10 + n)
-        append(ds_path, new, workers=1, progress=False)
+        append(ds_path, new, run=RunOptions(workers=1))
     history = open_dataset(ds_path).manifest.history
     assert [h["generation"] for h in history] == [0, 1, 2]
-    assert [h["options"]["seed"] for h in history[1:]] == [OPTIONS.seed + 1, OPTIONS.seed + 2]
+    assert [h["settings"]["layout"]["seed"] for h in history[1:]] == [OPTIONS.layout.seed + 1, OPTIONS.layout.seed + 2]
+    assert history[0]["settings"] == open_dataset(ds_path).manifest.build["settings"]
 
 
 # --- commit: the build report ---------------------------------------------------------------------
@@ -213,7 +215,7 @@ def test_append_refuses_a_source_with_declared_fields(tmp_path: Path) -> None:
     (tmp_path / "src" / "1.png").write_bytes(png_bytes(1))
     (tmp_path / "src" / "list.jsonl").write_text(json.dumps({"path": "1.png", "label": -1}) + "\n")
     out = tmp_path / "ds"
-    build(tmp_path / "src" / "list.jsonl", out, BuildOptions(), workers=1)
+    build(tmp_path / "src" / "list.jsonl", out, BuildSettings(), RunOptions(workers=1))
     before = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     (tmp_path / "coco").mkdir()
     (tmp_path / "coco" / "x.png").write_bytes(png_bytes(2))
@@ -221,17 +223,18 @@ def test_append_refuses_a_source_with_declared_fields(tmp_path: Path) -> None:
         {"images": [{"id": 1, "file_name": "x.png", "width": 14, "height": 10}], "annotations": [],
          "categories": [{"id": 1, "name": "c"}]}))
     with pytest.raises(BuildError) as caught:
-        append(out, tmp_path / "coco" / "instances.json", workers=1)
+        append(out, tmp_path / "coco" / "instances.json", run=RunOptions(workers=1))
     assert caught.value.message == "append does not support datasets with declared fields yet"
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_append_keeps_the_recorded_normalize_formats_and_label_type(tmp_path: Path) -> None:
-    """options_from_manifest read only the options to_json() writes at their defaults' absence:
-    an append to a --normalize-formats build stored a TIFF verbatim, and one to a --label-type str
-    build read '0'/'1' labels as integers (found by tests/writer/test_options_crossed.py)."""
+    """settings_from_manifest (then options_from_manifest) read only the options to_json() wrote at
+    their defaults' absence: an append to a --normalize-formats build stored a TIFF verbatim, and
+    one to a --label-type str build read '0'/'1' labels as integers (found by
+    tests/writer/test_options_crossed.py)."""
     from packer.dataset import open_dataset
-    from packer.writer.append import options_from_manifest
+    from packer.writer.append import settings_from_manifest
 
     def source(root: Path, seed: int) -> Path:
         (root / "img").mkdir(parents=True)
@@ -239,12 +242,11 @@ def test_append_keeps_the_recorded_normalize_formats_and_label_type(tmp_path: Pa
         (root / "rows.csv").write_text(f"path,label\nimg/{seed}.tif,{seed % 2}\n")
         return root / "rows.csv"
 
-    build(source(tmp_path / "a", 0), tmp_path / "ds", BuildOptions(normalize_formats=True, label_type="str"),
-          workers=1, progress=False)
+    build(source(tmp_path / "a", 0), tmp_path / "ds", BuildSettings(checks=CheckSettings(normalize_formats=True), labels=LabelSettings(label_type="str")), RunOptions(workers=1))
     with open_dataset(tmp_path / "ds") as ds:
-        options = options_from_manifest(ds.manifest)
-    assert options.normalize_formats is True and options.label_type == "str"
-    append(tmp_path / "ds", source(tmp_path / "b", 1), workers=1)
+        settings = settings_from_manifest(ds.manifest)
+    assert settings.checks.normalize_formats is True and settings.labels.label_type == "str"
+    append(tmp_path / "ds", source(tmp_path / "b", 1), run=RunOptions(workers=1))
     with open_dataset(tmp_path / "ds") as ds:
         assert ds.classes == ("0", "1") and ds.labels.tolist() == [0, 1]
         assert all(ds.read(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in range(len(ds)))

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from ...machine import available_cpus
 from ..plan import BuildPlan, load_plan
 
-__all__ = ["run_local"]
+__all__ = ["run_local", "map_local", "check_spawnable"]
 
 _state: dict[str, Any] = {}
 
@@ -96,9 +97,44 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
     progress_queue = context.Queue()
     plan_path = str(out / STAGING_DIR / PLAN_NAME)
     tasks = sum(segments.values())
-    with ProcessPoolExecutor(max_workers=min(workers, tasks), mp_context=context,
-                             initializer=_init_worker,
-                             initargs=(plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid())) as pool:
+    calls = [(_pack_in_worker, (shard, fail_on_reject)) if segments[shard] == 1
+             else (_segment_in_worker, (shard, k, segments[shard], fail_on_reject))
+             for shard in todo for k in range(segments[shard])]
+    finished: dict[int, list[Any]] = {}  # shard -> its packed segments, until all are in
+
+    def done(result: Any) -> None:
+        if isinstance(result, int):
+            return
+        parts = finished.setdefault(result.shard, [])
+        parts.append(result)
+        if len(parts) == segments[result.shard]:
+            assemble_shard(plan, out, result.shard, parts)
+
+    def failed() -> None:
+        # Segments of shards that will not be assembled, whoever wrote them (finished,
+        # finished in the same wait, or still running at shutdown): this run owns these shards.
+        temp_dir = out / STAGING_DIR / TEMP_DIR
+        for shard, count in segments.items():
+            if count > 1:
+                for path in temp_dir.glob(f"shard-{shard:05d}.seg-*.partial"):
+                    path.unlink(missing_ok=True)
+
+    _run_pool(context, min(workers, tasks), _init_worker,
+              (plan_path, str(plan.listing.root), str(out), progress_queue, os.getpid()), calls,
+              progress_queue=progress_queue, progress=progress, on_result=done, on_failure=failed)
+
+
+def _run_pool(context: Any, workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...],
+              calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], *, progress_queue: Any,
+              progress: Callable[[int, int], None], on_result: Callable[[Any], None],
+              on_failure: Callable[[], None] = lambda: None) -> None:
+    """Run ``calls`` (function, arguments) over a pool of ``workers`` forked processes, each set up
+    by ``initializer(*initargs)``; ``on_result`` gets each result in this process, in the order
+    they finish; the workers' ``(files, bytes)`` progress reaches ``progress`` through
+    ``progress_queue``. A worker's error (or Ctrl-C) stops the pool, runs ``on_failure`` and is
+    raised here."""
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=initializer,
+                             initargs=initargs) as pool:
         pending: set[Future[Any]] = set()
         # The first submit forks the workers: with SIGINT blocked meanwhile, a Ctrl-C cannot reach
         # a worker before its initializer ignores it (it would print its own traceback). The
@@ -116,18 +152,13 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
         if blocked:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            for shard in todo:
-                if segments[shard] == 1:
-                    pending.add(pool.submit(_pack_in_worker, shard, fail_on_reject))
-                else:
-                    pending.update(pool.submit(_segment_in_worker, shard, k, segments[shard], fail_on_reject)
-                                   for k in range(segments[shard]))
+            for function, arguments in calls:
+                pending.add(pool.submit(function, *arguments))
         finally:
             if blocked:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             if record:
                 signal.signal(signal.SIGINT, previous)
-        finished: dict[int, list[Any]] = {}  # shard -> its packed segments, until all are in
         try:
             if interrupted:
                 raise KeyboardInterrupt
@@ -135,17 +166,11 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
                 _drain(progress_queue, progress)
                 for future in done:
-                    result = future.result()  # re-raises a worker's error here
-                    if isinstance(result, int):
-                        continue
-                    parts = finished.setdefault(result.shard, [])
-                    parts.append(result)
-                    if len(parts) == segments[result.shard]:
-                        assemble_shard(plan, out, result.shard, parts)
+                    on_result(future.result())  # re-raises a worker's error here
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
-                # Workers ignore SIGINT: stop them now rather than wait for their current shard
-                # (their temp files are removed below or by the next --resume). The pool is then
+                # Workers ignore SIGINT: stop them now rather than wait for their current task
+                # (their temp files are removed by on_failure or by the next --resume). The pool is then
                 # broken and its manager thread fails every pending future itself; cancelling
                 # them first makes that thread (Python 3.11's terminate_broken) die with
                 # InvalidStateError and print a traceback above the one-line message.
@@ -156,16 +181,74 @@ def run_local(plan: BuildPlan, out: Path, shard_ids: list[int], *, workers: int 
                 for future in pending:
                     future.cancel()
                 pool.shutdown(wait=True, cancel_futures=True)
-            # Segments of shards that will not be assembled, whoever wrote them (finished,
-            # finished in the same wait, or still running at shutdown): this run owns these shards.
-            temp_dir = out / STAGING_DIR / TEMP_DIR
-            for shard, count in segments.items():
-                if count > 1:
-                    for path in temp_dir.glob(f"shard-{shard:05d}.seg-*.partial"):
-                        path.unlink(missing_ok=True)
+            on_failure()
             raise
         finally:
             _drain(progress_queue, progress)
+
+
+# --- any work over the same pool: packer.pack's chunks --------------------------------------------------
+
+def _init_map_worker(state: Any, progress_queue: Any, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _exit_with_parent(parent_pid)
+    # Forked: ``state`` (a user's function and inputs) is inherited, never pickled.
+    _state["map"] = state
+    _state["queue"] = progress_queue
+
+
+def _map_in_worker(function: Callable[..., Any], argument: Any) -> Any:
+    progress_queue = _state["queue"]
+    return function(_state["map"], argument, lambda files, nbytes: progress_queue.put((files, nbytes)))
+
+
+def map_local(function: Callable[[Any, Any, Callable[[int, int], None]], Any], arguments: list[Any], *, state: Any,
+              workers: int | None, progress: Callable[[int, int], None],
+              on_result: Callable[[Any], None] = lambda result: None) -> None:
+    """``function(state, argument, progress)`` for every argument, over the build's process pool
+    (in this process when one worker is asked). ``function`` and the arguments cross the process
+    boundary (module-level, small); ``state`` is inherited by the forked workers, so it may hold
+    anything (a lambda, a function defined in ``__main__``, a Dataset object).
+
+    Raises:
+        OptionError: where workers are spawned rather than forked (not POSIX) and ``state``
+            cannot be sent to them.
+    """
+    workers = available_cpus() if workers is None else max(1, workers)
+    if workers == 1 or len(arguments) <= 1:
+        for argument in arguments:
+            on_result(function(state, argument, progress))
+        return
+    if os.name != "posix":  # spawned workers import what they run: refuse what they could not
+        check_spawnable(state)
+    context = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
+    progress_queue = context.Queue()
+    _run_pool(context, min(workers, len(arguments)), _init_map_worker, (state, progress_queue, os.getpid()),
+              [(_map_in_worker, (function, argument)) for argument in arguments],
+              progress_queue=progress_queue, progress=progress, on_result=on_result)
+
+
+def check_spawnable(state: Any) -> None:
+    """Refuse a function that a spawned worker could not import (a lambda, a nested function, one
+    defined in ``__main__`` of an interactive session).
+
+    Raises:
+        OptionError: naming the function and what to do.
+    """
+    from ...errors import OptionError
+
+    function = getattr(state, "fn", None)
+    if function is None:
+        return
+    name = getattr(function, "__qualname__", repr(function))
+    module = getattr(function, "__module__", "")
+    if "<lambda>" in name or "<locals>" in name or (module == "__main__" and not hasattr(
+            sys.modules.get("__main__"), "__file__")):
+        raise OptionError(f"fn {name!r} cannot reach spawned worker processes (it is a lambda, a nested "
+                          f"function or defined interactively): define it at the top level of a module, or "
+                          f"use workers=1")
 
 
 def _drain(progress_queue: Any, progress: Callable[[int, int], None]) -> None:

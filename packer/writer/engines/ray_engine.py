@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ...errors import MissingDependencyError
 from ..plan import BuildPlan
 
-__all__ = ["run_with_ray", "require_ray"]
+__all__ = ["run_with_ray", "require_ray", "map_with_ray"]
 
 _plans: dict[tuple[str, int], BuildPlan] = {}
 
@@ -90,6 +90,49 @@ def run_with_ray(plan: BuildPlan, out: Path, shard_ids: list[int], *, address: s
         cause = getattr(exc, "cause", None)
         if cause is not None and isinstance(cause, Exception):
             raise cause from None  # surface the PackerError a task raised, not Ray's wrapper
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _map_remote(function: Callable[..., Any], state: Any, argument: Any) -> tuple[Any, int, int]:
+    """Body of one Ray task of ``map_with_ray``: the result, and the progress it made."""
+    counts = [0, 0]
+
+    def tally(files: int, nbytes: int) -> None:
+        counts[0] += files
+        counts[1] += nbytes
+
+    result = function(state, argument, tally)
+    return result, counts[0], counts[1]
+
+
+def map_with_ray(function: Callable[[Any, Any, Callable[[int, int], None]], Any], arguments: list[Any], *,
+                 state: Any, address: str | None, progress: Callable[[int, int], None],
+                 on_result: Callable[[Any], None] = lambda result: None, max_retries: int = 3) -> None:
+    """``function(state, argument, progress)`` for every argument as Ray tasks (``packer.pack``'s
+    chunks); ``state`` is put in the object store once (Ray pickles it with cloudpickle, so a
+    lambda or a function defined in ``__main__`` travels by value). A task whose worker died is
+    retried: ``function`` must redo its work from scratch, as a build's shard task does."""
+    ray = require_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(max_retries=max_retries, retry_exceptions=False)(_map_remote)
+        state_ref = ray.put(state)
+        pending = [task.remote(function, state_ref, argument) for argument in arguments]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in done:
+                result, files, nbytes = ray.get(ref)  # re-raises the task's error (as a RayTaskError)
+                progress(files, nbytes)
+                on_result(result)
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if cause is not None and isinstance(cause, Exception):
+            raise cause from None  # the PackerError a task raised, not Ray's wrapper
         raise
     finally:
         if started_here:
