@@ -197,12 +197,13 @@ def loader_torchvision(images_dir: Path, instances: Path, workers: int, batch: i
 
 
 def loader_packer(packed: Path, workers: int, batch: int) -> Any:
+    from packer import ReadOrder
     from packer.torch import PackedBatchSampler, PackedDataLoader, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
 
     dataset = PackedDataset(packed, fields=("image", "boxes", "labels"), decode=RandomResizedCrop(SIZE),
                             geometry={"boxes": "xyxy", "labels": "per-box"}, layout="HWC")
-    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
+    sampler = PackedBatchSampler(dataset, batch_size=batch, order=ReadOrder("random", seed=0))
     return PackedDataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
                             persistent_workers=workers > 0)
 

@@ -172,6 +172,7 @@ def measure(kind: str, path: str, num_samples: int, *, workers: int, iterate: in
     import torch
     import torch.utils.data as data
 
+    from packer import ReadOrder
     from packer.torch import PackedDataset, PackedIterableDataset, collate
 
     positions = visit_positions(num_samples, iterate)
@@ -181,7 +182,7 @@ def measure(kind: str, path: str, num_samples: int, *, workers: int, iterate: in
         loader = data.DataLoader(dataset, sampler=positions, batch_size=batch_size, num_workers=workers,
                                  collate_fn=collate, persistent_workers=True, worker_init_fn=init)
     elif kind == "packer-iterable":
-        dataset = PackedIterableDataset(path, batch_size=batch_size, order="random", seed=0)
+        dataset = PackedIterableDataset(path, batch_size=batch_size, order=ReadOrder("random", seed=0))
         loader = data.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
                                  worker_init_fn=init)
     elif kind == "imagefolder":

@@ -110,10 +110,11 @@ def ensure_packed(src: Path, out: Path, count: int, workers: int, codec: str = "
 def loader_packer_map(packed: Path, workers: int, batch: int, backend: str = "mmap") -> Any:
     from torch.utils.data import DataLoader
 
+    from packer import ReadOrder
     from packer.torch import PackedBatchSampler, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
     dataset = PackedDataset(packed, decode=RandomResizedCrop(224), backend=backend)
-    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
+    sampler = PackedBatchSampler(dataset, batch_size=batch, order=ReadOrder("random", seed=0))
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
                       persistent_workers=workers > 0)
 
@@ -121,9 +122,10 @@ def loader_packer_map(packed: Path, workers: int, batch: int, backend: str = "mm
 def loader_packer_iterable(packed: Path, workers: int, batch: int) -> Any:
     from torch.utils.data import DataLoader
 
+    from packer import ReadOrder
     from packer.torch import PackedIterableDataset
     from packer.transforms import RandomResizedCrop
-    dataset = PackedIterableDataset(packed, batch_size=batch, order="block", seed=0,
+    dataset = PackedIterableDataset(packed, batch_size=batch, order=ReadOrder("block", seed=0),
                                     decode=RandomResizedCrop(224))
     return DataLoader(dataset, batch_size=None, num_workers=workers,
                       persistent_workers=workers > 0)
@@ -131,10 +133,11 @@ def loader_packer_iterable(packed: Path, workers: int, batch: int) -> Any:
 
 def loader_packer_threaded(packed: Path, threads: int, batch: int, size: int, *, seed: int | None = 0) -> Any:
     """``ThreadedLoader``, NCHW like the others; ``seed`` for the crops as the DataLoader row beside it has."""
+    from packer import ReadOrder
     from packer.threaded import ThreadedLoader
     from packer.transforms import RandomResizedCrop
 
-    return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
+    return ThreadedLoader(packed, batch_size=batch, order=ReadOrder("random", seed=0), threads=threads,
                           decode=RandomResizedCrop(size, seed=seed), layout="CHW")
 
 
@@ -152,10 +155,11 @@ def loader_packer_plain(packed: Path, workers: int, batch: int, size: int) -> An
 def loader_packer_iterable_small(packed: Path, workers: int, batch: int, size: int) -> Any:
     from torch.utils.data import DataLoader
 
+    from packer import ReadOrder
     from packer.torch import PackedIterableDataset
     from packer.transforms import RandomResizedCrop
 
-    dataset = PackedIterableDataset(packed, batch_size=batch, order="random", seed=0,
+    dataset = PackedIterableDataset(packed, batch_size=batch, order=ReadOrder("random", seed=0),
                                     decode=RandomResizedCrop(size, seed=0))
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
 

@@ -77,9 +77,10 @@ def warm(folder: Path) -> None:
 # --- loaders (ImageFolder and packer's default wiring: peers_common) -------------------------------
 
 def loader_threaded(packed: Path, threads: int, batch: int, size: int, *, decode: Any = None) -> Any:
+    from packer import ReadOrder
     from packer.threaded import ThreadedLoader
     from packer.transforms import RandomResizedCrop
-    return ThreadedLoader(packed, batch_size=batch, order="random", seed=0, threads=threads,
+    return ThreadedLoader(packed, batch_size=batch, order=ReadOrder("random", seed=0), threads=threads,
                           decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
 
 

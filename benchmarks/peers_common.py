@@ -267,10 +267,11 @@ def loader_packer_default(packed: Path, workers: int, batch: int, size: int, *, 
     ``PackedBatchSampler`` + ``collate`` in a DataLoader (``decode`` replaces the crop)."""
     from torch.utils.data import DataLoader
 
+    from packer import ReadOrder
     from packer.torch import PackedBatchSampler, PackedDataset, collate
     from packer.transforms import RandomResizedCrop
     dataset = PackedDataset(packed, decode=RandomResizedCrop(size, seed=0) if decode is None else decode)
-    sampler = PackedBatchSampler(dataset, batch_size=batch, order="random", seed=0)
+    sampler = PackedBatchSampler(dataset, batch_size=batch, order=ReadOrder("random", seed=0))
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
                       persistent_workers=workers > 0)
 

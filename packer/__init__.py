@@ -10,7 +10,7 @@ from .errors import *  # noqa: F401,F403  (the error classes are part of the pub
 from .errors import __all__ as _error_names
 
 __all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset",
-           "find_duplicates", "Writer", "pack",
+           "ReadOrder", "find_duplicates", "Writer", "pack",
            "BuildSettings", "SourceSettings", "LayoutSettings", "CheckSettings", "LabelSettings", "RunOptions",
            *_error_names]
 
@@ -34,6 +34,9 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
     if name == "verify_dataset":
         from .verify import verify
         return verify
+    if name == "ReadOrder":  # which samples come in which order for whom: every reader's order= value
+        from .order import ReadOrder
+        return ReadOrder
     if name == "Writer":
         from .writer.python_writer import Writer
         return Writer

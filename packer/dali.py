@@ -23,11 +23,13 @@ bytes, or ``(H, W, C)`` pixels for a ``raw``-codec dataset) and ``label`` a 0-d 
     (``parallel=False, cycle="raise"``: each ``iter()`` starts the next epoch). The last batch
     of an epoch may be short (the same size on every shard) unless ``drop_last=True``.
 
-Order and sharding are ``packer.order``'s (the same as ``packer.torch``): ``order`` is
-``"random"`` (default), ``"block"`` or ``"sequential"``; orders are functions of
-``(seed, epoch)``; shard ``shard_id`` of ``num_shards`` gets its rank's share of each global step
-and every shard gets the same number of batches. To resume, pass ``first_epoch`` and
-``consumed`` (the global position within ``first_epoch``, from ``packer.order``'s state).
+Order and sharding are ``packer.order``'s (the same as ``packer.torch``): ``order`` is a
+``packer.ReadOrder`` (or a kind string: ``"random"``, the default, ``"block"`` or
+``"sequential"``); orders are functions of ``(seed, epoch)``; the pipeline of rank ``rank`` of
+``world_size`` (DALI's ``shard_id`` of ``num_shards``; default from ``torch.distributed`` when
+initialised, else 0 of 1) gets its rank's share of each global step and every shard gets the
+same number of batches. To resume, pass ``first_epoch`` and ``consumed`` (the global position
+within ``first_epoch``, from ``packer.order``'s state), or ``load_state_dict`` a saved state.
 
 Declared fields (formats/SPEC.md §14): ``fields=("image", "boxes", "mask")`` makes the sources
 emit one output per name, in that order, instead of ``(data, label)``. Names are ``"image"``
@@ -86,11 +88,12 @@ Example: a GPU training pipeline (PyTorch)::
 
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    from packer import ReadOrder
     from packer.dali import PackedSampleSource
 
     BATCH = 256
-    source = PackedSampleSource("/data/imagenet-packed", batch_size=BATCH, shard_id=rank,
-                                num_shards=world_size, seed=0, drop_last=True)
+    source = PackedSampleSource("/data/imagenet-packed", batch_size=BATCH,
+                                order=ReadOrder("random", seed=0, drop_last=True, rank=rank, world_size=world_size))
 
     @pipeline_def(batch_size=BATCH, num_threads=8, device_id=local_rank,
                   py_num_workers=8, py_start_method="spawn")
@@ -125,14 +128,22 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import DatasetChangedError, DecodeError, OptionError
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, EpochCursor, RankPlan, ReadOrder, check_epoch, index_blocks
+from .fields import READ_FIELDS
+from .order import ORDER_KEYWORDS, EpochCursor, IndexSpace, RankPlan, ReadOrder, check_epoch, read_order_from
 
 __all__ = ["PackedSampleSource", "PackedBatchSource", "PackedBatchIterator", "BUILTIN_OUTPUTS", "FIELD_IMAGES"]
 
-#: Output names every dataset has (``fields=``), beside its declared fields.
-BUILTIN_OUTPUTS = ("image", "label", "index", "key")
+#: Output names every dataset has (``fields=``), beside its declared fields: every reader's built-in
+#: names (``packer.fields.READ_FIELDS``) but ``metadata``, a JSON object DALI has no type for.
+BUILTIN_OUTPUTS = tuple(name for name in READ_FIELDS if name != "metadata")
 #: How image fields are emitted: their stored bytes, or decoded on the CPU keeping their values.
 FIELD_IMAGES = ("encoded", "decoded")
+#: The sources' order when none is given.
+DEFAULT_ORDER = ReadOrder("random")
+#: The sources' old order keywords (DALI's names for the rank and world size among them), and
+#: the share a call with old keywords read when it left those two out.
+_SOURCE_KEYWORDS = {**ORDER_KEYWORDS, "shard_id": "rank", "num_shards": "world_size"}
+_SOURCE_OLD_SHARE = {"shard_id": 0, "num_shards": 1}
 
 
 def _check_outputs(fields: Any, specs: Any, return_index: bool, field_images: str, *, path: Any) -> tuple[str, ...]:
@@ -202,20 +213,18 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
 class _PackedSource:
     """Settings, the per-process dataset and the per-epoch plan shared by both sources."""
 
-    def __init__(self, dataset: Any, batch_size: int, *, shard_id: int = 0, num_shards: int = 1,
-                 order: str = "random", seed: int = 0, drop_last: bool = False, first_epoch: int = 0,
-                 consumed: int = 0, block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False,
-                 check_formats: bool = True, fields: Any = None, field_images: str = "encoded") -> None:
-        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-            raise OptionError(f"num_shards must be a positive integer, got {num_shards!r}")
-        if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
-            raise OptionError(f"shard_id must be an integer in 0..{num_shards - 1}, got {shard_id!r}")
+    def __init__(self, dataset: Any, batch_size: int, *, order: ReadOrder | str | None = None, first_epoch: int = 0,
+                 consumed: int = 0, backend: str = "mmap", verify_checksums: bool = False, return_index: bool = False,
+                 check_formats: bool = True, fields: Any = None, field_images: str = "encoded",
+                 **deprecated: Any) -> None:
+        reader = type(self).__name__
+        read_order = read_order_from(order, deprecated, reader=reader, default=DEFAULT_ORDER,
+                                     keywords=_SOURCE_KEYWORDS,
+                                     old_defaults=_SOURCE_OLD_SHARE)
         for name, value in (("first_epoch", first_epoch), ("consumed", consumed)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
-        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                               batch_size=batch_size, drop_last=drop_last)
+        read_order = read_order.resolved(batch_size=batch_size, reader=reader)
         self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
             dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
         #: a dataset URL's RemoteOptions (endpoint, cache) for the workers that reopen it
@@ -224,13 +233,11 @@ class _PackedSource:
         if consumed > num_samples:
             raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
-        # at consumed; later epochs start at their beginning. Blocks are computed per process.
-        self.cursor = EpochCursor(read_order, num_samples, rank=shard_id, world_size=num_shards,
-                                  blocks=self._dataset_blocks)
+        # at consumed; later epochs start at their beginning. Blocks are computed per process
+        # (the space opens this process's dataset when it first needs them).
+        self.cursor = EpochCursor(read_order, IndexSpace(self._open, num_samples=num_samples))
         self.cursor.position.load(first_epoch, consumed)
         self.batch_size = batch_size
-        self.shard_id = shard_id
-        self.num_shards = num_shards
         self.backend = backend
         self.verify_checksums = verify_checksums
         self.return_index = return_index
@@ -243,6 +250,16 @@ class _PackedSource:
     @property
     def num_samples(self) -> int:
         return self.cursor.num_samples
+
+    @property
+    def shard_id(self) -> int:
+        """This pipeline's shard (DALI's name for the order's rank)."""
+        return self.cursor.rank
+
+    @property
+    def num_shards(self) -> int:
+        """How many shards share each epoch (DALI's name for the order's world size)."""
+        return self.cursor.world_size
 
     @property
     def first_epoch(self) -> int:
@@ -258,18 +275,12 @@ class _PackedSource:
         self._raw_shape: tuple[int, int, int] | None = None
         self._plans: dict[int, RankPlan] = {}
 
-    def _dataset_blocks(self) -> np.ndarray | None:
-        if self.read_order.kind != "block":
-            return None
-        ix = self._open().index
-        return index_blocks(ix.offset, ix.size, ix.shard, self.read_order.block_bytes)
-
-    # Pickles carry the settings only: each DALI worker opens its own files.
+    # Pickles carry the settings only: each DALI worker opens its own files (and the cursor's
+    # IndexSpace measures its blocks there again).
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in ("_pid", "_dataset", "_raw_shape", "_plans"):
             state.pop(key, None)
-        state["cursor"] = self.cursor.with_blocks(self._dataset_blocks)  # recomputed in the worker
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -316,8 +327,8 @@ class _PackedSource:
         """
         epoch = self.first_epoch + check_epoch(epoch_idx)
         share = self.read_order.share(self.num_samples, consumed=self.epoch_start(epoch), world_size=self.num_shards)
-        return self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=share.consumed_after(batches_consumed),
-                                          blocks=self.cursor.blocks)
+        return self.read_order.state_dict(self.cursor.space, epoch=epoch,
+                                          consumed=share.consumed_after(batches_consumed))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start at a saved position: DALI's epoch 0 becomes the saved epoch, from the saved sample on.
@@ -420,16 +431,16 @@ class PackedSampleSource(_PackedSource):
     Args:
         dataset: a dataset folder (or an open dataset, of which only the path and version are kept).
         batch_size: the pipeline's batch size (the order deals global steps of
-            ``num_shards * batch_size`` samples).
-        shard_id, num_shards: this pipeline's shard (DALI's names for rank and world size).
-        order: ``"random"``, ``"block"`` or ``"sequential"``.
-        seed: orders are functions of (seed, epoch).
-        drop_last: drop the order's tail (full batches only) instead of completing the last
-            batch with the shard's first samples (see the module doc; pair it with
-            ``LastBatchPolicy.DROP`` and ``iterator_options()``).
+            ``world_size * batch_size`` samples).
+        order: a ``packer.ReadOrder`` or a kind string (default ``ReadOrder("random")``): kind,
+            seed, ``drop_last`` (drop the order's tail, full batches only, instead of completing
+            the last batch with the shard's first samples: see the module doc; pair it with
+            ``LastBatchPolicy.DROP`` and ``iterator_options()``), this pipeline's ``rank`` of
+            ``world_size`` (DALI's ``shard_id`` of ``num_shards``; default from
+            ``torch.distributed`` when initialised, else 0 of 1), block settings; its
+            ``batch_size`` None or ``batch_size``.
         first_epoch: the epoch DALI's epoch 0 is (to resume, or to continue a schedule).
         consumed: global position within ``first_epoch`` to start from (resuming mid-epoch).
-        block_bytes, window: settings of the ``"block"`` order.
         backend: the reader backend used inside workers (``"mmap"``, ``"pread"``, ``"direct"``).
         verify_checksums: check each sample's xxh3 as it is read.
         return_index: add a third output, the sample index.
@@ -439,6 +450,10 @@ class PackedSampleSource(_PackedSource):
             ``"index"``, ``"key"`` and declared fields (see the module doc for what each gives).
         field_images: image fields as their stored bytes (``"encoded"``, default) or decoded on
             the CPU keeping their values (``"decoded"``: ``(H, W, C)``, a mask's class ids).
+        **deprecated: the order keywords of earlier releases (``shard_id=``, ``num_shards=``,
+            ``seed=``, ``drop_last=``, ``block_bytes=``, ``window=``, ...): still accepted for one
+            release, with a ``DeprecationWarning`` (a call using them reads shard 0 of 1 unless it
+            says otherwise, as it did).
 
     Raises:
         OptionError: a bad setting, or a name in ``fields`` the dataset does not have.

@@ -11,7 +11,10 @@ class                     exit   raised when
                                  format this reader cannot decode)
 ``OptionError``           2      an argument or option value is invalid (a codec option, a
                                  backend name, a seed, a worker count): the *call* is wrong;
-                                 ``ClassListMismatchError`` (two class lists disagree) and
+                                 ``ClassListMismatchError`` (two class lists disagree),
+                                 ``StateMismatchError`` (a saved reader position from another
+                                 order or sample space), ``UnexpectedKeywordError`` (a
+                                 keyword a reader never took; also a ``TypeError``) and
                                  ``UnsafeExportError`` (samples an export target cannot hold
                                  safely) and ``UnsupportedAttributeError`` (a name packer
                                  deliberately lacks, e.g. ``PackedDataset.samples``) are ones
@@ -60,6 +63,8 @@ __all__ = [
     "DatasetChangedError",
     "OptionError",
     "ClassListMismatchError",
+    "StateMismatchError",
+    "UnexpectedKeywordError",
     "UnsafeExportError",
     "UnsupportedAttributeError",
     "SampleIndexError",
@@ -191,6 +196,12 @@ class ClassListMismatchError(OptionError):
     different classes. The message names what is missing, extra or renumbered."""
 
 
+class StateMismatchError(OptionError):
+    """A saved reader position (``state_dict``) was made with another order or sample space (order
+    kind, seed, window, dataset size, block layout, mixture): resuming would read other samples.
+    The message names the key that differs, its saved value and this reader's."""
+
+
 class UnsafeExportError(OptionError):
     """Some selected samples cannot be exported safely to the chosen target: a name that is not
     safe there, two samples on one path or key, or a value a build would not read back. Nothing
@@ -220,6 +231,12 @@ class SampleIndexError(OptionError, IndexError):
 class SampleIndexTypeError(OptionError, TypeError):
     """Sample indices that are not integers (a float, a string, a bool mask): ``1.7`` must not
     quietly read sample 1. Also a ``TypeError``, what Python's sequences raise for such an index."""
+
+
+class UnexpectedKeywordError(OptionError, TypeError):
+    """A keyword argument a reader never took (a typo, or an option of another reader), caught
+    where a reader takes the old spellings of its options as ``**kwargs``. Also a ``TypeError``,
+    with Python's own message for an unexpected keyword argument."""
 
 
 class SampleKeyError(OptionError, KeyError):

@@ -32,7 +32,7 @@ from .errors import ManifestError, OptionError
 
 __all__ = [
     "FIELD_KINDS", "DTYPES", "MAX_FIELDS", "MAX_FIELD_NAME_BYTES", "MAX_FIELD_DIMS", "MAX_RECORD_BYTES",
-    "MAX_VALUE_BYTES", "RESERVED_NAMES", "IMAGE_COLUMNS",
+    "MAX_VALUE_BYTES", "RESERVED_NAMES", "READ_FIELDS", "IMAGE_COLUMNS",
     "FieldSpec", "FieldValueError", "parse_field_option", "parse_fields_schema", "parse_declarations",
     "encode_value", "decode_value", "ClassVocabulary",
 ]
@@ -55,6 +55,10 @@ MAX_VALUE_BYTES = 16 << 20
 MAX_FIELD_COLUMNS = 51
 #: Names a reader already uses for a sample's parts (``PackedDataset(fields=...)``).
 RESERVED_NAMES = frozenset({"image", "label", "key", "index", "metadata", "shard", "fields", "target"})
+#: The built-in names every reader's ``fields=`` takes besides a dataset's declared fields: one
+#: vocabulary for ``packer.torch``, ``packer.grain``, ``packer.dali`` and ``packer.gpu`` (a reader
+#: with no type for one refuses it by name: DALI and the GPU loaders refuse ``metadata``).
+READ_FIELDS = ("image", "label", "index", "key", "metadata")
 _NAME = re.compile(r"[a-z](?:[a-z0-9]|_(?!_))*")
 #: Columns of an ``image`` field, after ``f_<name>__``: the same meaning as the main image's.
 IMAGE_COLUMNS = {"offset": "<u8", "size": "<u8", "checksum": "<u8", "format": "|u1", "width": "<u4",

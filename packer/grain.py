@@ -10,15 +10,17 @@ pickles as its manifest and options, a few KB).
 
 ``EpochOrdered`` is the other way round: a Grain ``MapDataset`` whose element ``k`` is the
 ``k``-th sample of *this process's* share of packer's epoch order (``packer.order``: the
-``"block"`` shuffle that reads ~8 MiB runs, ``"random"``, ``"sequential"``), epoch after epoch,
+``"block"`` shuffle that reads ~4 MiB runs, ``"random"``, ``"sequential"``), epoch after epoch,
 dealt to processes in global steps exactly like the PyTorch readers. Batch it with the same
 ``batch_size`` it was dealt with.
 
 A record is a dict of numpy values: ``"image"`` uint8 ``(H, W, 3)`` (HWC, the JAX habit;
 ``decode=False`` the stored bytes as a 1-D uint8 array, ``--codec raw`` samples as stored),
-``"label"`` int64, ``"index"`` int64, ``"key"`` str, and each declared field: arrays in their
-dtype and shape, ``classes`` fields their int64 ids, ``text`` a str, ``image`` fields their
-stored values (``Dataset.field_image``).
+``"label"`` int64, ``"index"`` int64, ``"key"`` str, ``"metadata"`` the sample's JSON object (a
+dict, ``{}`` without one: map it to arrays before ``batch`` when samples' keys differ), and each
+declared field: arrays in their dtype and shape, ``classes`` fields their int64 ids, ``text`` a
+str, ``image`` fields their stored values (``Dataset.field_image``). The built-in names are every
+packer reader's (``packer.fields.READ_FIELDS``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import numpy as np
 from .codecs import codec_for, dataset_max_pixels
 from .dataset import Dataset, open_dataset
 from .errors import MissingDependencyError, OptionError
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, ReadOrder, check_epoch, index_blocks
+from .fields import READ_FIELDS
+from .order import ORDER_KEYWORDS, IndexSpace, ReadOrder, check_epoch, read_order_from
 
 try:
     import grain
@@ -42,8 +45,15 @@ except ImportError as _exc:  # pragma: no cover - exercised only without grain
 
 __all__ = ["PackedDataSource", "EpochOrdered", "BUILTIN_FIELDS"]
 
-#: What a record may hold besides the dataset's declared fields.
-BUILTIN_FIELDS = ("image", "label", "index", "key")
+#: What a record may hold besides the dataset's declared fields (every reader's built-in names).
+BUILTIN_FIELDS = READ_FIELDS
+#: ``EpochOrdered``'s order when none is given: the block shuffle.
+DEFAULT_ORDER = ReadOrder("block")
+#: ``EpochOrdered``'s old order keywords (Grain's names for the rank and world size among them,
+#: and the batch size it dealt in), and the share a call with old keywords read when it left
+#: those out.
+_EPOCH_KEYWORDS = {**ORDER_KEYWORDS, "process_index": "rank", "process_count": "world_size", "batch_size": "batch_size"}
+_EPOCH_OLD_SHARE = {"process_index": 0, "process_count": 1}
 
 
 class PackedDataSource:
@@ -146,6 +156,8 @@ class PackedDataSource:
                 record[name] = np.int64(i)
             elif name == "key":
                 record[name] = self.dataset.key(i)
+            elif name == "metadata":
+                record[name] = self.dataset.metadata(i)
             else:
                 record[name] = self.dataset.value(name, i)
         return record
@@ -169,41 +181,39 @@ class EpochOrdered(grain.MapDataset):
 
     Example::
 
-        data = EpochOrdered(PackedDataSource("packed/train"), order="block", seed=0, batch_size=256,
-                            process_index=jax.process_index(), process_count=jax.process_count())
+        order = ReadOrder("block", seed=0, batch_size=256, rank=jax.process_index(),
+                          world_size=jax.process_count())
+        data = EpochOrdered(PackedDataSource("packed/train"), order=order)
         batches = data.batch(256).repeat(epochs).to_iter_dataset()
 
     Args:
         source: the ``PackedDataSource`` to read.
-        order: ``"block"`` (the default: ~``block_bytes`` runs read together), ``"random"`` or
-            ``"sequential"``.
-        seed: orders are functions of ``(seed, epoch)``.
-        batch_size: the batch size the pipeline batches with (for the global steps).
-        process_index, process_count: this process's share (``jax.process_index()``,
-            ``jax.process_count()``).
-        drop_last: drop each epoch's end (full batches only) instead of padding it.
-        block_bytes, window: the block order's settings.
+        order: a ``packer.ReadOrder`` or a kind string (default ``ReadOrder("block")``: ~``block_bytes``
+            runs read together): kind, seed, ``batch_size`` (the batch size the pipeline batches with,
+            for the global steps; None: 1), ``drop_last`` (drop each epoch's end, full batches only,
+            instead of padding it), this process's ``rank`` of ``world_size`` (``jax.process_index()``
+            of ``jax.process_count()``; default from ``torch.distributed`` when a torch process group
+            is initialised, else 0 of 1), block settings.
+        **deprecated: the order keywords of earlier releases (``seed=``, ``batch_size=``,
+            ``process_index=``, ``process_count=``, ``drop_last=``, ``block_bytes=``, ``window=``):
+            still accepted for one release, with a ``DeprecationWarning`` (a call using them reads
+            process 0 of 1 unless it says otherwise, as it did).
 
     Raises:
         OptionError: bad settings.
     """
 
-    def __init__(self, source: PackedDataSource, *, order: str = "block", seed: int = 0, batch_size: int = 1,
-                 process_index: int = 0, process_count: int = 1, drop_last: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, source: PackedDataSource, *, order: ReadOrder | str | None = None, **deprecated: Any) -> None:
+        read_order = read_order_from(order, deprecated, reader="EpochOrdered", default=DEFAULT_ORDER,
+                                     keywords=_EPOCH_KEYWORDS, old_defaults=_EPOCH_OLD_SHARE)
         if not isinstance(source, PackedDataSource):
             raise OptionError(f"EpochOrdered reads a PackedDataSource, got {type(source).__name__}")
-        self._read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                                     batch_size=batch_size, drop_last=drop_last)
-        for name, value in (("process_count", process_count), ("process_index", process_index)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise OptionError(f"{name} must be a non-negative integer, got {value!r}")
-        if not process_index < process_count:
-            raise OptionError(f"process_index {process_index} is outside 0..{process_count - 1}")
+        self._read_order = read_order.resolved(reader="EpochOrdered")
         super().__init__(grain.MapDataset.source(source))
         self._source = source
-        self._rank = (process_index, process_count)
-        self._per_epoch = self._read_order.share(len(source), world_size=process_count).per_rank
+        self._space = IndexSpace(source.dataset)
+        self._rank = (int(self._read_order.rank), int(self._read_order.world_size))  # type: ignore[arg-type]
+        self._per_epoch = self._read_order.share(len(source)).per_rank
         self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -213,17 +223,16 @@ class EpochOrdered(grain.MapDataset):
         rank, world = self._rank
         return f"EpochOrdered(order={self._read_order.kind!r}, seed={self._read_order.seed}, process={rank}/{world})"
 
+    @property
+    def read_order(self) -> ReadOrder:
+        """The order this dataset reads (its rank and world size resolved)."""
+        return self._read_order
+
     def indices(self, epoch: int) -> np.ndarray:
         """This process's sample indices of ``epoch``, in order (int64)."""
         epoch = check_epoch(epoch)
         if self._cached is None or self._cached[0] != epoch:
-            index = self._source.dataset.index
-            blocks = None
-            if self._read_order.kind == "block":
-                blocks = index_blocks(index.offset, index.size, index.shard, self._read_order.block_bytes)
-            rank, world = self._rank
-            plan = self._read_order.plan(len(self._source), epoch=epoch, rank=rank, world_size=world, blocks=blocks)
-            self._cached = (epoch, plan.indices)
+            self._cached = (epoch, self._read_order.plan(self._space, epoch=epoch).indices)
         return self._cached[1]
 
     def __getitem__(self, index: Any) -> Any:

@@ -9,8 +9,9 @@ What it wires for you
 * **Samplers**: a ``PackedBatchSampler`` per split, its rank and world size taken from the
   ``Trainer`` (so run the ``Trainer`` with ``use_distributed_sampler=False``: Lightning would
   otherwise try to replace it with a ``DistributedSampler``; the module refuses that with the fix).
-  Training reads ``order`` (``"random"`` by default) with the seed; validation and test read
-  ``"sequential"``, the tail padded from the start like ``DistributedSampler`` does.
+  Training reads ``order`` (a ``packer.ReadOrder``, ``ReadOrder("random")`` by default);
+  validation and test read ``"sequential"``, the tail padded from the start like
+  ``DistributedSampler`` does.
 * **Resume**: the module's ``state_dict`` (saved by Lightning in every checkpoint, under the
   module's class name) is the training sampler's position after *the batches Lightning's loop
   processed*, read from the loop's own progress counter. The loop is the only one that knows that
@@ -30,6 +31,7 @@ Lightning to build the training loader once more at the next epoch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable, Iterator, Mapping
 
@@ -45,13 +47,17 @@ except ImportError as _exc:  # pragma: no cover - exercised only without lightni
 import torch.utils.data as torch_data
 
 from .classes import check_classes
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW
+from .order import ORDER_KEYWORDS, ReadOrder, read_order_from
 from .torch import PackedBatchSampler, PackedDataset, collate
 
 __all__ = ["PackedDataModule", "STATE_VERSION"]
 
 #: The version of ``PackedDataModule.state_dict``; a state of another version is refused.
 STATE_VERSION = 1
+#: The training order when none is given.
+DEFAULT_ORDER = ReadOrder("random")
+#: The old order keywords of ``PackedDataModule`` (the Trainer gives the rank and world size).
+_MODULE_KEYWORDS = {name: field for name, field in ORDER_KEYWORDS.items() if name not in ("rank", "world_size")}
 
 
 class _TrainLoader(torch_data.DataLoader):
@@ -127,36 +133,45 @@ class PackedDataModule(_pl.LightningDataModule):
             split given is the reference when there is no training split).
         batch_size: samples per batch per rank, for training.
         eval_batch_size: the same for validation and test (default ``batch_size``).
-        order: the training order (``"random"``, ``"block"`` or ``"sequential"``:
-            ``packer.order``); validation and test read ``"sequential"``.
-        seed: the training order's seed; orders are functions of ``(seed, epoch)``.
-        drop_last: drop the end of each training epoch (full batches only) instead of padding it.
+        order: the training order, a ``packer.ReadOrder`` or a kind string (default
+            ``ReadOrder("random")``): kind, seed, ``drop_last`` (drop the end of each training
+            epoch, full batches only, instead of padding it), block settings; its ``batch_size``
+            None or ``batch_size``, its rank and world size None (the ``Trainer``'s). Validation
+            and test read ``"sequential"``.
         num_workers, pin_memory, persistent_workers, collate_fn: DataLoader arguments (every
             split); ``collate_fn`` defaults to ``packer.torch.collate``.
         loader_options: any other DataLoader arguments (every split), e.g. ``prefetch_factor``.
         train_options: ``PackedDataset`` arguments for a training split given as a path
             (``decode=RandomResizedCrop(224, seed=0)``, ``fields=...``).
         eval_options: the same for validation and test splits given as paths.
-        block_bytes, window, block_samples: the block order's settings (``PackedBatchSampler``).
+        **deprecated: the order keywords of earlier releases (``seed=``, ``drop_last=``,
+            ``block_bytes=``, ``window=``, ``block_samples=``): still accepted for one release,
+            with a ``DeprecationWarning``.
 
     Raises:
         ClassListMismatchError: two splits with different class lists.
-        OptionError: no split at all, a bad split or batch size, or options for a split that is
-            already a ``PackedDataset``.
+        OptionError: no split at all, a bad split or batch size, options for a split that is
+            already a ``PackedDataset``, or an order with a rank, world size or another batch size.
     """
 
     def __init__(self, train: Any = None, val: Any = None, test: Any = None, *, batch_size: int,
-                 eval_batch_size: int | None = None, order: str = "random", seed: int = 0,
-                 drop_last: bool = False, num_workers: int = 0, pin_memory: bool = False,
-                 persistent_workers: bool = False, collate_fn: Callable[[Any], Any] | None = None,
-                 loader_options: Mapping[str, Any] | None = None,
+                 eval_batch_size: int | None = None, order: ReadOrder | str | None = None, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False,
+                 collate_fn: Callable[[Any], Any] | None = None, loader_options: Mapping[str, Any] | None = None,
                  train_options: Mapping[str, Any] | None = None, eval_options: Mapping[str, Any] | None = None,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 block_samples: int | None = None) -> None:
+                 **deprecated: Any) -> None:
         super().__init__()
+        read_order = read_order_from(order, deprecated, reader="PackedDataModule", default=DEFAULT_ORDER,
+                                     keywords=_MODULE_KEYWORDS)
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name} must be a positive integer, got {value!r}")
+        if (read_order.rank, read_order.world_size) != (None, None):
+            raise OptionError(f"PackedDataModule takes each rank's share from the Trainer; leave rank and world_size "
+                              f"out of order={read_order!r}")
+        if read_order.batch_size not in (None, batch_size):
+            raise OptionError(f"PackedDataModule has batch_size={batch_size} but its order has batch_size="
+                              f"{read_order.batch_size}; give the same, or leave the order's out")
         if train is None and val is None and test is None:
             raise OptionError("PackedDataModule needs at least one split: train=, val= or test=")
         self.train = _as_dataset(train, dict(train_options or {}), "train")
@@ -169,8 +184,8 @@ class PackedDataModule(_pl.LightningDataModule):
         self.classes = tuple(splits[0].classes)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self._order = dict(order=order, seed=seed, drop_last=drop_last, block_bytes=block_bytes,
-                           window=window, block_samples=block_samples)
+        #: The training order (its rank and world size come from the Trainer).
+        self.order = read_order
         self._loader = dict(loader_options or {})
         self._loader.update(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
                             collate_fn=collate_fn or collate)
@@ -207,9 +222,10 @@ class PackedDataModule(_pl.LightningDataModule):
 
     # --- loaders ------------------------------------------------------------------------------------
 
-    def _sampler(self, dataset: PackedDataset, batch_size: int, **order: Any) -> PackedBatchSampler:
+    def _sampler(self, dataset: PackedDataset, batch_size: int, order: ReadOrder) -> PackedBatchSampler:
         rank, world_size = self._rank()
-        return PackedBatchSampler(dataset, batch_size=batch_size, rank=rank, world_size=world_size, **order)
+        return PackedBatchSampler(dataset, batch_size=batch_size,
+                                  order=dataclasses.replace(order, rank=rank, world_size=world_size))
 
     def train_dataloader(self) -> _TrainLoader:
         """The training loader, at the loaded position when Lightning resumes from a checkpoint."""
@@ -220,7 +236,7 @@ class PackedDataModule(_pl.LightningDataModule):
         if self._reload_setting is not None and trainer is not None:
             trainer.reload_dataloaders_every_n_epochs = self._reload_setting  # the borrowed reload happened
             self._reload_setting = None
-        sampler = self._sampler(self.train, self.batch_size, **self._order)
+        sampler = self._sampler(self.train, self.batch_size, self.order)
         before = 0
         if self._loaded is not None:
             state, self._loaded = self._loaded, None
@@ -242,7 +258,7 @@ class PackedDataModule(_pl.LightningDataModule):
         if dataset is None:
             return []  # Lightning's "no loader": the loop is skipped
         self._check_trainer()
-        sampler = self._sampler(dataset, self.eval_batch_size, order="sequential", seed=0, drop_last=False)
+        sampler = self._sampler(dataset, self.eval_batch_size, ReadOrder("sequential"))
         return torch_data.DataLoader(dataset, batch_sampler=sampler, **self._loader)
 
     def val_dataloader(self) -> torch_data.DataLoader | list[Any]:

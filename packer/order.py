@@ -1,6 +1,13 @@
 """Read orders: which samples each rank and worker reads, in which order, as a function of (seed, epoch).
 
-Pure numpy, no torch: the PyTorch readers (``packer.torch``) and the DALI adapter share it.
+Pure numpy, no torch: every reader (``packer.torch``, ``packer.threaded``, ``packer.dali``,
+``packer.grain``, ``packer.lightning``, ``packer.gpu``) shares it.
+
+**The order value.** Which samples come in which order for whom is one frozen value,
+``ReadOrder`` (``packer.ReadOrder``): kind, seed, batch size (None: the reader's own), drop rule,
+rank and world size (None: ``torch.distributed``'s, ``resolve_rank``), block settings. Every
+reader takes it as ``order=``; the order keywords readers took before go through one conversion,
+``read_order_from``, with a ``DeprecationWarning``.
 
 Three layers, each a plain function of its arguments (no global RNG, no hidden state):
 
@@ -54,9 +61,14 @@ Three layers, each a plain function of its arguments (no global RNG, no hidden s
 
 4. **The cursor** ``EpochCursor``: the one object every reader (``packer.torch``'s samplers and
    iterable dataset, ``packer.gpu``'s loaders, ``packer.dali``'s sources) keeps its place with:
-   the order settings, this rank, the ``(epoch, start)`` position and a count of what it handed
-   out; ``state_dict`` / ``load_state_dict`` turn that into the ``(seed, epoch, consumed)`` state
-   above. Where the position lives is pluggable (``Position``), so a torch reader can keep it in
+   the order, the *sample space* it orders, this rank, the ``(epoch, start)`` position and a
+   count of what it handed out; ``state_dict`` / ``load_state_dict`` turn that into the
+   ``(seed, epoch, consumed)`` state above. What is ordered is pluggable (``SampleSpace``:
+   ``num_samples``, ``epoch_order(order, epoch)``, ``identity()``), so mixtures and views plug
+   in without touching the readers; a dataset's space is ``IndexSpace`` (blocks measured in
+   bytes from its index, or uniform blocks for a bare count), and a state records its identity
+   so that a state from another space is refused (``StateMismatchError``, naming what differs).
+   Where the position lives is pluggable too (``Position``), so a torch reader can keep it in
    shared memory for its persistent workers.
 
 5. **Passes after a resume.** A position loaded with ``load_state_dict`` is used *once*: the pass
@@ -68,28 +80,33 @@ Three layers, each a plain function of its arguments (no global RNG, no hidden s
    for every reader: each process (or DataLoader worker) that begins a pass claims the start once,
    and a second claim of the same load finds it used and starts at 0.
 
-Why one module of ~790 lines (the house guide is ~700): the five parts above are one rule, what a
+Why one module of ~1100 lines (the house guide is ~700): the five parts above are one rule, what a
 reader reads after ``(seed, epoch, consumed)``, and each part is written against the others'
 invariants (a prefix of the global order, steps of ``world_size * batch_size``, a start claimed
-once). Kept together they are read, and mutation-tested (``scripts/mutate.py order``), as one
-unit; the code is pure functions plus the cursor that calls them, with no I/O to split off.
+once, a state refused by the space it was not made on). Kept together they are read, and
+mutation-tested (``scripts/mutate.py order``), as one unit; the code is pure functions plus the
+value, the space and the cursor that call them, with no I/O to split off.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Any, Mapping
+import os
+import sys
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 import xxhash
 
-from .errors import OptionError
+from .deprecation import warn_deprecated
+from .errors import OptionError, StateMismatchError, UnexpectedKeywordError
 
 __all__ = [
     "ORDERS", "DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW", "DEFAULT_BLOCK_SAMPLES", "STATE_VERSION",
     "epoch_rng", "sequential_order", "random_order", "index_blocks", "uniform_blocks", "block_order",
-    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "Position", "POSITION_SLOTS",
+    "epoch_order", "RankShare", "rank_share", "RankPlan", "deal", "ReadOrder", "ORDER_KEYWORDS", "read_order_from",
+    "resolve_rank", "LAUNCHER_VARIABLES", "SampleSpace", "IndexSpace", "sample_space", "Position", "POSITION_SLOTS",
     "EpochCursor", "CursorReader", "check_epoch", "MAX_EPOCH",
 ]
 
@@ -399,29 +416,94 @@ def _blocks_fingerprint(blocks: np.ndarray) -> str:
     return f"{len(bounds) - 1}:{xxhash.xxh3_64_intdigest(memoryview(bounds).cast('B')):016x}"
 
 
-@dataclass(frozen=True)
-class ReadOrder:
-    """An order's settings, and the (seed, epoch, consumed) state that positions a run in it.
+def _check_optional(check: Any, name: str, value: object) -> int | None:
+    return None if value is None else check(name, value)
 
-    Everything a reader needs to build a rank's plan for an epoch; torch-free, picklable and
-    small. ``blocks`` is not stored: readers pass the dataset's block boundaries (from
-    ``index_blocks``) so nothing proportional to the dataset travels with the settings.
+
+#: How launchers tell each process it is one of several: (world size variable, rank variable, who
+#: sets them). torchrun (and torch.distributed.launch) set WORLD_SIZE and RANK; Slurm's srun sets
+#: SLURM_NTASKS and SLURM_PROCID.
+LAUNCHER_VARIABLES = (("WORLD_SIZE", "RANK", "torchrun"), ("SLURM_NTASKS", "SLURM_PROCID", "Slurm"))
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
+
+    Never imports torch: ``torch.distributed`` is asked only when torch is already imported (a
+    process group cannot exist otherwise), so torch-free readers (DALI, Grain) follow the same rule.
+    A process that a launcher started as one of several (``LAUNCHER_VARIABLES`` say more than one
+    in the environment, read at this call) but without a process group would otherwise take rank
+    0 of 1 and read the whole dataset on every rank: that is refused.
+
+    Raises:
+        OptionError: only one of the two is given, rank is outside ``0..world_size-1``, or the
+            environment says several ranks and no process group is initialised (the message names
+            the fix: ``torch.distributed.init_process_group`` first, or the ranks in the order).
+    """
+    if rank is None and world_size is None:
+        dist = getattr(sys.modules.get("torch"), "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            _refuse_launched_without_a_group()
+            rank, world_size = 0, 1
+    elif rank is None or world_size is None:
+        raise OptionError("give both rank and world_size, or neither (to use torch.distributed)")
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise OptionError(f"world_size must be a positive integer, got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+        raise OptionError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
+    return int(rank), int(world_size)
+
+
+def _refuse_launched_without_a_group() -> None:
+    for size_name, rank_name, launcher in LAUNCHER_VARIABLES:
+        launched = os.environ.get(size_name, "").strip()
+        if launched.isdigit() and int(launched) > 1:
+            this = os.environ.get(rank_name, "?").strip() or "?"
+            raise OptionError(
+                f"the environment says this process is rank {this} of {int(launched)} ({size_name}={int(launched)}, "
+                f"{rank_name}={this}: set by {launcher}), but torch.distributed is not initialised, so this reader "
+                f"would read every sample on every rank: call torch.distributed.init_process_group() before making "
+                f"it (its rank and world size then come from the process group), or pass rank= and world_size= in "
+                f"the order (order=packer.ReadOrder(..., rank={this}, world_size={int(launched)}); rank=0, "
+                f"world_size=1 to read the whole dataset in this process)")
+
+
+@dataclass(frozen=True, repr=False)
+class ReadOrder:
+    """Which samples come in which order for whom: the one order value every packer reader takes.
+
+    ``PackedSampler(data, order=ReadOrder("block", seed=0, batch_size=256))``, and the same value
+    for ``PackedBatchSampler``, ``PackedIterableDataset``, ``PackedDataLoader``, ``ThreadedLoader``,
+    the DALI sources, Grain's ``EpochOrdered``, ``PackedDataModule`` and the GPU loaders; a kind
+    string (``order="block"``) is short for ``ReadOrder("block")``. Torch-free, picklable, small:
+    ``blocks`` are not stored here but measured from what is read (``IndexSpace``), so nothing
+    proportional to the dataset travels with it. ``packer.ReadOrder`` is this class.
 
     Attributes:
         kind: ``"sequential"``, ``"random"`` or ``"block"``.
-        seed: the run's seed.
-        block_bytes: block span for ``"block"`` (when blocks come from an index).
+        seed: the run's seed; orders are functions of ``(seed, epoch)``.
+        block_bytes: block span for ``"block"`` when blocks are measured from an index.
         window: blocks per shuffle window for ``"block"``.
-        batch_size: samples per rank per global step.
-        drop_last: the drop rule instead of the pad rule.
+        batch_size: samples per rank per global step; None: the reader's own batch size (a reader
+            given another one refuses it, ``resolved``); arithmetic without a reader counts 1.
+        drop_last: the drop rule (full batches only) instead of the pad rule.
+        rank, world_size: this reader's share (keyword only); None for both: ``torch.distributed``
+            when initialised, else rank 0 of 1 (``resolve_rank``). ``plan`` and ``share`` without
+            a reader count None as rank 0 of 1.
+        block_samples: cut blocks by this many samples instead of by bytes (keyword only).
     """
 
     kind: str = "random"
     seed: int = 0
     block_bytes: int = DEFAULT_BLOCK_BYTES
     window: int = DEFAULT_WINDOW
-    batch_size: int = 1
+    batch_size: int | None = None
     drop_last: bool = False
+    rank: int | None = field(default=None, kw_only=True)
+    world_size: int | None = field(default=None, kw_only=True)
+    block_samples: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.kind not in ORDERS:
@@ -429,77 +511,208 @@ class ReadOrder:
         _check_nonnegative("seed", self.seed)
         _check_positive("block_bytes", self.block_bytes)
         _check_positive("window", self.window)
-        _check_positive("batch_size", self.batch_size)
+        _check_optional(_check_positive, "batch_size", self.batch_size)
+        _check_optional(_check_positive, "block_samples", self.block_samples)
+        if not isinstance(self.drop_last, (bool, np.bool_)):
+            raise OptionError(f"drop_last must be True or False, got {self.drop_last!r}")
+        if (self.rank, self.world_size) != (None, None):
+            resolve_rank(self.rank, self.world_size)
+
+    def __repr__(self) -> str:
+        changed = [f"{item.name}={getattr(self, item.name)!r}" for item in fields(self)[1:]
+                   if getattr(self, item.name) != item.default]
+        return f"ReadOrder({', '.join([repr(self.kind), *changed])})"
+
+    def resolved(self, *, batch_size: int | None = None, reader: str = "the reader") -> "ReadOrder":
+        """This order as a reader runs it: the reader's batch size filled in where this order has
+        none, and ``rank``/``world_size`` resolved (``resolve_rank``).
+
+        Args:
+            batch_size: the reader's own batch size (None: it has none; this order's stands).
+            reader: the reader's name, for the message.
+
+        Raises:
+            OptionError: this order's ``batch_size`` is not the reader's.
+        """
+        if batch_size is not None and self.batch_size is not None and batch_size != self.batch_size:
+            raise OptionError(f"{reader} has batch_size={batch_size} but its order has batch_size={self.batch_size}; "
+                              f"give the same, or leave the order's out (None: the reader's)")
+        rank, world_size = resolve_rank(self.rank, self.world_size)
+        return replace(self, batch_size=self.batch_size if batch_size is None else batch_size, rank=rank,
+                       world_size=world_size)
+
+    def _share_of(self, rank: int | None, world_size: int | None) -> tuple[int, int]:
+        """``rank``/``world_size`` as given, else this order's, else rank 0 of 1."""
+        rank = self.rank if rank is None else rank
+        world_size = self.world_size if world_size is None else world_size
+        return 0 if rank is None else rank, 1 if world_size is None else world_size
 
     def epoch_order(self, num_samples: int, epoch: int, blocks: np.ndarray | None = None) -> np.ndarray:
-        """The global order of ``epoch``."""
+        """The global order of ``epoch`` over ``num_samples`` samples (for a sample space, call
+        ``space.epoch_order(order, epoch)``)."""
         return epoch_order(self.kind, num_samples, seed=self.seed, epoch=epoch, blocks=blocks, window=self.window)
 
-    def plan(self, num_samples: int, *, epoch: int, consumed: int = 0, rank: int = 0, world_size: int = 1,
-             blocks: np.ndarray | None = None) -> RankPlan:
-        """Rank ``rank``'s plan for the rest of ``epoch`` from global position ``consumed``."""
-        share = rank_share(num_samples, consumed=consumed, world_size=world_size, batch_size=self.batch_size,
+    def plan(self, space: Any, *, epoch: int, consumed: int = 0, rank: int | None = None,
+             world_size: int | None = None, blocks: np.ndarray | None = None) -> RankPlan:
+        """Rank ``rank``'s plan for the rest of ``epoch`` from global position ``consumed``.
+
+        Args:
+            space: a sample space (``SampleSpace``), or a sample count (``blocks``: its blocks).
+            epoch, consumed: where in the run.
+            rank, world_size: which share (default: this order's, else rank 0 of 1).
+        """
+        space = sample_space(space, blocks)
+        rank, world_size = self._share_of(rank, world_size)
+        batch_size = 1 if self.batch_size is None else self.batch_size
+        share = rank_share(space.num_samples, consumed=consumed, world_size=world_size, batch_size=batch_size,
                            drop_last=self.drop_last)
         if share.total == 0:  # nothing left: skip computing the permutation
             empty = np.zeros(0, dtype=np.int64)
             return RankPlan(indices=empty, batch_bounds=np.zeros(1, dtype=np.int64), share=share)
-        order = self.epoch_order(num_samples, epoch, blocks)
+        order = space.epoch_order(self, epoch)  # deal() reads it as int64
+        if np.shape(order) != (space.num_samples,):
+            raise OptionError(f"{type(space).__name__}.epoch_order gave {np.shape(order)} sample numbers for an epoch "
+                              f"of {space.num_samples}")
         return deal(order, consumed=share.consumed, rank=rank, world_size=world_size,
-                    batch_size=self.batch_size, drop_last=self.drop_last, sort_steps=self.kind == "block")
+                    batch_size=batch_size, drop_last=self.drop_last, sort_steps=self.kind == "block")
 
-    def share(self, num_samples: int, *, consumed: int = 0, world_size: int = 1) -> RankShare:
+    def share(self, num_samples: int, *, consumed: int = 0, world_size: int | None = None) -> RankShare:
         """The pad/drop arithmetic for the rest of an epoch (no permutation computed)."""
-        return rank_share(num_samples, consumed=consumed, world_size=world_size, batch_size=self.batch_size,
-                          drop_last=self.drop_last)
+        return rank_share(num_samples, consumed=consumed, world_size=self._share_of(None, world_size)[1],
+                          batch_size=1 if self.batch_size is None else self.batch_size, drop_last=self.drop_last)
 
-    def state_dict(self, num_samples: int, *, epoch: int, consumed: int,
+    def state_dict(self, space: Any, *, epoch: int, consumed: int,
                    blocks: np.ndarray | None = None) -> dict[str, Any]:
         """The resumable position: a small JSON-ready dict.
 
         It records what decides the global order (so a resume with other settings is refused,
-        not silently wrong): the order, seed and sample count, and for the block order the
-        window and a fingerprint of the block boundaries (``"<count>:<xxh3>"``); then
-        ``(epoch, consumed)``. World size, batch size and worker count are deliberately
-        absent: the position is valid under any of them.
-        """
-        state: dict[str, Any] = {"version": STATE_VERSION, "order": self.kind, "seed": self.seed,
-                                 "num_samples": int(num_samples), "epoch": _check_nonnegative("epoch", epoch),
-                                 "consumed": min(_check_nonnegative("consumed", consumed), int(num_samples))}
-        if self.kind == "block":
-            state["window"] = self.window
-            state["blocks"] = _blocks_fingerprint(uniform_blocks(num_samples) if blocks is None else blocks)
-        return state
+        not silently wrong): the order and seed, for the block order the window, and the sample
+        space's ``identity`` (a dataset's: the sample count and, for the block order, a fingerprint
+        of the block boundaries, ``"<count>:<xxh3>"``); then ``(epoch, consumed)``. World size,
+        batch size and worker count are deliberately absent: the position is valid under any of them.
 
-    def check_state(self, state: Mapping[str, Any], num_samples: int,
-                    blocks: np.ndarray | None = None) -> tuple[int, int]:
-        """Validate a ``state_dict`` against these settings; returns ``(epoch, consumed)``.
+        Args:
+            space: a sample space, or a sample count (``blocks``: its block boundaries).
 
         Raises:
-            OptionError: the state is malformed or was saved with a different order, seed,
-                block layout or dataset size (resuming would read the wrong samples).
+            OptionError: a space whose identity names one of the keys above.
         """
+        space = sample_space(space, blocks)
+        state: dict[str, Any] = {"version": STATE_VERSION, "order": self.kind, "seed": self.seed,
+                                 "epoch": _check_nonnegative("epoch", epoch),
+                                 "consumed": min(_check_nonnegative("consumed", consumed), space.num_samples)}
+        if self.kind == "block":
+            state["window"] = self.window
+        identity = space.identity(self)
+        clash = sorted(set(identity) & set(state))
+        if clash:
+            raise OptionError(f"{type(space).__name__}.identity() names {clash}, which a read-order state keeps "
+                              f"for itself")
+        state.update(identity)
+        return state
+
+    def check_state(self, state: Mapping[str, Any], space: Any,
+                    blocks: np.ndarray | None = None) -> tuple[int, int]:
+        """Validate a ``state_dict`` against these settings and ``space``; returns ``(epoch, consumed)``.
+
+        Raises:
+            StateMismatchError: the state was saved with a different order, seed, window or sample
+                space (another dataset size, block layout or mixture): the message names the key
+                that differs, since resuming would read the wrong samples.
+            OptionError: the state is malformed.
+        """
+        space = sample_space(space, blocks)
         if not isinstance(state, Mapping):
             raise OptionError(f"a read-order state must be a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise OptionError(f"read-order state version {state.get('version')!r} is not {STATE_VERSION}")
-        expected = self.state_dict(num_samples, epoch=0, consumed=0, blocks=blocks)
-        for key in ("order", "seed", "num_samples", "window", "blocks"):
+        expected = self.state_dict(space, epoch=0, consumed=0)
+        others = sorted((set(expected) | set(state)) - set(_STATE_KEYS) - {"epoch", "consumed"})
+        for key in (*_STATE_KEYS, *others):
             if state.get(key) != expected.get(key):
-                raise OptionError(f"the saved state has {key}={state.get(key)!r} but this reader has "
-                                 f"{expected.get(key)!r}; resuming would not see the remaining samples "
-                                 f"of the saved epoch")
+                raise StateMismatchError(f"the saved state has {key}={state.get(key)!r} but this reader has "
+                                         f"{expected.get(key)!r}; resuming would not see the remaining samples "
+                                         f"of the saved epoch")
         epoch = _check_nonnegative("epoch", state.get("epoch"))
         if epoch > MAX_EPOCH:  # the position is an int64: numpy would raise OverflowError
             raise OptionError(f"the saved state's epoch must be at most 2**63 - 1 (a reader's position is an int64), "
                               f"got {epoch!r}")
         consumed = _check_nonnegative("consumed", state.get("consumed"))
-        if consumed > num_samples:
-            raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
+        if consumed > space.num_samples:
+            raise OptionError(f"consumed={consumed} exceeds the {space.num_samples} samples of an epoch")
         return epoch, consumed
 
 
 #: The largest epoch a reader keeps (its position is an int64 cell, shared with DataLoader workers).
 MAX_EPOCH = (1 << 63) - 1
+
+#: The keys of a read-order state that decide the global order, compared first by ``check_state``.
+_STATE_KEYS = ("order", "seed", "num_samples", "window", "blocks")
+
+#: The order keywords readers took before ``ReadOrder`` (deprecated there), by the field they set.
+ORDER_KEYWORDS: Mapping[str, str] = {name: name for name in (
+    "seed", "rank", "world_size", "drop_last", "block_bytes", "window", "block_samples")}
+
+
+def read_order_from(order: "ReadOrder | str | None", deprecated: Mapping[str, Any] | None = None, *,
+                    reader: str, default: ReadOrder | None = None, keywords: Mapping[str, str] = ORDER_KEYWORDS,
+                    old_defaults: Mapping[str, Any] | None = None) -> ReadOrder:
+    """A reader's ``order=`` argument, and the order keywords it took before, as one ``ReadOrder``.
+
+    The one conversion every reader calls: ``order`` is a ``ReadOrder``, a kind string (short for
+    ``default`` with that kind) or None (``default``); ``deprecated`` holds the old keywords the
+    caller gave (``seed=``, ``rank=``, ...), which still work for one release, applied on top with a
+    ``DeprecationWarning`` that spells the new call (``packer.deprecation``: it names the caller's line).
+
+    Args:
+        order: the reader's ``order=`` argument.
+        deprecated: the other keyword arguments the reader was given (its ``**kwargs``).
+        reader: the reader's name, for the messages.
+        default: the reader's default order (``ReadOrder()`` if None).
+        keywords: the old keyword names this reader accepted, each with the ``ReadOrder`` field it
+            sets (``{"shard_id": "rank", ...}`` for DALI's).
+        old_defaults: values the old keywords had when left out, where they differ from the
+            order's (DALI's ``shard_id=0, num_shards=1``): a call that uses old keywords keeps
+            reading what it read.
+
+    Raises:
+        UnexpectedKeywordError: a keyword this reader never took (also a ``TypeError``, with
+            Python's message for an unknown keyword).
+        OptionError: ``order`` is not an order, or old keywords beside an explicit ``ReadOrder``,
+            or a value ``ReadOrder`` refuses.
+    """
+    base = ReadOrder() if default is None else default
+    if order is None:
+        result = base
+    elif isinstance(order, str):
+        if order not in ORDERS:
+            raise OptionError(f"unknown order {order!r}; choose one of {list(ORDERS)} (or a packer.ReadOrder)")
+        result = replace(base, kind=order)
+    elif isinstance(order, ReadOrder):
+        result = order
+    else:
+        raise OptionError(f"{reader}: order must be a packer.ReadOrder or one of {list(ORDERS)}, "
+                          f"got {type(order).__name__}")
+    given = dict(deprecated or {})
+    if not given:
+        return result
+    unknown = [name for name in given if name not in keywords]
+    if unknown:
+        raise UnexpectedKeywordError(f"{reader}() got an unexpected keyword argument {unknown[0]!r}")
+    if isinstance(order, ReadOrder):
+        raise OptionError(f"{reader}: {', '.join(f'{name}=' for name in given)} and order={order!r} both say how "
+                          f"to read; put them in the ReadOrder")
+    typed = ", ".join(f"{name}=" for name in given)
+    changes = {keywords[name]: value for name, value in {**(old_defaults or {}), **given}.items()}
+    try:
+        result = replace(result, **changes)
+    except OptionError as exc:
+        renamed = [f"{name}= sets {keywords[name]}" for name in given if keywords[name] != name]
+        if not renamed:
+            raise
+        raise OptionError(f"{exc.message} ({', '.join(renamed)})") from None
+    warn_deprecated(f"{reader}({typed}) is deprecated and goes in the next release: pass order=packer.{result!r}")
+    return result
 
 
 def check_epoch(epoch: object) -> int:
@@ -514,6 +727,134 @@ def check_epoch(epoch: object) -> int:
     if epoch > MAX_EPOCH:
         raise OptionError(f"epoch must be at most 2**63 - 1 (a reader's position is an int64), got {epoch!r}")
     return int(epoch)
+
+
+class SampleSpace(Protocol):
+    """What an ``EpochCursor`` orders: the seam where datasets, mixtures and views plug in.
+
+    A space says how many samples an epoch has, which sample numbers an epoch reads in which order
+    for a ``ReadOrder``, and what identifies it in a saved state; the cursor deals that order to
+    ranks and workers and keeps the position (``deal``, ``Position``), whatever the space is.
+    ``IndexSpace`` is a single dataset's (or a bare count's). Spaces are pickled to DataLoader
+    workers: keep them cheap to pickle (recompute what is proportional to the dataset lazily).
+    """
+
+    @property
+    def num_samples(self) -> int:
+        """The length of every epoch's order: what a state's ``consumed`` counts up to."""
+
+    def epoch_order(self, order: ReadOrder, epoch: int) -> np.ndarray:
+        """The ``num_samples`` sample numbers ``epoch`` reads, in order (int64): a function of the
+        order's kind, seed and block settings and of ``epoch`` only. Blocks are the space's business."""
+
+    def identity(self, order: ReadOrder | None = None) -> dict[str, Any]:
+        """What a state records of this space (JSON-ready, keys other than a state's own): a state
+        whose identity differs is refused, naming the key. With a block ``order``, what its blocks
+        depend on is included."""
+
+
+def _is_index(source: Any) -> bool:
+    """An open dataset or index (``packer.dataset.DatasetIndex``): it has the index columns."""
+    return hasattr(getattr(source, "index", None), "offset")
+
+
+class IndexSpace:
+    """The plain sample space: the samples of one dataset (or a bare count), in index order.
+
+    Blocks for the ``"block"`` order are measured in bytes from the dataset's index
+    (``index_blocks`` with the order's ``block_bytes``), or cut every ``block_samples`` samples
+    when the order says so or there is no index (``uniform_blocks``). They are computed on first
+    use in each process and never pickled: a DataLoader worker recomputes them from the index.
+
+    Args:
+        index: an open dataset or index, or a callable returning one (opened on first use, e.g. in
+            a DALI worker), or None for a bare count.
+        num_samples: the sample count (default: the index's length; required with a callable).
+        blocks: explicit block boundaries (or a callable returning them) instead of measuring
+            them: what the cursor's ``blocks=`` gives.
+    """
+
+    def __init__(self, index: Any = None, *, num_samples: int | None = None, blocks: Any = None) -> None:
+        if num_samples is None:
+            if index is None or callable(index):
+                raise OptionError("IndexSpace needs num_samples without an open index")
+            num_samples = len(index)
+        self._num_samples = _check_nonnegative("num_samples", num_samples)
+        self._index = index
+        self._explicit = blocks
+        self._cached: tuple[tuple[int, int | None], np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, source: Any, blocks: Any = None) -> "IndexSpace":
+        """The space of a dataset, an index, an object holding one as ``.dataset`` (a
+        ``PackedDataset``), a sample count, or anything with a length (a count).
+
+        Raises:
+            OptionError: none of these.
+        """
+        inner = getattr(source, "dataset", None)
+        if _is_index(inner):
+            source = inner
+        if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
+            return cls(num_samples=int(source), blocks=blocks)
+        if _is_index(source):
+            return cls(source, blocks=blocks)
+        try:
+            count = len(source)
+        except TypeError:
+            raise OptionError(f"expected a packer dataset or a sample count, got {type(source).__name__}") from None
+        return cls(num_samples=count, blocks=blocks)
+
+    @property
+    def num_samples(self) -> int:
+        return self._num_samples
+
+    def blocks(self, order: ReadOrder) -> np.ndarray:
+        """The block boundaries ``order``'s block shuffle uses here (cached for its block settings)."""
+        if callable(self._explicit):
+            self._explicit = self._explicit()
+        if self._explicit is not None:
+            return np.asarray(self._explicit)
+        key = (order.block_bytes, order.block_samples)
+        if self._cached is None or self._cached[0] != key:
+            index = self._index() if callable(self._index) else self._index
+            if order.block_samples is None and index is not None:
+                columns = index.index
+                bounds = index_blocks(columns.offset, columns.size, columns.shard, order.block_bytes)
+            else:
+                bounds = uniform_blocks(self._num_samples, order.block_samples or DEFAULT_BLOCK_SAMPLES)
+            self._cached = (key, bounds)
+        return self._cached[1]
+
+    def epoch_order(self, order: ReadOrder, epoch: int) -> np.ndarray:
+        """``epoch_order`` of ``order``'s kind over this space (the block order over its blocks)."""
+        blocks = self.blocks(order) if order.kind == "block" else None
+        return order.epoch_order(self._num_samples, epoch, blocks)
+
+    def identity(self, order: ReadOrder | None = None) -> dict[str, Any]:
+        """``{"num_samples": N}``, and for a block ``order`` the fingerprint of its blocks here."""
+        identity: dict[str, Any] = {"num_samples": self._num_samples}
+        if order is not None and order.kind == "block":
+            identity["blocks"] = _blocks_fingerprint(self.blocks(order))
+        return identity
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cached"] = None  # proportional to the dataset: recomputed where it is used
+        return state
+
+
+def sample_space(source: Any, blocks: Any = None) -> SampleSpace:
+    """``source`` as a sample space: a space as it is; else ``IndexSpace.of(source, blocks)``.
+
+    Raises:
+        OptionError: ``blocks`` beside a space (its blocks are its own), or not a dataset or count.
+    """
+    if all(hasattr(source, name) for name in ("num_samples", "epoch_order", "identity")):
+        if blocks is not None:
+            raise OptionError(f"blocks= is for a sample count; a {type(source).__name__} has its own")
+        return source
+    return IndexSpace.of(source, blocks)
 
 
 #: Readers (DataLoader workers) a ``Position`` can tell apart when they claim a loaded start.
@@ -594,30 +935,34 @@ class Position:
 
 
 class EpochCursor:
-    """A reader's place in its run: order settings, its rank, the ``(epoch, start)`` position.
+    """A reader's place in its run: the order, the sample space it orders, its rank, the
+    ``(epoch, start)`` position.
 
     Args:
-        read_order: the order settings (kind, seed, batch size, drop rule, block settings).
-        num_samples: samples in the dataset.
-        rank, world_size: this reader's share.
-        blocks: the block boundaries for the ``"block"`` order, or a callable returning them
-            (computed on first use, e.g. per worker process), or None.
+        read_order: the order (kind, seed, batch size, drop rule, block settings, rank).
+        space: the sample space it orders (``SampleSpace``: a dataset's ``IndexSpace``, a
+            mixture's, ...), or a sample count.
+        rank, world_size: this reader's share (default: the order's, else rank 0 of 1; the
+            cursor's ``read_order`` holds the ones it uses).
+        blocks: with a sample count, its block boundaries for the ``"block"`` order, or a callable
+            returning them (computed on first use, e.g. per worker process), or None.
         position: where ``(epoch, start)`` is stored (default: a private ``Position``).
 
     The unit of ``handed_out`` is the reader's item: a batch for batch readers, a sample for
     sample readers (``count_samples=True``).
     """
 
-    def __init__(self, read_order: ReadOrder, num_samples: int, *, rank: int = 0, world_size: int = 1,
-                 blocks: Any = None, position: Position | None = None, count_samples: bool = False) -> None:
+    def __init__(self, read_order: ReadOrder, space: Any, *, rank: int | None = None,
+                 world_size: int | None = None, blocks: Any = None, position: Position | None = None,
+                 count_samples: bool = False) -> None:
+        rank, world_size = read_order._share_of(rank, world_size)
         world_size = _check_positive("world_size", world_size)
         rank = _check_nonnegative("rank", rank)
         if rank >= world_size:
             raise OptionError(f"rank {rank} out of range for world_size {world_size}")
-        self.read_order = read_order
-        self.num_samples = _check_nonnegative("num_samples", num_samples)
-        self.rank, self.world_size = rank, world_size
-        self._blocks = blocks
+        self.space: SampleSpace = sample_space(space, blocks)
+        #: The order this cursor deals, with the rank and world size it deals them to.
+        self.read_order = replace(read_order, rank=rank, world_size=world_size)
         self.position = position if position is not None else Position()
         self.count_samples = count_samples
         #: Items handed out since the current iteration began (batches, or samples).
@@ -626,19 +971,30 @@ class EpochCursor:
         self.pass_position: tuple[int, int] | None = None
 
     @property
+    def rank(self) -> int:
+        return int(self.read_order.rank)  # type: ignore[arg-type]  # filled in above
+
+    @property
+    def world_size(self) -> int:
+        return int(self.read_order.world_size)  # type: ignore[arg-type]
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in an epoch of the space."""
+        return self.space.num_samples
+
+    @property
     def blocks(self) -> np.ndarray | None:
-        if callable(self._blocks):
-            self._blocks = self._blocks()
-        return self._blocks
+        """The block boundaries of the ``"block"`` order in the space (None for other orders, or a
+        space without blocks of its own): what readers advise the kernel to read ahead."""
+        blocks = getattr(self.space, "blocks", None)
+        return blocks(self.read_order) if blocks is not None and self.read_order.kind == "block" else None
 
     def with_blocks(self, blocks: Any) -> "EpochCursor":
-        """A shallow copy whose blocks come from ``blocks`` (an array, a callable or None).
-
-        Readers pickle this with a callable, so block boundaries (proportional to the dataset)
-        are recomputed in each worker instead of travelling with the reader.
-        """
+        """A shallow copy ordering a bare count of the same size with ``blocks`` (an array, a
+        callable or None) as its block boundaries."""
         twin = copy.copy(self)
-        twin._blocks = blocks
+        twin.space = IndexSpace(num_samples=self.num_samples, blocks=blocks)
         return twin
 
     @property
@@ -664,15 +1020,14 @@ class EpochCursor:
 
     def share(self) -> RankShare:
         """This rank's share of the rest of the current epoch (no permutation computed)."""
-        return self.read_order.share(self.num_samples, consumed=self.start, world_size=self.world_size)
+        return self.read_order.share(self.num_samples, consumed=self.start)
 
     def plan(self, epoch: int | None = None, start: int | None = None) -> RankPlan:
         """This rank's plan for the rest of the current epoch (or of ``epoch`` from ``start``)."""
         current, position = self.position.get()
         epoch = current if epoch is None else epoch
         start = (position if epoch == current else 0) if start is None else start
-        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
-                                    world_size=self.world_size, blocks=self.blocks)
+        return self.read_order.plan(self.space, epoch=epoch, consumed=start)
 
     def begin(self, reader: int = 0, readers: int = 1) -> RankPlan:
         """Start a pass: reset the hand-out count and return the plan it follows.
@@ -688,8 +1043,7 @@ class EpochCursor:
         start = self.position.claim(reader, readers)
         epoch = self.epoch
         self.pass_position = (epoch, start)
-        return self.read_order.plan(self.num_samples, epoch=epoch, consumed=start, rank=self.rank,
-                                    world_size=self.world_size, blocks=self.blocks)
+        return self.read_order.plan(self.space, epoch=epoch, consumed=start)
 
     def begin_at(self, epoch: int, start: int) -> RankPlan:
         """Start a pass at an explicit position (a DataLoader worker's own saved state), claiming
@@ -714,17 +1068,17 @@ class EpochCursor:
 
     def state_dict(self, *, batches: int | None = None, samples: int | None = None) -> dict[str, Any]:
         """The resumable state (``ReadOrder.state_dict``) after ``batches``/``samples`` consumed."""
-        return self.read_order.state_dict(self.num_samples, epoch=self.epoch,
-                                          consumed=self.consumed(batches=batches, samples=samples),
-                                          blocks=self.blocks)
+        return self.read_order.state_dict(self.space, epoch=self.epoch,
+                                          consumed=self.consumed(batches=batches, samples=samples))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at a saved position: the next iteration reads exactly the rest of that epoch.
 
         Raises:
-            OptionError: the state was saved with another order, seed, block layout or dataset size.
+            StateMismatchError: the state was saved with another order, seed or sample space.
+            OptionError: not a read-order state.
         """
-        epoch, consumed = self.read_order.check_state(state, self.num_samples, self.blocks)
+        epoch, consumed = self.read_order.check_state(state, self.space)
         self.position.load(epoch, consumed)
         self.handed_out = 0
         self.pass_position = None

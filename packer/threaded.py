@@ -24,10 +24,11 @@ reproducible across thread counts).
 
 Example::
 
+    from packer import ReadOrder
     from packer.threaded import ThreadedLoader
     from packer.transforms import RandomResizedCrop
 
-    loader = ThreadedLoader("packed/cifar-raw32", batch_size=512, order="random", seed=0,
+    loader = ThreadedLoader("packed/cifar-raw32", batch_size=512, order=ReadOrder("random", seed=0),
                             decode=RandomResizedCrop(32, scale=(0.35, 1.0), seed=0), threads=2)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -45,13 +46,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .errors import OptionError
-from .order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, ReadOrder, index_blocks
+from .order import CursorReader, EpochCursor, IndexSpace, ReadOrder, read_order_from
 
 __all__ = ["ThreadedLoader", "DEFAULT_THREADS"]
 
 #: Threads when none are asked for: two (the batched raw path saturates about that many cores;
 #: more threads mostly contend with the training loop).
 DEFAULT_THREADS = 2
+#: The loader's order when none is given.
+DEFAULT_ORDER = ReadOrder("random")
 
 
 class ThreadedLoader(CursorReader):
@@ -66,37 +69,37 @@ class ThreadedLoader(CursorReader):
             with ``layout="HWC"`` (the default here, kept from earlier versions), or an ``(N, C,
             H, W)`` view of the same memory with ``"CHW"`` (what ``PackedDataset`` gives by
             default); either costs the same.
-        order: ``"sequential"``, ``"random"`` (default) or ``"block"``.
-        seed: the run's seed; orders are functions of (seed, epoch).
-        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
-        drop_last: drop the end of the epoch order (full batches only) instead of padding.
+        order: a ``packer.ReadOrder`` (kind, seed, ``drop_last``, rank and world size, block
+            settings; its ``batch_size`` None or ``batch_size``), or a kind string; default
+            ``ReadOrder("random")``. Rank and world size default from ``torch.distributed`` when
+            initialised, else 0 and 1.
         threads: worker threads (default ``DEFAULT_THREADS``).
         prefetch: batches in flight (default ``2 * threads``).
         backend, verify_checksums: as for ``packer.open_dataset``.
-        block_bytes, window: the block shuffle's block span and window (in blocks).
         pin_memory: pin each batch's images (for asynchronous copies to a GPU); with
             ``fields=``, every tensor of the dict batch (not those inside per-sample lists).
         fields, multi_hot, geometry: what a sample holds, as for ``PackedDataset``; with any
             other ``fields`` than ``("image", "label")`` batches are dicts.
         collate_fn: collates a batch of dict samples (default ``packer.torch.collate``;
             ``PaddedCollate()`` pads the variable fields).
+        **deprecated: the order keywords of earlier releases (``seed=``, ``rank=``, ``world_size=``,
+            ``drop_last=``, ``block_bytes=``, ``window=``, ``block_samples=``): still accepted for
+            one release, with a ``DeprecationWarning``.
 
     Raises:
-        ValueError: a bad thread or prefetch count (and whatever ``ReadOrder`` and
-            ``PackedDataset`` refuse).
+        OptionError: a bad thread or prefetch count, an order whose batch size is not
+            ``batch_size`` (and whatever ``ReadOrder`` and ``PackedDataset`` refuse).
     """
 
-    def __init__(self, source: Any, *, batch_size: int, decode: Any = True, layout: str = "HWC",
-                 transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[Any], Any] | None = None, order: str = "random",
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 drop_last: bool = False, threads: int = DEFAULT_THREADS, prefetch: int | None = None,
-                 backend: str = "mmap", verify_checksums: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
+    def __init__(self, source: Any, *, batch_size: int, order: ReadOrder | str | None = None, decode: Any = True,
+                 layout: str = "HWC", transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None, threads: int = DEFAULT_THREADS,
+                 prefetch: int | None = None, backend: str = "mmap", verify_checksums: bool = False,
                  pin_memory: bool = False, fields: Any = ("image", "label"), multi_hot: Any = (),
-                 geometry: Any = None, collate_fn: Callable[[Any], Any] | None = None) -> None:
-        from .torch import PackedDataset, resolve_rank  # torch is optional: imported here
+                 geometry: Any = None, collate_fn: Callable[[Any], Any] | None = None, **deprecated: Any) -> None:
+        from .torch import PackedDataset  # torch is optional: imported here
 
+        read_order = read_order_from(order, deprecated, reader="ThreadedLoader", default=DEFAULT_ORDER)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a positive integer, got {threads!r}")
         prefetch = 2 * threads if prefetch is None else prefetch
@@ -108,19 +111,13 @@ class ThreadedLoader(CursorReader):
                                      geometry=geometry)
         self.collate_fn = collate_fn
         self._decode = decode
-        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                               batch_size=batch_size, drop_last=drop_last)
         self.threads = threads
         self.prefetch = prefetch
         self.pin_memory = bool(pin_memory)
-        blocks: np.ndarray | None = None
-        if order == "block":
-            ix = self.dataset.dataset.index
-            blocks = index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
-        rank, world_size = resolve_rank(rank, world_size)
         # The position rules are every reader's (packer.order.EpochCursor): a loaded position is
         # used by the one pass that follows the load. Batches count as handed out when yielded.
-        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size, blocks=blocks)
+        self.cursor = EpochCursor(read_order.resolved(batch_size=batch_size, reader="ThreadedLoader"),
+                                  IndexSpace(self.dataset.dataset))
 
     # --- position: packer.order.CursorReader over self.cursor (the rules of packer.torch's readers) ---
     def __len__(self) -> int:

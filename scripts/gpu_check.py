@@ -497,6 +497,7 @@ def _time_loader(loader: Any, seconds: float, bytes_per_image: int | None) -> di
 
 def raw_batches(raw_path: str, gpu: bool, seconds_each: float, batch_size: int) -> list[dict[str, Any]]:
     from packer.dataset import open_dataset
+    from packer import ReadOrder
     from packer.gpu import GpuRawBatches
 
     with open_dataset(raw_path) as ds:
@@ -510,7 +511,7 @@ def raw_batches(raw_path: str, gpu: bool, seconds_each: float, batch_size: int) 
     rows = []
     for name, kwargs in variants:
         row: dict[str, Any] = {"variant": name}
-        with GpuRawBatches(raw_path, batch_size, order="block", seed=0, **kwargs) as loader:
+        with GpuRawBatches(raw_path, batch_size, order=ReadOrder("block", seed=0), **kwargs) as loader:
             row["cold"] = evict(paths)
             row.update(_time_loader(loader, seconds_each, per_image))
         log(f"raw batches {row}")
@@ -528,6 +529,7 @@ def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
     from packer.writer import build
     from packer.writer.plan import BuildOptions
     from packer.dataset import open_dataset
+    from packer import ReadOrder
     from packer.gpu import GpuRawBatches
 
     count = 64
@@ -545,7 +547,7 @@ def raw_fields_check(out: Path, gpu: bool, batch_size: int) -> dict[str, Any]:
     names = ("image", "index", "score", "xy")
     checked = 0
     with open_dataset(out) as ds, GpuRawBatches(out, min(batch_size, 16), fields=names, device=device_name(gpu),
-                                                seed=1) as loader:
+                                                order=ReadOrder("block", seed=1)) as loader:
         score, xy = ds.field_array("score"), ds.field_array("xy")
         for batch in loader:
             if gpu and batch["score"].device.type != "cuda":
@@ -566,6 +568,7 @@ def raw_batch_crops(raw_path: str, gpu: bool, seconds_each: float, batch_size: i
     timed against the same loader on the host; FAIL when the device's crops of a batch differ from
     the CPU readers' (``PackedDataset.load_batch``, the compiled kernel) by more than 1 level."""
     from packer.dataset import open_dataset
+    from packer import ReadOrder
     from packer.gpu import GpuRawBatches
     from packer.torch import PackedDataset
     from packer.transforms import RandomResizedCrop
@@ -581,12 +584,12 @@ def raw_batch_crops(raw_path: str, gpu: bool, seconds_each: float, batch_size: i
         variants.insert(0, ("cuda io=host, crop on the GPU", {"device": "cuda", "io": "host"}))
     rows = []
     for name, kwargs in variants:
-        with GpuRawBatches(raw_path, batch_size, order="random", seed=0, decode=crop(), **kwargs) as loader:
+        with GpuRawBatches(raw_path, batch_size, order=ReadOrder("random", seed=0), decode=crop(), **kwargs) as loader:
             row = {"variant": name, **_time_loader(loader, seconds_each, None)}
         log(f"raw batch crops {row}")
         rows.append(row)
-    with GpuRawBatches(raw_path, batch_size, order="random", seed=0, decode=crop(), device=device_name(gpu),
-                       double_buffer=False) as loader:
+    with GpuRawBatches(raw_path, batch_size, order=ReadOrder("random", seed=0), decode=crop(),
+                       device=device_name(gpu), double_buffer=False) as loader:
         plan = loader.plan()
         iterator = iter(loader)
         images, _ = next(iterator)
@@ -610,6 +613,7 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
     from packer.dataset import open_dataset
     from packer.decode import decode_image
     from packer.errors import MissingDependencyError
+    from packer import ReadOrder
     from packer.gpu import GPU_JPEG_DECODERS, GpuJpegBatches, gpu_jpeg_decoder
 
     rows = []
@@ -637,7 +641,7 @@ def jpeg_decode(jpeg_path: str, gpu: bool, seconds_each: float, batch_size: int)
         row: dict[str, Any] = {"variant": name}
         with warnings.catch_warnings():
             warnings.simplefilter("default")  # a GpuFallbackWarning is printed (once), never hidden
-            with GpuJpegBatches(jpeg_path, batch_size, seed=0, **kwargs) as loader:
+            with GpuJpegBatches(jpeg_path, batch_size, order=ReadOrder("random", seed=0), **kwargs) as loader:
                 row.update(_time_loader(loader, seconds_each, None))
                 row["decode_counts"] = dict(loader.decode_counts)
         if n == 0:
@@ -672,6 +676,7 @@ def multi_gpu(raw_path: str, jpeg_path: str, gpu: bool, batch_size: int) -> dict
     import torch
 
     from packer.dataset import open_dataset
+    from packer import ReadOrder
     from packer.gpu import GpuJpegBatches, GpuRawBatches
 
     count = torch.cuda.device_count() if gpu else 2
@@ -683,7 +688,8 @@ def multi_gpu(raw_path: str, jpeg_path: str, gpu: bool, batch_size: int) -> dict
         if gpu:
             torch.cuda.set_device(rank)
             before = [torch.cuda.memory_allocated(i) for i in range(count)]
-        with GpuRawBatches(raw_path, batch_size, rank=rank, world_size=count, device=device_name(gpu)) as loader:
+        with GpuRawBatches(raw_path, batch_size, order=ReadOrder("block", rank=rank, world_size=count),
+                           device=device_name(gpu)) as loader:
             want = torch.device("cuda", rank) if gpu else torch.device("cpu")
             if loader.device != want:
                 raise CheckFailed(f"rank {rank}: loader.device is {loader.device}, expected {want}")
@@ -700,8 +706,9 @@ def multi_gpu(raw_path: str, jpeg_path: str, gpu: bool, batch_size: int) -> dict
                 if grew:
                     raise CheckFailed(f"rank {rank}: memory was allocated on cuda:{grew} ({before} -> {after})")
         decoder = {} if gpu else {"gpu_decoder": CpuJpegDecoder()}
-        with GpuJpegBatches(jpeg_path, max(2, batch_size // 4), rank=rank, world_size=count,
-                            device=device_name(gpu), **decoder) as jpegs:
+        with GpuJpegBatches(jpeg_path, max(2, batch_size // 4),
+                            order=ReadOrder("random", rank=rank, world_size=count), device=device_name(gpu),
+                            **decoder) as jpegs:
             images, _ = next(iter(jpegs))
             wrong = {str(image.device) for image in images if image.device != want}
             if wrong:
@@ -721,6 +728,7 @@ def failure_injection(raw_path: str, gpu: bool, batch_size: int) -> dict[str, An
     from packer.backends import kvikio as backend
     from packer.dataset import Dataset
     from packer.errors import GpuPathError
+    from packer import ReadOrder
     from packer.gpu import GpuRawBatches
 
     original = backend.KvikioShard.start_read
@@ -739,9 +747,9 @@ def failure_injection(raw_path: str, gpu: bool, batch_size: int) -> dict[str, An
 
     def kvikio_loader() -> Any:
         if gpu:
-            return GpuRawBatches(raw_path, batch_size, order="random", seed=5, device="cuda", io="kvikio")
+            return GpuRawBatches(raw_path, batch_size, order=ReadOrder("random", seed=5), device="cuda", io="kvikio")
         # Dry run: the io="kvikio" read path over the fake kvikio, CPU tensors standing in for device memory.
-        loader = GpuRawBatches(raw_path, batch_size, order="random", seed=5, device="cpu")
+        loader = GpuRawBatches(raw_path, batch_size, order=ReadOrder("random", seed=5), device="cpu")
         loader._reader.close()
         loader._reader = Dataset(raw_path, backend="kvikio")
         loader.io = "kvikio"
@@ -763,7 +771,7 @@ def failure_injection(raw_path: str, gpu: bool, batch_size: int) -> dict[str, An
     finally:
         backend.KvikioShard.start_read = original
     # The staging buffer and files were released with no read in flight: a new loader reads right.
-    with kvikio_loader() as loader, GpuRawBatches(raw_path, batch_size, order="random", seed=5,
+    with kvikio_loader() as loader, GpuRawBatches(raw_path, batch_size, order=ReadOrder("random", seed=5),
                                                   device="cpu") as host:
         (images, _), (expected, _) = next(iter(loader)), next(iter(host))
         if not torch.equal(images.cpu(), expected):
@@ -781,9 +789,11 @@ def dali_mixed(jpeg_path: str, gpu: bool, batch_size: int) -> dict[str, Any]:
         raise NotRun(f"DALI missing ({type(exc).__name__}: {str(exc)[:120]})") from None
     import warnings
 
+    from packer import ReadOrder
     from packer.dali import PackedSampleSource
 
-    source = PackedSampleSource(jpeg_path, batch_size, seed=0, drop_last=True, return_index=True)
+    source = PackedSampleSource(jpeg_path, batch_size, order=ReadOrder("random", seed=0, drop_last=True),
+                                return_index=True)
 
     @pipeline_def(batch_size=batch_size, num_threads=2, device_id=0 if gpu else None, seed=0)
     def pipeline() -> Any:

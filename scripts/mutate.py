@@ -80,10 +80,9 @@ class Group:
 #: The sampler/reader state of packer/torch/: orders, rank split, positions, state dicts (the
 #: decoding and collation around them belong to the readers, not to the resumable state).
 _TORCH_STATE = tuple(f"packer.torch.{name}__mutmut_*" for name in (
-    "runtime.x_resolve_rank", "epochs.x__blocks_of", "epochs.x__sampler_cursor", "iterable.x__worker_share",
-    "samplers.xǁPackedSamplerǁ*", "samplers.xǁPackedBatchSamplerǁ*", "loader.xǁPackedDataLoaderǁ*",
-    "iterable.xǁ_SharedPositionǁ*", "iterable.xǁPackedIterableDatasetǁ__init__",
-    "iterable.xǁPackedIterableDatasetǁ_dataset_blocks", "iterable.xǁPackedIterableDatasetǁ__getstate__",
+    "iterable.x__worker_share", "samplers.xǁPackedSamplerǁ*", "samplers.xǁPackedBatchSamplerǁ*",
+    "loader.xǁPackedDataLoaderǁ*", "loader.x__deal", "iterable.xǁ_SharedPositionǁ*",
+    "iterable.xǁPackedIterableDatasetǁ__init__", "iterable.xǁPackedIterableDatasetǁ__getstate__",
     "iterable.xǁPackedIterableDatasetǁ__len__", "iterable.xǁPackedIterableDatasetǁstate_dict",
     "iterable.xǁPackedIterableDatasetǁload_state_dict", "iterable.xǁPackedIterableDatasetǁ__iter__"))
 
@@ -98,7 +97,8 @@ _SLOW_BUILD = ("sigkill_cli_from_outside", "concurrent_cli_builds", "listing_rep
 GROUPS = (
     Group("format", ("packer/format.py",), ("tests/format/test_format.py", "tests/format/test_vectors.py",
                                             "tests/format/test_fields.py")),
-    Group("order", ("packer/order.py",), ("tests/order/test_order.py",)),
+    Group("order", ("packer/order.py",), ("tests/order/test_order.py", "tests/order/test_position.py",
+                                          "tests/order/test_read_order.py")),
     Group("atomic", ("packer/writer/atomic.py",), ("tests/writer/test_interrupted_builds.py",), skip=_SLOW_BUILD),
     Group("records", ("packer/writer/records.py", "packer/writer/commit.py"),
           ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_commit.py"),
@@ -113,10 +113,10 @@ GROUPS = (
           ("tests/readers/test_backends.py", "tests/format/test_format.py", "tests/format/test_vectors.py",
            "tests/format/test_fields.py", "tests/readers/test_dataset.py"), skip=("vectors_regenerate",)),
     Group("tiles", ("packer/codecs/tiles.py",), ("tests/codecs/test_tiles.py",)),
-    Group("torch", ("packer/torch/runtime.py", "packer/torch/epochs.py", "packer/torch/samplers.py",
-                    "packer/torch/loader.py", "packer/torch/iterable.py"),
+    Group("torch", ("packer/torch/samplers.py", "packer/torch/loader.py", "packer/torch/iterable.py"),
           ("tests/torch/test_torch.py", "tests/torch/test_resume.py", "tests/torch/test_torch_fields.py",
-           "tests/torch/test_orders_and_state.py"), only=_TORCH_STATE),
+           "tests/torch/test_orders_and_state.py", "tests/torch/test_order_spellings.py",
+           "tests/torch/test_sampler_batch_size.py"), only=_TORCH_STATE),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 

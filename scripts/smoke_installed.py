@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         from torch.utils.data import DataLoader
 
+        from packer import ReadOrder
         from packer.torch import PackedBatchSampler, PackedDataset
         from packer.transforms import CenterCrop, RandomResizedCrop
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               f"DataLoader batch with a worker process: {tuple(images.shape)} {images.dtype}")
         run("packer", "build", "src", "raw", "--codec", "raw", "--size", "32x32", env=env)
         raw = PackedDataset("raw", decode=RandomResizedCrop(24, seed=0), layout="HWC")
-        sampler = PackedBatchSampler(raw, batch_size=8, seed=0)
+        sampler = PackedBatchSampler(raw, batch_size=8, order=ReadOrder("random", seed=0))
         images, labels = next(iter(DataLoader(raw, batch_sampler=sampler, num_workers=0)))
         check(tuple(images.shape) == (8, 24, 24, 3), "batched raw crop (compiled kernel or torch's ops)")
     print("smoke test passed", flush=True)

@@ -16,7 +16,7 @@ from ..codecs import codec_for, dataset_max_pixels
 from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
 from ..machine import available_cpus
-from ..order import epoch_order, index_blocks
+from ..order import ReadOrder, epoch_order, index_blocks
 from .diagnosis import advise, diagnose, format_counts, idle_note, idle_workers, raw_codec_note, small_dataset_note
 from .options import DEFAULT_SIZE, HEADROOM, BenchOptions, BenchResult
 from .procstat import child_pids, process_cpu_seconds, run_queue_seconds, storage_read_bytes
@@ -85,6 +85,7 @@ class _TorchBatches(_Batches):
         from ..torch import PackedBatchSampler, PackedDataset, PackedIterableDataset, collate
 
         decode = _decoder(options, size)
+        order = _one_process_order(options)
         sizes = dataset.index.size
         self._epoch_setter: Callable[[int], None]
         common: dict[str, Any] = {"num_workers": workers, "pin_memory": options.pin_memory,
@@ -93,16 +94,14 @@ class _TorchBatches(_Batches):
             common["prefetch_factor"] = 2
         if options.reader == "map":
             data = PackedDataset(dataset, decode=decode, layout=options.layout)
-            sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=options.order,
-                                         seed=options.seed, rank=0, world_size=1)
+            sampler = PackedBatchSampler(data, batch_size=options.batch_size, order=order)
             recorder = _RecordingSampler(sampler, sizes, self.batch_bytes)
             self.batches_per_epoch = len(sampler)
             self.loader = torch_data.DataLoader(data, batch_sampler=recorder, collate_fn=collate,
                                                 **common)
             self._epoch_setter = sampler.set_epoch
         else:
-            data = PackedIterableDataset(dataset, batch_size=options.batch_size, order=options.order,
-                                         seed=options.seed, rank=0, world_size=1, decode=decode,
+            data = PackedIterableDataset(dataset, batch_size=options.batch_size, order=order, decode=decode,
                                          layout=options.layout)
             self.loader = torch_data.DataLoader(data, batch_size=None, **common)
             self._iterable = data
@@ -128,6 +127,11 @@ class _TorchBatches(_Batches):
             iterator._shutdown_workers()
 
 
+def _one_process_order(options: BenchOptions) -> ReadOrder:
+    """The order the bench reads: the one asked for, all of it in this process (rank 0 of 1)."""
+    return ReadOrder(options.order, seed=options.seed, rank=0, world_size=1)
+
+
 class _ThreadedBatches(_Batches):
     """``packer.threaded.ThreadedLoader``: batches made on threads of this process, no hand-off."""
 
@@ -136,9 +140,8 @@ class _ThreadedBatches(_Batches):
         from ..threaded import ThreadedLoader
 
         self.loader = ThreadedLoader(dataset, batch_size=options.batch_size, decode=_decoder(options, size),
-                                     layout=options.layout, order=options.order, seed=options.seed, rank=0,
-                                     world_size=1, threads=threads, pin_memory=options.pin_memory,
-                                     fields=("image", "label", "index"))
+                                     layout=options.layout, order=_one_process_order(options), threads=threads,
+                                     pin_memory=options.pin_memory, fields=("image", "label", "index"))
         self._sizes = dataset.index.size
         self.batches_per_epoch = len(self.loader)
 

@@ -63,13 +63,15 @@ still read them. When a read fails, every read already in flight is waited for b
 reaches the caller, so no kvikio thread writes into a freed staging buffer or a closed file.
 
 Settings: both loaders take the settings of ``GpuLoaderOptions`` (a frozen dataclass) as keyword
-arguments, or an ``options=GpuLoaderOptions(...)`` object plus keyword overrides.
+arguments, or an ``options=GpuLoaderOptions(...)`` object plus keyword overrides. Which samples
+come in which order for whom is one of them: ``order=packer.ReadOrder(...)``, as for every reader.
 
 Example::
 
+    from packer import ReadOrder
     from packer.gpu import GpuRawBatches
     torch.cuda.set_device(local_rank)
-    loader = GpuRawBatches("/data/imagenet-raw224", batch_size=256, order="block", seed=0)
+    loader = GpuRawBatches("/data/imagenet-raw224", batch_size=256, order=ReadOrder("block", seed=0))
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for images, labels in loader:          # (256, 224, 224, 3) uint8 on cuda:local_rank, (256,) int64

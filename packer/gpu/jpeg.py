@@ -16,6 +16,7 @@ from .. import format as fmt
 from ..backends.runs import plan_runs
 from ..codecs import codec_for
 from ..errors import GpuPathError, MissingDependencyError, OptionError, PackerError
+from ..order import ReadOrder
 from .decoders import GpuJpegDecoder, gpu_jpeg_decoder
 from .loader import CPU_FALLBACKS, GpuBatchReader, GpuLoaderOptions
 
@@ -50,8 +51,8 @@ class GpuJpegBatches(GpuBatchReader):
 
     Args:
         source, batch_size, options, **settings: as for ``GpuRawBatches`` (``order`` defaults to
-            ``"random"``; reads always go to pinned host memory: compressed bytes are decoded
-            from there, so ``io`` must be ``"auto"`` or ``"host"``).
+            ``ReadOrder("random")``; reads always go to pinned host memory: compressed bytes are
+            decoded from there, so ``io`` must be ``"auto"`` or ``"host"``).
         transform: applied to each batch's image list on the read-ahead thread.
         cpu_fallback: what to do with a JPEG the GPU decoder refuses (a torchvision without
             nvJPEG refuses all of them): ``"warn"`` (default: decode it on the CPU and warn once
@@ -75,12 +76,15 @@ class GpuJpegBatches(GpuBatchReader):
         GpuPathError: while iterating, a JPEG the GPU decoder refused with ``cpu_fallback="error"``.
     """
 
+    #: The order when the options have none.
+    DEFAULT_ORDER = ReadOrder("random")
+
     def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions | None = None, *,
                  transform: Callable[[list[Any]], Any] | None = None, cpu_fallback: str = "warn",
                  gpu_decoder: GpuJpegDecoder | str | None = None, **settings: Any) -> None:
         if cpu_fallback not in CPU_FALLBACKS:
             raise OptionError(f"cpu_fallback must be one of {', '.join(CPU_FALLBACKS)}, got {cpu_fallback!r}")
-        merged = GpuLoaderOptions.merge(options, settings, base=GpuLoaderOptions(order="random"))
+        merged = GpuLoaderOptions.merge(options, settings, base=GpuLoaderOptions(self.DEFAULT_ORDER))
         if merged.io == "kvikio":
             raise OptionError("GpuJpegBatches decodes from pinned host memory: io must be 'auto' or 'host', "
                               "not 'kvikio'")

@@ -20,8 +20,7 @@ from ..backends.kvikio import GPU_EXTRA, import_kvikio, kvikio_get, set_kvikio_t
 from ..backends.readahead import ReadAhead
 from ..backends.runs import RunPlan
 from ..errors import DatasetChangedError, MissingDependencyError, OptionError
-from ..order import (DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader, EpochCursor, RankPlan, ReadOrder,
-                     index_blocks)
+from ..order import CursorReader, EpochCursor, IndexSpace, RankPlan, ReadOrder, read_order_from
 
 #: Largest single host ``pread`` the loaders issue; longer runs are split and read in parallel.
 DEFAULT_READ_BLOCK = 8 << 20
@@ -29,6 +28,8 @@ DEFAULT_READ_BLOCK = 8 << 20
 _DEVICE_ALIGNMENT = PAGE
 #: What ``GpuJpegBatches`` does with a JPEG the GPU decoder refused.
 CPU_FALLBACKS = ("warn", "error", "silent")
+#: The order settings ``GpuLoaderOptions`` held before ``order=`` was a ``packer.ReadOrder``.
+_ORDER_SETTINGS = {name: name for name in ("seed", "rank", "world_size", "drop_last", "block_bytes", "window")}
 
 
 def _import_torch() -> Any:
@@ -73,43 +74,48 @@ def resolve_device(device: Any) -> Any:
 
 # --- settings ----------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class GpuLoaderOptions:
     """The settings both GPU loaders share (pass them as keyword arguments, or as ``options=``).
 
     Attributes:
-        order: ``"block"``, ``"random"`` or ``"sequential"`` (``packer.order``).
-        seed: the run's seed; orders are functions of (seed, epoch).
-        rank, world_size: this rank's share; default from ``torch.distributed``, else (0, 1).
-        drop_last: full batches only (``packer.order``'s drop rule) instead of a short last batch.
+        order: a ``packer.ReadOrder`` (or a kind string for one): kind, seed, ``drop_last`` (full
+            batches only instead of a short last batch), rank and world size (default from
+            ``torch.distributed``, else 0 of 1), block settings; its ``batch_size`` None or the
+            loader's. None: the loader's default (``ReadOrder("block")`` for raw batches,
+            ``ReadOrder("random")`` for JPEG batches).
         device: ``"cuda"`` (the current device when the loader is created), ``"cuda:N"`` or ``"cpu"``.
         io: ``"kvikio"`` (reads into GPU memory), ``"host"`` (pinned memory + copy) or ``"auto"``
             (kvikio when importable). JPEG batches always read to the host.
         double_buffer: prepare the next batch on a background thread while the caller computes.
-        block_bytes, window: the block shuffle's block span and window (``packer.order``).
         read_block: largest single host read; longer runs are split and read in parallel.
         io_threads: parallel reads (host reads, and at least this many kvikio threads).
         backend: backend for host reads (``"pread"``, ``"mmap"``, ``"direct"``).
+
+    The order settings of earlier releases (``seed=``, ``rank=``, ``world_size=``, ``drop_last=``,
+    ``block_bytes=``, ``window=``) are still accepted for one release, with a ``DeprecationWarning``.
     """
 
-    order: str = "block"
-    seed: int = 0
-    rank: int | None = None
-    world_size: int | None = None
-    drop_last: bool = False
+    order: ReadOrder | None = None
     device: str = "cuda"
     io: str = "auto"
     double_buffer: bool = True
-    block_bytes: int = DEFAULT_BLOCK_BYTES
-    window: int = DEFAULT_WINDOW
     read_block: int = DEFAULT_READ_BLOCK
     io_threads: int = 8
     backend: str = "pread"
 
-    def __post_init__(self) -> None:
+    def __init__(self, order: ReadOrder | str | None = None, *, device: str = "cuda", io: str = "auto",
+                 double_buffer: bool = True, read_block: int = DEFAULT_READ_BLOCK, io_threads: int = 8,
+                 backend: str = "pread", **deprecated: Any) -> None:
+        if order is not None or deprecated:
+            order = read_order_from(order, deprecated, reader="GpuLoaderOptions", default=ReadOrder("block"),
+                                    keywords=_ORDER_SETTINGS)
+        for name, value in (("order", order), ("device", device), ("io", io), ("double_buffer", double_buffer),
+                            ("read_block", read_block), ("io_threads", io_threads), ("backend", backend)):
+            object.__setattr__(self, name, value)
         if self.io not in ("auto", "kvikio", "host"):
             raise OptionError(f"io must be 'auto', 'kvikio' or 'host', got {self.io!r}")
-        for name in ("read_block", "io_threads", "block_bytes"):
+        for name in ("read_block", "io_threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name} must be a positive integer, got {value!r}")
@@ -117,20 +123,26 @@ class GpuLoaderOptions:
     @classmethod
     def merge(cls, options: "GpuLoaderOptions | None", settings: dict[str, Any],
               base: "GpuLoaderOptions | None" = None) -> "GpuLoaderOptions":
-        """``options`` (else ``base``, else the defaults) with the keyword ``settings`` applied.
+        """``options`` (else ``base``, else the defaults) with the keyword ``settings`` applied
+        (an old order setting applies to the order of ``options``).
 
         Raises:
             OptionError: a setting that is not a field of ``GpuLoaderOptions``.
         """
         fields = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - fields)
+        unknown = sorted(set(settings) - fields - set(_ORDER_SETTINGS))
         if unknown:
             raise OptionError(f"unknown GPU loader setting(s) {', '.join(unknown)}; the settings are "
                               f"{', '.join(sorted(fields))}")
         start = options if options is not None else (base if base is not None else cls())
         if not isinstance(start, cls):
             raise OptionError(f"options must be a GpuLoaderOptions, got {type(start).__name__}")
-        return dataclasses.replace(start, **settings) if settings else start
+        changes = {name: value for name, value in settings.items() if name not in _ORDER_SETTINGS}
+        old = {name: value for name, value in settings.items() if name in _ORDER_SETTINGS}
+        if old:
+            changes["order"] = read_order_from(changes.get("order"), old, reader="the GPU loader",
+                                               default=start.order or ReadOrder("block"), keywords=_ORDER_SETTINGS)
+        return dataclasses.replace(start, **changes) if changes else start
 
 
 # --- the shared loader -------------------------------------------------------------------------
@@ -138,12 +150,13 @@ class GpuLoaderOptions:
 class GpuBatchReader(CursorReader):
     """Order, rank share, resumable position, device and the read path shared by the two loaders."""
 
+    #: The order when the options have none.
+    DEFAULT_ORDER = ReadOrder("block")
+
     def __init__(self, source: Any, batch_size: int, options: GpuLoaderOptions) -> None:
         from ..dataset import Dataset, open_dataset
 
         torch = _import_torch()
-        from ..torch import resolve_rank  # torch is importable here: the line above checked
-
         self._torch = torch
         self.options = options
         # Resolved here, on the caller's thread: the read-ahead thread starts on device 0.
@@ -176,13 +189,8 @@ class GpuBatchReader(CursorReader):
             self._reader.close()
             raise DatasetChangedError("the dataset was replaced since it was opened", path=self.dataset.path)
         self.alignment = self.dataset.alignment
-        ix = self.dataset.index
-        blocks = (index_blocks(ix.offset, ix.size, ix.shard, options.block_bytes)
-                  if options.order == "block" else None)
-        read_order = ReadOrder(kind=options.order, seed=options.seed, block_bytes=options.block_bytes,
-                               window=options.window, batch_size=batch_size, drop_last=options.drop_last)
-        rank, world_size = resolve_rank(options.rank, options.world_size)
-        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size, blocks=blocks)
+        read_order = (options.order or self.DEFAULT_ORDER).resolved(batch_size=batch_size, reader=type(self).__name__)
+        self.cursor = EpochCursor(read_order, IndexSpace(self.dataset))
         self.double_buffer = bool(options.double_buffer)
         self.read_block = max(options.read_block, self.alignment)
         self.io_threads = options.io_threads

@@ -52,7 +52,7 @@ class GpuRawBatches(GpuBatchReader):
     Args:
         source: a dataset folder or an open ``Dataset`` (its codec must be ``raw``).
         batch_size: samples per batch per rank.
-        options: a ``GpuLoaderOptions`` (default: its defaults, ``order="block"``).
+        options: a ``GpuLoaderOptions`` (default: its defaults; the order ``ReadOrder("block")``).
         fields: instead of ``(images, labels)``, a dict per batch with these names, in this order:
             ``"image"``, ``"label"`` (``(B,)`` int64), ``"index"`` (``(B,)`` int64 sample numbers)
             and fixed-width ``array`` fields (``(B, *shape)`` of their dtype), all on ``device``
@@ -64,9 +64,10 @@ class GpuRawBatches(GpuBatchReader):
             readers (``PackedDataset``, ``ThreadedLoader``): with ``seed=`` a function of
             ``(seed, epoch, index)``, the epoch being this loader's (it calls ``set_epoch`` on the
             transform); the pixels agree with the CPU path within ``rawcrop.AGREEMENT_MAX_ABS``.
-        **settings: any ``GpuLoaderOptions`` field (``order``, ``seed``, ``rank``, ``world_size``,
-            ``drop_last``, ``device``, ``io``, ``double_buffer``, ``block_bytes``, ``window``,
-            ``read_block``, ``io_threads``, ``backend``), overriding ``options``.
+        **settings: any ``GpuLoaderOptions`` field (``order``, a ``packer.ReadOrder``; ``device``,
+            ``io``, ``double_buffer``, ``read_block``, ``io_threads``, ``backend``), overriding
+            ``options`` (the old order settings ``seed=``, ``rank=``, ... for one more release,
+            with a ``DeprecationWarning``).
 
     Raises:
         OptionError: a bad setting (unknown name, io, device index), a field in ``fields`` the

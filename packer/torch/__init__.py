@@ -1,8 +1,10 @@
 """PyTorch readers: which one for which situation (``pip install 'packer-shards[torch]'``).
 
-* **Map-style + a sampler** (the classic DataLoader wiring): ``PackedDataset`` with
-  ``PackedBatchSampler`` (or ``PackedSampler``, or torch's own ``DistributedSampler``), in
-  ``PackedDataLoader`` (a DataLoader that counts what the loop received, for exact resume).
+* **Map-style + a sampler** (the classic DataLoader wiring): ``PackedDataset`` in
+  ``PackedDataLoader(dataset, batch_size=..., order=packer.ReadOrder(...))``, a DataLoader that
+  deals the order itself (a ``PackedBatchSampler``) and counts what the loop received, for exact
+  resume; or with a ``PackedBatchSampler`` / ``PackedSampler`` of your own (or torch's
+  ``DistributedSampler``).
   The sampler runs in the main process; workers receive batches of indices (``__getitems__``)
   and decode from zero-copy views of the mapped shards. Modules: ``mapstyle``, ``samplers``,
   ``loader``.
@@ -16,9 +18,9 @@
 * **Decode on the GPU with DALI**: ``packer.dali`` (an ``external_source`` callable).
 
 A sample is ``(image, label)`` or, with ``fields=``, a dict (``fieldplan``); batches are made
-by ``collate`` or ``PaddedCollate`` (``collate``). Every reader keeps its place in an
-``EpochCursor`` (``packer.order``), so positions are valid for any number of workers, ranks
-and batch sizes.
+by ``collate`` or ``PaddedCollate`` (``collate``). Every reader takes its order as one value,
+``order=packer.ReadOrder(...)``, and keeps its place in an ``EpochCursor`` (``packer.order``), so
+positions are valid for any number of workers, ranks and batch sizes.
 
 This package is the only part of packer that imports torch at module level; ``import packer``
 never does.

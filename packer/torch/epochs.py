@@ -1,48 +1,10 @@
-"""What every reader does with epochs: the epoch cursor of a sampler (its order, rank share and
-blocks), and following ``set_epoch`` together with the dataset's seeded crops."""
+"""What every reader does with epochs: following ``set_epoch`` together with the dataset's seeded
+crops, and the dataset a reader tells the order it will read. (The order itself, its sample space
+and position are ``packer.order``'s ``ReadOrder``, ``IndexSpace`` and ``EpochCursor``.)"""
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
-
-from ..dataset import DatasetIndex
-from ..errors import OptionError
-from ..order import DEFAULT_BLOCK_SAMPLES, EpochCursor, ReadOrder, index_blocks, uniform_blocks
-from .runtime import resolve_rank
-
-
-def _blocks_of(source: Any, order: str, block_bytes: int,
-               block_samples: int | None) -> tuple[int, np.ndarray | None]:
-    """(sample count, block boundaries for the block order) of a dataset, an index, or a length."""
-    inner = getattr(source, "dataset", None)  # a PackedDataset or PackedIterableDataset: its packer dataset
-    if isinstance(inner, DatasetIndex):
-        source = inner
-    if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
-        count = int(source)
-    else:
-        try:
-            count = len(source)
-        except TypeError:
-            raise OptionError(f"expected a packer dataset or a sample count, got {type(source).__name__}") from None
-    if order != "block":
-        return count, None
-    if isinstance(source, DatasetIndex) and block_samples is None:
-        ix = source.index
-        return count, index_blocks(ix.offset, ix.size, ix.shard, block_bytes)
-    return count, uniform_blocks(count, block_samples or DEFAULT_BLOCK_SAMPLES)
-
-
-def _sampler_cursor(data_source: Any, *, order: str, seed: int, rank: int | None, world_size: int | None,
-                    batch_size: int, drop_last: bool, block_bytes: int, window: int,
-                    block_samples: int | None, count_samples: bool) -> EpochCursor:
-    num_samples, blocks = _blocks_of(data_source, order, block_bytes, block_samples)
-    read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                           batch_size=batch_size, drop_last=drop_last)
-    rank, world_size = resolve_rank(rank, world_size)
-    return EpochCursor(read_order, num_samples, rank=rank, world_size=world_size, blocks=blocks,
-                       count_samples=count_samples)
 
 
 def _seeded_crops(source: Any) -> Any:

@@ -33,12 +33,13 @@ import torch
 from ..codecs import codec_for
 from ..dataset import Dataset, DatasetIndex
 from ..errors import IndexMismatchError, OptionError
+from ..fields import READ_FIELDS
 from ..transforms.geometry import DEFAULT_MASK_INTERPOLATION, DEFAULT_MIN_BOX_AREA, DEFAULT_MIN_BOX_SIZE
 from .runtime import _empty
 
 #: The built-in parts a ``PackedDataset`` sample can hold (``fields=``), besides the dataset's
-#: declared fields (formats/SPEC.md §14), and the default.
-FIELDS = ("image", "label", "index", "key", "metadata")
+#: declared fields (formats/SPEC.md §14): every reader's (``packer.fields.READ_FIELDS``); and the default.
+FIELDS = READ_FIELDS
 DEFAULT_FIELDS = ("image", "label")
 
 

@@ -15,23 +15,16 @@ import torch.utils.data as torch_data
 from ..codecs import check_decodable, dataset_max_pixels
 from ..dataset import as_sample_indices
 from ..errors import OptionError
-from ..order import (
-    DEFAULT_BLOCK_BYTES,
-    DEFAULT_WINDOW,
-    CursorReader,
-    EpochCursor,
-    POSITION_SLOTS,
-    Position,
-    RankPlan,
-    ReadOrder,
-    index_blocks,
-)
+from ..order import POSITION_SLOTS, CursorReader, EpochCursor, IndexSpace, Position, RankPlan, ReadOrder, read_order_from
 from .collate import collate
 from .epochs import _FollowsEpoch, _seeded_crops
 from .fieldplan import DEFAULT_FIELDS
 from .mapstyle import PackedDataset
 from .pipeline import _Pipeline, _raw_fast_batch
-from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty, _labels_in, _open, _SharedPair, resolve_rank
+from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty, _labels_in, _open, _SharedPair
+
+#: ``PackedIterableDataset``'s order when none is given: the block shuffle, read a block at a time.
+DEFAULT_ORDER = ReadOrder("block")
 
 #: Blocks a worker remembers having asked the kernel to read ahead (a small, fixed set).
 _ADVISED_BLOCKS = 256
@@ -106,13 +99,12 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
     Args:
         source: the dataset folder, or an open ``packer.dataset.Dataset``.
         batch_size: samples per batch on each rank.
-        order: ``"sequential"``, ``"random"`` or ``"block"`` (default).
-        seed: the run's seed; orders are functions of (seed, epoch).
-        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
-        drop_last: drop the end of the epoch order (full batches only) instead of padding.
+        order: a ``packer.ReadOrder`` (kind, seed, ``drop_last``, rank and world size, block
+            settings; its ``batch_size`` None or ``batch_size``), or a kind string; default
+            ``ReadOrder("block")``. Rank and world size default from ``torch.distributed`` when
+            initialised, else 0 and 1.
         decode, layout, transform, target_transform: as for ``PackedDataset``.
         backend, verify_checksums: as for ``packer.open_dataset``.
-        block_bytes, window: the block shuffle's block span and window (in blocks).
         batched: yield collated batches (default) or single samples.
         read_ahead: issue the block read-ahead hints (block order).
         fields, multi_hot, geometry: what a sample holds, as for ``PackedDataset``; with any
@@ -120,17 +112,22 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
             ``batched=False``).
         collate_fn: collates a batch of dict samples (default ``collate``; ``PaddedCollate()``
             pads the variable fields). Unused for ``(image, label)`` samples.
+        **deprecated: the order keywords of earlier releases (``seed=``, ``rank=``, ``world_size=``,
+            ``drop_last=``, ``block_bytes=``, ``window=``, ``block_samples=``): still accepted for
+            one release, with a ``DeprecationWarning``.
+
+    Raises:
+        OptionError: the order's batch size is not ``batch_size`` (and what ``PackedDataset`` refuses).
     """
 
-    def __init__(self, source: PathOrDataset, *, batch_size: int, order: str = "block", seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+    def __init__(self, source: PathOrDataset, *, batch_size: int, order: ReadOrder | str | None = None,
                  decode: bool | DecodeFn = True, layout: str = "CHW", transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[Any], Any] | None = None, backend: str = "mmap",
-                 verify_checksums: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 window: int = DEFAULT_WINDOW, batched: bool = True, read_ahead: bool = True,
+                 verify_checksums: bool = False, batched: bool = True, read_ahead: bool = True,
                  fields: Sequence[str] = DEFAULT_FIELDS, multi_hot: Sequence[str] = (),
                  geometry: Mapping[str, str | Sequence[str]] | None = None,
-                 collate_fn: Callable[[Any], Any] | None = None) -> None:
+                 collate_fn: Callable[[Any], Any] | None = None, **deprecated: Any) -> None:
+        read_order = read_order_from(order, deprecated, reader="PackedIterableDataset", default=DEFAULT_ORDER)
         self._pipeline = _Pipeline(decode, layout, transform, target_transform)
         self._pool = BatchPool()  # shared-memory batches reused by forked workers (runtime.BatchPool)
         self._crops = _seeded_crops(self)
@@ -148,30 +145,21 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
         self.batched = bool(batched)
         self.read_ahead = bool(read_ahead)
         self.batch_size = batch_size
-        read_order = ReadOrder(kind=order, seed=seed, block_bytes=block_bytes, window=window,
-                               batch_size=batch_size, drop_last=drop_last)
-        rank, world_size = resolve_rank(rank, world_size)
         # The position lives in shared memory: set_epoch/load_state_dict in the main process must
         # reach persistent workers, which keep the dataset object they were started with. Block
-        # boundaries are computed per process on first use, never pickled.
-        self.cursor = EpochCursor(read_order, len(self.dataset), rank=rank, world_size=world_size,
-                                  blocks=self._dataset_blocks, position=_SharedPosition(),
+        # boundaries are computed per process on first use, never pickled (IndexSpace).
+        self.cursor = EpochCursor(read_order.resolved(batch_size=batch_size, reader="PackedIterableDataset"),
+                                  IndexSpace(self.dataset), position=_SharedPosition(),
                                   count_samples=not self.batched)
         self._advised: OrderedDict[int, None] = OrderedDict()
         self._advised_shards: set[int] = set()
         # (epoch, start, batches to skip): a worker's own state (StatefulDataLoader), for its next pass
         self._worker_resume: tuple[int, int, int] | None = None
 
-    def _dataset_blocks(self) -> np.ndarray | None:
-        if self.cursor.read_order.kind != "block":
-            return None
-        ix = self.dataset.index
-        return index_blocks(ix.offset, ix.size, ix.shard, self.cursor.read_order.block_bytes)
-
-    # Per-process caches are rebuilt, not pickled: a worker gets options and the manifest only.
+    # Per-process caches are rebuilt, not pickled: a worker gets options and the manifest only
+    # (the cursor's IndexSpace leaves its block boundaries behind too).
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["cursor"] = self.cursor.with_blocks(self._dataset_blocks)  # recomputed in the worker
         state["_advised"] = OrderedDict()
         state["_advised_shards"] = set()
         return state
@@ -201,7 +189,7 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
             (epoch, start), items = self.cursor.pass_position, self.cursor.handed_out
         else:  # before this worker's first pass: where that pass will start
             epoch, start, items = self.epoch, self.cursor.position.peek(worker, num_workers), 0
-        state = self.read_order.state_dict(self.num_samples, epoch=epoch, consumed=start, blocks=self.cursor.blocks)
+        state = self.read_order.state_dict(self.cursor.space, epoch=epoch, consumed=start)
         state.update(worker=worker, num_workers=num_workers, worker_items=items)
         return state
 
@@ -225,7 +213,7 @@ class PackedIterableDataset(_FollowsEpoch, CursorReader, torch_data.IterableData
                               f"resume with a loader of as many workers (here: "
                               f"{'no worker' if here is None else f'worker {here[0]} of {here[1]}'})")
         base = {key: value for key, value in state.items() if key not in ("worker", "num_workers", "worker_items")}
-        epoch, start = self.read_order.check_state(base, self.num_samples, self.cursor.blocks)
+        epoch, start = self.read_order.check_state(base, self.cursor.space)
         items = int(state.get("worker_items", 0))
         if not self.batched:  # a sample state: whole batches of this worker
             items //= self.batch_size

@@ -1,16 +1,16 @@
-"""``PackedDataLoader``: a DataLoader that counts the batches the loop received, so that its
-``state_dict`` resumes exactly where training stopped.
+"""``PackedDataLoader``: a DataLoader that reads a packer order and counts the batches the loop
+received, so that its ``state_dict`` resumes exactly where training stopped.
 
 Resuming mid-epoch
 ------------------
 The position in an epoch is ``(seed, epoch, consumed)``, ``consumed`` counting samples globally
 (see ``packer.order``), so it is valid for any number of workers, ranks and batch sizes. Every
 reader keeps its place in a ``packer.order.EpochCursor``. The simple, safe wiring is
-``PackedDataLoader``, which counts the batches your loop received (a DataLoader prefetches, so a
-reader cannot know that by itself)::
+``PackedDataLoader``, which deals the order itself (a ``PackedBatchSampler`` over the dataset)
+and counts the batches your loop received (a DataLoader prefetches, so a reader cannot know that
+by itself)::
 
-    sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
-    loader = PackedDataLoader(dataset, batch_sampler=sampler, num_workers=8, collate_fn=collate,
+    loader = PackedDataLoader(dataset, batch_size=256, order=ReadOrder("random", seed=0), num_workers=8,
                               pin_memory=True, persistent_workers=True)
     if checkpoint:
         loader.load_state_dict(checkpoint["loader"])
@@ -28,7 +28,7 @@ reader follows this rule (``packer.order``, "Passes after a resume").
 With a plain ``DataLoader``, count yourself and say what you counted:
 ``batch_sampler.state_dict(batches_consumed=step)`` (its own batches),
 ``sampler.state_dict(samples_consumed=step * batch_size)`` for a ``PackedSampler``
-(``batches_consumed`` on a sampler that was not told the batch size raises rather than resume
+(``batches_consumed`` on a sampler whose order has no batch size raises rather than resume
 at the wrong place), ``dataset.state_dict(batches_consumed=step)`` for a
 ``PackedIterableDataset``, whose position lives in a small shared-memory tensor so that
 ``set_epoch``/``load_state_dict`` reach persistent workers. Without an argument a reader
@@ -37,24 +37,29 @@ reports what it handed out itself, which is exact only when it is iterated direc
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any, Iterator
 
 import torch.utils.data as torch_data
 
 from ..errors import OptionError
+from ..order import ReadOrder, read_order_from
 from .iterable import PackedIterableDataset
+from .mapstyle import PackedDataset
 from .samplers import PackedBatchSampler, PackedSampler
+
+#: The DataLoader's arguments, by name (``PackedDataLoader`` reads which ones it was given).
+_DATALOADER = inspect.signature(torch_data.DataLoader)
 
 
 class PackedDataLoader(torch_data.DataLoader):
-    """A ``DataLoader`` that knows how far its packer reader got: ``state_dict()`` with no arguments.
+    """A ``DataLoader`` over a packer order that knows how far it got: ``state_dict()`` with no arguments.
 
-    It counts the batches it has handed to *your loop* (not what its workers prefetched), and
-    asks its packer reader (a ``PackedBatchSampler`` as ``batch_sampler``, a ``PackedSampler``
-    as ``sampler``, or a ``PackedIterableDataset`` as dataset) for the matching position. So the
-    natural wiring cannot resume at the wrong place::
+    Given a ``PackedDataset`` and no sampler, it deals the order itself: a ``PackedBatchSampler``
+    of ``order`` with the loader's ``batch_size`` (a ``PackedSampler`` with ``batch_size=None``)::
 
-        loader = PackedDataLoader(train, sampler=PackedSampler(train, seed=0), batch_size=64,
+        loader = PackedDataLoader(train, batch_size=64, order=ReadOrder("random", seed=0),
                                   num_workers=8, pin_memory=True)
         loader.load_state_dict(checkpoint["loader"])      # if resuming
         for epoch in range(loader.epoch, epochs):
@@ -63,21 +68,45 @@ class PackedDataLoader(torch_data.DataLoader):
                 ...
                 save({"loader": loader.state_dict()})
 
-    Takes every ``DataLoader`` argument. It tells a ``PackedSampler`` its batch size, so that
-    each global step takes the next ``world_size x batch_size`` samples of the epoch order (and
-    the block order keeps its locality); a sampler given another batch size is refused, as is a
-    ``PackedIterableDataset`` whose batches are not the loader's (``batch_size=None`` for a
-    batched one, the dataset's ``batch_size`` or None for ``batched=False``).
+    It also reads a packer reader made beforehand: a ``PackedBatchSampler`` as ``batch_sampler``,
+    a ``PackedIterableDataset`` as dataset, or a ``PackedSampler`` as ``sampler``; with the
+    loader's ``batch_size`` that one is read through a ``PackedBatchSampler`` sharing its order and
+    position (the sampler is not changed), so each global step takes the next ``world_size x
+    batch_size`` samples of the epoch order and the block order keeps its locality. Whichever it
+    reads, it counts the batches it handed to *your loop* (not what its workers prefetched), and
+    its ``state_dict`` is that reader's position after them. ``loader.sampler`` is a
+    ``PackedSampler`` of the order (``loader.sampler.set_epoch(epoch)`` works, the
+    ``DistributedSampler`` habit).
+
+    Args:
+        dataset: a ``PackedDataset``, a ``PackedIterableDataset``, or any dataset read by a packer sampler.
+        *args, **kwargs: every ``DataLoader`` argument. For a ``PackedDataset`` without a sampler:
+            ``batch_size`` (default: the order's, else 1); ``drop_last=True`` is the order's drop
+            rule; ``shuffle`` without ``order=``: ``True`` reads ``ReadOrder("random")``, else
+            ``ReadOrder("sequential")``, as a DataLoader would.
+        order: a ``packer.ReadOrder`` or a kind string, for a ``PackedDataset`` without a sampler
+            (a sampler, batch sampler or iterable dataset has its own order).
 
     Raises:
-        OptionError: no packer reader to track, or a reader whose batch size is not the loader's.
+        OptionError: no packer reader to track; ``order=`` beside a reader that has an order of its
+            own, or beside ``shuffle=True``; an order or sampler whose batch size is not the
+            loader's; a ``PackedIterableDataset`` whose batches are not the loader's
+            (``batch_size=None`` for a batched one, the dataset's ``batch_size`` or None for
+            ``batched=False``).
     """
 
-    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(dataset, *args, **kwargs)
+    def __init__(self, dataset: Any, *args: Any, order: ReadOrder | str | None = None, **kwargs: Any) -> None:
+        given = _DATALOADER.bind(dataset, *args, **kwargs).arguments
+        sampler = _deal(given, order)
+        super().__init__(**given)
+        if sampler is not None:
+            # A DataLoader reading a batch sampler reports no sampler or batch size of its own, and
+            # refuses to be told them; report the order's (loader.sampler.set_epoch, the
+            # DistributedSampler habit, and loader.batch_size keep working).
+            object.__setattr__(self, "sampler", sampler)
+            object.__setattr__(self, "batch_size", self.batch_sampler.batch_size)
+            object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
         reader = self._packer_reader()
-        if isinstance(reader, PackedSampler) and self.batch_size is not None:
-            reader.use_batch_size(int(self.batch_size))
         if isinstance(reader, PackedIterableDataset):
             wanted = None if reader.batched else reader.batch_size
             if self.batch_size not in (wanted, None):  # None: the loop receives the reader's items
@@ -94,8 +123,8 @@ class PackedDataLoader(torch_data.DataLoader):
             return self.sampler
         if isinstance(self.dataset, PackedIterableDataset):
             return self.dataset
-        raise OptionError("PackedDataLoader tracks a packer reader: pass batch_sampler=PackedBatchSampler(...), "
-                          "sampler=PackedSampler(...) or a PackedIterableDataset")
+        raise OptionError("PackedDataLoader tracks a packer reader: pass a PackedDataset (with order=), "
+                          "batch_sampler=PackedBatchSampler(...), sampler=PackedSampler(...) or a PackedIterableDataset")
 
     def __iter__(self) -> Iterator[Any]:
         self._yielded = 0
@@ -107,6 +136,11 @@ class PackedDataLoader(torch_data.DataLoader):
     def epoch(self) -> int:
         return self._packer_reader().epoch
 
+    @property
+    def read_order(self) -> ReadOrder:
+        """The order the loader reads (its reader's)."""
+        return self._packer_reader().read_order
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (forwarded to the reader)."""
         self._packer_reader().set_epoch(epoch)
@@ -114,9 +148,8 @@ class PackedDataLoader(torch_data.DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The position after the batches this loader handed out in its current iteration."""
         reader = self._packer_reader()
-        if isinstance(reader, PackedSampler):  # the loader batches samples: count samples
-            return reader.state_dict(samples_consumed=self._yielded * int(self.batch_size or 1))
-        if isinstance(reader, PackedIterableDataset) and not reader.batched:
+        if isinstance(reader, PackedSampler) or (isinstance(reader, PackedIterableDataset) and not reader.batched):
+            # the loop receives samples (batch_size=None), or batches of the loader's own size
             return reader.state_dict(samples_consumed=self._yielded * int(self.batch_size or 1))
         return reader.state_dict(batches_consumed=self._yielded)
 
@@ -124,3 +157,46 @@ class PackedDataLoader(torch_data.DataLoader):
         """Resume the reader at a saved position (before iterating)."""
         self._packer_reader().load_state_dict(state)
         self._yielded = 0
+
+
+def _deal(given: dict[str, Any], order: ReadOrder | str | None) -> PackedSampler | None:
+    """Put the packer reader of a ``PackedDataLoader`` into ``given``, the DataLoader arguments it
+    was called with: a batch sampler of ``order`` for a ``PackedDataset`` without a sampler, or one
+    sharing a ``PackedSampler``'s order and position when the loader batches. Returns the
+    ``PackedSampler`` the loader reports as its ``sampler`` when it made a batch sampler."""
+    dataset, sampler = given["dataset"], given.get("sampler")
+    if isinstance(dataset, PackedDataset) and sampler is None and given.get("batch_sampler") is None:
+        shuffle = given.pop("shuffle", None)
+        if shuffle and order is not None:
+            raise OptionError("PackedDataLoader: shuffle=True and order= both say how to read; give the order "
+                              "alone (order=ReadOrder('random', ...))")
+        read_order = read_order_from(order, reader="PackedDataLoader",
+                                     default=ReadOrder("random" if shuffle else "sequential"))
+        if given.get("drop_last"):
+            read_order = dataclasses.replace(read_order, drop_last=True)
+        batch_size = given.pop("batch_size", read_order.batch_size or 1)
+        given.pop("drop_last", None)
+        if batch_size is None:  # no batching: the loop receives samples
+            given["sampler"] = PackedSampler(dataset, order=read_order)
+            given["batch_size"] = None
+            return None
+        read_order = read_order.resolved(batch_size=batch_size, reader="PackedDataLoader")
+        given["batch_sampler"] = PackedBatchSampler(dataset, batch_size=batch_size, order=read_order)
+        return given["batch_sampler"].sampler
+    if order is not None:
+        raise OptionError("PackedDataLoader: order= is for a PackedDataset without a sampler; the sampler, batch "
+                          "sampler or PackedIterableDataset given reads an order of its own")
+    if not isinstance(sampler, PackedSampler) or given.get("batch_sampler") is not None:
+        return None
+    batch_size = given.get("batch_size", sampler.batch_size or 1)
+    if batch_size is None:  # the loop receives the sampler's samples
+        return None
+    if sampler.batch_size is not None and sampler.batch_size != batch_size:
+        raise OptionError(f"the PackedSampler was given batch_size={sampler.batch_size} but the DataLoader's "
+                          f"batch_size is {batch_size}: give both the same, or leave the sampler's out")
+    read_order = dataclasses.replace(sampler.read_order, batch_size=batch_size,
+                                     drop_last=sampler.read_order.drop_last or bool(given.get("drop_last")))
+    for name in ("sampler", "batch_size", "drop_last"):
+        given.pop(name, None)
+    given["batch_sampler"] = PackedBatchSampler._sharing(sampler, read_order)
+    return sampler

@@ -1,5 +1,5 @@
-"""Where a reader runs: its rank and world size, whether it is in a DataLoader worker, and
-batch tensors allocated in shared memory there."""
+"""Where a reader runs: its rank and world size (``packer.order.resolve_rank``), whether it is in a
+DataLoader worker, and batch tensors allocated in shared memory there."""
 
 from __future__ import annotations
 
@@ -11,54 +11,10 @@ import torch
 import torch.utils.data as torch_data
 
 from ..dataset import Dataset, open_dataset
-from ..errors import OptionError
+from ..order import LAUNCHER_VARIABLES, resolve_rank  # noqa: F401  (packer.torch's: the rule lives with the orders)
 
 DecodeFn = Callable[[Any, int], Any]
 PathOrDataset = Union[str, "os.PathLike[str]", Dataset]
-
-
-#: How launchers tell each process it is one of several: (world size variable, rank variable, who
-#: sets them). torchrun (and torch.distributed.launch) set WORLD_SIZE and RANK; Slurm's srun sets
-#: SLURM_NTASKS and SLURM_PROCID.
-LAUNCHER_VARIABLES = (("WORLD_SIZE", "RANK", "torchrun"), ("SLURM_NTASKS", "SLURM_PROCID", "Slurm"))
-
-
-def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else (0, 1).
-
-    A process that a launcher started as one of several (``LAUNCHER_VARIABLES`` say more than one
-    in the environment, read at this call) but that has not initialised ``torch.distributed``
-    would otherwise take rank 0 of 1 and read the whole dataset on every rank: that is refused.
-
-    Raises:
-        OptionError: only one of the two is given, rank is outside ``0..world_size-1``, or the
-            environment says several ranks and no process group is initialised (the message names
-            the fix: ``torch.distributed.init_process_group`` first, or ``rank=``/``world_size=``).
-    """
-    if rank is None and world_size is None:
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            for size_name, rank_name, launcher in LAUNCHER_VARIABLES:
-                launched = os.environ.get(size_name, "").strip()
-                if launched.isdigit() and int(launched) > 1:
-                    this = os.environ.get(rank_name, "?").strip() or "?"
-                    raise OptionError(
-                        f"the environment says this process is rank {this} of {int(launched)} ({size_name}="
-                        f"{int(launched)}, {rank_name}={this}: set by {launcher}), but torch.distributed is not "
-                        f"initialised, so this reader would read every sample on every rank: call "
-                        f"torch.distributed.init_process_group() before making it (its rank and world size then "
-                        f"come from the process group), or pass rank= and world_size= (rank=0, world_size=1 to "
-                        f"read the whole dataset in this process)")
-            rank, world_size = 0, 1
-    elif rank is None or world_size is None:
-        raise OptionError("give both rank and world_size, or neither (to use torch.distributed)")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise OptionError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise OptionError(f"rank must be an integer in 0..{world_size - 1}, got {rank!r}")
-    return rank, world_size
 
 
 def _open(source: PathOrDataset, backend: str, verify_checksums: bool) -> Dataset:

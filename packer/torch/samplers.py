@@ -8,12 +8,17 @@ from typing import Any, Iterator
 
 import torch.utils.data as torch_data
 
+from ..deprecation import warn_deprecated
 from ..errors import OptionError
-from ..order import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW, CursorReader
-from .epochs import _FollowsEpoch, _planned_dataset, _sampler_cursor, _seeded_crops
+from ..order import ORDER_KEYWORDS, CursorReader, EpochCursor, ReadOrder, read_order_from, sample_space
+from .epochs import _FollowsEpoch, _planned_dataset, _seeded_crops
 
 #: Indices a sampler converts to Python ints at a time (bounded, whatever the epoch length).
 _YIELD_CHUNK = 4096
+#: The samplers' order when none is given.
+DEFAULT_ORDER = ReadOrder("random")
+#: ``PackedSampler``'s old order keywords: the common ones, and the DataLoader's batch size.
+_SAMPLER_KEYWORDS = {**ORDER_KEYWORDS, "batch_size": "batch_size"}
 
 
 class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
@@ -21,49 +26,59 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
 
     The epoch order, the rank split and the pad/drop rule are those of ``packer.order``: each
     global step takes the next ``world_size x batch_size`` samples of the epoch order, and rank
-    ``r`` the ``r``-th batch of them. ``PackedDataLoader`` tells the sampler its batch size (and
-    refuses a sampler given another one). In a plain ``DataLoader`` give the loader's batch size as
-    ``batch_size``: without it ranks take every ``world_size``-th sample like
-    ``DistributedSampler``, which loses the block order's locality, and the position can only be
-    saved as ``state_dict(samples_consumed=...)``.
+    ``r`` the ``r``-th batch of them. ``PackedDataLoader`` reads a ``PackedSampler`` given with its
+    batch size through a ``PackedBatchSampler`` sharing the sampler's order and position. In a plain
+    ``DataLoader`` give the loader's batch size in the order (``order=ReadOrder(batch_size=...)``):
+    without it ranks take every ``world_size``-th sample like ``DistributedSampler``, which loses
+    the block order's locality, and the position can only be saved as
+    ``state_dict(samples_consumed=...)``.
 
     Args:
         data_source: a ``PackedDataset``, a ``packer`` dataset or index (block boundaries are
-            measured in bytes from its index), or a sample count.
-        order: ``"sequential"``, ``"random"`` or ``"block"``.
-        seed: the run's seed; orders are functions of (seed, epoch).
-        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
-        batch_size: the DataLoader's batch size (default: unknown, shares are per sample).
-        drop_last: drop the end of the epoch order (full batches only) instead of padding.
-        block_bytes, window: the block shuffle's block span and window (in blocks).
-        block_samples: cut blocks by sample count instead of bytes.
+            measured in bytes from its index), a sample space (``packer.order.SampleSpace``), or a
+            sample count.
+        order: a ``packer.ReadOrder`` (kind, seed, the DataLoader's ``batch_size``, ``drop_last``,
+            rank and world size, block settings), or a kind string; default ``ReadOrder("random")``.
+            Rank and world size default from ``torch.distributed`` when initialised, else 0 and 1.
+        **deprecated: the order keywords of earlier releases (``seed=``, ``rank=``, ``world_size=``,
+            ``batch_size=``, ``drop_last=``, ``block_bytes=``, ``window=``, ``block_samples=``):
+            still accepted for one release, with a ``DeprecationWarning``.
     """
 
-    def __init__(self, data_source: Any, *, order: str = "random", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, batch_size: int | None = None, drop_last: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 block_samples: int | None = None) -> None:
-        #: The DataLoader batch size this sampler was told, or None.
-        self.batch_size = batch_size
+    def __init__(self, data_source: Any, *, order: ReadOrder | str | None = None, **deprecated: Any) -> None:
+        read_order = read_order_from(order, deprecated, reader="PackedSampler", default=DEFAULT_ORDER,
+                                     keywords=_SAMPLER_KEYWORDS)
         self._crops = _seeded_crops(data_source)
         self._reads = _planned_dataset(data_source)
-        self.cursor = _sampler_cursor(data_source, order=order, seed=seed, rank=rank, world_size=world_size,
-                                      batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
-                                      block_bytes=block_bytes, window=window, block_samples=block_samples,
-                                      count_samples=True)
+        self.cursor = EpochCursor(read_order.resolved(), sample_space(data_source), count_samples=True)
+
+    @classmethod
+    def _over(cls, cursor: EpochCursor, crops: Any, reads: Any) -> "PackedSampler":
+        """A sampler of ``cursor``'s order and space, sharing its position."""
+        sampler = cls.__new__(cls)
+        sampler._crops, sampler._reads = crops, reads
+        sampler.cursor = EpochCursor(cursor.read_order, cursor.space, position=cursor.position, count_samples=True)
+        return sampler
+
+    @property
+    def batch_size(self) -> int | None:
+        """The DataLoader batch size the order deals in (``read_order.batch_size``), or None."""
+        return self.read_order.batch_size
 
     def use_batch_size(self, batch_size: int) -> None:
-        """Deal batch-aligned shares of ``batch_size`` (the DataLoader's): what ``PackedDataLoader``
-        calls. The position (epoch, loaded start) is kept: it does not depend on the batch size.
+        """Deprecated: give the batch size in ``order=ReadOrder(batch_size=...)``, or pass the sampler
+        to ``PackedDataLoader`` with the loader's ``batch_size`` (it reads it through a
+        ``PackedBatchSampler`` that shares the sampler's order and position).
 
         Raises:
             OptionError: the sampler was given another batch size, or a bad one.
         """
+        warn_deprecated("PackedSampler.use_batch_size() is deprecated and goes in the next release: give the batch "
+                        "size in order=packer.ReadOrder(batch_size=...), or pass the sampler to PackedDataLoader")
         if self.batch_size is not None and self.batch_size != batch_size:
             raise OptionError(f"the PackedSampler was given batch_size={self.batch_size} but the DataLoader's "
                               f"batch_size is {batch_size}: give both the same, or leave the sampler's out")
         self.cursor.read_order = dataclasses.replace(self.cursor.read_order, batch_size=batch_size)
-        self.batch_size = batch_size
 
     def __len__(self) -> int:
         return self.share().per_rank
@@ -85,7 +100,7 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
         """The resumable position; see ``CursorReader.state_dict``.
 
         Raises:
-            OptionError: ``batches_consumed`` on a sampler that was not told the batch size: it
+            OptionError: ``batches_consumed`` on a sampler whose order has no batch size: it
                 yields samples, and counting DataLoader batches as samples would resume at the
                 wrong place.
         """
@@ -93,8 +108,8 @@ class PackedSampler(_FollowsEpoch, CursorReader, torch_data.Sampler):
             raise OptionError(
                 "PackedSampler yields samples and does not know your DataLoader's batch size, so "
                 "batches_consumed is ambiguous: pass samples_consumed=batches * batch_size, create the "
-                "sampler with batch_size=<the DataLoader's batch_size>, or use packer.torch.PackedDataLoader, "
-                "which counts the batches it hands out")
+                "sampler with order=ReadOrder(batch_size=<the DataLoader's batch_size>), or use "
+                "packer.torch.PackedDataLoader, which counts the batches it hands out")
         if batches_consumed is not None:
             samples_consumed, batches_consumed = batches_consumed * int(self.batch_size or 1), None
         return super().state_dict(samples_consumed=samples_consumed)
@@ -105,25 +120,51 @@ class PackedBatchSampler(_FollowsEpoch, CursorReader, torch_data.BatchSampler):
 
     A ``torch.utils.data.BatchSampler`` (``isinstance`` holds; ``.sampler``, ``.batch_size`` and
     ``.drop_last`` are what frameworks read), driven by the same order as ``PackedSampler``:
-    ``.sampler`` is a ``PackedSampler`` sharing this one's position, so ``set_epoch`` on either
-    moves both. Same arguments as ``PackedSampler`` (``batch_size`` required). With
-    ``drop_last=False`` every rank's last batch may be short, by the same amount on every rank.
+    ``.sampler`` is a ``PackedSampler`` sharing this one's order and position, so ``set_epoch`` on
+    either moves both. With ``drop_last=False`` every rank's last batch may be short, by the same
+    amount on every rank.
+
+    Args:
+        data_source: as for ``PackedSampler``.
+        batch_size: samples per batch on each rank.
+        order: a ``packer.ReadOrder`` or a kind string, as for ``PackedSampler``; its
+            ``batch_size`` is None or ``batch_size``.
+        **deprecated: the order keywords of earlier releases, as for ``PackedSampler``.
+
+    Raises:
+        OptionError: the order's batch size is not ``batch_size``.
     """
 
-    def __init__(self, data_source: Any, *, batch_size: int, order: str = "random", seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, window: int = DEFAULT_WINDOW,
-                 block_samples: int | None = None) -> None:
+    def __init__(self, data_source: Any, *, batch_size: int, order: ReadOrder | str | None = None,
+                 **deprecated: Any) -> None:
         # torch's BatchSampler.__init__ wraps a sampler of its own; this one deals batches itself.
-        settings = dict(order=order, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
-                        block_bytes=block_bytes, window=window, block_samples=block_samples)
-        self._crops = _seeded_crops(data_source)
-        self._reads = _planned_dataset(data_source)
-        self.cursor = _sampler_cursor(data_source, batch_size=batch_size, count_samples=False, **settings)
-        self.sampler = PackedSampler(data_source, batch_size=batch_size, **settings)
-        self.sampler.cursor.position = self.cursor.position  # one position for both
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        read_order = read_order_from(order, deprecated, reader="PackedBatchSampler", default=DEFAULT_ORDER)
+        cursor = EpochCursor(read_order.resolved(batch_size=batch_size, reader="PackedBatchSampler"),
+                             sample_space(data_source))
+        self._share(cursor, _seeded_crops(data_source), _planned_dataset(data_source))
+
+    @classmethod
+    def _sharing(cls, sampler: PackedSampler, order: ReadOrder) -> "PackedBatchSampler":
+        """Batches of ``order`` (``sampler``'s, with a batch size) over ``sampler``'s space, sharing
+        its position: what ``PackedDataLoader`` reads a ``PackedSampler`` through."""
+        batches = cls.__new__(cls)
+        cursor = EpochCursor(order, sampler.cursor.space, position=sampler.cursor.position)
+        batches._share(cursor, sampler._crops, sampler._reads)
+        return batches
+
+    def _share(self, cursor: EpochCursor, crops: Any, reads: Any) -> None:
+        self._crops, self._reads, self.cursor = crops, reads, cursor
+        self.sampler = PackedSampler._over(cursor, crops, reads)  # one order, one position for both
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on each rank (the order's)."""
+        return int(self.read_order.batch_size)  # type: ignore[arg-type]  # resolved: never None
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether each rank gets only full batches (the order's drop rule)."""
+        return self.read_order.drop_last
 
     def __len__(self) -> int:
         return self.share().num_batches

@@ -3,16 +3,15 @@
 Normalisation is left to the GPU: ship uint8 (4x fewer bytes than float32 over PCIe and through
 worker shared memory) and convert on the device, as ``normalize_on_gpu`` does::
 
-    from torch.utils.data import DataLoader
-    from packer.torch import PackedBatchSampler, PackedDataset, collate
+    from packer import ReadOrder
+    from packer.torch import PackedDataLoader, PackedDataset
     from packer.transforms import RandomResizedCrop, normalize_on_gpu
 
     dataset = PackedDataset(path, decode=RandomResizedCrop(224), layout="HWC")
-    sampler = PackedBatchSampler(dataset, batch_size=256, order="random", seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=8,
-                        pin_memory=True, persistent_workers=True)
+    loader = PackedDataLoader(dataset, batch_size=256, order=ReadOrder("random", seed=0), num_workers=8,
+                              pin_memory=True, persistent_workers=True)
     for epoch in range(epochs):
-        sampler.set_epoch(epoch)
+        loader.set_epoch(epoch)
         for images, labels in loader:    # images: (256, 224, 224, 3) uint8, pinned
             x = normalize_on_gpu(images, device="cuda")  # (256, 3, 224, 224) float32,
             loss = criterion(model(x), labels.cuda(non_blocking=True))  # channels-last

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,10 +154,44 @@ def test_raw_payloads_come_as_pixels(raw_dataset: Path) -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="shard_id"):
+    with pytest.raises(OptionError) as caught:  # the old names, refused as the order's rank and world size
         PackedSampleSource("unused", BATCH, shard_id=2, num_shards=2)
-    with pytest.raises(ValueError, match="num_shards"):
+    assert caught.value.message == ("rank must be an integer in 0..1, got 2 (shard_id= sets rank, num_shards= sets "
+                                    "world_size)")
+    with pytest.raises(OptionError) as caught:
         PackedSampleSource("unused", BATCH, num_shards=0)
+    assert caught.value.message == "world_size must be a positive integer, got 0 (num_shards= sets world_size)"
+    with pytest.raises(OptionError, match=r"^rank must be an integer in 0\.\.1, got 2$"):
+        PackedSampleSource("unused", BATCH, order=ReadOrder(rank=2, world_size=2))
+    with pytest.raises(OptionError) as caught:
+        PackedBatchSource("unused", BATCH, order=ReadOrder(batch_size=BATCH + 1))
+    assert caught.value.message == (f"PackedBatchSource has batch_size={BATCH} but its order has batch_size="
+                                    f"{BATCH + 1}; give the same, or leave the order's out (None: the reader's)")
+
+
+@pytest.mark.parametrize("kind", [PackedSampleSource, PackedBatchSource, PackedBatchIterator])
+def test_old_and_new_spellings_read_and_save_the_same(jpeg_dataset: Path, kind: type) -> None:
+    """``order=ReadOrder(...)`` (rank and world size DALI's shard_id and num_shards) reads what the old
+    keywords read; they still work for one release, with a warning naming the new spelling."""
+    with pytest.warns(DeprecationWarning) as caught:
+        old = kind(jpeg_dataset, BATCH, order="block", seed=5, shard_id=1, num_shards=2, drop_last=True,
+                   block_bytes=4096, window=2)
+    assert str(caught[0].message) == (
+        f"{kind.__name__}(seed=, shard_id=, num_shards=, drop_last=, block_bytes=, window=) is deprecated and goes "
+        f"in the next release: pass order=packer.ReadOrder('block', seed=5, block_bytes=4096, window=2, "
+        f"drop_last=True, rank=1, world_size=2)")
+    order = ReadOrder("block", seed=5, block_bytes=4096, window=2, drop_last=True, rank=1, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        new = kind(jpeg_dataset, BATCH, order=order)
+    assert old.read_order == new.read_order == new.cursor.read_order
+    assert (new.shard_id, new.num_shards) == (1, 2)
+    for epoch in (0, 1):
+        assert old.plan(epoch).indices.tolist() == new.plan(epoch).indices.tolist()
+    assert old.state_dict(1, 1) == new.state_dict(1, 1)
+    with pytest.warns(DeprecationWarning):  # only seed=: the share it read before, shard 0 of 1
+        alone = kind(jpeg_dataset, BATCH, seed=5)
+    assert (alone.shard_id, alone.num_shards) == (0, 1)
 
 
 # --- real DALI pipelines (CPU only) --------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import threading
 import types
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -793,12 +794,12 @@ def test_nvjpeg_fallback_silent_error_and_working(jpeg_dataset: Path) -> None:
 # --- settings ------------------------------------------------------------------------------------
 
 def test_loader_options_dataclass_and_keywords_agree(raw_dataset: Path) -> None:
-    options = gpu.GpuLoaderOptions(order="random", seed=3, device="cpu")
+    options = gpu.GpuLoaderOptions(order=ReadOrder("random", seed=3), device="cpu")
     with gpu.GpuRawBatches(raw_dataset, 5, options) as a, \
-            gpu.GpuRawBatches(raw_dataset, 5, order="random", seed=3, device="cpu") as b, \
-            gpu.GpuRawBatches(raw_dataset, 5, options, seed=4) as c:
+            gpu.GpuRawBatches(raw_dataset, 5, order=ReadOrder("random", seed=3), device="cpu") as b, \
+            gpu.GpuRawBatches(raw_dataset, 5, options, order=ReadOrder("random", seed=4)) as c:
         assert _collect(a)[0] == _collect(b)[0] != _collect(c)[0]
-        assert c.options.seed == 4 and c.options.order == "random"
+        assert c.options.order == ReadOrder("random", seed=4) and c.read_order.seed == 4
     with pytest.raises(OptionError, match="unknown GPU loader setting.*sed"):
         gpu.GpuRawBatches(raw_dataset, 5, sed=3, device="cpu")
     with pytest.raises(OptionError, match="io must be"):
@@ -806,6 +807,39 @@ def test_loader_options_dataclass_and_keywords_agree(raw_dataset: Path) -> None:
     with pytest.raises(OptionError, match="io must be 'auto' or 'host'"):
         gpu.GpuJpegBatches(raw_dataset, 5, device="cpu", io="kvikio")
     assert gpu.GpuJpegBatches.__init__.__kwdefaults__["cpu_fallback"] == "warn"
+
+
+def test_the_old_order_settings_work_for_a_release_and_read_the_same(raw_dataset: Path, jpeg_dataset: Path) -> None:
+    """``GpuLoaderOptions(seed=...)`` and ``GpuRawBatches(..., seed=...)`` still work, with a warning
+    naming ``order=packer.ReadOrder(...)``, and read what the new spelling reads."""
+    order = ReadOrder("random", seed=3, drop_last=True, rank=1, world_size=2)
+    with pytest.warns(DeprecationWarning) as caught:
+        options = gpu.GpuLoaderOptions(order="random", seed=3, drop_last=True, rank=1, world_size=2, device="cpu")
+    assert str(caught[0].message) == ("GpuLoaderOptions(seed=, drop_last=, rank=, world_size=) is deprecated and goes "
+                                      "in the next release: pass order=packer.ReadOrder('random', seed=3, "
+                                      "drop_last=True, rank=1, world_size=2)")
+    assert options == gpu.GpuLoaderOptions(order=order, device="cpu")
+    with pytest.warns(DeprecationWarning, match=r"^the GPU loader\(seed=\) is deprecated"):
+        old = gpu.GpuRawBatches(raw_dataset, 3, gpu.GpuLoaderOptions(order=order, device="cpu"), seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        new = gpu.GpuRawBatches(raw_dataset, 3, order=replace(order, seed=4), device="cpu")
+    with old, new:
+        assert old.read_order == new.read_order == replace(order, seed=4, batch_size=3)
+        assert _collect(old)[0] == _collect(new)[0]
+        assert old.state_dict(batches_consumed=1) == new.state_dict(batches_consumed=1)
+    with pytest.warns(DeprecationWarning):  # the JPEG loader's own default kind stays under old settings
+        jpeg = gpu.GpuJpegBatches(jpeg_dataset, 3, seed=2, device="cpu")
+    with jpeg, gpu.GpuJpegBatches(jpeg_dataset, 3, device="cpu") as default:
+        assert jpeg.read_order.kind == default.read_order.kind == "random" and jpeg.read_order.seed == 2
+    with gpu.GpuRawBatches(raw_dataset, 3, device="cpu") as raw:
+        assert raw.read_order == ReadOrder("block", batch_size=3, rank=0, world_size=1)
+    with pytest.raises(OptionError) as refused:
+        gpu.GpuRawBatches(raw_dataset, 3, order=ReadOrder(batch_size=4), device="cpu")
+    assert refused.value.message == ("GpuRawBatches has batch_size=3 but its order has batch_size=4; give the same, "
+                                     "or leave the order's out (None: the reader's)")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'block_samples'"):
+        gpu.GpuLoaderOptions(block_samples=4)  # never a GPU loader setting: it is the order's now
 
 
 # --- gds_status honesty ----------------------------------------------------------------------

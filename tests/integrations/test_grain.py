@@ -5,6 +5,7 @@ exactly; EpochOrdered deals packer's orders to processes like the PyTorch reader
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -133,12 +134,16 @@ def test_options_are_checked(packed):
             source[key]
         assert caught.value.message == f"record keys are integers, got {type(key).__name__}"
     assert source[np.int64(3)] == source[3]  # what Grain's samplers hand over
-    for name, value in (("process_count", -1), ("process_index", True), ("process_count", "2")):
-        with pytest.raises(OptionError) as caught:
+    # the old keywords (deprecated) are checked as the order's rank and world size, named as typed
+    for name, value, message in (("process_count", -1, "world_size must be a positive integer, got -1"),
+                                 ("process_index", True, "rank must be an integer in 0..0, got True"),
+                                 ("process_count", "2", "world_size must be a positive integer, got '2'")):
+        with pytest.raises(OptionError) as caught:  # refused before the warning
             EpochOrdered(source, **{name: value})
-        assert caught.value.message == f"{name} must be a non-negative integer, got {value!r}"
-    with pytest.raises(OptionError, match="process_index 2 is outside"):
-        EpochOrdered(source, process_index=2, process_count=2)
+        field = "rank" if name == "process_index" else "world_size"
+        assert caught.value.message == f"{message} ({name}= sets {field})"
+    with pytest.raises(OptionError, match=r"^rank must be an integer in 0..1, got 2$"):
+        EpochOrdered(source, order=ReadOrder(rank=2, world_size=2))
     with pytest.raises(OptionError, match="unknown order"):
         EpochOrdered(source, order="zigzag")
     with pytest.raises(OptionError, match="reads a PackedDataSource"):
@@ -184,3 +189,39 @@ def test_a_raw_payload_that_does_not_hold_its_pixels_is_a_decode_error(tmp_path)
         source[3]
     assert caught.value.sample == 3 and caught.value.path == str(source.dataset.path)
     assert caught.value.message == "raw payload of 70 bytes does not hold the index's 6x5x3 pixels"
+
+
+def test_epoch_ordered_takes_one_order_value_and_the_old_keywords_for_a_release(packed):
+    """``order=ReadOrder(...)`` reads what the old keywords read (Grain's process_index and
+    process_count are the order's rank and world size); they warn with the new spelling."""
+    source = PackedDataSource(packed, fields=("index",), decode=False)
+    order = ReadOrder("block", seed=9, block_bytes=4096, batch_size=4, drop_last=True, rank=1, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        new = EpochOrdered(source, order=order)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = EpochOrdered(source, order="block", seed=9, batch_size=4, process_index=1, process_count=2,
+                           block_bytes=4096, drop_last=True)
+    assert str(caught[0].message) == (
+        "EpochOrdered(seed=, batch_size=, process_index=, process_count=, block_bytes=, drop_last=) is deprecated "
+        "and goes in the next release: pass order=packer.ReadOrder('block', seed=9, block_bytes=4096, batch_size=4, "
+        "drop_last=True, rank=1, world_size=2)")
+    assert new.read_order == old.read_order == order and len(new) == len(old) == 12
+    for epoch in (0, 1, 2):
+        assert new.indices(epoch).tolist() == old.indices(epoch).tolist()
+        assert new.indices(epoch).tolist() == order.plan(SAMPLES, epoch=epoch, blocks=index_blocks(
+            *(getattr(source.dataset.index, c) for c in ("offset", "size", "shard")), 4096)).indices.tolist()
+    assert EpochOrdered(source).read_order == ReadOrder("block", rank=0, world_size=1)  # the default
+    with pytest.warns(DeprecationWarning):  # old keywords without a share: process 0 of 1, as before
+        assert EpochOrdered(source, seed=1).read_order.world_size == 1
+
+
+def test_records_hold_every_readers_built_in_fields(packed):
+    """One vocabulary (``packer.fields.READ_FIELDS``): Grain's records take ``metadata`` too."""
+    from packer.fields import READ_FIELDS
+    from packer.grain import BUILTIN_FIELDS
+
+    assert BUILTIN_FIELDS == READ_FIELDS
+    record = PackedDataSource(packed, fields=READ_FIELDS, decode=False)[4]
+    dataset = packer.open_dataset(packed)
+    assert record["metadata"] == dataset.metadata(4) and record["key"] == dataset.key(4)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import torch  # noqa: E402  (lightning imports torch)
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 
 from helpers import write_images  # noqa: E402
-from packer import ClassListMismatchError, OptionError  # noqa: E402
+from packer import ClassListMismatchError, OptionError, ReadOrder  # noqa: E402
 from packer.lightning import PackedDataModule  # noqa: E402
 from packer.writer import build  # noqa: E402
 from packer.writer.plan import BuildOptions  # noqa: E402
@@ -86,7 +88,7 @@ def _trainer(tmp: Path, *, devices: int, epochs: int = 2, callbacks: list | None
 
 
 def _module(splits: dict[str, Path], **kw) -> PackedDataModule:
-    return PackedDataModule(splits["train"], splits["val"], batch_size=BATCH, seed=7,
+    return PackedDataModule(splits["train"], splits["val"], batch_size=BATCH, order=ReadOrder("random", seed=7),
                             train_options={"fields": ("index", "label"), "decode": False},
                             eval_options={"fields": ("index", "label"), "decode": False}, **kw)
 
@@ -255,3 +257,37 @@ def test_without_a_trainer_the_loader_counts_what_it_handed_out(splits):
     rest = [i for batch in again.train_dataloader() for i in batch["index"].tolist()]
     assert sorted(rest + [i for b in taken for i in b]) == list(range(SAMPLES))
     assert len(again.train_dataloader()) == SAMPLES // BATCH  # a second loader starts the epoch afresh
+
+
+def test_the_training_order_is_one_value_and_the_old_keywords_still_work(splits):
+    """``order=ReadOrder(...)`` is the training order; the old keywords read the same for a release,
+    with a warning; the order's rank and world size are the Trainer's, its batch size the module's."""
+    order = ReadOrder("block", seed=3, block_bytes=4096, window=2, drop_last=True)
+    with warnings.catch_warnings():  # the new spelling, and what the module makes with it, warn of nothing
+        warnings.filterwarnings("error", ".*is deprecated and goes in the next release", DeprecationWarning)
+        new = PackedDataModule(splits["train"], splits["val"], batch_size=BATCH, order=order,
+                               train_options={"fields": ("index",), "decode": False},
+                               eval_options={"fields": ("index",), "decode": False})
+        new.train_dataloader()
+        new.val_dataloader()
+    with pytest.warns(DeprecationWarning) as caught:
+        old = PackedDataModule(splits["train"], batch_size=BATCH, order="block", seed=3, block_bytes=4096, window=2,
+                               drop_last=True, train_options={"fields": ("index",), "decode": False})
+    assert str(caught[0].message) == (
+        "PackedDataModule(seed=, block_bytes=, window=, drop_last=) is deprecated and goes in the next release: "
+        "pass order=packer.ReadOrder('block', seed=3, block_bytes=4096, window=2, drop_last=True)")
+    assert new.order == old.order == order
+    read = [[b["index"].tolist() for b in module.train_dataloader()] for module in (new, old)]
+    assert read[0] == read[1] and all(len(b) == BATCH for b in read[0])
+    assert new.train_dataloader().batch_sampler.read_order == replace(order, batch_size=BATCH, rank=0, world_size=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rank'"):  # never an option of the module
+        PackedDataModule(splits["train"], batch_size=BATCH, rank=0)
+    with pytest.raises(OptionError) as caught:
+        PackedDataModule(splits["train"], batch_size=BATCH, order=ReadOrder(rank=0, world_size=2))
+    assert caught.value.message == ("PackedDataModule takes each rank's share from the Trainer; leave rank and "
+                                    "world_size out of order=ReadOrder('random', rank=0, world_size=2)")
+    with pytest.raises(OptionError) as caught:
+        PackedDataModule(splits["train"], batch_size=BATCH, order=ReadOrder(batch_size=BATCH * 2))
+    assert caught.value.message == (f"PackedDataModule has batch_size={BATCH} but its order has batch_size="
+                                    f"{BATCH * 2}; give the same, or leave the order's out")
+    assert PackedDataModule(splits["train"], batch_size=BATCH, order=ReadOrder(batch_size=BATCH)).order.batch_size == BATCH

@@ -643,7 +643,8 @@ BAD_ARGUMENTS: list[tuple[str, Callable[[Any], Any], str]] = [
     ("seed", lambda v: ReadOrder(seed=v), "non-negative"),
     ("block_bytes", lambda v: ReadOrder(block_bytes=v), "positive"),
     ("window", lambda v: ReadOrder(window=v), "positive"),
-    ("batch_size", lambda v: ReadOrder(batch_size=v), "positive"),
+    ("batch_size", lambda v: ReadOrder(batch_size=v), "positive or None"),
+    ("block_samples", lambda v: ReadOrder(block_samples=v), "positive or None"),
     ("epoch", lambda v: ReadOrder().state_dict(5, epoch=v, consumed=0), "non-negative"),
     ("consumed", lambda v: ReadOrder().state_dict(5, epoch=0, consumed=v), "non-negative"),
 ]
@@ -652,11 +653,15 @@ BAD_ARGUMENTS: list[tuple[str, Callable[[Any], Any], str]] = [
 @pytest.mark.parametrize("name, call, kind", BAD_ARGUMENTS,
                          ids=[f"{i}-{name}" for i, (name, _, _) in enumerate(BAD_ARGUMENTS)])
 def test_bad_arguments_are_named(name: str, call: Callable[[Any], Any], kind: str) -> None:
-    bad = [-1, 1.5, True, "3"] if kind == "non-negative" else [0, -2, 2.0, False, None]
+    optional = kind.endswith(" or None")  # None: "the reader's own" (ReadOrder.batch_size, block_samples)
+    kind = kind.removesuffix(" or None")
+    bad = [-1, 1.5, True, "3"] if kind == "non-negative" else [0, -2, 2.0, False] + ([] if optional else [None])
     for value in bad:
         with pytest.raises(ValueError, match=f"^{name} must be a {kind} integer, got {value!r}$"):
             call(value)
     call(np.int64(1))  # numpy integers are integers
+    if optional:
+        call(None)
 
 
 def test_unknown_read_order_kind() -> None:

@@ -58,3 +58,53 @@ def test_cursor_passes_after_a_load_without_set_epoch() -> None:
     assert cursor.pass_position == (0, 4)
     assert cursor.begin().indices.tolist() == whole
     assert cursor.pass_position == (0, 0) and cursor.start == 0
+
+
+# --- the defaults, the cells and the loaded start of 1 (scripts/mutate.py order) --------------------
+
+
+def test_a_position_tells_apart_one_reader_by_default_and_names_its_slots() -> None:
+    assert Position().slots == 1
+    for bad in (0, -1, True):
+        with pytest.raises(OptionError) as caught:
+            Position(slots=bad)
+        assert caught.value.message == f"slots must be a positive integer, got {bad!r}"
+    position = Position()
+    position.load(0, 4)
+    assert position.peek() == 4  # reader 0 of 1 by default
+    with pytest.raises(OptionError, match="at most 1 readers"):
+        position.peek(1)  # reader 1 of the default 1 reader: no such reader
+
+
+def test_a_default_claim_is_a_pass_of_one_reader() -> None:
+    position = Position(slots=2)
+    position.load(0, 4)
+    assert position.claim() == 4  # reader 0 of 1
+    assert position.peek(1, 2) == 0 and position.claim(1, 2) == 0  # two readers: a later pass
+    assert Position(slots=2).peek(1) == 0  # nothing loaded: 0, for any reader
+    position.load(0, 4)
+    with pytest.raises(OptionError, match="at most 2 readers"):
+        position.peek(1)  # reader 1 of the default 1 reader
+
+
+def test_a_new_load_forgets_the_reader_count_of_the_pass_before() -> None:
+    position = Position(slots=2)
+    position.load(0, 4)
+    assert position.claim(0, 1) == 4
+    position.load(0, 6)
+    assert position.claim(0, 2) == 6 and position.claim(1, 2) == 6  # a pass of two readers uses this load
+
+
+def test_a_loaded_start_of_one_and_huge_positions_are_kept_exactly() -> None:
+    position = Position()
+    position.load(0, 1)
+    assert position.peek() == 1 and position.claim() == 1
+    huge = 2**53 + 1  # past what a float64 cell would hold exactly
+    position.set(huge, huge)
+    assert position.get() == (huge, huge)
+
+
+def test_begin_at_plans_the_given_epoch() -> None:
+    cursor = EpochCursor(ReadOrder(kind="random", seed=1, batch_size=2), 10)
+    assert cursor.begin_at(3, 4).indices.tolist() == cursor.plan(3, 0).indices.tolist()[4:]
+    assert cursor.epoch == 0 and cursor.pass_position == (3, 4)  # the shared position is not moved

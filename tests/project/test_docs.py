@@ -177,6 +177,8 @@ def run_session(page: str, blocks: list[Block], home: Path, *, prelude: str = ""
     output = (done.stdout[-3000:] + "\n" + done.stderr[-4000:]).strip()
     assert done.returncode == 0, f"{where} exited {done.returncode} (the page runs top to bottom):\n{output}"
     assert "Traceback (most recent call last)" not in done.stderr, f"{where}:\n{output}"
+    # the docs show the current spelling: no deprecated reader keyword (shown: the warning names __main__)
+    assert "is deprecated and goes in the next release" not in done.stderr, f"{where}:\n{output}"
     return skipped
 
 

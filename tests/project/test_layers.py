@@ -26,7 +26,8 @@ BENCHMARKS = REPO / "benchmarks"
 #: unit (first name under packer) -> layer; imports must go to a strictly lower layer.
 LAYERS = {
     # foundations: no packer imports beyond each other, downwards
-    "errors": 0, "_version": 0, "_rawresample": 0, "names": 1, "machine": 1, "progress": 1, "fields": 1,
+    "errors": 0, "deprecation": 0, "_version": 0, "_rawresample": 0,
+    "names": 1, "machine": 1, "progress": 1, "fields": 1,
     "format": 2, "order": 2,
     "files": 3, "pillowformats": 3, "imageheaders": 3,
     # the photographs the guides are followed with (numpy, Pillow, the errors)

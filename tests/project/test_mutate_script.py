@@ -74,7 +74,7 @@ def test_load_equivalent_reads_name_and_reason(fake_cache: Path) -> None:
 def test_torch_group_counts_only_the_state_functions() -> None:
     torch_group = mutate.GROUPS_BY_NAME["torch"]
     assert torch_group.in_scope("packer.torch.samplers.xǁPackedSamplerǁ__iter____mutmut_4")
-    assert torch_group.in_scope("packer.torch.runtime.x_resolve_rank__mutmut_1")
+    assert torch_group.in_scope("packer.torch.loader.x__deal__mutmut_1")
     assert not torch_group.in_scope("packer.torch.collate.x_collate__mutmut_1")
     assert mutate.GROUPS_BY_NAME["order"].in_scope("anything")
 

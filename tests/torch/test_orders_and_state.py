@@ -3,9 +3,11 @@ order module's epoch order to ranks and workers, count what they handed out, and
 their state dicts."""
 
 from __future__ import annotations
+
 import json
 import pickle
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -124,8 +126,9 @@ def test_sampler_state_counts_samples_and_batches() -> None:
         unsized.state_dict(batches_consumed=1)
     assert caught.value.message == (
         "PackedSampler yields samples and does not know your DataLoader's batch size, so batches_consumed is "
-        "ambiguous: pass samples_consumed=batches * batch_size, create the sampler with batch_size=<the "
-        "DataLoader's batch_size>, or use packer.torch.PackedDataLoader, which counts the batches it hands out")
+        "ambiguous: pass samples_consumed=batches * batch_size, create the sampler with "
+        "order=ReadOrder(batch_size=<the DataLoader's batch_size>), or use packer.torch.PackedDataLoader, which "
+        "counts the batches it hands out")
     batches = pt.PackedBatchSampler(20, batch_size=3, seed=4, drop_last=True, block_samples=5, order="block")
     assert (batches.batch_size, batches.drop_last, batches.sampler.batch_size) == (3, True, 3)
     assert list(batches.sampler) == [i for b in batches for i in b]  # the same order, batch-aligned
@@ -197,9 +200,10 @@ def test_packed_dataloader_counts_what_the_loop_received(torch_base: Path) -> No
         next(it)
     assert samples.state_dict() == iterable.state_dict(samples_consumed=3)
     with pytest.raises(OptionError) as caught:
-        pt.PackedDataLoader(dataset, batch_size=2)
-    assert caught.value.message == ("PackedDataLoader tracks a packer reader: pass batch_sampler=PackedBatchSampler(...), "
-                                    "sampler=PackedSampler(...) or a PackedIterableDataset")
+        pt.PackedDataLoader(list(range(8)), batch_size=2)  # no packer reader: nothing to track
+    assert caught.value.message == ("PackedDataLoader tracks a packer reader: pass a PackedDataset (with order=), "
+                                    "batch_sampler=PackedBatchSampler(...), sampler=PackedSampler(...) or a "
+                                    "PackedIterableDataset")
 
 
 def _payload_ids(folder: Path) -> Callable[[Any], list[int]]:
@@ -693,19 +697,20 @@ def test_torch_iterable_collate_fn_is_for_dict_samples_only(torch_folder: Path) 
 
 
 def test_torch_readers_report_their_order_settings(torch_folder: Path) -> None:
-    """``read_order`` is every setting the reader was given (a reader built from it reads the same blocks)."""
+    """``read_order`` is the order the reader was given, its batch size, rank and world size filled in
+    (a reader built from it reads the same blocks)."""
     pt = _torch_pt()
     from packer.order import ReadOrder
 
-    settings = dict(order="block", seed=2, block_bytes=1024, window=3, drop_last=True)
-    expected = dict(kind="block", seed=2, block_bytes=1024, window=3, drop_last=True)
+    order = ReadOrder("block", seed=2, block_bytes=1024, window=3, drop_last=True)
+    here = dict(rank=0, world_size=1)  # resolved: no process group in this test
     dataset = pt.PackedDataset(torch_folder, decode=False)
-    assert pt.PackedSampler(dataset, **settings).read_order == ReadOrder(batch_size=1, **expected)
-    assert pt.PackedSampler(dataset, batch_size=4, **settings).read_order == ReadOrder(batch_size=4, **expected)
-    batches = pt.PackedBatchSampler(dataset, batch_size=3, **settings)
-    assert batches.read_order == batches.sampler.read_order == ReadOrder(batch_size=3, **expected)
-    iterable = pt.PackedIterableDataset(torch_folder, batch_size=3, decode=False, **settings)
-    assert iterable.read_order == ReadOrder(batch_size=3, **expected)
-    rebuilt = pt.PackedSampler(dataset, batch_size=3, order="block", seed=2, window=3, drop_last=True,
-                               block_bytes=batches.read_order.block_bytes)
+    assert pt.PackedSampler(dataset, order=order).read_order == replace(order, **here)  # batch size: None
+    sized = replace(order, batch_size=4)
+    assert pt.PackedSampler(dataset, order=sized).read_order == replace(sized, **here)
+    batches = pt.PackedBatchSampler(dataset, batch_size=3, order=order)
+    assert batches.read_order == batches.sampler.read_order == replace(order, batch_size=3, **here)
+    iterable = pt.PackedIterableDataset(torch_folder, batch_size=3, decode=False, order=order)
+    assert iterable.read_order == replace(order, batch_size=3, **here)
+    rebuilt = pt.PackedSampler(dataset, order=batches.read_order)
     assert list(rebuilt) == list(batches.sampler)

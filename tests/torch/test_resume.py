@@ -85,7 +85,7 @@ def test_loader_refuses_a_sampler_batch_size_that_is_not_its_own(packed: Path) -
     with pytest.raises(OptionError, match="batch_size"):
         PackedDataLoader(dataset, sampler=PackedSampler(dataset, batch_size=8), batch_size=4, collate_fn=collate)
     with pytest.raises(OptionError, match="tracks a packer reader"):
-        PackedDataLoader(dataset, batch_size=4, collate_fn=collate)
+        PackedDataLoader(list(range(8)), batch_size=4, collate_fn=collate)
 
 
 def test_batch_sampler_is_a_torch_batch_sampler(packed: Path) -> None:

@@ -37,7 +37,10 @@ def _rank_batches(packed: Path, rank: int) -> list[list[int]]:
     train = PackedDataset(packed, decode=False, fields=("index",))
     sampler = PackedSampler(train, order="block", seed=0, block_bytes=1024, rank=rank, world_size=W)
     loader = PackedDataLoader(train, batch_size=B, sampler=sampler, collate_fn=collate)
-    assert sampler.batch_size == B
+    # the loader reads the sampler through a batch sampler of its order with the loader's batch
+    # size, sharing its position; the sampler itself is not changed
+    assert sampler.batch_size is None and loader.batch_sampler.batch_size == B
+    assert loader.sampler is sampler and loader.batch_size == B
     return [batch["index"].tolist() for batch in loader]
 
 
