@@ -169,6 +169,8 @@ def _classes_mask(dataset: Dataset, classes: str | Sequence[str | int]) -> np.nd
     for name in asked:
         if isinstance(name, str) and name in names:
             wanted.append(names.index(name))
+        elif isinstance(name, str) and name.isdigit() and int(name) < max(len(names), 1):  # a label number
+            wanted.append(int(name))
         elif isinstance(name, (int, np.integer)) and not isinstance(name, bool) and 0 <= name < max(len(names), 1):
             wanted.append(int(name))
         else:
