@@ -33,7 +33,7 @@ __all__ = ["view_command"]
 def view_command(dataset: Location, out: Path, classes: str | None, keys: Path | None, where: tuple[str, ...],
                  split: str | None, seed: int, exclude_duplicates_of: Location | None, overwrite: bool,
                  as_json: bool) -> None:
-    """Write a view of DATASET (a subset, by selectors) to the file OUT.
+    """Write a view (a subset of DATASET) to the file OUT.
 
     A view copies no sample: it records the dataset, the selected sample numbers and a
     checksum, and every reader, `packer inspect`, `verify` and `export` open it as a dataset.

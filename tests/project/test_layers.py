@@ -44,6 +44,8 @@ LAYERS = {
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it
     "dataset": 7, "rawcrop": 8, "classes": 8,
+    # several datasets read as one dataset with its own sample space
+    "mixture": 7.5,
     # duplicates and leaks: over the dataset reader and the decoders, below the writer (a build
     # option may hash) and inspect (the report)
     "duplicates": 8,
