@@ -75,7 +75,8 @@ class Stream:
     def __post_init__(self) -> None:
         given = [key for key in ("weight", "repeat", "choose") if getattr(self, key) is not None]
         if len(given) > 1:
-            raise OptionError(f"a Stream takes one of weight=, repeat= and choose=, got {' and '.join(given)}")
+            raise OptionError(f"a Stream takes one of weight=, repeat= and choose=, got "
+                              f"{' and '.join(key + '=' for key in given)}")
         for key in ("weight", "repeat"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -88,19 +89,8 @@ class Stream:
 
 def _plan_counts(sizes: Sequence[int], streams: Sequence[Stream], epoch_size: int | None) -> list[int]:
     """Samples each stream gives an epoch (MDS's rules; weights by largest remainder, exact sum)."""
-    weighted = [s.weight is not None for s in streams]
-    if any(weighted) and not all(weighted):
-        raise OptionError("give weight= to every stream or to none (mix repeat= and choose= freely)")
-    if all(weighted):
-        total = sum(sizes) if epoch_size is None else epoch_size
-        weights = np.array([s.weight for s in streams], dtype=np.float64)
-        exact = weights / weights.sum() * total
-        counts = np.floor(exact).astype(np.int64)
-        rest = int(total - counts.sum())
-        for k in np.argsort(-(exact - counts), kind="stable")[:rest]:
-            counts[k] += 1
-        return [int(c) for c in counts]
-    if epoch_size is not None:
+    weighted = [k for k, s in enumerate(streams) if s.weight is not None]
+    if epoch_size is not None and not weighted:
         raise OptionError("epoch_size= goes with weight= streams; repeat= and choose= set each stream's count")
     counts = []
     for stream, size in zip(streams, sizes):
@@ -109,7 +99,20 @@ def _plan_counts(sizes: Sequence[int], streams: Sequence[Stream], epoch_size: in
         elif stream.repeat is not None:
             counts.append(int(round(stream.repeat * size)))
         else:
-            counts.append(int(size))
+            counts.append(int(size))  # a weighted stream's, replaced below
+    if weighted:
+        fixed = sum(c for k, c in enumerate(counts) if k not in weighted)
+        total = sum(sizes[k] for k in weighted) if epoch_size is None else epoch_size - fixed
+        if total < 0:
+            raise OptionError(f"epoch_size={epoch_size} is smaller than the {fixed} samples the repeat= and choose= "
+                              f"streams take")
+        weights = np.array([streams[k].weight for k in weighted], dtype=np.float64)
+        exact = weights / weights.sum() * total
+        shares = np.floor(exact).astype(np.int64)
+        for j in np.argsort(-(exact - shares), kind="stable")[:int(total - shares.sum())]:
+            shares[j] += 1
+        for k, share in zip(weighted, shares.tolist()):
+            counts[k] = int(share)
     return counts
 
 
@@ -173,7 +176,7 @@ class MixtureSpace:
     def identity(self, order: ReadOrder | None = None) -> dict[str, Any]:
         mixture = self._mixture
         return {"num_samples": self.num_samples,
-                "mixture_streams": [_stream_identity(ds) for ds in mixture.datasets],
+                "mixture": [_stream_identity(ds) for ds in mixture.datasets],
                 "mixture_counts": list(mixture.counts), "mixture_seed": mixture.seed,
                 "mixture_classes": f"{mixture.class_mode}:{mixture.classes_checksum or '-'}"}
 
