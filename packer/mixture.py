@@ -39,8 +39,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import format as fmt
-from .dataset import Dataset, open_dataset
-from .errors import OptionError
+from .dataset import Batch, Dataset, as_sample_indices, open_dataset
+from .errors import OptionError, SampleIndexError
 from .fields import FieldSpec
 from .order import DEFAULT_BLOCK_SAMPLES, IndexSpace, ReadOrder
 
@@ -402,7 +402,9 @@ class Mixture(Dataset):
         self.url = None
         self._location = self.datasets[0]._location
         self._manifest_bytes = b""
-        self.backend_name = self.datasets[0].backend_name
+        # One mmap path when every stream is mapped; else each stream reads its part of a batch.
+        names = {ds.backend_name for ds in self.datasets}
+        self.backend_name = names.pop() if len(names) == 1 else "mixed"
         self.verify_checksums = verify_checksums
         self.max_open_shards = self.datasets[0].max_open_shards
         self._open: OrderedDict[Any, Any] = OrderedDict()
@@ -481,6 +483,31 @@ class Mixture(Dataset):
     def shard(self, number: int, field: str | None = None) -> Any:
         stream = int(np.searchsorted(self.shard_offsets, number, side="right") - 1)
         return self.datasets[stream].shard(number - int(self.shard_offsets[stream]), field)
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        """``Dataset.read_batch``; streams read through other backends (a URL's node cache) each read
+        their part of the batch, joined into one ``Batch`` in the order asked."""
+        if self.backend_name == "mmap":
+            return super().read_batch(indices)
+        idx = as_sample_indices(indices).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise SampleIndexError(f"batch holds index {int(idx[(idx < -n) | (idx >= n)][0])}, outside "
+                                   f"{-n}..{n - 1} (a dataset of {n} samples)")
+        idx = np.where(idx < 0, idx + n, idx)
+        streams = np.searchsorted(self.offsets, idx, side="right") - 1
+        starts = np.zeros(len(idx), dtype=np.int64)
+        sizes = np.zeros(len(idx), dtype=np.int64)
+        chunks, position = [], 0
+        for stream in np.unique(streams).tolist():
+            rows = np.flatnonzero(streams == stream)
+            part = self.datasets[stream].read_batch(idx[rows] - self.offsets[stream])
+            starts[rows] = np.asarray(part.starts, dtype=np.int64) + position
+            sizes[rows] = part.sizes
+            chunks.append(np.asarray(part.data).reshape(-1).view(np.uint8))
+            position += chunks[-1].size
+        data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
+        return Batch(data=data, starts=starts, sizes=sizes)
 
     def _base_numbers(self, indices: np.ndarray) -> np.ndarray:
         return indices

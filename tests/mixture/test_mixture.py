@@ -206,3 +206,33 @@ def test_bad_streams_are_refused(parts):
         packer.Stream(parts["A"], choose=1.5)
     with pytest.raises(errors.OptionError, match="epoch_size=3 is smaller than the 4 samples"):
         packer.Mixture([packer.Stream(parts["A"], weight=1), packer.Stream(parts["B"], choose=4)], epoch_size=3)
+
+
+def test_an_empty_stream_asked_for_samples_and_a_bad_epoch_size_are_refused(parts, tmp_path):
+    (empty,) = packer.view(parts["B"], tmp_path / "none.pkview", where="width > 100000")
+    mixture = packer.Mixture([packer.Stream(parts["A"]), packer.Stream(empty, choose=3, name="nothing")])
+    with pytest.raises(errors.OptionError, match="stream 1 \\(nothing\\) is empty but asked for 3 samples"):
+        IndexSpace(mixture).epoch_order(ReadOrder("block"), 0)
+    assert packer.Mixture([parts["A"], empty]).counts == (40, 0)
+    with pytest.raises(errors.OptionError, match="epoch_size must be a positive integer, got 0"):
+        packer.Mixture([packer.Stream(parts["A"], weight=1)], epoch_size=0)
+
+
+def test_streams_with_other_codecs_are_refused(parts, tmp_path):
+    write_images(tmp_path / "src", {"cat": 3}, size=16)
+    packer.build_dataset(tmp_path / "src", tmp_path / "jpeg", packer.BuildSettings(codec="jpeg:quality=80"))
+    with pytest.raises(errors.OptionError, match="the streams of a mixture must share a codec"):
+        packer.Mixture([parts["A"], tmp_path / "jpeg"])
+
+
+def test_a_mixture_pickles_small_and_reads_the_same(parts):
+    import pickle
+
+    mixture = packer.Mixture([packer.Stream(parts["cats"], weight=1), packer.Stream(parts["B"], weight=2)],
+                             epoch_size=9, seed=4, classes="union")
+    data = pickle.dumps(mixture)
+    clone = pickle.loads(data)
+    assert len(data) < 64 << 10 and clone.counts == mixture.counts and clone.classes == mixture.classes
+    assert [bytes(clone.get(i)) for i in range(len(clone))] == [bytes(mixture.get(i)) for i in range(len(mixture))]
+    assert np.array_equal(IndexSpace(clone).epoch_order(ReadOrder("block"), 3),
+                          IndexSpace(mixture).epoch_order(ReadOrder("block"), 3))
