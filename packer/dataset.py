@@ -134,7 +134,7 @@ class DatasetIndex:
     def _select(self, view: ViewFile, base: Location) -> None:
         """Turn this dataset into the view's: its rows are the selected rows of the base (V9 first)."""
         check_base(view, self.index, self.manifest.sample_count, path=self._location.display, base=base.display)
-        rows = view.selected.astype(np.int64)
+        rows = view.selected.view(np.int64) if view.selected.dtype == np.uint64 else view.selected.astype(np.int64)  # < 2^40 (V4)
         # The base's rows are grouped by shard in order, and the selection ascends: a view's rows
         # of one shard are consecutive too, so shard_range stays a range.
         self._shard_firsts = np.searchsorted(rows, self._shard_firsts).astype(np.int64)
