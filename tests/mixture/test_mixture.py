@@ -236,3 +236,27 @@ def test_a_mixture_pickles_small_and_reads_the_same(parts):
     assert [bytes(clone.get(i)) for i in range(len(clone))] == [bytes(mixture.get(i)) for i in range(len(mixture))]
     assert np.array_equal(IndexSpace(clone).epoch_order(ReadOrder("block"), 3),
                           IndexSpace(mixture).epoch_order(ReadOrder("block"), 3))
+
+
+def test_grain_reads_a_mixtures_epochs(parts):
+    pytest.importorskip("grain")
+    from packer.grain import EpochOrdered, PackedDataSource
+
+    mixture = packer.Mixture([packer.Stream(parts["A"], choose=10), packer.Stream(parts["C"], choose=2)], seed=2)
+    source = PackedDataSource(mixture, fields=("index", "stream"), decode=False)
+    epochs = EpochOrdered(source, order=ReadOrder("block", seed=7))
+    assert len(epochs) == 12
+    want = IndexSpace(mixture).epoch_order(ReadOrder("block", seed=7), 0)
+    assert Counter(int(epochs[k]["index"]) for k in range(12)) == Counter(want.tolist())
+    assert Counter(int(epochs[k]["stream"]) for k in range(12)) == {0: 10, 1: 2}
+
+
+def test_a_batch_across_streams_of_other_backends_reads_each_streams_part(parts):
+    mixture = packer.Mixture([packer.open_dataset(parts["A"], backend="pread"), parts["B"]])
+    assert mixture.backend_name == "mixed"
+    with packer.open_dataset(parts["A"]) as a, packer.open_dataset(parts["B"]) as b:
+        batch = mixture.read_batch([41, 3, -1, 40])
+        assert [bytes(batch[j]) for j in range(4)] == [bytes(b.get(1)), bytes(a.get(3)), bytes(b.get(14)),
+                                                       bytes(b.get(0))]
+    with pytest.raises(errors.SampleIndexError, match="batch holds index 55, outside -55..54"):
+        mixture.read_batch([0, 55])
