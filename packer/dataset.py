@@ -128,6 +128,7 @@ class DatasetIndex:
         self._shard_firsts = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
         np.cumsum([s.sample_count for s in self.manifest.shards], out=self._shard_firsts[1:])
         self._count = self.manifest.sample_count
+        self._stored_firsts = self._shard_firsts  # the shards' rows as stored (a view's base's)
         if self.view is not None:
             self._select(self.view, base)
 
@@ -350,6 +351,19 @@ class DatasetIndex:
     def shard_range(self, shard: int) -> tuple[int, int]:
         """[first, end) sample indices of shard ``shard``."""
         return int(self._shard_firsts[shard]), int(self._shard_firsts[shard + 1])
+
+    def stored_layout(self, shard: int) -> tuple[int, int, int]:
+        """Shard ``shard`` as stored: ``(first, end, origin)``, its rows ``[first, end)`` in stored
+        numbering (``stored_rows``) and the offset of its first stored sample. What a check of the
+        raw layout counts from (a view's rows of a shard need not be consecutive in it)."""
+        first, end = int(self._stored_firsts[shard]), int(self._stored_firsts[shard + 1])
+        columns = self.index.base if self.view is not None else self.index  # type: ignore[attr-defined]
+        return first, end, int(columns.offset[first]) if end > first else 0
+
+    def stored_rows(self, indices: np.ndarray) -> np.ndarray:
+        """Samples ``indices`` (in range, non-negative) in stored numbering: a view's base's rows."""
+        rows = self.base_rows
+        return indices if rows is None else rows[indices]
 
     def close(self) -> None:
         index = getattr(self, "index", None)

@@ -39,6 +39,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import format as fmt
+from .codecs import codec_for
 from .dataset import Batch, Dataset, as_sample_indices, open_dataset
 from .errors import OptionError, SampleIndexError
 from .fields import FieldSpec
@@ -396,6 +397,10 @@ class Mixture(Dataset):
         self._shard_firsts = np.concatenate([
             np.asarray(ds._shard_firsts[:-1], dtype=np.int64) + first
             for ds, first in zip(self.datasets, self.offsets[:-1])] + [self.offsets[-1:]])
+        self._stored_firsts = self._shard_firsts
+        if any(ds.view is not None for ds in self.datasets) and codec_for(self).sample_shape is not None:
+            raise OptionError("a mixture with a view of stored pixels (codec raw) as a stream is not supported yet; "
+                              "mix the datasets themselves")
         self.index = _ConcatColumns(self)  # type: ignore[assignment]
         self.place = _MixturePlace(self)  # type: ignore[assignment]
         self.path = self.place.folder

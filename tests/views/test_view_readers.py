@@ -108,3 +108,24 @@ def test_grain_source_reads_the_view(view_path):
     source = PackedDataSource(view_path, fields=("index", "image"), decode=False)
     assert len(source) == len(expected)
     assert {int(source[i]["index"]): bytes(source[i]["image"]) for i in range(len(source))} == expected
+
+
+def test_a_view_of_stored_pixels_takes_the_raw_batch_path(tmp_path):
+    from packer.threaded import ThreadedLoader
+    from packer.torch import PackedDataset
+    from packer import errors
+
+    write_images(tmp_path / "src", {"cat": 10, "dog": 10}, size=16)
+    packer.build_dataset(tmp_path / "src", tmp_path / "ds", packer.BuildSettings(
+        codec="raw:size=8x8", layout=packer.LayoutSettings(shard_size=40 << 10)))
+    (path,) = packer.view(tmp_path / "ds", tmp_path / "v.pkview", classes="dog")
+    view, base = PackedDataset(path, layout="HWC"), PackedDataset(tmp_path / "ds", layout="HWC")
+    rows = view.dataset.base_rows
+    assert len(base.dataset.manifest.shards) > 1 and rows.tolist() != list(range(rows[0], rows[0] + len(rows)))
+    images = view.__getitems__([0, 3, 9, 5])  # the batched raw path: one layout check, counted in the base's shards
+    for k, i in enumerate([0, 3, 9, 5]):
+        assert np.array_equal(np.asarray(images[k][0]), np.asarray(base[int(rows[i])][0]))
+    loader = ThreadedLoader(path, batch_size=4, threads=2, order="sequential")
+    assert sum(len(images) for images, _ in loader) == 10
+    with pytest.raises(errors.OptionError, match="a view of stored pixels \\(codec raw\\) as a stream is not supported"):
+        packer.Mixture([path, tmp_path / "ds"])
