@@ -200,21 +200,29 @@ def parse_view(data: Any, *, path: object = None) -> ViewFile:
                                      path=path)
     raw = bytes(body[8 * count:8 * count + description_bytes])
     padding = bytes(body[8 * count + description_bytes:])
-    try:  # [V8]
-        description = json.loads(raw.decode("utf-8"))
-        if padding.strip(b"\x00"):
-            raise ValueError("padding is not zero")
-        if not (isinstance(description, dict) and isinstance(description.get("base"), str) and description["base"]
-                and isinstance(description.get("selectors"), list)
-                and all(isinstance(item, dict) for item in description["selectors"])):
-            raise ValueError("not an object with a base and a list of selectors")
-    except (ValueError, RecursionError) as exc:
+    description, problem = _description(raw, padding)
+    if problem:  # [V8]
         raise CorruptHeaderError(f"view file description is not a JSON object with a base location and a list of "
-                                 f"selectors followed by zero padding ({exc})", path=path) from None
+                                 f"selectors followed by zero padding ({problem})", path=path)
     extra = {key: value for key, value in description.items() if key not in ("base", "selectors")}
     return ViewFile(base=description["base"], base_samples=base_samples, rows_checksum=rows_sum,
                     index_checksum=index_sum, selected=selected, selectors=tuple(description["selectors"]),
                     checksum=checksum, extra=extra)
+
+
+def _description(raw: bytes, padding: bytes) -> tuple[Any, str]:
+    """The description's JSON value, and what is wrong with it ("" when nothing)."""
+    try:
+        description = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        return None, str(exc)
+    if padding.strip(b"\x00"):
+        return None, "padding is not zero"
+    if not (isinstance(description, dict) and isinstance(description.get("base"), str) and description["base"]
+            and isinstance(description.get("selectors"), list)
+            and all(isinstance(item, dict) for item in description["selectors"])):
+        return None, "not an object with a base and a list of selectors"
+    return description, ""
 
 
 def check_base(view: ViewFile, index: Any, sample_count: int, *, path: object, base: str) -> None:
