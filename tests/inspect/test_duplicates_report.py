@@ -18,7 +18,7 @@ from test_html_report import run_chromium
 
 import packer.cli.inspect_cmd  # noqa: F401  (registers the inspect command)
 from packer.cli import cli
-from packer.inspect.html import CONTENT_SECURITY_POLICY
+from packer.inspect.report_html import CONTENT_SECURITY_POLICY
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 
