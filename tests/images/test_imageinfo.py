@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from packer import format as fmt
-from packer import imageinfo as imageinfo_module
+from packer._internal import imageinfo as imageinfo_module
 from packer.errors import DecodeError, OptionError, PackerError, RejectedImageError
 from packer.format import ImageFormat
 from packer._internal.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, detect_format, probe_image
