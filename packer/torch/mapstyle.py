@@ -332,6 +332,15 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
             return None
         return tuple(self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8, device="meta")).shape)
 
+    def copies_batches(self) -> bool:
+        """True when ``load_batch`` only copies stored pixels into one tensor (a ``raw`` dataset
+        read with ``decode=True`` or a fused transform, no ``transform``, the default fields): no
+        decode, numpy's copies release the GIL, so threads of one process make such batches faster
+        than worker processes hand them over (``PackedDataLoader`` reads them that way)."""
+        if self._plan is not None and self._fields != DEFAULT_FIELDS:
+            return False
+        return _raw_fast_shape(self.dataset, self._pipeline, 1) is not None
+
     def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
         """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched paths
         (``fast_batch_shape``), stored channels-last as they write it; None elsewhere.
