@@ -51,8 +51,8 @@ import xxhash
 from . import format as fmt
 from .errors import (DatasetChangedError, DecodeError, FormatError, NotAPackerFileError, PackerError,
                      TruncatedFileError, UnsafePathError)
-from .files import open_inside
-from .machine import available_cpus
+from ._internal.files import open_inside
+from ._internal.machine import available_cpus
 
 if TYPE_CHECKING:
     from .remote.url import DatasetURL
@@ -626,7 +626,7 @@ def _default_workers(shards: int, total_bytes: int) -> int:
 
 def _run_tasks(tasks: list[_ShardTask], *, workers: int | None, progress: bool, total_samples: int,
                total_bytes: int) -> list[_ShardResult]:
-    from .progress import BuildProgress
+    from ._internal.progress import BuildProgress
 
     workers = _default_workers(len(tasks), total_bytes) if workers is None else max(1, min(workers, len(tasks)))
     results: list[_ShardResult] = []

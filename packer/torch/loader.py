@@ -39,18 +39,31 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
+import torch
 import torch.utils.data as torch_data
 
 from ..errors import OptionError
 from ..order import ReadOrder, read_order_from
+from .collate import collate
 from .iterable import PackedIterableDataset
 from .mapstyle import PackedDataset
 from .samplers import PackedBatchSampler, PackedSampler
 
 #: The DataLoader's arguments, by name (``PackedDataLoader`` reads which ones it was given).
 _DATALOADER = inspect.signature(torch_data.DataLoader)
+
+#: How ``PackedDataLoader`` runs its ``num_workers``: ``"auto"`` (threads of this process for a
+#: dataset whose batches are copies of stored pixels, else worker processes), or either one.
+WORKER_MODES = ("auto", "processes", "threads")
+
+#: DataLoader arguments that run code in, or choose, worker processes: given, ``"auto"`` keeps the
+#: processes (``persistent_workers`` and ``prefetch_factor`` mean nothing to threads and are dropped).
+_PROCESS_ONLY = ("worker_init_fn", "multiprocessing_context")
 
 
 class PackedDataLoader(torch_data.DataLoader):
@@ -95,10 +108,19 @@ class PackedDataLoader(torch_data.DataLoader):
             ``batched=False``).
     """
 
-    def __init__(self, dataset: Any, *args: Any, order: ReadOrder | str | None = None, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, order: ReadOrder | str | None = None, worker_mode: str = "auto",
+                 **kwargs: Any) -> None:
         given = _DATALOADER.bind(dataset, *args, **kwargs).arguments
+        if worker_mode not in WORKER_MODES:
+            raise OptionError(f"worker_mode must be one of {', '.join(WORKER_MODES)}, got {worker_mode!r}")
         sampler = _deal(given, order)
+        self.threads = _threads(given, worker_mode)
+        if self.threads:  # the batches are made here: DataLoader itself starts no process
+            given["num_workers"] = 0
+            given.pop("prefetch_factor", None)
+            given.pop("persistent_workers", None)
         super().__init__(**given)
+        self.worker_mode = "threads" if self.threads else "processes"
         if sampler is not None:
             # A DataLoader reading a batch sampler reports no sampler or batch size of its own, and
             # refuses to be told them; report the order's (loader.sampler.set_epoch, the
@@ -128,9 +150,45 @@ class PackedDataLoader(torch_data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self._yielded = 0
-        for batch in super().__iter__():
+        for batch in (self._thread_batches() if self.threads else super().__iter__()):
             self._yielded += 1  # counted as your loop receives it: prefetched batches are not consumed
             yield batch
+
+    def _thread_batches(self) -> Iterator[Any]:
+        """The batch sampler's batches, each made by ``load_batch`` on a thread of this process, in
+        order, ``2 x threads`` in flight (as ``packer.threaded.ThreadedLoader`` makes them). The
+        images tensor is allocated by this thread: memory the pool's threads allocated would go
+        back to their own malloc arenas and fault in again for every batch."""
+        dataset: PackedDataset = self.dataset
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"packer-loader-{os.getpid()}")
+        pending: deque[Future] = deque()
+        batches = iter(self.batch_sampler)
+
+        def submit() -> bool:
+            indices = next(batches, None)
+            if indices is None:
+                return False
+            pending.append(pool.submit(self._load, indices, dataset.fast_batch_buffer(len(indices))))
+            return True
+
+        try:
+            more = True
+            while True:
+                while more and len(pending) < 2 * self.threads:
+                    more = submit()
+                if not pending:
+                    return
+                yield pending.popleft().result()  # a failed batch raises here, in order
+        finally:  # a loop that stops early (break, exception) cancels what it will not use
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _load(self, indices: Any, out: Any) -> Any:
+        images, labels = self.dataset.load_batch(indices, out=out)
+        if self.pin_memory and torch.cuda.is_available():  # as DataLoader: pinning needs a CUDA device
+            images = images.pin_memory()
+        return images, labels
 
     @property
     def epoch(self) -> int:
@@ -157,6 +215,37 @@ class PackedDataLoader(torch_data.DataLoader):
         """Resume the reader at a saved position (before iterating)."""
         self._packer_reader().load_state_dict(state)
         self._yielded = 0
+
+
+def _threads(given: dict[str, Any], worker_mode: str) -> int:
+    """How many threads of this process make the batches (0: the DataLoader's own way).
+
+    ``"auto"`` takes threads only where they are known to be faster and mean the same: a
+    ``PackedDataset`` whose batches are copies of stored pixels (``copies_batches``), read through
+    a ``PackedBatchSampler`` with packer's ``collate``, and none of the arguments that only worker
+    processes use. ``"threads"`` asks for them and is refused where they would not mean the same.
+    """
+    workers = given.get("num_workers", 0)
+    if worker_mode == "processes" or not workers:
+        return 0
+    dataset, batch_sampler = given["dataset"], given.get("batch_sampler")
+    reasons = []
+    if not isinstance(dataset, PackedDataset):
+        reasons.append("the dataset is not a PackedDataset")
+    elif not isinstance(batch_sampler, PackedBatchSampler):
+        reasons.append("the loader does not batch through a PackedBatchSampler")
+    elif not dataset.copies_batches():
+        reasons.append("its batches are decoded or transformed in Python (threads would share one GIL)")
+    if given.get("collate_fn") not in (None, collate):
+        reasons.append("collate_fn is not packer's collate")
+    reasons += [f"{name}= is given (it is for worker processes)" for name in _PROCESS_ONLY
+                if given.get(name) is not None]
+    if not reasons:
+        return int(workers)
+    if worker_mode == "threads":
+        raise OptionError(f"PackedDataLoader(worker_mode='threads'): {'; '.join(reasons)}; leave worker_mode "
+                          f"'auto' (processes then) or pass worker_mode='processes'")
+    return 0
 
 
 def _deal(given: dict[str, Any], order: ReadOrder | str | None) -> PackedSampler | None:

@@ -13,6 +13,7 @@ million samples over two workers) and returns the order's temporaries to the OS.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -153,9 +154,9 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
 
     def _index(self, i: Any) -> int:
         try:
-            i = int(i)
+            i = operator.index(i)  # an int, numpy or 0-d torch integer; int() would take '3' and 2.7
         except TypeError:
-            raise SampleIndexTypeError(f"sample indices must be integers, got {type(i).__name__}") from None
+            raise SampleIndexTypeError(f"sample indices must be integers, got {type(i).__name__}: {i!r:.40}") from None
         count = len(self.dataset)
         if not -count <= i < count:
             raise SampleIndexError(f"sample {i} out of range for a dataset of {count} samples")
@@ -330,6 +331,15 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         if buffer is None:
             return None
         return tuple(self._pipeline.batch_view(torch.empty(buffer, dtype=torch.uint8, device="meta")).shape)
+
+    def copies_batches(self) -> bool:
+        """True when ``load_batch`` only copies stored pixels into one tensor (a ``raw`` dataset
+        read with ``decode=True`` or a fused transform, no ``transform``, the default fields): no
+        decode, numpy's copies release the GIL, so threads of one process make such batches faster
+        than worker processes hand them over (``PackedDataLoader`` reads them that way)."""
+        if self._plan is not None and self._fields != DEFAULT_FIELDS:
+            return False
+        return _raw_fast_shape(self.dataset, self._pipeline, 1) is not None
 
     def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
         """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched paths

@@ -24,7 +24,7 @@ from ..dataset import open_index
 from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
-from ..files import iter_json_lines
+from .._internal.files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
 from .plan import make_plan, save_plan
 from .records import read_record, record_path
