@@ -377,7 +377,7 @@ def _verify_view(path: Path, *, decode: bool, progress: bool, max_pixels: int | 
     the index), shard by shard; samples the view leaves out are not read. Problems name the view's
     sample numbers (``sample_info`` gives the base's)."""
     from .dataset import open_dataset
-    from .progress import BuildProgress
+    from ._internal.progress import BuildProgress
 
     try:
         ds = open_dataset(path)

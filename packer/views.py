@@ -305,20 +305,8 @@ def view(dataset: str | os.PathLike[str] | Dataset, out: str | os.PathLike[str],
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
-    """A unique temporary name beside ``target``, fsync, rename: a reader sees the old file or the new."""
-    import tempfile
+    """The view file through packer's one atomic write (unique temp name, fsync, rename, folder fsync)."""
+    from ._internal.atomic import write_atomic
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    write_atomic(target, [data])
