@@ -15,6 +15,11 @@ runs): one of ``--samples`` samples, and three streams of a third each. Candidat
 - ``... + first epoch``: the same, then what a reader does first: the labels column and the block
   order of epoch 0 (a view gathers its columns on first use; a mixture joins its streams' and
   orders each stream): against ``open dataset + first epoch``.
+
+With ``--read N``, also the throughput of reading one epoch of N samples (block order, batches of
+256 through ``PackedBatchSampler`` and ``Dataset.read_batch``, the bytes touched) from one dataset
+against a 2-stream mixture of two datasets of N/2 samples each (the same samples, every sample
+once per epoch).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/packer-bench-mixture"))
+    parser.add_argument("--read", type=int, default=0, help="also time reading an epoch of this many samples")
     args = parser.parse_args(argv)
     n = args.samples
     payload = synthetic.tiny_jpeg()
@@ -91,7 +97,38 @@ def main(argv: list[str] | None = None) -> int:
     print(harness.table(harness.summarize(epochs), unit="opens", name_width=34,
                         columns=[("median ms", lambda row: f"{1e3 / row.rate:.1f}"),
                                  ("x dataset", lambda row: f"{1 / row.ratio:.2f}")]))
+    if args.read:
+        read_epochs(args.read, args.folder, args.rounds)
     return 0
+
+
+def read_epochs(n: int, folder: Path, rounds: int) -> None:
+    """One epoch read from one dataset against the same samples as a 2-stream mixture."""
+    from packer.torch import PackedBatchSampler
+
+    payload = synthetic.tiny_jpeg()
+    whole = synthetic.make_synthetic_dataset(folder / f"read-all-{n}", n, payload, alignment=512)
+    halves = [synthetic.make_synthetic_dataset(folder / f"read-half{k}-{n // 2}", n // 2, payload, alignment=512)
+              for k in range(2)]
+
+    def epoch(make):
+        def body() -> int:
+            ds = make()
+            sampler = PackedBatchSampler(ds, batch_size=256, order=ReadOrder("block", seed=1))
+            count = 0
+            for batch in sampler:
+                data = ds.read_batch(batch)
+                count += len(data)
+            ds.close()
+            return count
+        return body
+
+    results = harness.interleave([
+        ("one dataset", lambda: harness.measure(epoch(lambda: packer.open_dataset(whole)))),
+        ("2-stream mixture", lambda: harness.measure(epoch(lambda: packer.Mixture(halves)))),
+    ], rounds, log=None)
+    print(f"\nreading an epoch of {n:,} samples (block order, batches of 256, read_batch), {rounds} rounds:")
+    print(harness.table(harness.summarize(results), unit="samples", name_width=34))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ A mixture is two things at once:
   ``e`` takes positions ``[e * count[s], (e + 1) * count[s])`` of it. So within a stream samples
   are drawn without replacement and coverage carries over between epochs (a stream taken at 10 %
   sees each of its samples once in 10 epochs). The streams' picks are cut into runs (one sample
-  for the random order, ``RUN_SAMPLES`` for the block order) and the runs are shuffled together by
-  ``(seed, epoch)``: a function of the seed and the epoch only, the same on any machine.
+  for the random order; for the block order a stream's mean block length, ``run_length``) and the
+  runs are shuffled together by ``(seed, epoch)``: a function of the seeds and the epoch only, the
+  same on any machine.
 
 The readers deal a mixture's epoch to ranks and workers like any epoch (``packer.order.deal``), so
 resume at another world size, worker count or batch size is exact; a saved state records the
@@ -49,7 +50,7 @@ __all__ = ["Stream", "Mixture", "MixtureSpace", "STREAM_FIELD", "RUN_SAMPLES"]
 
 #: The declared field every sample of a mixture carries: the number of its stream.
 STREAM_FIELD = FieldSpec(name="stream", kind="array", dtype="int64", shape=())
-#: Samples per run when the block order interleaves streams (the runs keep a stream's reads close).
+#: The fewest samples per run when the block order interleaves streams (``MixtureSpace.run_length``).
 RUN_SAMPLES = 64
 #: Class-list modes.
 CLASS_MODES = ("per-stream", "union")
@@ -164,15 +165,27 @@ class MixtureSpace:
         picks = [self.stream_order(order, s, epoch) + mixture.offsets[s] for s in range(len(mixture.datasets))]
         if order.kind == "sequential":
             return np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
-        run = 1 if order.kind == "random" else (order.block_samples or RUN_SAMPLES)
-        runs = [pick[i:i + run] for pick in picks for i in range(0, len(pick), run)]
-        if not runs:
-            return np.zeros(0, dtype=np.int64)
         rng = np.random.default_rng([mixture.seed, order.seed, epoch, 0x6D6978])  # "mix": apart from the streams' seeds
-        if run == 1:
+        if order.kind == "random":
             merged = np.concatenate(picks)
             return merged[rng.permutation(len(merged))]
+        runs = []
+        for stream, pick in enumerate(picks):
+            run = self.run_length(order, stream)
+            runs += [pick[i:i + run] for i in range(0, len(pick), run)]
+        if not runs:
+            return np.zeros(0, dtype=np.int64)
         return np.concatenate([runs[k] for k in rng.permutation(len(runs))])
+
+    def run_length(self, order: ReadOrder, stream: int) -> int:
+        """Samples of stream ``stream`` kept together when the block order interleaves the streams:
+        ``order.block_samples`` when set, else the stream's mean block length (its block order's
+        unit of locality), at least ``RUN_SAMPLES``."""
+        if order.block_samples:
+            return int(order.block_samples)
+        size = len(self._mixture.datasets[stream])
+        blocks = len(self._stream_spaces()[stream].blocks(order)) - 1
+        return max(RUN_SAMPLES, size // max(blocks, 1))
 
     def identity(self, order: ReadOrder | None = None) -> dict[str, Any]:
         mixture = self._mixture
@@ -319,15 +332,21 @@ class _MixturePlace:
     def plan(self, indices: Any) -> None:
         numbers = np.asarray(indices, dtype=np.int64).reshape(-1)
         self._plan_streams = np.searchsorted(self._mixture.offsets, numbers, side="right") - 1
+        self._advanced = 0
+        self._stream_positions = np.zeros(len(self._mixture.datasets), dtype=np.int64)
         for stream, local in self._split(numbers):
             self._mixture.datasets[stream].plan_reads(local)
 
     def advance(self, position: int) -> None:
-        if self._plan_streams is None:
+        """Each stream's position in its part of the plan: counted from the last call on (positions
+        only grow within a plan), so an epoch's calls cost its length once, not once per batch."""
+        if self._plan_streams is None or position <= self._advanced:
             return
-        done = self._plan_streams[:position]
-        for stream, count in enumerate(np.bincount(done, minlength=len(self._mixture.datasets)).tolist()):
-            self._mixture.datasets[stream].reads_advanced(count)
+        step = self._plan_streams[self._advanced:position]
+        self._advanced = position
+        self._stream_positions += np.bincount(step, minlength=len(self._mixture.datasets))
+        for stream in np.unique(step).tolist():
+            self._mixture.datasets[stream].reads_advanced(int(self._stream_positions[stream]))
 
     def ensure(self, indices: np.ndarray) -> None:
         for stream, local in self._split(indices):
