@@ -20,6 +20,14 @@ With ``--read N``, also the throughput of reading one epoch of N samples (block 
 256 through ``PackedBatchSampler`` and ``Dataset.read_batch``, the bytes touched) from one dataset
 against a 2-stream mixture of two datasets of N/2 samples each (the same samples, every sample
 once per epoch).
+
+With ``--memory``, also the private memory (USS: private clean + dirty pages, ``smaps_rollup``)
+of each of 2 forked DataLoader workers after 1,024 samples read through ``PackedDataset`` +
+``PackedBatchSampler`` (random order, batches of 32), for the dataset, the view of all of it and
+the 3-stream mixture, each in a fresh child process, for the block order (the readers' default:
+its blocks are measured from the index in the parent, so a view's or a mixture's gathered columns
+are shared with the workers) and the random order (nothing gathered before the fork: each worker
+gathers the columns it reads).
 """
 
 from __future__ import annotations
@@ -41,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/packer-bench-mixture"))
     parser.add_argument("--read", type=int, default=0, help="also time reading an epoch of this many samples")
+    parser.add_argument("--memory", action="store_true", help="also measure DataLoader worker memory")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return worker_memory(args.child)
     n = args.samples
     payload = synthetic.tiny_jpeg()
     base = synthetic.make_synthetic_dataset(args.folder / f"all-{n}", n, payload)
@@ -99,7 +111,58 @@ def main(argv: list[str] | None = None) -> int:
                                  ("x dataset", lambda row: f"{1 / row.ratio:.2f}")]))
     if args.read:
         read_epochs(args.read, args.folder, args.rounds)
+    if args.memory:
+        import json
+        import subprocess
+
+        import os
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                            os.environ.get("PYTHONPATH", "")])}
+        print("\nDataLoader worker memory (2 forked workers, 1,024 samples read; MiB private per worker):")
+        for kind in ("block", "random"):
+            for label, child in [("dataset", ["dataset", str(base)]), ("view (all N)", ["view", str(whole)]),
+                                 ("mixture (3 streams)", ["mixture", *map(str, streams)])]:
+                out = subprocess.run([sys.executable, __file__, "--child", kind, *child], capture_output=True,
+                                     text=True, check=True, env=env).stdout
+                uss = json.loads(out.strip().splitlines()[-1])
+                print(f"  {kind + ' order, ' + label:<36} " + ", ".join(f"{v:.1f}" for v in uss))
     return 0
+
+
+def worker_memory(child: list[str]) -> int:
+    """In a fresh process: 2 forked workers read 1,024 samples; print each worker's USS in MiB (JSON)."""
+    import json
+    import os
+
+    from torch.utils.data import DataLoader
+
+    from packer.torch import PackedBatchSampler, PackedDataset
+
+    order, kind, paths = child[0], child[1], child[2:]
+    source = packer.Mixture(paths, seed=0) if kind == "mixture" else packer.open_dataset(paths[0])
+    assert hasattr(packer, "Mixture") and packer.__file__.startswith(str(Path(__file__).resolve().parents[1]))
+    data = PackedDataset(source, decode=False, fields=("index",))
+    sampler = PackedBatchSampler(data, batch_size=32, order=ReadOrder(order, seed=0))
+
+    def uss(_: int) -> None:
+        return None
+
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=2, persistent_workers=True,
+                        collate_fn=lambda samples: len(samples), worker_init_fn=uss)
+    iterator = iter(loader)
+    for _ in range(32):
+        next(iterator)
+    sizes = []
+    for worker in iterator._workers:  # the live worker processes
+        total = 0
+        with open(f"/proc/{worker.pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1])
+        sizes.append(total / 1024)
+    print(json.dumps(sizes))
+    os._exit(0)
 
 
 def read_epochs(n: int, folder: Path, rounds: int) -> None:

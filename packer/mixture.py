@@ -421,6 +421,8 @@ class Mixture(Dataset):
             raise OptionError("a mixture with a view of stored pixels (codec raw) as a stream is not supported yet; "
                               "mix the datasets themselves")
         self.index = _ConcatColumns(self)  # type: ignore[assignment]
+        for name in ("shard", "offset", "size", "label"):  # what every read touches: joined here, in the
+            getattr(self.index, name)                      # parent, so forked workers share the pages
         self.place = _MixturePlace(self)  # type: ignore[assignment]
         self.path = self.place.folder
         self.url = None

@@ -5,7 +5,9 @@
 rows, so a ``Dataset`` over a view hands every reader plain index arrays of the view's rows; the
 shards are the base's, read at the base's offsets. A column is gathered the first time it is
 asked for, then kept: opening a view costs nothing per column, and a DataLoader worker forked
-after the parent gathered a column shares its pages.
+after the parent gathered a column shares its pages. The four columns every read touches
+(``shard``, ``offset``, ``size``, ``label``) are gathered together, so the parent's block order
+(which measures blocks from the offsets before the workers start) leaves none of them to a worker.
 
 Blobs (keys, metadata, variable fields) are gathered as ``(offsets, bytes)`` pairs, bounded in
 temporary memory (``_CHUNK`` rows at a time).
@@ -54,6 +56,8 @@ class SelectedColumns:
     """The columns of ``base`` (``IndexColumns``) at rows ``rows`` (int64, ascending, in range)."""
 
     _PLAIN = ("shard", "offset", "size", "checksum", "label", "width", "height", "channels", "image_format")
+    #: What every read touches (where the bytes are, and the label).
+    _HOT = ("shard", "offset", "size", "label")
 
     def __init__(self, base: fmt.IndexColumns, rows: np.ndarray, fields: Sequence[fmt.FieldSpec] = ()) -> None:
         self._base = base
@@ -83,6 +87,13 @@ class SelectedColumns:
 
     def _gather(self, name: str) -> np.ndarray:
         base = self._base
+        if name in self._HOT:
+            # Gathered together: a parent process that orders by blocks (offsets) gets the labels
+            # too, so forked DataLoader workers share all four instead of copying the labels.
+            for other in self._HOT:
+                if other != name:
+                    self._cache[other] = getattr(base, other)[self.rows]
+            return getattr(base, name)[self.rows]
         if name in self._PLAIN:
             return getattr(base, name)[self.rows]
         if name in ("key_offsets", "keys"):
