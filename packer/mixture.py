@@ -44,7 +44,8 @@ from .codecs import codec_for
 from .dataset import Batch, Dataset, as_sample_indices, open_dataset
 from .errors import OptionError, SampleIndexError
 from .fields import FieldSpec
-from .order import DEFAULT_BLOCK_SAMPLES, IndexSpace, ReadOrder
+from .order import IndexSpace, ReadOrder
+from .place import LocalFiles
 
 __all__ = ["Stream", "Mixture", "MixtureSpace", "STREAM_FIELD", "RUN_SAMPLES"]
 
@@ -323,6 +324,7 @@ class _MixturePlace:
         self.folder = mixture.datasets[0].place.folder
         self.manifest_bytes = b""
         self._plan_streams: np.ndarray | None = None
+        self._local = all(isinstance(ds.place, LocalFiles) for ds in mixture.datasets)
 
     def _split(self, indices: Any) -> list[tuple[int, np.ndarray]]:
         numbers = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -330,6 +332,8 @@ class _MixturePlace:
         return [(s, numbers[streams == s] - self._mixture.offsets[s]) for s in np.unique(streams).tolist()]
 
     def plan(self, indices: Any) -> None:
+        if self._local:
+            return  # every stream is a folder: nothing to fetch ahead, nothing to count per batch
         numbers = np.asarray(indices, dtype=np.int64).reshape(-1)
         self._plan_streams = np.searchsorted(self._mixture.offsets, numbers, side="right") - 1
         self._advanced = 0
@@ -407,6 +411,7 @@ class Mixture(Dataset):
         shard_counts = [len(ds.manifest.shards) for ds in self.datasets]
         self.shard_offsets = np.zeros(len(shard_counts) + 1, dtype=np.int64)
         np.cumsum(shard_counts, out=self.shard_offsets[1:])
+        self._shard_owners = [(stream, local) for stream, count in enumerate(shard_counts) for local in range(count)]
         self._classes_and_maps()
         self.manifest = self._merged_manifest()
         # what Dataset's methods read (packer.dataset): a mixture has no folder, view or place of its own
@@ -507,8 +512,8 @@ class Mixture(Dataset):
 
     # --- bytes: each shard is a stream's ---
     def shard(self, number: int, field: str | None = None) -> Any:
-        stream = int(np.searchsorted(self.shard_offsets, number, side="right") - 1)
-        return self.datasets[stream].shard(number - int(self.shard_offsets[stream]), field)
+        stream, local = self._shard_owners[number]
+        return self.datasets[stream].shard(local, field)
 
     def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """``Dataset.read_batch``; streams read through other backends (a URL's node cache) each read
