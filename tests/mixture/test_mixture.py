@@ -260,3 +260,38 @@ def test_a_batch_across_streams_of_other_backends_reads_each_streams_part(parts)
                                                        bytes(b.get(0))]
     with pytest.raises(errors.SampleIndexError, match="batch holds index 55, outside -55..54"):
         mixture.read_batch([0, 55])
+
+
+def test_iterable_resume_with_other_workers_ranks_and_batch_size(parts):
+    """Part of an epoch on 2 ranks x 2 workers, the rest on 3 ranks with 1 and 3 workers and another
+    batch size: together exactly the epoch's samples."""
+    from torch.utils.data import DataLoader
+
+    from packer.torch import PackedIterableDataset
+
+    def mixture():
+        return packer.Mixture([packer.Stream(parts["A"], weight=2), packer.Stream(parts["cats"], weight=1)],
+                              epoch_size=36, seed=8)
+
+    want = Counter(IndexSpace(mixture()).epoch_order(ReadOrder("block", seed=11), 1).tolist())
+    read, states = [], []
+    for rank in range(2):
+        data = PackedIterableDataset(mixture(), batch_size=3, decode=False, fields=("index",),
+                                     order=ReadOrder("block", seed=11, rank=rank, world_size=2))
+        data.set_epoch(1)
+        steps = 0
+        for batch in DataLoader(data, batch_size=None, num_workers=2):
+            read += batch["index"].tolist()
+            steps += 1
+            if steps == 2:
+                break
+        states.append(data.state_dict(batches_consumed=steps))
+    assert states[0] == states[1] and states[0]["consumed"] == 12
+    rest = []
+    for rank, workers in zip(range(3), (1, 3, 3)):
+        data = PackedIterableDataset(mixture(), batch_size=2, decode=False, fields=("index",),
+                                     order=ReadOrder("block", seed=11, rank=rank, world_size=3))
+        data.load_state_dict(states[0])
+        data.set_epoch(1)
+        rest += [i for batch in DataLoader(data, batch_size=None, num_workers=workers) for i in batch["index"].tolist()]
+    assert Counter(read) + Counter(rest) == want  # 24 left = 3 x 8: exactly the rest, none twice
