@@ -25,7 +25,7 @@ from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from ..files import iter_json_lines
-from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
+from .commit import BuildResult, assemble_index, commit_dataset, record_hashes, recorded_max_pixels
 from .plan import make_plan, save_plan
 from .records import read_record, record_path
 from .settings import BuildSettings, RunOptions, labels_for_append, run_from_legacy, settings_from_record
@@ -115,7 +115,7 @@ def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, 
                 raise EmptySourceError("every file of the new source is already in the dataset or rejected",
                                        path=Path(source))
             last_number = manifest.shards[-1].number if manifest.shards else -1
-            plan = make_plan(listing, settings, source=Path(source).name, first_shard_number=last_number + 1)
+            plan = _plan_generation(out, listing, settings, Path(source), first_shard_number=last_number + 1)
             staging = out / STAGING_DIR
             shutil.rmtree(staging, ignore_errors=True)
             try:
@@ -133,6 +133,31 @@ def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, 
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result
+
+
+def _plan_generation(out: Path, listing: SourceListing, settings: BuildSettings, source: Path, *,
+                     first_shard_number: int) -> Any:
+    """The new generation's plan; with ``--reject-duplicates`` recorded, files whose bytes a sample
+    of the dataset (or an earlier new file) has are rejected first, naming the sample kept.
+
+    Raises:
+        EmptySourceError: every new file was such a copy.
+    """
+    where = {"source": source.name, "first_shard_number": first_shard_number}
+    if not settings.checks.reject_duplicates:
+        return make_plan(listing, settings, **where)
+    from ..dataset import open_dataset
+
+    existing = open_dataset(out)
+    try:
+        plan = make_plan(listing, settings, existing=existing, **where)
+    finally:
+        existing.close()
+    if len(plan.listing) == 0:
+        raise EmptySourceError(f"every file of the new source has the bytes of a sample already in the dataset "
+                               f"({len(listing)} rejected as duplicate-content; --reject-duplicates is recorded "
+                               f"in the dataset's build settings)", path=source)
+    return plan
 
 
 def append_source_options(settings: BuildSettings, manifest: fmt.Manifest, spool: Path) -> SourceOptions:
@@ -185,12 +210,33 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
     build_info = fmt.json_ready(dict(manifest.build))
     build_info.update(packed=manifest.sample_count + int(len(source_rows)),
                       rejected=len(old_rejected) + len(new_rejected))
+    hashes = _hashes_after_append(out, plan, records) if plan.settings.hash == "perceptual" else None
     old.close()
     result = commit_dataset(out, columns, list(manifest.shards) + new_shards, classes=classes, codec=manifest.codec,
                             alignment=manifest.alignment, build_info=build_info,
                             rejected=old_rejected + new_rejected, history=history, cleanup=False,
-                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.settings.checks.max_pixels))
+                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.settings.checks.max_pixels),
+                            hashes=hashes)
     return result, new_rejected
+
+
+def _hashes_after_append(out: Path, plan: Any, records: list[dict[str, np.ndarray]]) -> Any:
+    """The hashes file's table for the new index (a dataset built with ``--hash perceptual``): the
+    existing samples' hashes from the dataset's hashes file (recomputed when it is missing, stale
+    or damaged: ``duplicates.sidecar.load_or_compute``), then the new samples' from the workers."""
+    from ..dataset import open_dataset
+    from ..duplicates.phash import HashTable
+    from ..duplicates.sidecar import load_or_compute
+    from ..machine import available_cpus
+
+    existing = open_dataset(out)
+    try:
+        before, _ = load_or_compute(existing, workers=available_cpus(), store=False)
+    finally:
+        existing.close()
+    added = record_hashes(records)
+    return HashTable(hashes=np.concatenate([before.hashes, added.hashes]),
+                     status=np.concatenate([before.status, added.status]))
 
 
 def _discard_failed_append(out: Path) -> None:
