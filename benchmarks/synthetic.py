@@ -49,7 +49,7 @@ def make_synthetic_dataset(out: Path, num_samples: int, payload: bytes, *, align
     from packer import format as fmt
     from packer.writer.commit import commit_dataset
     from packer.writer.staging import STAGING_DIR
-    from packer.imageinfo import probe_image
+    from packer._internal.imageinfo import probe_image
 
     out = Path(out)
     manifest = out / fmt.MANIFEST_NAME

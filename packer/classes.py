@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import ClassListMismatchError, OptionError
-from .files import read_user_file, read_user_json
+from ._internal.files import read_user_file, read_user_json
 from .format import class_list_checksum
 from .location import parse_location
 from .remote.url import is_url

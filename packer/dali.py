@@ -182,7 +182,7 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
     """
     from .codecs import codec_for
     from .dataset import DatasetIndex, open_index
-    from .pillowformats import check_reader_formats
+    from ._internal.pillowformats import check_reader_formats
 
     def checked(index: Any) -> tuple[str, int, int, tuple[str, ...], tuple[Any, ...]]:
         outputs = _check_outputs(fields, index.fields, return_index, field_images, path=index.path)

@@ -16,7 +16,7 @@ JPEG (and MPO, whose first image is decoded):
     on the files tested their RGB outputs are identical.
 
 PNG, WEBP, GIF, BMP, TIFF, and every other format the build accepted through Pillow (PPM,
-JPEG 2000, AVIF, TGA, ICO, PSD, QOI, ...: ``packer.pillowformats``), first frame only for animated
+JPEG 2000, AVIF, TGA, ICO, PSD, QOI, ...: ``packer._internal.pillowformats``), first frame only for animated
 GIF and WEBP, multi-page TIFF and multi-image files (an ICO decodes its largest image, as Pillow
 opens it). Bytes whose format is not given (``None``/``UNKNOWN``) and has no core signature are
 identified by Pillow. By Pillow mode:
@@ -43,7 +43,7 @@ EXIF orientation is not applied: pixels come out as encoded in the file, as with
 
 Failures raise ``packer.errors.DecodeError`` naming the sample, never a Pillow or simplejpeg
 exception. ``max_pixels`` (default 150,000,000) is checked from the header before the pixels are
-allocated; Pillow's global decompression-bomb limit never decides (see ``packer.imageinfo``).
+allocated; Pillow's global decompression-bomb limit never decides (see ``packer._internal.imageinfo``).
 Datasets built with a higher ``--max-pixels`` record it in the manifest (``limits``); readers
 pass ``packer.codecs.dataset_max_pixels(manifest)`` so every image the build accepted decodes.
 """
@@ -58,13 +58,12 @@ from PIL import Image
 
 from .errors import DecodeError
 from .format import ImageFormat
-from .imageheaders import parse_header
-from .pillowformats import PILLOW_ONLY_FORMATS, load_pillow_format
+from ._internal.imageheaders import parse_header
+from ._internal.imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin,
+                                  pillow_limit_raised, plugin_factory)
+from ._internal.pillowformats import PILLOW_ONLY_FORMATS, check_reader_formats, load_pillow_format
 
-from .imageinfo import (DEFAULT_MAX_PIXELS, byte_view, detect_format, open_with_plugin, pillow_limit_raised,
-                        plugin_factory)
-
-__all__ = ["decode_image", "decode_jpeg_rgb", "decode_as_stored"]
+__all__ = ["decode_image", "decode_jpeg_rgb", "decode_as_stored", "check_reader_formats"]
 
 #: Anything with the buffer protocol: bytes, bytearray, memoryview, a 1-D numpy uint8 array.
 ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -117,7 +116,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
     if image_format in _PILLOW_FORMATS:
         return _decode_with_pillow(view, int(image_format), path, max_pixels=max_pixels)
     if image_format in PILLOW_ONLY_FORMATS or image_format == ImageFormat.UNKNOWN and len(view) > 2:
-        # every other format Pillow decodes (packer/pillowformats.py); UNKNOWN: Pillow identifies it
+        # every other format Pillow decodes (packer/_internal/pillowformats.py); UNKNOWN: Pillow identifies it
         fallback = ImageFormat.OTHER if image_format == ImageFormat.UNKNOWN else int(image_format)
         return _to_rgb(load_pillow_format(view, fallback, path=path, max_pixels=max_pixels))
     if image_format in ImageFormat.PIXEL_FORMATS:
@@ -130,7 +129,7 @@ def decode_image(data: ImageBytes, image_format: int | None = None, *,
             f"{bytes(view[:16])!r}", path=path)
     raise DecodeError(
         f"unknown image_format {image_format}; decodable values are 1 to 6 and 8 to 38 (jpeg, png, "
-        f"webp, gif, bmp, tiff, and the formats of packer.pillowformats), 255 (other), or None to detect "
+        f"webp, gif, bmp, tiff, and the formats of packer._internal.pillowformats), 255 (other), or None to detect "
         f"the format", path=path)
 
 

@@ -3,7 +3,7 @@
 A ``Dataset`` never asks whether it is a folder or a URL: it holds a place and asks it for bytes.
 Two places implement the protocol:
 
-- ``LocalFiles``: a dataset folder, read in place (every open through ``packer.files``: inside
+- ``LocalFiles``: a dataset folder, read in place (every open through ``packer._internal.files``: inside
   the folder, regular files, bounded reads); planning, prefetching and ``ensure`` do nothing;
 - ``packer.remote.reader.RemoteFiles``: a dataset URL at one manifest generation; its manifest,
   index and build report are copied into the node cache, its shards read as checked extents
@@ -23,7 +23,7 @@ import numpy as np
 from . import format as fmt
 from .backends import ShardBackend, open_backend
 from .errors import DatasetChangedError, ManifestError, NotAPackerFileError, OptionError
-from .files import iter_json_lines, open_dataset_file, read_capped
+from ._internal.files import iter_json_lines, open_dataset_file, read_capped
 from .location import Location
 from .remote.options import RemoteOptions
 

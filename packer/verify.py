@@ -51,8 +51,8 @@ import xxhash
 from . import format as fmt
 from .errors import (DatasetChangedError, DecodeError, FormatError, NotAPackerFileError, PackerError,
                      TruncatedFileError, UnsafePathError)
-from .files import open_inside
-from .machine import available_cpus
+from ._internal.files import open_inside
+from ._internal.machine import available_cpus
 
 if TYPE_CHECKING:
     from .remote.url import DatasetURL
@@ -413,7 +413,7 @@ def _check_hashes(root: Path, index: Any, damaged: set[int], *, workers: int | N
     from .dataset import open_dataset
     from .duplicates.phash import STATUS_NAMES, hamming, hash_dataset
     from .duplicates.sidecar import file_size, parse_hashes
-    from .files import read_capped
+    from ._internal.files import read_capped
 
     entry: dict[str, Any] = {"samples_checked": 0, "problems": 0}
     name = fmt.HASHES_NAME
@@ -620,7 +620,7 @@ def _default_workers(shards: int, total_bytes: int) -> int:
 
 def _run_tasks(tasks: list[_ShardTask], *, workers: int | None, progress: bool, total_samples: int,
                total_bytes: int) -> list[_ShardResult]:
-    from .progress import BuildProgress
+    from ._internal.progress import BuildProgress
 
     workers = _default_workers(len(tasks), total_bytes) if workers is None else max(1, min(workers, len(tasks)))
     results: list[_ShardResult] = []

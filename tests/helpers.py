@@ -290,7 +290,7 @@ def with_source(settings: Any, **source: Any) -> Any:
 @contextlib.contextmanager
 def pillow_headers_only() -> Any:
     """Within: ``probe_image`` asks Pillow for every header (``imageheaders.parse_header`` says None)."""
-    import packer.imageinfo as imageinfo
+    import packer._internal.imageinfo as imageinfo
 
     saved = imageinfo.parse_header
     imageinfo.parse_header = lambda view, image_format: None
@@ -303,7 +303,7 @@ def pillow_headers_only() -> Any:
 def probe_outcome(data: bytes, **options: Any) -> tuple[Any, ...]:
     """What ``probe_image`` says about ``data``: ``("ok", ImageInfo)`` or ``("rejected", reason, message)``."""
     from packer.errors import RejectedImageError
-    from packer.imageinfo import probe_image
+    from packer._internal.imageinfo import probe_image
 
     try:
         return ("ok", probe_image(data, **options))

@@ -15,7 +15,7 @@ import numpy as np
 from ..codecs import codec_for, dataset_max_pixels
 from ..dataset import Dataset, open_dataset
 from ..errors import MissingDependencyError
-from ..machine import available_cpus
+from .._internal.machine import available_cpus
 from ..order import ReadOrder, epoch_order, index_blocks
 from .diagnosis import advise, diagnose, format_counts, idle_note, idle_workers, raw_codec_note, small_dataset_note
 from .options import DEFAULT_SIZE, HEADROOM, BenchOptions, BenchResult

@@ -11,7 +11,7 @@ from . import cli, configure_logging, echo, emit_json, run_command
 from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, root_option,
                       seed_option, workers_option)
 from ..writer.settings import DEFAULT_MAX_FILE_SIZE
-from ..imageinfo import DEFAULT_MAX_PIXELS
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS
 from .. import format as fmt
 
 
@@ -214,7 +214,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
 
     def label_settings() -> LabelSettings:
         from ..fields import check_declarations, parse_field_option, parse_fields_schema
-        from ..files import read_user_json
+        from .._internal.files import read_user_json
 
         if classes_spec is not None and classes_from is not None:
             raise OptionError("give --classes or --classes-from, not both")

@@ -265,8 +265,8 @@ def _sample(dataset: Location, text: str, extract: Path | None, force: bool, as_
         write_new_file(extract, data, force=force)
         document["extracted"] = {"path": str(extract), "bytes": len(data)}
         echo(f"wrote the {len(data)} bytes of sample {number} ({info['key']}) to {extract}", err=True)
-    if info["metadata"].get("escaped_name"):  # the key escapes a name that is not UTF-8 (packer.names)
-        from ..names import unescape_key
+    if info["metadata"].get("escaped_name"):  # the key escapes a name that is not UTF-8 (packer._internal.names)
+        from .._internal.names import unescape_key
 
         info["source_name"] = unescape_key(info["key"]).decode("utf-8", "backslashreplace")
     document["sample"] = info
@@ -322,7 +322,7 @@ def _html(dataset: Location, out: Path, run_verify: bool, count: int, columns: i
     from ..dataset import open_dataset, open_index
     from ..errors import DecodeError
     from ..inspect.grid import contact_sheet
-    from ..inspect.html import REJECTED_READ, render_html, report_arrays
+    from ..inspect.report_html import REJECTED_READ, render_html, report_arrays
     from ..inspect.summary import summarize
 
     if not force and (out.exists() or out.is_symlink()):  # fail before any work

@@ -277,7 +277,7 @@ def dataset_max_pixels(manifest: Any, override: int | None = None) -> int:
     Raises:
         OptionError: ``override`` is not a positive integer.
     """
-    from ..imageinfo import DEFAULT_MAX_PIXELS
+    from .._internal.imageinfo import DEFAULT_MAX_PIXELS
 
     if override is not None:
         if not isinstance(override, int) or isinstance(override, bool) or override < 1:

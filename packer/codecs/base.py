@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Mapping, Protocol
 import numpy as np
 
 from ..errors import DecodeError, ManifestError, OptionError
-from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo
 
 __all__ = ["Codec", "CodecReader", "EncodedImageReader", "UnknownCodecReader", "RESAMPLE_FILTERS",
            "JPEG_SUBSAMPLING", "MAX_SIDE", "int_option", "choice_option", "check_keys", "parse_size_text"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..format import ImageFormat
-from ..imageinfo import ImageInfo
+from .._internal.imageinfo import ImageInfo
 from .base import (JPEG_SUBSAMPLING, MAX_SIDE, RESAMPLE_FILTERS, EncodedImageReader, check_keys, choice_option,
                    int_option)
 from .resize import decode_for_box, jpeg_dimensions, resample_box

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from ..imageinfo import ImageInfo
+from .._internal.imageinfo import ImageInfo
 from .base import EncodedImageReader, check_keys
 
 __all__ = ["PassthroughCodec", "PassthroughReader"]

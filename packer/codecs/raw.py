@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import DecodeError, IndexMismatchError, ManifestError, OptionError
 from ..format import ImageFormat, align_up
-from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo
 from .base import MAX_SIDE, RESAMPLE_FILTERS, CodecReader, check_keys, choice_option, int_option, parse_size_text
 from .resize import decode_for_box, jpeg_dimensions, resample_box
 
@@ -178,7 +178,7 @@ class RawCodec:
         one), else ``resampled``: counted in the build summary, and what tells a reader whether
         coordinates given in source pixels (boxes) still match the stored images. ``source_info``:
         the source's probe, when the caller has it (else the source is probed again)."""
-        from ..imageinfo import probe_image
+        from .._internal.imageinfo import probe_image
 
         try:
             if source_info is None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..format import ImageFormat
-from ..imageinfo import ImageInfo
+from .._internal.imageinfo import ImageInfo
 
 __all__ = ["REDUCING_GAP", "resample_filter", "jpeg_dimensions", "decode_for_box", "resample_box"]
 

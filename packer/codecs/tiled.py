@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError
 from ..format import ImageFormat
-from ..imageinfo import ImageInfo
+from .._internal.imageinfo import ImageInfo
 from .base import MAX_SIDE, EncodedImageReader, check_keys
 
 __all__ = ["TiledCodec", "TiledReader"]

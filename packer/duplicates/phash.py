@@ -60,7 +60,7 @@ from PIL import Image
 from .. import format as fmt
 from ..decode import PILLOW_JPEG_COLORSPACES, decode_image
 from ..errors import DecodeError, PackerError
-from ..imageinfo import DEFAULT_MAX_PIXELS, byte_view, detect_format
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS, byte_view, detect_format
 
 __all__ = ["ALGORITHM", "ALGORITHM_NAME", "HASH_BITS", "HASH_WORDS", "THUMB", "FLIP_MASK", "COEFFICIENTS",
            "HASHED", "FLAT", "UNREADABLE", "STATUS_NAMES", "HashTable", "grey_pixels", "grey_from_pixels", "hash_pixels",
@@ -295,7 +295,7 @@ def hash_dataset(dataset: Any, *, workers: int = 1, progress: bool = False) -> H
         progress: show a bar on stderr.
     """
     from ..codecs import codec_for, dataset_max_pixels
-    from ..progress import BuildProgress
+    from .._internal.progress import BuildProgress
 
     count = len(dataset)
     hashes = np.zeros((count, HASH_WORDS), dtype=np.uint64)

@@ -293,7 +293,7 @@ def find_duplicates(dataset: Any, against: Sequence[Any] | Mapping[str, Any] = (
         PackerError: a dataset cannot be opened or read.
     """
     from ..dataset import Dataset, open_dataset
-    from ..machine import available_cpus
+    from .._internal.machine import available_cpus
     from .sidecar import load_or_compute
 
     if isinstance(threshold, bool) or not isinstance(threshold, (int, np.integer)) or not 0 <= threshold <= HASH_BITS:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
+from .._internal.atomic import write_atomic
 from ..errors import (ChecksumMismatchError, CorruptHeaderError, FormatError, IndexMismatchError,
                       NotAPackerFileError, TruncatedFileError, UnsupportedVersionError)
 from .phash import ALGORITHM, HASH_WORDS, STATUS_NAMES, HashTable, hash_dataset
@@ -160,7 +161,7 @@ def load_or_compute(dataset: Any, *, workers: int = 1, progress: bool = False, s
     source = "computed" if replaced is None else f"computed (replaced: {replaced})"
     if store:
         try:
-            _write_atomic(path, encode_hashes(table, identity["index_checksum"]))
+            write_atomic(path, [encode_hashes(table, identity["index_checksum"])])
             source += f"; stored in {path}"
         except OSError as exc:
             source += f"; not stored ({exc.strerror or exc})"
@@ -179,16 +180,3 @@ def _read(path: Path) -> bytes | None:
             raise OSError(0, "not a regular file")
         return handle.read()
 
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """A unique temp name beside ``path``, fsync, rename: readers see the old file or the new one."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise

@@ -26,7 +26,7 @@ build: ``cat/001.jpg``), else ``<class>/<key>`` (a manifest's ``images/0001.jpg`
 The class is its class name, or its integer label; a sample without a label (-1) keeps a key
 that has a folder, and goes under ``unlabeled/`` otherwise. WebDataset members are named by the
 key as it is (``.cls`` holds the label). A key packed under the escaped form of a name that was
-not UTF-8 (``packer.names``) is written under the original bytes.
+not UTF-8 (``packer._internal.names``) is written under the original bytes.
 
 Declared fields (``formats/SPEC.md`` §14) come out as the side files a build reads back
 (``sources/sidefiles.py``), named after the field's *source*: for an image ``cat/001.jpg`` (key

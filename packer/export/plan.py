@@ -42,7 +42,7 @@ import numpy as np
 from .. import format as fmt
 from ..errors import IndexMismatchError, OptionError
 from ..fields import FieldSpec, FieldValueError, decode_value
-from ..names import ESCAPED_FIELD, unescape_key
+from .._internal.names import ESCAPED_FIELD, unescape_key
 from ..sources.fieldvalues import FieldRowBuilder
 from ..sources.sidefiles import (IMAGE_EXTENSIONS, TEXT_EXTENSIONS, SideMember, assemble_sample, extension,
                                  read_limit, split_key)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..files import open_nonblocking, read_fd_capped
+from .._internal.files import open_nonblocking, read_fd_capped
 from ..location import parse_location
 
 __all__ = ["select_samples", "read_keys_file", "MAX_KEYS_FILE_BYTES"]

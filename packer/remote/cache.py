@@ -20,34 +20,23 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["write_atomic", "LockFile", "scan_extents", "evict"]
+from .._internal.atomic import write_atomic
+
+__all__ = ["write_cached", "LockFile", "scan_extents", "evict"]
 
 #: Temp files older than this are left over from a killed process and are removed by eviction.
 _STALE_TEMP_S = 3600.0
 
 
-def write_atomic(path: Path, pieces: Iterable[bytes | memoryview]) -> int:
-    """Write ``pieces`` to ``path`` through a unique temp name, fsync, rename; returns the size."""
+def write_cached(path: Path, pieces: Iterable[bytes | memoryview]) -> int:
+    """Write a cache file through ``packer._internal.atomic`` (its folder made first); returns the
+    size. Not ``durable``: a cache file is checked when it is read and fetched again if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    size = 0
-    try:
-        with open(temp, "wb") as file:
-            for piece in pieces:
-                file.write(piece)
-                size += len(piece)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return size
+    return write_atomic(path, pieces, durable=False).size
 
 
 class LockFile:

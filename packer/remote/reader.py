@@ -35,8 +35,8 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import ChecksumMismatchError, DatasetChangedError, ManifestError, PackerError, RemoteStoreError, TruncatedFileError
-from ..files import MAX_REPORT_BYTES, iter_json_lines, open_dataset_file
-from .cache import LockFile, evict, write_atomic
+from .._internal.files import MAX_REPORT_BYTES, iter_json_lines, open_dataset_file
+from .cache import LockFile, evict, write_cached
 from .extents import ExtentTable, FetchPlan, coalesce, plan_extents
 from .options import RemoteOptions
 from .store import Store, store_for
@@ -219,9 +219,9 @@ class RemoteFiles:
                         f"the index fetched twice does not match the manifest (size {len(data)}, expected "
                         f"{entry.size}; checksum {fmt.checksum_hex(fmt.checksum(data))}, expected "
                         f"{fmt.checksum_hex(entry.checksum)})", path=f"{self.url}/{entry.path}")
-                write_atomic(target, [data])
+                write_cached(target, [data])
             if not manifest_copy.is_file():
-                write_atomic(manifest_copy, [self.manifest_bytes])
+                write_cached(manifest_copy, [self.manifest_bytes])
         finally:
             os.close(lock)
 
@@ -259,7 +259,7 @@ class RemoteFiles:
                 info = self.store.head(fmt.REPORT_NAME)
                 if info is None:
                     return None
-                write_atomic(target, self._object_pieces(fmt.REPORT_NAME, min(info.size, MAX_REPORT_BYTES)))
+                write_cached(target, self._object_pieces(fmt.REPORT_NAME, min(info.size, MAX_REPORT_BYTES)))
             except RemoteStoreError:
                 return None
         return iter_json_lines(self.root, fmt.REPORT_NAME, must_contain=must_contain)
@@ -342,7 +342,7 @@ class RemoteFiles:
                 head = bytes(self.store.read_range(entry.path, 0, size, what=f"header of {entry.path}"))
             except RemoteStoreError as exc:  # a replaced generation's objects are deleted after its successor lands
                 raise self._changed() or exc from None
-            write_atomic(path, [head])
+            write_cached(path, [head])
             return head, where
         finally:
             os.close(lock)
@@ -512,7 +512,7 @@ class RemoteFiles:
             state.downloaded_bytes += sum(len(piece) for _extent, piece in pieces)
         written = 0
         for extent, piece in pieces:
-            written += write_atomic(Path(self._extent_path(family, extent)), [piece])
+            written += write_cached(Path(self._extent_path(family, extent)), [piece])
         self._account(state, written)
 
     def _first_bad_sample(self, family: str, extent: int, piece: memoryview) -> int | None:

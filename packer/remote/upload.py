@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from .. import format as fmt
 from ..errors import DatasetChangedError, OutputExistsError, PackerError, RemoteStoreError
-from .cache import write_atomic
+from .cache import write_cached
 from .options import RemoteOptions
 from .reader import read_manifest
 from .store import ObjectInfo, PreconditionFailed, Store, store_for
@@ -367,5 +367,5 @@ def mirror(url: DatasetURL, options: RemoteOptions, dest: str | os.PathLike[str]
 
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="packer-mirror") as pool:
         list(pool.map(fetch, pieces))
-    write_atomic(target / fmt.MANIFEST_NAME, [manifest_bytes])
+    write_cached(target / fmt.MANIFEST_NAME, [manifest_bytes])
     return target

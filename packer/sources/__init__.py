@@ -19,7 +19,7 @@ TSV, JSONL), ``tar`` (plain or compressed, tar of class tars, concatenated parts
 ``webdataset`` (a tar of samples, a folder of shards, a brace pattern), ``parquet``
 (HuggingFace), ``coco`` (detection annotations). ``detect.list_raw`` recognises a source by its
 bytes and calls its door. A new door is one module returning a ``RawListing`` built with
-``RawListingBuilder`` (or ``archive_listing._Listing`` for an archive), added to ``list_raw``;
+``RawListingBuilder`` (or ``archive_listing.ArchiveListing`` for an archive), added to ``list_raw``;
 ``tests/sources/test_every_door_matrix.py`` then holds it to the folder path's promises.
 """
 

@@ -7,7 +7,7 @@ rejection in the build report (``not-a-file`` for links, devices and sparse memb
 ``outside-root`` for ``../x`` or absolute names, ``hidden-file``). The rules on what is listed
 (duplicates, member bounds and overlaps, sizes, decompression bombs, labels) are the source
 contract's (``contract.py``), applied to every door alike. A name that is not UTF-8 gets the
-escaped key of ``packer.names``. Listing order is archive order.
+escaped key of ``packer._internal.names``. Listing order is archive order.
 
 Memory is flat arrays in the number of members: tarfile's member list is emptied after every
 member. Exception: a zip's central directory is read whole by ``zipfile`` (~0.5 KB a member, for
@@ -16,6 +16,7 @@ the listing step only).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tarfile
@@ -26,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..fields import FieldSpec
-from ..names import escape_name
+from .._internal.names import ESCAPED_FIELD, escape_name, is_plain
 from .fieldvalues import FieldRowBuilder
 from .listing import RawListing, RawListingBuilder
 from .members import RAW, MemberBounds, MemberTable, container_stat
@@ -42,13 +43,13 @@ MAX_EXPANSION = 1000
 
 # WebDataset: IMAGE_EXTENSIONS (lower case, last part) make a member the sample's image;
 # .cls/.json/.txt members (TEXT_EXTENSIONS) up to MAX_TEXT_MEMBER_BYTES are read as label and metadata.
-_META_EXTENSIONS = TEXT_EXTENSIONS
-_META_LIMIT = MAX_TEXT_MEMBER_BYTES
+META_EXTENSIONS = TEXT_EXTENSIONS
+META_LIMIT = MAX_TEXT_MEMBER_BYTES
 
 
 # --- the listing being built ---------------------------------------------------------------------
 
-class _Listing:
+class ArchiveListing:
     """Flat arrays for keys, labels as written, sizes, member locations and their bounds."""
 
     def __init__(self, progress: Callable[[int], None] | None, fields: Sequence[FieldSpec] = ()) -> None:
@@ -146,7 +147,7 @@ class _Listing:
 
 # --- member names ----------------------------------------------------------------------------------
 
-def _member_name(raw: str, out: _Listing) -> str | None:
+def member_name(raw: str, out: ArchiveListing) -> str | None:
     """The member's key (``/``-separated, escaped if not UTF-8), or None after rejecting it."""
     key = escape_name(os.fsencode(raw))
     if raw.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", raw):
@@ -166,7 +167,7 @@ def _member_name(raw: str, out: _Listing) -> str | None:
     return clean
 
 
-def _not_a_file(member: tarfile.TarInfo) -> str | None:
+def not_a_file(member: tarfile.TarInfo) -> str | None:
     if member.isfile() and not member.issparse():
         return None
     if member.issym() or member.islnk():
@@ -175,3 +176,9 @@ def _not_a_file(member: tarfile.TarInfo) -> str | None:
     if member.issparse():
         return "a sparse member (not supported)"
     return "not a regular file (device, FIFO or unknown member type)"
+
+
+def name_meta(raw: str) -> bytes:
+    """The metadata of a member whose name is not plain (not UTF-8, or holding ``%XX``): the
+    ``packer._internal.names`` marker."""
+    return b"" if is_plain(os.fsencode(raw)) else json.dumps({ESCAPED_FIELD: True}, separators=(",", ":")).encode()

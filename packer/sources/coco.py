@@ -62,10 +62,11 @@ import numpy as np
 
 from ..errors import OptionError, SourceError
 from ..fields import MAX_VALUE_BYTES, FieldSpec
-from ..files import MAX_USER_JSON_DEPTH, json_depth_exceeds, read_user_file
+from .._internal.files import MAX_USER_JSON_DEPTH, json_depth_exceeds, read_user_file
 from .fieldvalues import FieldRowBuilder
 
 from .strictjson import lone_surrogate
+from .labels import INT64
 from .listing import DoorOptions, RawListing, RawListingBuilder
 from .manifest import check_row_file
 
@@ -74,7 +75,6 @@ __all__ = ["COCO_FIELDS", "list_coco", "looks_like_coco", "coco_categories", "AN
 #: The build report's reason for a malformed annotation (or the image it makes unusable).
 ANNOTATION_REJECTION = "bad-annotation"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 _MANIFEST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 _COCO_KEY = re.compile(rb'"(images|annotations|categories)"\s*:')
 
@@ -131,7 +131,7 @@ def looks_like_coco(path: Path) -> bool:
 
 
 def _is_int(value: object) -> bool:
-    return type(value) is int and _INT64[0] <= value <= _INT64[1]
+    return type(value) is int and value in INT64
 
 
 def _file_name_text(name: str) -> bool:

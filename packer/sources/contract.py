@@ -69,7 +69,7 @@ from ..fields import MAX_VALUE_BYTES, FieldSpec, check_declarations, parse_field
 from .archive_listing import ARCHIVE_KINDS, DEFAULT_MAX_MEMBER_SIZE, MAX_EXPANSION
 from .blobs import gather_blob
 from .detect import list_raw
-from .labels import STRICT_INT, check_label_type, loose_int
+from .labels import INT64, STRICT_INT, check_label_type, loose_int
 from .listing import (INT_LABEL, NAME_LABEL, TEXT_LABEL, DoorOptions, RawListing, Rejection, SourceListing,
                       SourceSettings, empty_source_error)
 from .members import RAW, member_spans
@@ -88,7 +88,6 @@ NEW_CLASSES = ("reject", "extend")
 _RATIO_FLOOR = 1 << 20
 #: The members of one container may expand past ``MAX_EXPANSION`` times its size only by this much.
 _TOTAL_FLOOR = 1 << 30
-_INT64 = range(-(1 << 63), 1 << 63)
 
 
 #: ``LabelSettings.classes_origin`` of the class list ``packer append`` gives: the dataset's own.
@@ -515,7 +514,7 @@ def _type_text(text: str, label_type: str, names_given: bool) -> tuple[int, int 
         return _TYPED_NAME, text, ""
     if STRICT_INT.match(text):
         integer = int(text) if len(text) <= 20 else None
-        if integer is None or integer not in _INT64:
+        if integer is None or integer not in INT64:
             return _TYPED_BAD, 0, f"label {text[:40]} does not fit in a signed 64-bit integer"
         return _TYPED_INT, integer, ""
     if label_type == "int":

@@ -19,16 +19,17 @@ from typing import Sequence
 
 from ..errors import OptionError, SourceError
 from ..fields import FieldSpec
-from ..files import open_user_file
+from .._internal.files import open_user_file
 from .coco import list_coco, looks_like_coco
 from .folder import list_image_folder
 from .hf_disk import hf_disk_folder, list_hf_disk
 from .listing import DoorOptions, RawListing
 from .manifest import list_manifest
-from .parquet import _parquet_files, list_parquet
+from .parquet import list_parquet, parquet_files
 from .sniff import COMPRESSIONS, sniff_container
-from .tar import _archive_errors, list_tar
-from .webdataset import _looks_like_webdataset, list_webdataset
+from .tar import list_tar
+from .tar_stream import archive_errors
+from .webdataset import list_webdataset, looks_like_webdataset
 from .zip import list_zip
 
 __all__ = ["SOURCE_KINDS", "MAX_BRACE_NAMES", "expand_braces", "detect_kind", "source_root", "list_raw"]
@@ -173,7 +174,7 @@ def _detect(text: str, source_kind: str) -> tuple[str, object]:
         return "coco", None
     if source_kind == "hf" or (source_kind == "auto" and hf_disk_folder(path)):
         return "hf", None
-    parquet = _parquet_files(path) if source_kind in ("auto", "parquet") else None
+    parquet = parquet_files(path) if source_kind in ("auto", "parquet") else None
     if parquet is not None:
         return "parquet", parquet
     kind = _sniff(path) if path.is_file() else None
@@ -188,8 +189,8 @@ def _detect(text: str, source_kind: str) -> tuple[str, object]:
         return "zip", None
     if kind == "parquet":  # --source-kind names another kind
         raise SourceError(f"--source-kind {source_kind}: the source is a Parquet file", path=path)
-    with _archive_errors(path):
-        samples = source_kind == "webdataset" or (source_kind == "auto" and _looks_like_webdataset(path, kind))
+    with archive_errors(path):
+        samples = source_kind == "webdataset" or (source_kind == "auto" and looks_like_webdataset(path, kind))
     if samples:
         return "webdataset", [path]
     if source_kind == "zip":

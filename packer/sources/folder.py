@@ -35,8 +35,8 @@ import xxhash
 from ..classes import split_folder_warning
 from ..errors import SourceError
 from ..fields import FieldSpec
-from ..files import open_nonblocking, read_fd_capped
-from ..names import ESCAPED_META, escape_name, is_plain, is_utf8, unescape_key
+from .._internal.files import open_nonblocking, read_fd_capped
+from .._internal.names import ESCAPED_META, escape_name, is_plain, is_utf8, unescape_key
 from .fieldvalues import FieldRowBuilder
 from .listing import DoorOptions, RawListing, RawListingBuilder, file_stamp
 from .sidefiles import SideMember, assemble_sample, read_limit, split_key
@@ -110,7 +110,7 @@ def _walk_class(folder: Path, relative: str, label: tuple[int, int], out: RawLis
                 stack.append((child, rel, parents | {ident}))
         elif stat.S_ISREG(st.st_mode):
             key = _utf8_name(rel)
-            if key is None or not is_plain(key):  # packed under its one-to-one escaped key (packer/names.py)
+            if key is None or not is_plain(key):  # packed under its one-to-one escaped key (packer/_internal/names.py)
                 out.add(escape_name(os.fsencode(rel)).encode(), st.st_size, label, ESCAPED_META)
                 continue
             out.add(key, st.st_size, label, stamp=file_stamp(st))
@@ -232,7 +232,7 @@ def _group_side_files(listing: RawListing, fields: Sequence[FieldSpec]) -> RawLi
         members = []
         for row in rows:
             name = blob[offsets[row]:offsets[row + 1]].decode("utf-8")
-            if escaped[row]:  # an escaped key (packer/names.py)
+            if escaped[row]:  # an escaped key (packer/_internal/names.py)
                 original = unescape_key(name)
                 if not is_utf8(original):
                     out.reject(name, "undecodable-name", "with --field, files are grouped into samples by their "

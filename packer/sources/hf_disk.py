@@ -53,13 +53,13 @@ from typing import Any, Mapping
 
 from ..errors import MissingDependencyError, SourceError
 from ..fields import MAX_FIELDS, FieldSpec, FieldValueError, check_declarations, check_name
-from ..files import read_user_json
-from .archive_listing import _Listing
+from .._internal.files import read_user_json
+from .archive_listing import ArchiveListing
 from .fieldvalues import FIELD_REJECTION
+from .labels import LABEL_REJECTION
 from .listing import DoorOptions, RawListing, spool_write_error
 from .members import container_stat
-from .parquet import _parquet_label
-from .webdataset import LABEL_REJECTION
+from .parquet import parquet_label
 
 __all__ = ["hf_disk_folder", "list_hf_disk", "row_keys", "column_plan", "ColumnPlan", "HF_STATE", "HF_INFO",
            "HF_DICT"]
@@ -332,7 +332,7 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     label_feature = features.get(label_column)
     names = _class_names(label_feature)
 
-    out = _Listing(door.progress, specs)
+    out = ArchiveListing(door.progress, specs)
     string_labels = (label_feature is not None and _kind(label_feature) == "Value"
                      and label_feature.get("dtype") in _TEXT_DTYPES)
     if names:
@@ -359,7 +359,7 @@ def list_hf_disk(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     return out.finish(path, "hf")
 
 
-def _spool_rows(pa: Any, files: list[Path], out: _Listing, spool: Path, image: str, label_column: str,
+def _spool_rows(pa: Any, files: list[Path], out: ArchiveListing, spool: Path, image: str, label_column: str,
                 features: Mapping[str, Any], names: tuple[str, ...] | None, specs: list[FieldSpec],
                 string_labels: bool) -> int:
     """Every row's image (and image fields) into the spool, each row listed or rejected."""
@@ -387,7 +387,7 @@ def _spool_rows(pa: Any, files: list[Path], out: _Listing, spool: Path, image: s
                     if string_labels and isinstance(written, str) and written:
                         label: tuple[int, int] | None = out.name_label(written)
                     else:
-                        label, why = _parquet_label(written, out, label_column)
+                        label, why = parquet_label(written, out, label_column)
                         if label is None:
                             out.reject(key, LABEL_REJECTION, why)
                             continue
@@ -446,7 +446,7 @@ def _label_text(label: Any, names: tuple[str, ...] | None) -> str:
     return "unlabeled"
 
 
-def _row_fields(out: _Listing, specs: list[FieldSpec], values: Mapping[str, list[Any]], j: int,
+def _row_fields(out: ArchiveListing, specs: list[FieldSpec], values: Mapping[str, list[Any]], j: int,
                 key: str) -> tuple[list[Any], dict[str, bytes]]:
     """One row's encoded field values, and its image fields' bytes."""
     if out.field_rows is None:

@@ -28,6 +28,11 @@ def check_label_type(label_type: str) -> str:
 
 
 #: An integer label spelled strictly: plain ASCII digits, an optional ``-``, no leading zeros.
+#: The labels an index can hold (int64): a label outside is rejected with ``LABEL_REJECTION``.
+INT64 = range(-(1 << 63), 1 << 63)
+#: The rejection reason of a sample whose label is not an int64 or a class name.
+LABEL_REJECTION = "bad-label"
+
 STRICT_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
 
 

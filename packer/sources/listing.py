@@ -21,7 +21,7 @@ import xxhash
 
 from ..errors import BuildError, EmptySourceError
 from ..fields import FieldSpec
-from ..names import listed_key
+from .._internal.names import listed_key
 from .blobs import gather_blob
 from .fieldvalues import FieldTable
 from .members import MemberBounds, MemberTable
@@ -274,7 +274,7 @@ class RawListingBuilder:
         return INT_LABEL, value
 
     def add(self, key: bytes, size: int, label: tuple[int, int] = NONE, meta: bytes = b"", stamp: int = 0) -> None:
-        if b"%" in key:  # a name holding an escape's spelling gets its one-to-one key (packer/names.py)
+        if b"%" in key:  # a name holding an escape's spelling gets its one-to-one key (packer/_internal/names.py)
             key, meta = listed_key(key, meta)
         self._tick()
         self.key_blob += key

@@ -18,8 +18,9 @@ from typing import Any, Iterator
 
 from ..errors import SourceError
 from ..fields import FieldSpec, FieldValueError
-from ..files import open_user_file
+from .._internal.files import open_user_file
 from .fieldvalues import FIELD_REJECTION, FieldRowBuilder
+from .labels import INT64
 from .listing import DoorOptions, RawListing, RawListingBuilder
 from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
 
@@ -216,7 +217,6 @@ def _row_image(spec: FieldSpec, value: object, root: Path) -> tuple[str, int]:
 
 #: The build report's reason for a row whose label cannot be a label at all (a list, a float).
 _ROW_REJECTION = "bad-manifest-row"
-_INT64 = range(-(1 << 63), 1 << 63)
 
 
 def _row_label(label: object, out: RawListingBuilder) -> tuple[tuple[int, int] | None, str]:
@@ -226,7 +226,7 @@ def _row_label(label: object, out: RawListingBuilder) -> tuple[tuple[int, int] |
         return None, (f"label {label!r} is a list (multi-label): a sample has one integer label; put the list "
                       f"in metadata")
     if isinstance(label, int) and not isinstance(label, bool):
-        if label not in _INT64:
+        if label not in INT64:
             return None, f"label {label} does not fit in a signed 64-bit integer"
         return out.int_label(label), ""
     if isinstance(label, str) and label:

@@ -10,23 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, MissingDependencyError, SourceError
-from .archive_listing import _Listing
+from .archive_listing import ArchiveListing
+from .labels import INT64, LABEL_REJECTION
 from .listing import DoorOptions, RawListing, RawListingBuilder, spool_write_error
 from .members import container_stat
 from .sniff import sniff_container
 from .strictjson import lone_surrogate
-from ..files import MAX_USER_JSON_DEPTH, json_depth_exceeds
-from .webdataset import _INT64, LABEL_REJECTION
+from .._internal.files import MAX_USER_JSON_DEPTH, json_depth_exceeds
 
 
-def _parquet_label(label: object, out: _Listing, column: str) -> tuple[tuple[int, int] | None, str]:
+def parquet_label(label: object, out: ArchiveListing, column: str) -> tuple[tuple[int, int] | None, str]:
     """A Parquet row's label as written: an integer (a boolean column gives 0/1), text (a class
     name, typed by the contract), or none for null; ``(None, why)`` for anything else (a float,
     bytes, a list), never a guessed class."""
     if label is None:
         return RawListingBuilder.NONE, ""
     if isinstance(label, int):  # bool included: a boolean label column is two classes, 0 and 1
-        if label not in _INT64:
+        if label not in INT64:
             return None, f"the label column {column!r} holds {label}, which does not fit in a signed 64-bit integer"
         return RawListingBuilder.int_label(int(label)), ""
     if isinstance(label, str) and label:
@@ -42,7 +42,7 @@ def _parquet_label(label: object, out: _Listing, column: str) -> tuple[tuple[int
 MAX_PARQUET_DEPTH = 16
 
 
-def _parquet_files(path: Path) -> list[Path] | None:
+def parquet_files(path: Path) -> list[Path] | None:
     """The Parquet files if ``path`` is one, or a folder (searched iteratively, at most
     ``MAX_PARQUET_DEPTH`` levels) holding only Parquet data and dataset cards."""
     if path.is_file():
@@ -147,7 +147,7 @@ def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawLis
     if door.spool_dir is None:
         raise SourceError("a Parquet source needs a spool folder (build it through packer build)", path=files[0])
     door.spool_dir.mkdir(parents=True, exist_ok=True)
-    out = _Listing(door.progress)
+    out = ArchiveListing(door.progress)
     spool = door.spool_dir / "spool-parquet.bin"
     spool.write_bytes(b"")
     container = out.add_container(str(spool.resolve()))  # its size is recorded once complete
@@ -188,7 +188,7 @@ def list_parquet(files: list[Path], door: DoorOptions = DoorOptions()) -> RawLis
                         if not data or not isinstance(data, bytes):
                             out.reject(key, "not-an-image", "the row's image has no bytes")
                             continue
-                        value_label, why = _parquet_label(label, out, door.source.label_field)
+                        value_label, why = parquet_label(label, out, door.source.label_field)
                         if value_label is None:
                             out.reject(key, LABEL_REJECTION, why)
                             continue

@@ -21,6 +21,7 @@ the rows file is the chunk's *done* marker and ``resume=True`` skips the chunks 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from array import array
@@ -31,9 +32,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import xxhash
 
+from .._internal.atomic import write_atomic
 from ..fields import FieldSpec, FieldValueError
 from .blobs import gather_blob
 from .fieldvalues import FIELD_REJECTION, FieldRowBuilder
+from .labels import INT64
 from .listing import INT_LABEL, NAME_LABEL, NO_LABEL, RawListing, Rejection
 from .members import RAW, MemberBounds, MemberTable, container_stat
 
@@ -44,7 +47,6 @@ __all__ = ["SampleSpool", "SpoolRows", "SampleValueError", "python_listing", "wr
 PYTHON_KIND = "python"
 SPOOL_SUFFIX = ".spool"
 ROWS_SUFFIX = ".rows.npz"
-_INT64 = range(-(1 << 63), 1 << 63)
 #: Version of a saved rows file: a rows file of another version is not a done marker.
 _ROWS_VERSION = 1
 
@@ -73,7 +75,7 @@ def written_label(value: Any) -> tuple[int, Any]:
         raise SampleValueError("bad-label", f"a label is an int, a class name (str) or None, got the bool {value!r}")
     if isinstance(value, (int, np.integer)):
         number = int(value)
-        if number not in _INT64:
+        if number not in INT64:
             raise SampleValueError("bad-label", f"label {number} does not fit in a signed 64-bit integer")
         return INT_LABEL, number
     item = getattr(value, "item", None)  # a 0-d numpy array or torch tensor of an integer type
@@ -137,10 +139,9 @@ class SpoolRows:
         for number, name in enumerate(self.image_offsets):
             arrays[f"image_offsets_{number}"] = self.image_offsets[name]
             arrays[f"image_sizes_{number}"] = self.image_sizes[name]
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(temp, "wb") as handle:
-            np.savez(handle, **arrays)
-        os.replace(temp, path)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_atomic(path, [buffer.getbuffer()], durable=False)  # a resume aid: checked when loaded
 
     @classmethod
     def load(cls, path: Path) -> "SpoolRows | None":

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import MissingDependencyError
-from ..files import open_nonblocking
+from .._internal.files import open_nonblocking
 
 COMPRESSIONS = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
 

@@ -22,12 +22,14 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from ..names import ESCAPED_FIELD, is_plain
-from .archive_listing import _META_EXTENSIONS, _META_LIMIT, _Listing
+from .._internal.names import ESCAPED_FIELD, is_plain
+from .archive_listing import META_EXTENSIONS, META_LIMIT, ArchiveListing
 from .listing import DoorOptions, RawListing, RawListingBuilder
 from .sidefiles import IMAGE_EXTENSIONS, SideMember, assemble_sample, read_limit, split_key
 from .strictjson import MAX_JSON_DEPTH, json_depth_ok, parse_strict_json
-from .tar import _archive_errors, _peek, _Spooled, all_file_members, decompressor, is_tar_header
+from .labels import INT64, LABEL_REJECTION
+from .sniff import decompressor, is_tar_header
+from .tar_stream import SpooledTar, all_file_members, archive_errors, peek_member
 
 
 #: How much of a compressed tar is decompressed to tell a WebDataset from a tar of class folders.
@@ -70,7 +72,7 @@ def _peeked_members(archive: tarfile.TarFile) -> Any:
         yield member
 
 
-def _looks_like_webdataset(path: Path, kind: str) -> bool:
+def looks_like_webdataset(path: Path, kind: str) -> bool:
     """Whether a tar holds samples (WebDataset) rather than class folders or class tars.
 
     Among the first 64 files: a label/metadata member (``.cls``, ``.json``, ``.txt``) at the top
@@ -100,12 +102,12 @@ def _looks_like_webdataset(path: Path, kind: str) -> bool:
             stem, _, rest = base.partition(".")
             suffix = rest.rsplit(".", 1)[-1].lower() if rest else ""
             key = f"{folder}/{stem}" if folder else stem
-            if suffix in _META_EXTENSIONS:
+            if suffix in META_EXTENSIONS:
                 if not folder or key in other_keys:
                     return True
                 meta_keys.add(key)
             else:
-                if suffix == "tar" or (not folder and is_tar_header(_peek(archive, member))):
+                if suffix == "tar" or (not folder and is_tar_header(peek_member(archive, member))):
                     return False
                 if key in meta_keys:
                     return True
@@ -140,16 +142,16 @@ def list_webdataset(shards: list[Path], door: DoorOptions = DoorOptions()) -> Ra
     Raises:
         SourceError: a shard is not a tar or is damaged.
     """
-    out = _Listing(door.progress, door.fields)
+    out = ArchiveListing(door.progress, door.fields)
     for index, shard in enumerate(shards):
-        with _archive_errors(shard):
+        with archive_errors(shard):
             _list_shard(shard, index, out, door)
     return out.finish(shards[0] if len(shards) == 1 else shards[0].parent, "webdataset")
 
 
-def _list_shard(shard: Path, index: int, out: _Listing, door: DoorOptions) -> None:
+def _list_shard(shard: Path, index: int, out: ArchiveListing, door: DoorOptions) -> None:
     """One WebDataset shard, in archive order."""
-    opened = _Spooled(shard, door.spool_dir, out, index)
+    opened = SpooledTar(shard, door.spool_dir, out, index)
     sample: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
     current = None
     budget = MAX_SAMPLE_READ_BYTES
@@ -171,7 +173,7 @@ def _list_shard(shard: Path, index: int, out: _Listing, door: DoorOptions) -> No
             wanted = 0 <= member.size <= limit
         else:
             ext = suffix.rsplit(".", 1)[-1].lower()
-            wanted = ext in _META_EXTENSIONS and member.size <= _META_LIMIT and ext not in read_kinds
+            wanted = ext in META_EXTENSIONS and member.size <= META_LIMIT and ext not in read_kinds
             if wanted:
                 read_kinds.add(ext)
         data = None
@@ -189,14 +191,12 @@ def _read_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 
 
 #: The build report's reason for a WebDataset sample whose label cannot be read.
-LABEL_REJECTION = "bad-label"
-_INT64 = range(-(1 << 63), 1 << 63)
 
 
 _CLS_INTEGER = re.compile(r"-?[0-9]+")
 
 
-def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str) -> tuple[tuple[int, int] | None, str]:
+def _label(cls_text: str | None, document: Any, out: ArchiveListing, label_field: str) -> tuple[tuple[int, int] | None, str]:
     """A WebDataset sample's label as written: its ``.cls`` member, else the ``label_field`` of its
     ``.json`` object; none without either (or with a JSON ``null``).
 
@@ -213,14 +213,14 @@ def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str)
             return out.text_label(cls_text), ""
         # bounded before int() so a megabyte of digits costs nothing
         value = int(cls_text) if len(cls_text) <= 21 else None
-        if value is None or value not in _INT64:
+        if value is None or value not in INT64:
             return None, f"the .cls label {cls_text[:40]} does not fit in a signed 64-bit integer"
         return RawListingBuilder.int_label(value), ""
     value = document.get(label_field) if isinstance(document, dict) else None
     if value is None:
         return RawListingBuilder.NONE, ""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value not in _INT64:
+        if value not in INT64:
             return None, f"the .json label {label_field!r} ({value}) does not fit in a signed 64-bit integer"
         return RawListingBuilder.int_label(value), ""
     if isinstance(value, str) and value:
@@ -229,7 +229,7 @@ def _label(cls_text: str | None, document: Any, out: _Listing, label_field: str)
                   f"class name (or null for none)")
 
 
-def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
+def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: ArchiveListing,
             container: int, label_field: str) -> None:
     if out.field_rows is not None:
         _sample_with_fields(sample, out, container, label_field)
@@ -248,8 +248,8 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
         if data is None:
             if ext in read_from:
                 why = f"the sample already has a .{ext} member ({read_from[ext]}); not packed"
-            elif ext in _META_EXTENSIONS:
-                why = f"a .{ext} member of {member.size} bytes, over the {_META_LIMIT} read as metadata (not packed)"
+            elif ext in META_EXTENSIONS:
+                why = f"a .{ext} member of {member.size} bytes, over the {META_LIMIT} read as metadata (not packed)"
             else:
                 why = ("a WebDataset member that is neither the sample's image nor a .cls/.json/.txt member "
                        "(not packed)")
@@ -288,7 +288,7 @@ def _sample(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listi
     out.add(name, member.size, label, container, member.offset_data, member.size, meta=encoded)
 
 
-def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: _Listing,
+def _sample_with_fields(sample: list[tuple[str, tarfile.TarInfo, bytes | None]], out: ArchiveListing,
                         container: int, label_field: str) -> None:
     """A sample of a WebDataset built with declared fields (``sources/sidefiles.py`` rules)."""
     assert out.field_rows is not None

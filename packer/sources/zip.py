@@ -15,10 +15,9 @@ import zipfile
 from pathlib import Path
 
 from ..errors import SourceError
-from .archive_listing import _Listing, _member_name
+from .archive_listing import ArchiveListing, member_name, name_meta
 from .listing import DoorOptions, RawListing
 from .members import ZIP_METHODS
-from .tar import _name_meta
 
 _LIMIT = 1 << 63  # offsets and sizes past this are no file's
 
@@ -29,7 +28,7 @@ def list_zip(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
     Raises:
         SourceError: not a zip, or a damaged central directory.
     """
-    out = _Listing(door.progress)
+    out = ArchiveListing(door.progress)
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
@@ -42,7 +41,7 @@ def list_zip(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                 continue
             if info.is_dir():
                 continue
-            name = _member_name(info.filename, out)
+            name = member_name(info.filename, out)
             if name is None:
                 continue
             mode = info.external_attr >> 16
@@ -65,5 +64,5 @@ def list_zip(path: Path, door: DoorOptions = DoorOptions()) -> RawListing:
                 out.reject(name, "not-in-class-folder", "members must sit inside a class folder (class/file)")
                 continue
             out.add(name, info.file_size, out.name_label(name.split("/", 1)[0]), container, info.header_offset,
-                    info.compress_size, method, info.CRC, meta=_name_meta(info.filename))
+                    info.compress_size, method, info.CRC, meta=name_meta(info.filename))
     return out.finish(path, "zip")

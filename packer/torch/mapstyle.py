@@ -13,6 +13,7 @@ million samples over two workers) and returns the order's temporaries to the OS.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -153,9 +154,9 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
 
     def _index(self, i: Any) -> int:
         try:
-            i = int(i)
+            i = operator.index(i)  # an int, numpy or 0-d torch integer; int() would take '3' and 2.7
         except TypeError:
-            raise SampleIndexTypeError(f"sample indices must be integers, got {type(i).__name__}") from None
+            raise SampleIndexTypeError(f"sample indices must be integers, got {type(i).__name__}: {i!r:.40}") from None
         count = len(self.dataset)
         if not -count <= i < count:
             raise SampleIndexError(f"sample {i} out of range for a dataset of {count} samples")

@@ -33,7 +33,7 @@ from .. import decode as _decode  # noqa: F401  (imported before the workers for
 from ..codecs import CodecReader, codec_for
 from ..dataset import Dataset
 from ..errors import OptionError
-from ..imageinfo import DEFAULT_MAX_PIXELS
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS
 from ..rawcrop import crop_resize_raw, read_raw_batch
 from .runtime import BatchPool, DecodeFn, _empty_batch, _labels_in
 

@@ -17,7 +17,7 @@ from ..codecs.tiles import cut_window, window_margin
 from ..decode import PILLOW_JPEG_COLORSPACES, decode_image
 from ..errors import DecodeError, OptionError
 from ..format import ImageFormat
-from ..imageinfo import byte_view, detect_format
+from .._internal.imageinfo import byte_view, detect_format
 from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
 from .geometry import (
     DEFAULT_MASK_INTERPOLATION,

@@ -24,7 +24,7 @@ from ..dataset import open_index
 from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
-from ..files import iter_json_lines
+from .._internal.files import iter_json_lines
 from .commit import BuildResult, assemble_index, commit_dataset, record_hashes, recorded_max_pixels
 from .plan import make_plan, save_plan
 from .records import read_record, record_path
@@ -242,7 +242,7 @@ def _hashes_after_append(existing: _Existing, records: list[dict[str, np.ndarray
     samples' from the workers."""
     from ..duplicates.phash import HashTable
     from ..duplicates.sidecar import load_or_compute
-    from ..machine import available_cpus
+    from .._internal.machine import available_cpus
 
     dataset = existing.open()
     try:

@@ -19,7 +19,7 @@ from .._version import __version__
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError
-from .atomic import fsync_dir, write_atomic
+from .._internal.atomic import fsync_dir, write_atomic
 from ..fields import IMAGE_COLUMNS
 from ..sources.fieldvalues import specs_with_shards
 from .plan import BuildPlan
@@ -153,7 +153,7 @@ def recorded_max_pixels(*limits: int | None) -> int | None:
     records its limit so that every accepted image also decodes when read back. A lower limit
     is not recorded: every image it accepted is within the readers' default anyway.
     """
-    from ..imageinfo import DEFAULT_MAX_PIXELS
+    from .._internal.imageinfo import DEFAULT_MAX_PIXELS
 
     largest = max([DEFAULT_MAX_PIXELS, *(value for value in limits if value is not None)])
     return None if largest == DEFAULT_MAX_PIXELS else largest
@@ -195,7 +195,7 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
     index_size = sum(memoryview(p).nbytes for p in index_pieces)
     staging_index = out / STAGING_DIR / "index.pki"
     try:
-        index_digest = write_atomic(staging_index, index_pieces)
+        index_digest = write_atomic(staging_index, index_pieces).digest
         index_name = fmt.index_file_name(index_digest)
         os.replace(staging_index, out / index_name)
         if hashes is not None:
@@ -265,7 +265,7 @@ def _remove_unreferenced(out: Path, keep: set[str]) -> None:
         if relative not in keep:
             path.unlink(missing_ok=True)
     # Temp files of a killed build's write_atomic (we hold the lock: no writer owns them now).
-    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME):
+    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME, fmt.HASHES_NAME):
         for path in out.glob(f".{name}.*.tmp"):
             path.unlink(missing_ok=True)
 

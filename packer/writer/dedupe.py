@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..files import FolderReader
+from .._internal.files import FolderReader
 from ..sources import Rejection, SourceListing, select_rows
 from ..sources.members import MemberReader
 from .sourcefiles import read_source

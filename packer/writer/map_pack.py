@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 from .. import format as fmt
 from ..errors import BuildError, OptionError
 from ..fields import FieldSpec
-from ..progress import BuildProgress
+from .._internal.progress import BuildProgress
 from ..sources.python import ROWS_SUFFIX, SPOOL_SUFFIX, SampleSpool, SampleValueError, SpoolRows, python_listing, \
     written_label
 from .commit import BuildResult

@@ -19,12 +19,12 @@ import numpy as np
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError, PackerError, RejectedImageError
-from ..files import FolderReader
+from .._internal.files import FolderReader
 from ..duplicates.phash import hash_payload
-from ..imageinfo import DEFAULT_MAX_PIXELS, probe_image
-from .atomic import fsync_dir
-from ..names import source_name
-from ..pillowformats import normalize_to_png
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS, probe_image
+from .._internal.atomic import fsync_dir
+from .._internal.names import source_name
+from .._internal.pillowformats import normalize_to_png
 from ..sources.members import MemberReader
 from .plan import BuildPlan
 from .settings import BuildSettings
@@ -411,7 +411,7 @@ def _load_and_check(files: FolderReader, key: str, listed_size: int, settings: B
     """Read one source file and check it; a bad file becomes a Rejection, never an exception.
 
     ``member``: an archive member already read (``MemberReader.read``: data, reason, message).
-    ``name``: the file's real relative name when ``key`` is its escaped form (``packer.names``).
+    ``name``: the file's real relative name when ``key`` is its escaped form (``packer._internal.names``).
     Returns ``(payload, info, rejection, note)``: ``note`` is the codec's label for what it did
     (``Codec.note``), counted in the build summary, or None.
     """

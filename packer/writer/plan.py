@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from .atomic import write_atomic
+from .._internal.atomic import write_atomic
 from ..errors import BuildError, DatasetChangedError, OptionError, PackerError
 from ..sources.members import members_columns, members_from_columns, members_header
 from ..fields import specs_from_json
@@ -151,7 +151,7 @@ def save_plan(plan: BuildPlan, path: Path) -> int:
     if listing.fields is not None:
         columns.update(listing.fields.plan_columns())
     pieces = fmt.encode_column_file(fmt.PLAN_MAGIC, len(listing), columns)
-    plan.fingerprint = write_atomic(path, pieces)  # a full disk leaves no partial plan behind
+    plan.fingerprint = write_atomic(path, pieces).digest  # a full disk leaves no partial plan behind
     return plan.fingerprint
 
 
@@ -164,7 +164,7 @@ def load_plan(path: Path, root: Path, *, source: SourceSettings | None = None) -
         source: the source settings asked now: a plan saved before the source settings were
             recorded (flat ``options``) takes the door options from here.
     """
-    from ..files import read_capped
+    from .._internal.files import read_capped
 
     try:
         # Inside OUT, a regular file (a FIFO planted here must not hang --resume), bounded.

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..names import source_name
+from .._internal.names import source_name
 from ..sources import SourceListing, source_root
 from ..sources.detect import expand_braces
 
@@ -50,7 +50,7 @@ def _spread(count: int) -> list[int]:
 
 def listing_probes(listing: SourceListing) -> dict[str, int]:
     """A spread of a file kind's listed samples and their sizes (keys that are escaped names,
-    ``packer.names``, are left out: they name no file as written)."""
+    ``packer._internal.names``, are left out: they name no file as written)."""
     probes = {}
     for i in _spread(len(listing)):
         key = listing.key(i)

@@ -16,8 +16,8 @@ import numpy as np
 from .. import format as fmt
 from ..errors import PackerError
 from ..fields import IMAGE_COLUMNS
-from ..files import read_capped
-from .atomic import write_atomic
+from .._internal.files import read_capped
+from .._internal.atomic import write_atomic
 from .staging import RECORD_DIR, STAGING_DIR
 
 __all__ = ["RECORD_COLUMNS", "HASH_COLUMNS", "record_columns", "record_path", "write_record", "read_record"]

@@ -21,13 +21,13 @@ import numpy as np
 from .. import format as fmt
 from ..location import parse_location
 from ..errors import BuildError, EmptySourceError, OptionError, OutputExistsError, PackerError, SourceError
-from ..progress import BuildProgress, ListingProgress
+from .._internal.progress import BuildProgress, ListingProgress
 from .commit import BuildResult, finish_build, record_empty_build
 from .plan import BuildPlan, load_plan, make_plan, save_plan
 from .probes import FILE_KINDS, probe_mismatch, source_probes
 from .settings import BuildSettings, RunOptions, parse_part, settings_and_run
 from ..sources import SourceOptions, detect_kind, list_source, source_root
-from ..names import source_name
+from .._internal.names import source_name
 from ..sources.members import check_unchanged
 from .staging import LOCK_NAME, PLAN_NAME, RECORD_DIR, SPOOL_DIR, STAGING_DIR, TEMP_DIR, build_lock, io_error
 

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from .. import format as fmt
 from ..errors import FormatError, OptionError, PackerError
-from ..imageinfo import DEFAULT_MAX_PIXELS
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS
 from ..fields import FieldSpec
 from ..sources import APPEND_ORIGIN, SOURCE_KINDS, LabelSettings, SourceSettings
 

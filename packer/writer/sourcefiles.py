@@ -11,8 +11,8 @@ import os
 import stat
 from typing import Any
 
-from ..files import FolderReader, read_fd_capped
-from ..names import source_name
+from .._internal.files import FolderReader, read_fd_capped
+from .._internal.names import source_name
 from ..sources import Rejection, file_stamp
 from ..sources.members import MemberReader
 

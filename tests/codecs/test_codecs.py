@@ -18,7 +18,7 @@ from packer.dataset import open_dataset, open_index
 from packer.decode import decode_image
 from packer.errors import BuildError, ManifestError, OptionError
 from packer.format import ImageFormat, align_up
-from packer.imageinfo import probe_image
+from packer._internal.imageinfo import probe_image
 from packer.writer.plan import BuildOptions
 
 

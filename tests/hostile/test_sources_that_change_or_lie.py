@@ -211,7 +211,7 @@ def test_class_folder_1200_levels_deep_builds(tmp_path):
 
 def test_jpegs_with_data_after_the_image_are_kept_whole_with_a_note():
     from packer.codecs import get_codec
-    from packer.imageinfo import probe_image
+    from packer._internal.imageinfo import probe_image
 
     codec = get_codec("tiled")
     mpo = io.BytesIO()

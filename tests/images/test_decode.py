@@ -20,7 +20,7 @@ from packer.dataset import open_dataset
 from packer.decode import decode_image, decode_jpeg_rgb
 from packer.errors import DecodeError, RejectedImageError
 from packer.format import ImageFormat
-from packer.imageinfo import probe_image
+from packer._internal.imageinfo import probe_image
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 

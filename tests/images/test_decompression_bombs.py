@@ -23,7 +23,7 @@ from helpers import BOMBS, REPO
 def test_decompression_bombs_rejected_at_build(tmp_path):
     """Small files whose headers claim gigapixels are rejected as too-many-pixels at build, by the
     documented limit (--max-pixels, default 150 MP), without decoding them."""
-    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer._internal.imageinfo import DEFAULT_MAX_PIXELS
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
     for name, make in BOMBS.items():

@@ -26,7 +26,7 @@ from PIL import Image
 
 from helpers import assert_headers_agree_with_pillow
 from packer.errors import RejectedImageError
-from packer.imageinfo import ImageInfo, probe_image
+from packer._internal.imageinfo import ImageInfo, probe_image
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -47,7 +47,7 @@ def _print_trial_counts() -> Any:
 
 def check(data: bytes, label: str) -> None:
     """The contract: an ImageInfo with sane fields, or a RejectedImageError with a known reason;
-    and the header parsers (``packer.imageheaders``) say exactly what Pillow alone says."""
+    and the header parsers (``packer._internal.imageheaders``) say exactly what Pillow alone says."""
     TRIALS[label] = TRIALS.get(label, 0) + 1
     assert_headers_agree_with_pillow(data, name="fuzzed", max_pixels=4_000_000)
     for validate in ("header", "full"):

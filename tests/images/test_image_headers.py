@@ -1,4 +1,4 @@
-"""The header parsers (``packer.imageheaders``) against Pillow: the same answer, or none at all.
+"""The header parsers (``packer._internal.imageheaders``) against Pillow: the same answer, or none at all.
 
 ``probe_image`` reads the common headers itself and asks Pillow only when a parser says None. The
 contract: for any bytes, ``probe_image`` says exactly what it says with Pillow alone (the same
@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 from helpers import assert_headers_agree_with_pillow, pillow_headers_only, probe_outcome
-from packer.imageheaders import parse_header
-from packer.imageinfo import detect_format
+from packer._internal.imageheaders import parse_header
+from packer._internal.imageinfo import detect_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import make_sample  # noqa: E402
@@ -204,7 +204,7 @@ def test_a_changed_pillow_setting_hands_the_header_to_pillow(monkeypatch: pytest
 
 def test_pillow_alone_is_what_the_helper_switches_to() -> None:
     with pillow_headers_only():
-        import packer.imageinfo as imageinfo
+        import packer._internal.imageinfo as imageinfo
 
         assert imageinfo.parse_header(CORPUS["sample-jpeg"], 1) is None
     assert probe_outcome(CORPUS["sample-jpeg"])[0] == "ok"

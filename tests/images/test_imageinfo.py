@@ -1,4 +1,4 @@
-"""Tests for packer.imageinfo: format detection, header facts, and every rejection reason."""
+"""Tests for packer._internal.imageinfo: format detection, header facts, and every rejection reason."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from packer import format as fmt
-from packer import imageinfo as imageinfo_module
+from packer._internal import imageinfo as imageinfo_module
 from packer.errors import DecodeError, OptionError, PackerError, RejectedImageError
 from packer.format import ImageFormat
-from packer.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, detect_format, probe_image
+from packer._internal.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, detect_format, probe_image
 
 from helpers import jpeg_bytes
 

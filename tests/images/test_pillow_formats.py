@@ -15,8 +15,8 @@ from packer.dataset import open_dataset
 from packer.decode import decode_image
 from packer.errors import DecodeError, OptionError, RejectedImageError
 from packer.format import ImageFormat
-from packer.imageinfo import probe_image
-from packer.pillowformats import check_reader_formats, decodable_by
+from packer._internal.imageinfo import probe_image
+from packer._internal.pillowformats import check_reader_formats, decodable_by
 
 PIXELS = np.random.default_rng(3).integers(0, 255, (12, 17, 3), dtype=np.uint8)
 # Formats Pillow writes losslessly (so decoded pixels can be compared with the source).

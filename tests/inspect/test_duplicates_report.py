@@ -18,7 +18,7 @@ from test_html_report import run_chromium
 
 import packer.cli.inspect_cmd  # noqa: F401  (registers the inspect command)
 from packer.cli import cli
-from packer.inspect.html import CONTENT_SECURITY_POLICY
+from packer.inspect.report_html import CONTENT_SECURITY_POLICY
 from packer.writer import build
 from packer.writer.plan import BuildOptions
 
@@ -117,3 +117,33 @@ def test_html_shows_each_pair_side_by_side_escaped_and_without_script(splits: di
     assert console == []
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 500  # the thumbnails were drawn, not blank
+
+
+def test_an_html_report_that_exists_is_refused_before_the_search(splits: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    out.write_text("mine")
+    result = CliRunner().invoke(cli, ["inspect", str(splits["train"]), "--duplicates", "--html", str(out)])
+    assert result.exit_code != 0 and out.read_text() == "mine"
+    assert f"{out}: already exists; pass --force to overwrite it" in result.output
+
+
+def test_a_damaged_sample_of_a_pair_is_shown_as_not_decodable(splits: dict[str, Path], tmp_path: Path) -> None:
+    """The pair is found from the hashes kept beside the index; the sample's bytes were damaged
+    afterwards: its thumbnail says so instead of showing whatever the damaged bytes decode to."""
+    val = tmp_path / "val"
+    shutil.copytree(splits["val"], val)
+    assert invoke(str(splits["train"]), "--duplicates", "--against", str(val))[0] == 1  # hashes saved beside val
+    with packer.open_dataset(val) as ds:
+        number = next(i for i in range(len(ds)) if ds.key(i).endswith(f"{HOSTILE_KEY}.jpg"))
+        shard = val / ds.manifest.shards[int(ds.index.shard[number])].path
+        where = int(ds.index.offset[number]) + int(ds.index.size[number]) // 2
+    with open(shard, "r+b") as handle:
+        handle.seek(where)
+        byte = handle.read(1)
+        handle.seek(where)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    out = tmp_path / "report.html"
+    code, _, _ = invoke(str(splits["train"]), "--duplicates", "--against", str(val), "--html", str(out))
+    assert code == 1
+    section = out.read_text("utf-8").split('<section id="duplicates">')[1].split("</section>")[0]
+    assert section.count('class="nothumb">not decodable<') == 1 and section.count("<figure>") == 6

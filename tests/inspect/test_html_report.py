@@ -21,7 +21,7 @@ from PIL import Image
 import packer.cli.inspect_cmd  # noqa: F401  (registers the inspect command)
 from packer.cli import cli
 from packer.dataset import open_index
-from packer.inspect.html import CONTENT_SECURITY_POLICY, render_html, report_arrays
+from packer.inspect.report_html import CONTENT_SECURITY_POLICY, render_html, report_arrays
 from packer.inspect.summary import summarize
 from packer.inspect.svg import bar_chart, bin_counts, histogram, line_chart, text
 from packer.writer import build

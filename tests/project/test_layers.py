@@ -27,12 +27,14 @@ BENCHMARKS = REPO / "benchmarks"
 LAYERS = {
     # foundations: no packer imports beyond each other, downwards
     "errors": 0, "deprecation": 0, "_version": 0, "_rawresample": 0,
-    "names": 1, "machine": 1, "progress": 1, "fields": 1,
+    # packer._internal: modules no user imports, each its own unit ("_internal.files")
+    "_internal": 0,
+    "_internal.names": 1, "_internal.machine": 1, "_internal.progress": 1, "fields": 1,
     "format": 2, "order": 2,
-    "files": 3, "pillowformats": 3, "imageheaders": 3,
+    "_internal.files": 3, "_internal.pillowformats": 3, "_internal.imageheaders": 3, "_internal.atomic": 3,
     # the photographs the guides are followed with (numpy, Pillow, the errors)
     "sampledata": 3,
-    "imageinfo": 4, "backends": 4,
+    "_internal.imageinfo": 4, "backends": 4,
     # object storage: URLs, transports, the node cache (below the reader that opens URLs)
     "remote": 5,
     # where a user's path points (a local path or a URL), then where a dataset's bytes live
@@ -114,7 +116,11 @@ def module_edges(mods: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _unit(module: str) -> str:
+    """The unit a module belongs to: its first name under packer (``torch``, ``writer``), or
+    ``_internal.<name>`` for the private modules, which are units of their own."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "_internal":
+        return f"_internal.{parts[2]}"
     return parts[1] if len(parts) > 1 else "packer"
 
 

@@ -112,7 +112,7 @@ def test_unknown_codec_is_refused_by_every_decoding_reader(small_dataset, tmp_pa
 def test_max_pixels_is_recorded_and_honoured_by_readers(tmp_path, monkeypatch):
     from packer import decode as decode_module
     from packer.codecs import dataset_max_pixels
-    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer._internal.imageinfo import DEFAULT_MAX_PIXELS
     from packer.verify import verify
 
     src = noisy_png_classes(tmp_path / "src")
@@ -154,7 +154,7 @@ def test_pillow_global_limit_never_decides(monkeypatch):
     from PIL import Image as PILImage
 
     from packer.decode import decode_image
-    from packer.imageinfo import probe_image
+    from packer._internal.imageinfo import probe_image
 
     buffer = io.BytesIO()
     PILImage.fromarray(np.zeros((40, 50, 3), dtype=np.uint8)).save(buffer, "WEBP", lossless=True)

@@ -14,14 +14,14 @@ import pytest
 from PIL import Image
 
 from packer.writer import build
-from packer.sources import tar as tar_source
+from packer.sources import tar_stream
 from packer.sources import SourceOptions, list_source
 from packer.sources.detect import expand_braces
 from packer.sources.sniff import sniff_container
 from packer.writer.run import finish
 from packer.dataset import open_dataset
 from packer.errors import EmptySourceError, SourceError
-from packer.names import ESCAPED_FIELD, unescape_key
+from packer._internal.names import ESCAPED_FIELD, unescape_key
 from packer import BuildSettings, LayoutSettings, RunOptions
 from helpers import with_source
 
@@ -188,7 +188,7 @@ def test_damaged_tar_is_a_source_error(tmp_path: Path) -> None:
 
 def test_compressed_bomb_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
-    monkeypatch.setattr(tar_source, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
+    monkeypatch.setattr(tar_stream, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
     with pytest.raises(SourceError, match="decompression bomb"):
         build(source, tmp_path / "ds", OPTIONS, RunOptions(workers=1))
 
@@ -478,7 +478,7 @@ def test_each_kind_of_archive_damage_is_named(tmp_path: Path, monkeypatch: pytes
         raise OSError(errno.EIO, "Input/output error")
         yield  # a generator, as the real one is
 
-    monkeypatch.setattr(tar_source, "_tar_members", failing_members)
+    monkeypatch.setattr(tar_stream, "tar_members", failing_members)
     assert message(tmp_path / "whole.tar") == "cannot read the archive: Input/output error"
 
 
@@ -532,7 +532,7 @@ def test_a_spool_write_that_fails_is_named_as_a_write(tmp_path: Path, monkeypatc
             return io.BufferedWriter(failing(path, "w"), 1 << 16)
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(tar_source, "open", spool_open, raising=False)
+    monkeypatch.setattr(tar_stream, "open", spool_open, raising=False)
     with pytest.raises(BuildError) as caught:
         build(source, tmp_path / "out", OPTIONS, RunOptions(workers=1))
     assert caught.value.message == message

@@ -300,7 +300,7 @@ def test_a_tar_zst_without_zstandard_names_the_extra(tmp_path: Path, monkeypatch
 
 
 def test_no_spool_is_left_after_a_bomb_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from packer.sources import tar as tar_door
+    from packer.sources import tar_stream as tar_door
 
     source = write_tar(tmp_path / "bomb.tar.gz", {"cat/zeros.jpg": bytes(8 << 20)}, "w:gz")
     monkeypatch.setattr(tar_door, "_BOMB_FLOOR", 1 << 20)  # the real floor is 1 GiB
@@ -310,7 +310,7 @@ def test_no_spool_is_left_after_a_bomb_refusal(tmp_path: Path, monkeypatch: pyte
 
 
 def test_no_spool_is_left_after_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from packer.sources import tar as tar_door
+    from packer.sources import tar_stream as tar_door
 
     source = write_tar(tmp_path / "train.tar.gz", {f"cat/{n}.jpg": jpeg(n) for n in range(40)}, "w:gz")
     real = tar_door._Tee.readinto

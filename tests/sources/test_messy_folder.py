@@ -23,7 +23,7 @@ from PIL import Image
 
 from packer import format as fmt
 from packer.dataset import open_dataset
-from packer.names import unescape_key
+from packer._internal.names import unescape_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def make_messy_folder(root: Path, outside: Path) -> tuple[dict[str, str], set[st
     bad_name = os.fsencode(str(dogs)) + b"/bad-\xff-name.png"
     with open(bad_name, "wb") as handle:
         handle.write(png)
-    packed.add("dogs/bad-%FF-name.png")  # not UTF-8: packed under its escaped key (packer/names.py)
+    packed.add("dogs/bad-%FF-name.png")  # not UTF-8: packed under its escaped key (packer/_internal/names.py)
     return rejected, packed
 
 

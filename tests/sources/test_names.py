@@ -1,4 +1,4 @@
-"""Keys are one-to-one with source names (issue 38): ``packer.names`` escapes every name that is not
+"""Keys are one-to-one with source names (issue 38): ``packer._internal.names`` escapes every name that is not
 plain text, reversibly, and no two names share a key, whatever their bytes; a Latin-1 name and its
 percent-escaped spelling in one folder both pack, under two keys, and export back to both names."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from helpers import jpeg_bytes
 
 import packer
-from packer.names import escape_name, is_plain, source_name, unescape_key
+from packer._internal.names import escape_name, is_plain, source_name, unescape_key
 
 def jpeg(seed: int) -> bytes:
     return jpeg_bytes(10 + seed, 12)

@@ -10,7 +10,7 @@ import pytest
 
 from packer.errors import EmptySourceError, OptionError, SourceError
 from packer.sources import RawListingBuilder, SourceOptions, apply_contract
-from packer.sources.archive_listing import _Listing
+from packer.sources.archive_listing import ArchiveListing
 from packer.sources.members import RAW, ZIP_DEFLATED
 from packer import LabelSettings
 
@@ -136,7 +136,7 @@ def archive(tmp_path: Path, members: list[tuple[str, int, int, int, int]], size:
     ``regions``: (start, end) of inner regions, used by members whose method is -1 - index."""
     container = tmp_path / "archive.bin"
     container.write_bytes(bytes(size))
-    out = _Listing(None)
+    out = ArchiveListing(None)
     number = out.add_container(str(container))
     made = [out.add_region(number, start, end) for start, end in regions]
     for key, offset, stored, expanded, method in members:

@@ -80,8 +80,13 @@ def test_raw_bytes_and_numpy_indices(packed: Path, source: Path) -> None:
         assert payload.numpy().tobytes() == (source / ds.dataset.key(int(i) % len(ds))).read_bytes()
     with pytest.raises(SampleIndexError, match=f"^sample {len(ds)} out of range for a dataset of {len(ds)} samples$"):
         ds[len(ds)]
-    with pytest.raises(SampleIndexTypeError, match="^sample indices must be integers, got NoneType$"):
+    with pytest.raises(SampleIndexTypeError, match="^sample indices must be integers, got NoneType: None$"):
         ds[None]
+    assert payload.numpy().tobytes() == ds[torch.tensor(len(ds) - 1)][0].numpy().tobytes()  # a 0-d tensor
+    # int() would read sample 3 for '3' and sample 2 for 2.7: a key or a float is a caller's mistake
+    for wrong in ("3", 2.7, np.float64(1.0)):
+        with pytest.raises(SampleIndexTypeError, match=f"^sample indices must be integers, got {type(wrong).__name__}"):
+            ds[wrong]
 
 
 @pytest.mark.parametrize("decode", [True, False])

@@ -232,7 +232,7 @@ def test_codec_notes_are_summed_over_shards(tmp_path: Path) -> None:
 
 def test_an_empty_build_reports_every_rejection_and_leaves_no_staging(tmp_path: Path) -> None:
     import packer
-    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer._internal.imageinfo import DEFAULT_MAX_PIXELS
 
     bad = tmp_path / "bad" / "a"
     bad.mkdir(parents=True)
@@ -277,7 +277,7 @@ def test_a_folder_in_place_of_the_report_is_refused_before_the_commit(tmp_path: 
 
 def test_the_recorded_pixel_limit_is_the_largest_above_the_default(tmp_path: Path) -> None:
     from packer.writer.commit import recorded_max_pixels
-    from packer.imageinfo import DEFAULT_MAX_PIXELS
+    from packer._internal.imageinfo import DEFAULT_MAX_PIXELS
 
     big = DEFAULT_MAX_PIXELS + 5
     assert recorded_max_pixels() is None and recorded_max_pixels(None) is None

@@ -34,11 +34,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import packer.writer.atomic as atomic
+import packer._internal.atomic as atomic
 from packer import format as fmt
 from packer.writer import build
 from packer.writer.append import append
-from packer.writer.atomic import fsync_dir, write_atomic
+from packer._internal.atomic import fsync_dir, temp_name, write_atomic
 from packer.writer.staging import PLAN_NAME, RECORD_DIR, STAGING_DIR
 from packer import BuildSettings, LayoutSettings, RunOptions
 
@@ -250,8 +250,9 @@ def test_reordering_a_step_breaks_a_rule(recorded: tuple[list[Event], Path], wha
 
 def test_write_atomic_returns_the_digest_and_leaves_no_temp(tmp_path: Path) -> None:
     target = tmp_path / "f.bin"
-    digest = write_atomic(target, [b"hello ", memoryview(b"world")])
-    assert digest == fmt.checksum(b"hello world") and target.read_bytes() == b"hello world"
+    written = write_atomic(target, [b"hello ", memoryview(b"world")])
+    assert written.digest == fmt.checksum(b"hello world") and target.read_bytes() == b"hello world"
+    assert written.size == 11
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
 
     def failing() -> Any:
@@ -274,7 +275,8 @@ def test_write_atomic_temp_name_is_the_one_cleanup_looks_for(tmp_path: Path, mon
 
     monkeypatch.setattr(os, "replace", replace)
     write_atomic(tmp_path / "manifest.json", [b"{}"])
-    assert seen == [f".manifest.json.{os.getpid()}.tmp"]
+    assert seen == [temp_name(tmp_path / "manifest.json").name]
+    assert seen[0].startswith(f".manifest.json.{os.getpid()}-") and seen[0].endswith(".tmp")
 
 
 def test_fsync_dir_needs_a_folder(tmp_path: Path) -> None:
@@ -292,7 +294,7 @@ def test_write_atomic_reports_the_real_error_after_the_rename(tmp_path: Path, mo
     FileNotFoundError from cleaning up a temp file that no longer exists."""
     import errno
 
-    import packer.writer.atomic as atomic_module
+    import packer._internal.atomic as atomic_module
 
     def broken_fsync_dir(path: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")

@@ -429,7 +429,7 @@ class _FullDisk:
 def _inject_full_disk(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     import builtins
 
-    import packer.writer.atomic as atomic_module
+    import packer._internal.atomic as atomic_module
     import packer.writer.plan as plan_module
     left = [budget]
     real_open = builtins.open
@@ -648,7 +648,7 @@ def test_source_changes_while_workers_pack(tmp_path):
 def test_unreadable_source_file_injected(tmp_path, monkeypatch):
     """Permission denied on a source file (injected: root reads anything): rejected as unreadable."""
     src = make_source(tmp_path / "src", seed=9)
-    import packer.files as files_module
+    import packer._internal.files as files_module
 
     real_open = files_module.open_nonblocking  # the one place packing opens a source file (FolderReader)
     victim = str(src / "class1" / "img04.png")

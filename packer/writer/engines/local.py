@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, Callable
 
-from ...machine import available_cpus
+from ..._internal.machine import available_cpus
 from ..plan import BuildPlan, load_plan
 
 __all__ = ["run_local", "map_local", "check_spawnable"]

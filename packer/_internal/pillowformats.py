@@ -44,8 +44,8 @@ from typing import Any, Iterable, Union
 import numpy as np
 from PIL import Image, ImageFile
 
-from .errors import DecodeError, OptionError, RejectedImageError
-from .format import ImageFormat
+from ..errors import DecodeError, OptionError, RejectedImageError
+from ..format import ImageFormat
 
 __all__ = ["CORE_FORMATS", "PILLOW_ONLY_FORMATS", "READERS", "KEPT_BY_NORMALIZE", "accept_pillow_format",
            "load_pillow_format", "decodable_by", "check_reader_formats", "normalize_to_png"]

@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .format import ImageFormat
+from ..format import ImageFormat
 
 __all__ = ["Header", "parse_header", "MODE_CHANNELS"]
 

@@ -19,7 +19,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-from .errors import (DatasetChangedError, NotAPackerFileError, OptionError, PackerError, TruncatedFileError,
+from ..errors import (DatasetChangedError, NotAPackerFileError, OptionError, PackerError, TruncatedFileError,
                      UnsafePathError)
 
 __all__ = ["open_inside", "open_dataset_file", "read_capped", "open_nonblocking", "read_fd_capped", "FolderReader",
@@ -277,8 +277,8 @@ def iter_json_lines(root: str | os.PathLike[str], relative: str, *, must_contain
     Args:
         must_contain: skip lines without these bytes before parsing them (a cheap filter).
     """
-    from .errors import PackerError
-    from .format import MAX_JSON_DEPTH, json_nesting_depth
+    from ..errors import PackerError
+    from ..format import MAX_JSON_DEPTH, json_nesting_depth
 
     try:
         fd, _ = open_inside(root, relative)

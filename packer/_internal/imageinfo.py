@@ -17,7 +17,7 @@ download:
 A file that starts with a supported signature but whose header Pillow cannot parse is
 ``truncated`` when one of these checks (or Pillow) says it ends early, else ``decode-failed``.
 A file with no core signature goes to Pillow's own identification: any other format Pillow
-opens and decodes is accepted and checked by ``packer.pillowformats`` (which decodes it), one
+opens and decodes is accepted and checked by ``packer._internal.pillowformats`` (which decodes it), one
 it identifies but cannot decode is ``unsupported-format``, and anything else ``not-an-image``.
 
 ``validate="full"`` also decodes the first frame with Pillow: a full decode per file, so it is
@@ -54,8 +54,8 @@ from typing import Any, Callable, Iterator, Union
 
 from PIL import Image, ImageMode
 
-from .errors import OptionError, RejectedImageError
-from .format import ImageFormat
+from ..errors import OptionError, RejectedImageError
+from ..format import ImageFormat
 from .imageheaders import MODE_CHANNELS, parse_header
 from .pillowformats import CORE_FORMATS, accept_pillow_format
 
@@ -206,7 +206,7 @@ def _check_opened(view: bytes | memoryview, img: Image.Image, pil_format: str, p
     """The checks after Pillow parsed the header (split out so every failure maps to a reason)."""
     # Trust what Pillow parsed over the magic-byte guess (an unusual BMP header, say).
     image_format = ImageFormat.BY_PIL_NAME.get(pil_format, ImageFormat.UNKNOWN)
-    if image_format not in CORE_FORMATS:  # any other format Pillow decodes: packer/pillowformats.py
+    if image_format not in CORE_FORMATS:  # any other format Pillow decodes: packer/_internal/pillowformats.py
         image_format = accept_pillow_format(img, view, path=path, max_pixels=max_pixels)
 
     width, height = img.size
