@@ -78,7 +78,14 @@ PROBLEM_KINDS = {
     "io": "reading a shard file failed with an I/O error, or the process checking it died",
     "field": "a declared field's value breaks its declaration (text not UTF-8, a class set not sorted "
              "without repeats, a bool byte not 0 or 1)",
+    "hashes": "the dataset was built with --hash perceptual and its hashes file is missing, damaged or stale, "
+              "or a sample's stored hash is not the hash of its image",
 }
+
+#: Bits a stored perceptual hash may differ from the one recomputed here and still match: the
+#: hash is float64 arithmetic, and a coefficient within rounding error of zero may flip its bit
+#: on another machine (``duplicates.phash``). A hash of another image differs by tens of bits.
+HASH_TOLERANCE = 2
 
 #: ``field`` problems listed per field and check; the rest are counted (``VerifyReport.unlisted``)
 #: in one summary problem. A writer bug can break every value of a 100M-sample dataset: a
@@ -168,6 +175,9 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
     unlisted: int = 0
+    #: For a dataset built with ``--hash perceptual``: ``samples_checked`` (stored hashes compared
+    #: with the images' recomputed ones) and ``problems``; None when the build kept no hashes.
+    hashes: dict[str, Any] | None = None
 
     @property
     def damaged_samples(self) -> list[int]:
@@ -202,7 +212,8 @@ class VerifyReport:
                 "samples_checked": self.samples_checked, "shards_checked": self.shards_checked,
                 "bytes_read": self.bytes_read, "seconds": round(self.seconds, 6), "decoded": self.decoded,
                 "damaged_sample_count": self.damaged_sample_count, "unlisted": self.unlisted,
-                "fields": self.fields, "problems": [p.to_json() for p in self.problems]}
+                "fields": self.fields, "problems": [p.to_json() for p in self.problems],
+                **({"hashes": self.hashes} if self.hashes is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -254,7 +265,9 @@ def _verify_url(url: "DatasetURL", **options: Any) -> "VerifyReport":
     settings.cache_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="verify-", dir=settings.cache_root) as folder:
         mirror(url, settings, folder)
-        report = verify(folder, **options)
+        # The hashes file of a --hash perceptual build stays with the local build (it is not one
+        # of the objects a manifest names): the objects are checked, the hashes are not.
+        report = _verify_folder(Path(folder), hashes=False, **options)
     report.path = url.text
     report.problems = [dataclasses.replace(problem, path=url.text + str(problem.path)[len(folder):])
                        if problem.path and str(problem.path).startswith(folder) else problem
@@ -283,15 +296,27 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
 
     Raises:
         MissingDependencyError: ``decode=True`` but an image decoder is not installed.
+
+    A dataset built with ``--hash perceptual`` also has its hashes file checked (present, valid,
+    for this index) and every stored hash compared with its image's hash computed now
+    (``report.hashes``; problems of kind ``hashes``). A dataset at a URL: its objects are checked,
+    not the hashes, which stay with the build that computed them.
     """
-    from .dataset import open_index  # lazy: keep `import packer.verify` light
     from .location import parse_location
 
     location = parse_location(path, what="the dataset")
     if location.url is not None:  # verify reads the stored bytes raw: a URL's objects are copied first
         return _verify_url(location.url, decode=decode, workers=workers, progress=progress, max_pixels=max_pixels)
+    return _verify_folder(location.local_path(), decode=decode, workers=workers, progress=progress,
+                          max_pixels=max_pixels)
+
+
+def _verify_folder(root: Path, *, decode: bool, workers: int | None, progress: bool, max_pixels: int | None,
+                   hashes: bool = True) -> VerifyReport:
+    """``verify`` of a dataset folder; ``hashes``: check a ``--hash perceptual`` build's hashes file."""
+    from .dataset import open_index  # lazy: keep `import packer.verify` light
+
     started = time.monotonic()
-    root = location.local_path()
     from .viewfile import is_view_file
 
     if is_view_file(root):  # a view: only its samples, through the dataset reader
@@ -361,6 +386,13 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, workers: int |
             # damaged values, the unlisted ones included (not the summary line that counts them)
             report.fields[spec.name]["problems"] = len(found) - (1 if unlisted else 0) + unlisted
             report.unlisted += unlisted
+            problems += found
+        if hashes and _built_with_hashes(manifest):
+            damaged = {p.sample for p in problems if p.sample is not None}
+            for problem in problems:
+                if problem.sample_range is not None:
+                    damaged.update(range(*problem.sample_range))
+            report.hashes, found = _check_hashes(root, index, damaged, workers=workers, progress=progress)
             problems += found
         report.problems = problems
         report.ok = not problems
@@ -455,6 +487,59 @@ def _verify_view(path: Path, *, decode: bool, progress: bool, max_pixels: int | 
         return report
     finally:
         ds.close()
+
+
+def _built_with_hashes(manifest: fmt.Manifest) -> bool:
+    """Whether the build (or an append) recorded ``--hash perceptual``: its hashes file is then part
+    of what the build promised, and checked."""
+    settings = fmt.recorded_build_settings(manifest.build)
+    return isinstance(settings, dict) and settings.get("hash") == "perceptual"
+
+
+def _check_hashes(root: Path, index: Any, damaged: set[int], *, workers: int | None,
+                  progress: bool) -> tuple[dict[str, Any], list[Problem]]:
+    """The hashes file of a ``--hash perceptual`` build against the dataset: present, valid, for
+    this index (formats/SPEC.md §16, H1-H9), and every stored hash the hash of its sample's image
+    as computed now (within ``HASH_TOLERANCE`` bits; samples already reported damaged are skipped)."""
+    from .dataset import open_dataset
+    from .duplicates.phash import STATUS_NAMES, hamming, hash_dataset
+    from .duplicates.sidecar import file_size, parse_hashes
+    from ._internal.files import read_capped
+
+    entry: dict[str, Any] = {"samples_checked": 0, "problems": 0}
+    name = fmt.HASHES_NAME
+    try:
+        if not (root / name).exists() and not (root / name).is_symlink():
+            raise FileNotFoundError(name)
+        data = read_capped(root, name, file_size(len(index)))
+        if data is None:
+            raise TruncatedFileError(f"{name} is larger than a hashes file of {len(index)} samples", path=root / name)
+        stored = parse_hashes(data, path=name, index_checksum=index.manifest.index.checksum,
+                              sample_count=len(index))
+    except FileNotFoundError:
+        entry["problems"] = 1
+        return entry, [Problem(kind="hashes", path=name, message=f"the build recorded --hash perceptual, but "
+                               f"{name} is missing (`packer inspect --duplicates` writes it again)")]
+    except PackerError as exc:
+        entry["problems"] = 1
+        return entry, [Problem(kind="hashes", path=name, message=f"{name} is unusable: {exc.message}")]
+    with open_dataset(root) as dataset:
+        fresh = hash_dataset(dataset, workers=workers or available_cpus(), progress=progress)
+    checked = np.ones(len(index), dtype=bool)
+    checked[sorted(damaged)] = False
+    wrong = checked & ((stored.status != fresh.status) | (hamming(stored.hashes, fresh.hashes) > HASH_TOLERANCE))
+    problems = []
+    for sample in np.flatnonzero(wrong)[:MAX_VALUE_PROBLEMS].tolist():
+        if stored.status[sample] != fresh.status[sample]:
+            what = (f"is stored as {STATUS_NAMES.get(int(stored.status[sample]))}, recomputed as "
+                    f"{STATUS_NAMES.get(int(fresh.status[sample]))}")
+        else:
+            what = (f"differs from its image's recomputed hash in "
+                    f"{int(hamming(stored.hashes[sample], fresh.hashes[sample]))} of 128 bits")
+        problems.append(Problem(kind="hashes", sample=sample, key=index.key(sample), path=name,
+                                message=f"the stored perceptual hash {what}"))
+    entry.update(samples_checked=int(checked.sum()), problems=int(wrong.sum()))
+    return entry, problems
 
 
 def _field_shard_tasks(index: Any, root: Path, *, decode: bool, max_pixels: int) -> list[_ShardTask]:

@@ -98,7 +98,7 @@ GROUPS = (
     Group("format", ("packer/format.py",), ("tests/format/test_format.py", "tests/format/test_vectors.py",
                                             "tests/format/test_fields.py")),
     Group("order", ("packer/order.py",), ("tests/order/test_order.py", "tests/order/test_position.py",
-                                          "tests/order/test_read_order.py")),
+                                          "tests/order/test_read_order.py", "tests/order/test_state_bounds.py")),
     Group("atomic", ("packer/_internal/atomic.py",), ("tests/writer/test_interrupted_builds.py",), skip=_SLOW_BUILD),
     Group("records", ("packer/writer/records.py", "packer/writer/commit.py"),
           ("tests/writer/test_build.py", "tests/sources/test_fields_from_sources.py", "tests/writer/test_commit.py"),

@@ -148,6 +148,14 @@ def alignment_advice(result: Any) -> str | None:
 @click.option("--normalize-formats", is_flag=True,
               help="Convert images in formats other than JPEG, PNG and WEBP (TGA, PPM, TIFF, BMP, GIF, ...) to "
                    "lossless PNG at build, so every loader can decode them; counted in the summary.")
+@click.option("--hash", "hash_kind", type=click.Choice(["none", "perceptual"]), default="none", show_default=True,
+              help="perceptual: hash every image as it is packed (a 128-bit DCT hash of a small grey "
+                   "thumbnail) and keep the hashes beside the index, so `packer inspect --duplicates` finds "
+                   "near-duplicates without decoding again; append hashes new samples, verify checks them.")
+@click.option("--reject-duplicates", is_flag=True,
+              help="Reject a file whose bytes are those of a file listed before it (duplicate-content, naming "
+                   "the one kept); recorded, so `packer append` also rejects copies of samples already in "
+                   "the dataset.")
 @click.option("--image-column", default=None,
               help="Parquet, Hugging Face: the image column (default: found by its type).")
 @click.option("--address", default=None, help="Ray cluster address for --engine ray (default: a local one).")
@@ -182,7 +190,7 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
                   as_json: bool, max_size: int | None, quality: int | None, resize_side: str | None,
                   raw_size: str | None, classes_spec: str | None, classes_from: Path | None, label_type: str,
                   verbose: bool, max_file_size: int, field_specs: tuple[str, ...] = (),
-                  fields_file: Path | None = None) -> None:
+                  fields_file: Path | None = None, hash_kind: str = "none", reject_duplicates: bool = False) -> None:
     """Pack SOURCE into the dataset folder OUT.
 
     SOURCE is an ImageFolder-layout folder, a .csv/.jsonl manifest, a tar (plain, .gz, .bz2, .xz,
@@ -242,8 +250,8 @@ def build_command(source: Path, out: Path, root: Path | None, shard_size: int, a
             layout=LayoutSettings(alignment=alignment, shard_size=shard_size, shuffle=not no_shuffle, seed=seed),
             codec=codec_spec(),
             checks=CheckSettings(validate=validate, max_pixels=max_pixels, max_file_size=max_file_size,
-                                 normalize_formats=normalize_formats),
-            labels=labels)
+                                 normalize_formats=normalize_formats, reject_duplicates=reject_duplicates),
+            labels=labels, hash=hash_kind)
         run = RunOptions(workers=workers, engine=engine, address=address, part=parse_part(part) if part else None,
                          plan_only=plan_only, resume=resume, overwrite=overwrite, on_error=on_error,
                          progress=not quiet)

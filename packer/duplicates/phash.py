@@ -64,7 +64,7 @@ from .._internal.imageinfo import DEFAULT_MAX_PIXELS, byte_view, detect_format
 
 __all__ = ["ALGORITHM", "ALGORITHM_NAME", "HASH_BITS", "HASH_WORDS", "THUMB", "FLIP_MASK", "COEFFICIENTS",
            "HASHED", "FLAT", "UNREADABLE", "STATUS_NAMES", "HashTable", "grey_pixels", "grey_from_pixels", "hash_pixels",
-           "perceptual_hash", "hash_dataset", "hamming"]
+           "perceptual_hash", "hash_payload", "hash_dataset", "hamming"]
 
 #: The stored algorithm number (SPEC §16): a hashes file of another algorithm is recomputed.
 ALGORITHM = 1
@@ -222,6 +222,33 @@ def perceptual_hash(data: Any, image_format: int | None = None, *, name: str = "
     """
     words, status = hash_pixels(grey_pixels(data, image_format, name=name, max_pixels=max_pixels))
     return None if status == FLAT else (int(words[0]), int(words[1]))
+
+
+def hash_payload(data: Any, image_format: int, *, height: int, width: int, channels: int, name: str = "",
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[np.ndarray, int]:
+    """The hash of one stored payload as a build writes it (``packer build --hash perceptual``):
+    the same pixels ``hash_dataset`` reads back, so a stored hash and a recomputed one agree.
+
+    Args:
+        data: the payload bytes.
+        image_format: its ``ImageFormat``; a pixel format (``format.PIXEL_FORMATS``: the raw
+            codec) is ``height x width x channels`` stored pixels, anything else an encoded image.
+
+    Returns:
+        ``(words, status)``: ``HASHED``, ``FLAT``, or zeros and ``UNREADABLE`` when the payload
+        does not decode (a build that validated headers only can hold such a file).
+    """
+    unreadable = np.zeros(HASH_WORDS, dtype=np.uint64), UNREADABLE
+    if image_format in fmt.ImageFormat.PIXEL_FORMATS:
+        pixels = np.frombuffer(byte_view(data), dtype=np.uint8)
+        if pixels.size != height * width * channels:  # (a codec's bug: the reader refuses it the same way)
+            return unreadable
+        return hash_pixels(grey_from_pixels(pixels.reshape(height, width, channels)))
+    try:
+        grey = grey_pixels(data, image_format, name=name, max_pixels=max_pixels)
+    except PackerError:
+        return unreadable
+    return hash_pixels(grey)
 
 
 def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:

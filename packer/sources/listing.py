@@ -45,6 +45,8 @@ REJECTION_REASONS = {
     "not-in-class-folder": "a file at the top level of an image folder, outside any class folder",
     "outside-root": "a manifest path that leads outside the root",
     "duplicate-entry": "a manifest path listed more than once",
+    "duplicate-content": ("with --reject-duplicates: the same bytes as a file listed before it, or as a sample "
+                          "already in the dataset appended to (the message names the sample kept)"),
     "undecodable-name": "a file name that is not valid UTF-8",
     "not-a-file": "a device, socket or FIFO",
     "bad-manifest-row": "a manifest row without a usable path or label",

@@ -25,7 +25,7 @@ from ..location import parse_location
 from ..errors import OptionError
 from ..errors import BuildError, EmptySourceError, PackerError, SourceError
 from .._internal.files import iter_json_lines
-from .commit import BuildResult, assemble_index, commit_dataset, recorded_max_pixels
+from .commit import BuildResult, assemble_index, commit_dataset, record_hashes, recorded_max_pixels
 from .plan import make_plan, save_plan
 from .records import read_record, record_path
 from .settings import BuildSettings, RunOptions, labels_for_append, run_from_legacy, settings_from_record
@@ -76,12 +76,14 @@ def append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, r
     if location.url is not None:
         from .remote_out import append_to_url  # a new generation built locally, then uploaded (manifest last)
 
-        return append_to_url(_append, location.url.text, source, root=root, seed=seed, run=run)
+        # the existing samples are read through the URL (the staging folder holds its manifest and index)
+        return append_to_url(_append, location.url.text, source, root=root, seed=seed, run=run,
+                             read_from=location.url.text)
     return _append(location.local_path(), source, root=root, seed=seed, run=run)
 
 
 def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, root: str | os.PathLike[str] | None,
-            seed: int | None, run: RunOptions) -> BuildResult:
+            seed: int | None, run: RunOptions, read_from: str | None = None) -> BuildResult:
     started = time.monotonic()
     out = Path(dataset)
     run.check()
@@ -115,7 +117,8 @@ def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, 
                 raise EmptySourceError("every file of the new source is already in the dataset or rejected",
                                        path=Path(source))
             last_number = manifest.shards[-1].number if manifest.shards else -1
-            plan = make_plan(listing, settings, source=Path(source).name, first_shard_number=last_number + 1)
+            existing = _Existing(read_from or out, run.remote if read_from else None)
+            plan = _plan_generation(existing, listing, settings, Path(source), first_shard_number=last_number + 1)
             staging = out / STAGING_DIR
             shutil.rmtree(staging, ignore_errors=True)
             try:
@@ -123,7 +126,8 @@ def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, 
                 save_plan(plan, staging / PLAN_NAME)
                 run_shards(plan, out, list(range(plan.shard_count)), workers=run.workers, engine="local",
                            address=None, progress=run.progress, fail_on_reject=False)
-                result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name)
+                result, new_rejected = _commit_generation(out, old, plan, classes, generation, Path(source).name,
+                                                          existing)
             except BaseException:
                 _discard_failed_append(out)
                 raise
@@ -133,6 +137,42 @@ def _append(dataset: str | os.PathLike[str], source: str | os.PathLike[str], *, 
     result.rejected = new_rejected
     result.seconds = time.monotonic() - started
     return result
+
+
+class _Existing:
+    """Where an append reads the samples already in the dataset (its folder, or for a URL the URL:
+    the staging folder of a URL's append holds its manifest and index, not its shards)."""
+
+    def __init__(self, where: Any, remote: Any) -> None:
+        self.where, self.remote = where, remote
+
+    def open(self) -> Any:
+        from ..dataset import open_dataset
+
+        return open_dataset(self.where, remote=self.remote)
+
+
+def _plan_generation(existing: _Existing, listing: SourceListing, settings: BuildSettings, source: Path, *,
+                     first_shard_number: int) -> Any:
+    """The new generation's plan; with ``--reject-duplicates`` recorded, files whose bytes a sample
+    of the dataset (or an earlier new file) has are rejected first, naming the sample kept.
+
+    Raises:
+        EmptySourceError: every new file was such a copy.
+    """
+    where = {"source": source.name, "first_shard_number": first_shard_number}
+    if not settings.checks.reject_duplicates:
+        return make_plan(listing, settings, **where)
+    dataset = existing.open()
+    try:
+        plan = make_plan(listing, settings, existing=dataset, **where)
+    finally:
+        dataset.close()
+    if len(plan.listing) == 0:
+        raise EmptySourceError(f"every file of the new source has the bytes of a sample already in the dataset "
+                               f"({len(listing)} rejected as duplicate-content; --reject-duplicates is recorded "
+                               f"in the dataset's build settings)", path=source)
+    return plan
 
 
 def append_source_options(settings: BuildSettings, manifest: fmt.Manifest, spool: Path) -> SourceOptions:
@@ -156,7 +196,7 @@ def _existing_keys(index: Any) -> set[bytes]:
 
 
 def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...], generation: int,
-                       source_name: str) -> tuple[BuildResult, list[Rejection]]:
+                       source_name: str, existing: _Existing) -> tuple[BuildResult, list[Rejection]]:
     """Old rows + the packed new shards -> a new index, report and manifest (the commit point)."""
     manifest = old.manifest
     listing = plan.listing
@@ -185,12 +225,33 @@ def _commit_generation(out: Path, old: Any, plan: Any, classes: tuple[str, ...],
     build_info = fmt.json_ready(dict(manifest.build))
     build_info.update(packed=manifest.sample_count + int(len(source_rows)),
                       rejected=len(old_rejected) + len(new_rejected))
+    hashes = _hashes_after_append(existing, records) if plan.settings.hash == "perceptual" else None
     old.close()
     result = commit_dataset(out, columns, list(manifest.shards) + new_shards, classes=classes, codec=manifest.codec,
                             alignment=manifest.alignment, build_info=build_info,
                             rejected=old_rejected + new_rejected, history=history, cleanup=False,
-                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.settings.checks.max_pixels))
+                            max_pixels=recorded_max_pixels(manifest.max_pixels, plan.settings.checks.max_pixels),
+                            hashes=hashes)
     return result, new_rejected
+
+
+def _hashes_after_append(existing: _Existing, records: list[dict[str, np.ndarray]]) -> Any:
+    """The hashes file's table for the new index (a dataset built with ``--hash perceptual``): the
+    existing samples' hashes from the dataset's hashes file (a URL's: in the node cache; recomputed
+    when it is missing, stale or damaged: ``duplicates.sidecar.load_or_compute``), then the new
+    samples' from the workers."""
+    from ..duplicates.phash import HashTable
+    from ..duplicates.sidecar import load_or_compute
+    from .._internal.machine import available_cpus
+
+    dataset = existing.open()
+    try:
+        before, _ = load_or_compute(dataset, workers=available_cpus(), store=False)
+    finally:
+        dataset.close()
+    added = record_hashes(records)
+    return HashTable(hashes=np.concatenate([before.hashes, added.hashes]),
+                     status=np.concatenate([before.status, added.status]))
 
 
 def _discard_failed_append(out: Path) -> None:

@@ -31,7 +31,7 @@ from ..sources import Rejection, SourceListing, empty_source_error
 from .staging import STAGING_DIR, io_error
 
 __all__ = ["BuildResult", "finish_build", "assemble_index", "commit_dataset", "recorded_max_pixels",
-           "record_empty_build"]
+           "record_empty_build", "record_hashes"]
 
 @dataclass
 class BuildResult:
@@ -113,13 +113,26 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["warnings"] = list(listing.warnings)
     if notes:  # e.g. {"tiled": 9980, "kept: progressive": 20}
         build_info["codec_notes"] = dict(sorted(notes.items()))
+    hashes = record_hashes([records[i] for i in live]) if settings.hash == "perceptual" else None
     result = commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
                             alignment=settings.layout.alignment, build_info=build_info, rejected=rejected,
                             history=list(history), cleanup=cleanup,
                             max_pixels=recorded_max_pixels(settings.checks.max_pixels),
-                            fields=fields)
+                            fields=fields, hashes=hashes)
     result.class_order = listing.class_order
     return result
+
+
+def record_hashes(records: Sequence[dict[str, np.ndarray]]) -> Any:
+    """The perceptual hashes the workers left in packed shards' records (``--hash perceptual``),
+    in index order, as a ``duplicates.HashTable``."""
+    from ..duplicates.phash import HashTable
+
+    def column(name: str, dtype: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(r[name], dtype=dtype) for r in records] or [np.zeros(0, dtype)])
+
+    hashes = np.stack([column("phash_lo", np.uint64), column("phash_hi", np.uint64)], axis=1)
+    return HashTable(hashes=hashes, status=column("phash_status", np.uint8))
 
 
 def _field_declarations(listing: SourceListing, headers: Sequence[dict[str, Any]]) -> tuple[fmt.FieldSpec, ...]:
@@ -157,12 +170,15 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
                    classes: Sequence[str], codec: dict[str, Any], alignment: int,
                    build_info: dict[str, Any], rejected: list[Rejection], history: list[dict[str, Any]],
                    cleanup: bool = True, max_pixels: int | None = None,
-                   fields: Sequence[fmt.FieldSpec] = ()) -> BuildResult:
+                   fields: Sequence[fmt.FieldSpec] = (), hashes: Any = None) -> BuildResult:
     """Write index, report and (last) manifest; then remove files no manifest references.
 
     Also used by ``append`` (which passes the old shards plus new ones and ``cleanup=False``).
     ``max_pixels`` is recorded as the manifest's ``limits.max_pixels`` (None: the default);
-    ``fields`` are the declared fields (image fields with their shard entries).
+    ``fields`` are the declared fields (image fields with their shard entries); ``hashes`` (a
+    ``duplicates.HashTable``, one row per sample, ``--hash perceptual``) is written as the hashes
+    file for the new index (formats/SPEC.md §16) before the manifest: until the manifest lands it
+    describes an index no manifest names, and is stale by its own identity.
     """
     rows = len(columns["offset"])
     if classes:  # informational: lets two datasets' class lists be compared at a glance
@@ -182,6 +198,10 @@ def commit_dataset(out: Path, columns: dict[str, np.ndarray], shards: list[fmt.S
         index_digest = write_atomic(staging_index, index_pieces).digest
         index_name = fmt.index_file_name(index_digest)
         os.replace(staging_index, out / index_name)
+        if hashes is not None:
+            from ..duplicates.sidecar import encode_hashes
+
+            write_atomic(out / fmt.HASHES_NAME, [encode_hashes(hashes, index_digest)])
         # Durable before the manifest that names it: otherwise a power cut can keep the new
         # manifest and lose the index rename, and the dataset no longer opens.
         fsync_dir(out)
@@ -245,7 +265,7 @@ def _remove_unreferenced(out: Path, keep: set[str]) -> None:
         if relative not in keep:
             path.unlink(missing_ok=True)
     # Temp files of a killed build's write_atomic (we hold the lock: no writer owns them now).
-    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME):
+    for name in (fmt.MANIFEST_NAME, fmt.REPORT_NAME, fmt.HASHES_NAME):
         for path in out.glob(f".{name}.*.tmp"):
             path.unlink(missing_ok=True)
 

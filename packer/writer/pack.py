@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,9 @@ import numpy as np
 from .. import format as fmt
 from ..codecs import get_codec
 from ..errors import BuildError, PackerError, RejectedImageError
-from .._internal.files import FolderReader, read_fd_capped
-from .._internal.imageinfo import probe_image
+from .._internal.files import FolderReader
+from ..duplicates.phash import hash_payload
+from .._internal.imageinfo import DEFAULT_MAX_PIXELS, probe_image
 from .._internal.atomic import fsync_dir
 from .._internal.names import source_name
 from .._internal.pillowformats import normalize_to_png
@@ -30,7 +30,8 @@ from .plan import BuildPlan
 from .settings import BuildSettings
 from ..sources.fieldvalues import FIELD_REJECTION
 from .records import read_record, record_columns, record_path, write_record
-from ..sources import Rejection, file_stamp
+from ..sources import Rejection
+from .sourcefiles import read_listed
 from .staging import STAGING_DIR, TEMP_DIR, io_error
 
 __all__ = ["ProgressSink", "SegmentResult", "segment_count", "pack_segment", "assemble_shard",
@@ -127,9 +128,11 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     listing = plan.listing
     image_fields = listing.fields.image_specs if listing.fields is not None else ()
     members = _segment_members(plan, shard, segment, segments)
-    rows: dict[str, list[int]] = {name: [] for name in record_columns(image_fields)}
+    hashes = settings.hash == "perceptual"
+    rows: dict[str, list[int]] = {name: [] for name in record_columns(image_fields, hashes=hashes)}
     rejected: list[dict[str, str]] = []
     notes: dict[str, int] = {}
+    hash_limit = max(settings.checks.max_pixels, DEFAULT_MAX_PIXELS)  # the readers' limit for this dataset
     stem = f"shard-{shard:05d}.seg-{segment:03d}"
     temp_dir = _temp_dir(out, shard)
     temp = temp_dir / f"{stem}.{os.getpid()}.partial"
@@ -180,6 +183,13 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
                 else:
                     rows["source"].append(source_index)
                     _add_payload_row(rows, "", main.write(payload), payload, info)
+                    if hashes:  # the stored payload's hash, as `packer inspect --duplicates` would compute it
+                        words, status = hash_payload(payload, info.image_format, height=info.height,
+                                                     width=info.width, channels=info.channels, name=key,
+                                                     max_pixels=hash_limit)
+                        rows["phash_lo"].append(int(words[0]))
+                        rows["phash_hi"].append(int(words[1]))
+                        rows["phash_status"].append(status)
                     for spec, (field_payload, field_info) in zip(image_fields, extra):
                         _add_payload_row(rows, f"{spec.name}__", field_writers[spec.name].write(field_payload),
                                          field_payload, field_info)
@@ -245,7 +255,7 @@ def _load_field_image(listing: Any, name: str, source_index: int, key: str, sett
         if reason:
             return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {message} ({reason})")
     else:
-        data, inside = _read_listed(files, field_key, field_key, size)
+        data, inside = read_listed(files, field_key, field_key, size)
     if isinstance(data, Rejection):
         return Rejection(key, FIELD_REJECTION, f"field {name!r} ({field_key}): {data.message} ({data.reason})")
     try:
@@ -313,7 +323,8 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
     alignment = plan.settings.layout.alignment
     first = Path(parts[0].path)
     image_fields = [spec.name for spec in plan.listing.fields.image_specs] if plan.listing.fields is not None else []
-    columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else ())
+    columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else (),
+                             hashes=plan.settings.hash == "perceptual")
     rows: dict[str, list[int]] = {name: [] for name in columns}
     rejected: list[dict[str, str]] = []
     notes: dict[str, int] = {}
@@ -413,7 +424,7 @@ def _load_and_check(files: FolderReader, key: str, listed_size: int, settings: B
         return b"", None, Rejection(key, "file-too-large",
                                     f"is {listed_size} bytes; the limit (--max-file-size) is "
                                     f"{settings.checks.max_file_size}"), None
-    data, inside = _read_listed(files, relative, key, listed_size, listed_stamp)
+    data, inside = read_listed(files, relative, key, listed_size, listed_stamp)
     if isinstance(data, Rejection):
         return b"", None, data, None
     return _check(data, key, settings, codec,
@@ -460,78 +471,6 @@ def _quiet_message(data: bytes, key: str, settings: BuildSettings) -> str:
     except RejectedImageError as quiet:
         return quiet.message
     return "bytes that are not an image (not quoted: the file lies outside the source folder)"
-
-
-def _read_listed(files: FolderReader, relative: str, key: str, listed_size: int, listed_stamp: int = 0
-                 ) -> tuple[bytes | Rejection, bool | None]:
-    """The file's bytes if it is still the regular file of ``listed_size`` bytes that was listed,
-    and whether it was reached inside the source without a link (``FolderReader.open``).
-
-    The read is bounded whatever the file has become since it was listed (normal with
-    ``--plan-only`` then ``--part``, ``--resume``, or a long listing): opened with ``O_NONBLOCK``
-    so a FIFO swapped in cannot hang the worker, checked with ``fstat`` on the open descriptor
-    (a link to ``/dev/zero`` is a device, not a regular file), and read for at most
-    ``listed_size + 1`` bytes so a file that grows, or lies about its size, is never read without
-    bound. When the listing recorded the file's stamp (its mtime: image-folder listings do), a
-    file rewritten or replaced since, even at the same size, is refused too. Symlinks are
-    followed on purpose: the listing follows them, and the checks apply to what the descriptor
-    refers to, wherever the link points.
-
-    The read asks for ``listed_size + 1`` bytes at once: a regular file that returns exactly
-    ``listed_size`` has ended (a local file reads short only at its end), so the usual second
-    read that sees the end costs nothing; a shorter read goes on as ``read_fd_capped`` does.
-    """
-    try:
-        fd, info, inside = files.open(relative)
-    except FileNotFoundError:
-        return Rejection(key, "missing", "the file vanished after it was listed"), None
-    except PermissionError as exc:
-        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}"), None
-    except OSError as exc:
-        return Rejection(key, "unreadable", f"open failed: {exc.strerror or exc}"), None
-    return _read_opened(fd, info, key, listed_size, listed_stamp), inside
-
-
-def _read_opened(fd: int, info: os.stat_result, key: str, listed_size: int, listed_stamp: int) -> bytes | Rejection:
-    """``_read_listed`` once the file is open (closes ``fd``)."""
-    try:
-        if not stat.S_ISREG(info.st_mode):
-            return Rejection(key, "changed-during-build",
-                             f"was a regular file of {listed_size} bytes when listed, is now "
-                             f"{_file_kind(info.st_mode)}")
-        if info.st_size != listed_size:
-            return Rejection(key, "changed-during-build",
-                             f"listed as {listed_size} bytes, is now {info.st_size} bytes")
-        if listed_stamp and file_stamp(info) != listed_stamp:
-            return Rejection(key, "changed-during-build",
-                             "rewritten or replaced since it was listed (another modification time, "
-                             "same size)")
-        data = os.read(fd, listed_size + 1)
-        if 0 < len(data) < listed_size:  # a short read: the rest, capped as ever
-            rest = read_fd_capped(fd, listed_size - len(data), listed_size - len(data))
-            data = None if rest is None else data + rest
-    except PermissionError as exc:
-        return Rejection(key, "unreadable", f"permission denied: {exc.strerror}")
-    except OSError as exc:
-        return Rejection(key, "unreadable", f"read failed: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
-    if data is None or len(data) > listed_size:
-        return Rejection(key, "changed-during-build",
-                         f"listed as {listed_size} bytes, but it grew while it was read")
-    if len(data) != listed_size:
-        return Rejection(key, "changed-during-build",
-                         f"listed as {listed_size} bytes, read {len(data)} bytes")
-    return data
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _hash_file(path: Path) -> int:

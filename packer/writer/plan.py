@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,14 +81,22 @@ def plan_shards(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarra
 
 
 def make_plan(listing: SourceListing, settings: BuildSettings, *, source: str = "",
-              first_shard_number: int = 0, source_probes: dict[str, int] | None = None) -> BuildPlan:
+              first_shard_number: int = 0, source_probes: dict[str, int] | None = None,
+              existing: Any = None) -> BuildPlan:
     """Order the listing (a seeded permutation unless ``shuffle`` is off) and cut it into shards.
 
-    The plan records ``settings`` with the listing's kind (the door that listed it)."""
+    The plan records ``settings`` with the listing's kind (the door that listed it). With
+    ``checks.reject_duplicates``, files whose bytes an earlier file (or a sample of ``existing``,
+    the open dataset an append extends) has are rejected first (``writer.dedupe``): every door
+    plans through here, so every door applies it."""
     layout = settings.layout
     fmt.check_alignment(layout.alignment)
     if layout.shard_size < layout.alignment:
         raise BuildError(f"shard size {layout.shard_size} is smaller than the alignment {layout.alignment}")
+    if settings.checks.reject_duplicates:
+        from .dedupe import reject_duplicate_content
+
+        listing = reject_duplicate_content(listing, max_file_size=settings.checks.max_file_size, existing=existing)
     count = len(listing)
     if layout.shuffle:
         order = np.random.Generator(np.random.PCG64(layout.seed)).permutation(count).astype(np.int64)

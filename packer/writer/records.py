@@ -20,20 +20,26 @@ from .._internal.files import read_capped
 from .._internal.atomic import write_atomic
 from .staging import RECORD_DIR, STAGING_DIR
 
-__all__ = ["RECORD_COLUMNS", "record_columns", "record_path", "write_record", "read_record"]
+__all__ = ["RECORD_COLUMNS", "HASH_COLUMNS", "record_columns", "record_path", "write_record", "read_record"]
 
 #: A record holds one shard's rows (48 bytes a sample): far below this for any shard.
 MAX_RECORD_BYTES = 4 << 30
 RECORD_COLUMNS = ("source", "offset", "size", "checksum", "width", "height", "channels", "image_format")
-_DTYPES = {"source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
+#: With ``--hash perceptual``: each packed sample's perceptual hash (two words) and its status
+#: (``duplicates.phash``), computed by the worker that packed it; ``finish`` writes them to the
+#: hashes file beside the index.
+HASH_COLUMNS = ("phash_lo", "phash_hi", "phash_status")
+_DTYPES = {"phash_lo": np.uint64, "phash_hi": np.uint64, "phash_status": np.uint8,
+           "source": np.uint64, "offset": np.uint64, "size": np.uint64, "checksum": np.uint64,
            "width": np.uint32, "height": np.uint32, "channels": np.uint8, "image_format": np.uint8,
            "format": np.uint8}
 
 
-def record_columns(image_fields: Sequence[Any] = ()) -> tuple[str, ...]:
+def record_columns(image_fields: Sequence[Any] = (), *, hashes: bool = False) -> tuple[str, ...]:
     """A record's per-sample columns: the main image's, then ``<field>__<part>`` per image field
-    (``part`` as in ``fields.IMAGE_COLUMNS``)."""
-    return RECORD_COLUMNS + tuple(f"{spec.name}__{part}" for spec in image_fields for part in IMAGE_COLUMNS)
+    (``part`` as in ``fields.IMAGE_COLUMNS``), then the perceptual hash's when ``hashes``."""
+    return (RECORD_COLUMNS + tuple(f"{spec.name}__{part}" for spec in image_fields for part in IMAGE_COLUMNS)
+            + (HASH_COLUMNS if hashes else ()))
 
 
 def record_path(out: Path, shard: int) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import format as fmt
-from ..errors import BuildError, BuildLockedError, OptionError, OutputExistsError
+from ..errors import BuildError, BuildLockedError, OptionError, OutputExistsError, PackerError
 from ..remote.options import RemoteOptions, as_remote_options
 from ..remote.reader import dataset_key
 from ..remote.store import store_for
@@ -84,8 +84,28 @@ def build_to_url(build: Callable[..., Any], source: Any, out: str, settings: Any
         if result is None:  # --part / --plan-only: nothing to upload yet
             return None
         upload_dataset(staging, url, remote, overwrite=run.overwrite or run.resume)
+        _keep_hashes(staging, url, remote)
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _keep_hashes(staging: Path, url: DatasetURL, options: RemoteOptions) -> None:
+    """A ``--hash perceptual`` build's hashes file goes where ``packer inspect --duplicates`` looks for
+    a URL's (the node cache's folder of the new generation, SPEC §16), never to the store. Best
+    effort: the file is checked against the generation when read, and recomputed if it is not there."""
+    made = staging / fmt.HASHES_NAME
+    if not made.is_file():
+        return
+    from ..remote.reader import RemoteFiles
+
+    try:
+        files = RemoteFiles(url, options)
+        try:
+            shutil.copyfile(made, files.folder / fmt.HASHES_NAME)
+        finally:
+            files.close()
+    except (OSError, PackerError):
+        pass
 
 
 def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, run: Any, **append_kwargs: Any) -> Any:
@@ -117,5 +137,6 @@ def append_to_url(append: Callable[..., Any], dataset: str, source: Any, *, run:
             result = append(staging, source, run=run, **append_kwargs)
         # the commit is conditional on the manifest the new generation extends (If-Match)
         upload_dataset(staging, url, settings, expect_manifest=files.manifest_bytes)
+        _keep_hashes(staging, url, settings)
         shutil.rmtree(staging, ignore_errors=True)
     return result

@@ -7,7 +7,10 @@
   label field, image column);
 - ``layout`` (``LayoutSettings``): alignment, shard size, shuffle, seed;
 - ``codec``: the codec spec (``passthrough``, ``jpeg:quality=90``, ``raw:size=224x224``, ...);
-- ``checks`` (``CheckSettings``): validation, the pixel and file-size limits, format normalisation;
+- ``checks`` (``CheckSettings``): validation, the pixel and file-size limits, format normalisation,
+  whether exact duplicates are rejected (``--reject-duplicates``);
+- ``hash``: the per-sample hashes the build computes and keeps beside the index (``"none"``, or
+  ``"perceptual"``: ``--hash perceptual``, the hashes file of formats/SPEC.md §16);
 - ``labels`` (``packer.LabelSettings``): the class list and where it came from, the label type,
   the declared fields.
 
@@ -40,7 +43,7 @@ from ..sources import APPEND_ORIGIN, SOURCE_KINDS, LabelSettings, SourceSettings
 
 __all__ = ["BuildSettings", "LayoutSettings", "CheckSettings", "RunOptions", "BuildOptions", "SourceSettings",
            "LabelSettings", "parse_part", "settings_and_run", "run_from_legacy", "settings_from_record",
-           "labels_for_append", "option_name", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE", "ENGINES"]
+           "labels_for_append", "option_name", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE", "ENGINES", "HASHES"]
 
 #: Default target shard size: large enough for GPUDirect-sized reads and few files, small
 #: enough that a damaged or re-built shard is cheap to replace.
@@ -97,12 +100,15 @@ class CheckSettings:
     """What every source file must pass: ``validate`` (``"header"``: parse each image's header;
     ``"full"``: also decode it), ``max_pixels`` (the decompression-bomb guard, recorded for the
     readers), ``max_file_size`` (bytes), and ``normalize_formats`` (store images in formats other
-    than JPEG, PNG and WEBP as lossless PNG)."""
+    than JPEG, PNG and WEBP as lossless PNG), and ``reject_duplicates`` (a file whose bytes are
+    those of a file listed before it, or of a sample already in the dataset for ``append``, is
+    rejected as ``duplicate-content`` naming the sample kept: ``writer.dedupe``)."""
 
     validate: str = field(default="header", metadata=_option("--validate"))
     max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_option("--max-pixels"))
     max_file_size: int = field(default=DEFAULT_MAX_FILE_SIZE, metadata=_option("--max-file-size"))
     normalize_formats: bool = field(default=False, metadata=_option("--normalize-formats", given_when=True))
+    reject_duplicates: bool = field(default=False, metadata=_option("--reject-duplicates", given_when=True))
 
     def check(self) -> "CheckSettings":
         """Raises OptionError naming the option (``--validate``, ``--max-pixels``, ...) and what is allowed."""
@@ -114,8 +120,16 @@ class CheckSettings:
             raise OptionError(f"--max-file-size must be between 1 byte and 2^62, got {self.max_file_size!r}")
         if not isinstance(self.normalize_formats, bool):
             raise OptionError(f"--normalize-formats is a flag (True or False), got {self.normalize_formats!r}")
+        if not isinstance(self.reject_duplicates, bool):
+            raise OptionError(f"--reject-duplicates is a flag (True or False), got {self.reject_duplicates!r}")
         return self
 
+
+#: ``BuildSettings.hash``: no hashes, or the perceptual hash of every sample (``packer.duplicates``).
+HASHES = ("none", "perceptual")
+#: Members a record leaves out at their default (``to_json``): added after datasets were recorded
+#: without them, so a build that does not use them records exactly what earlier builds did.
+_OMITTED_AT_DEFAULT = {"checks": {"reject_duplicates": False}, "": {"hash": "none"}}
 
 _GROUPS = {"source": SourceSettings, "layout": LayoutSettings, "checks": CheckSettings, "labels": LabelSettings}
 
@@ -137,6 +151,7 @@ class BuildSettings:
     codec: str = field(default="passthrough", metadata=_option("--codec"))
     checks: CheckSettings = CheckSettings()
     labels: LabelSettings = LabelSettings()
+    hash: str = field(default="none", metadata=_option("--hash"))
 
     def check(self) -> "BuildSettings":
         """Refuse impossible settings before anything is written (exit code 2, like any usage error).
@@ -162,6 +177,8 @@ class BuildSettings:
             raise OptionError(f"--codec must be a codec spec like 'jpeg:quality=90', got {self.codec!r}")
         get_codec(self.codec)  # an unknown codec, option or value is an OptionError naming it
         self.labels.check()
+        if self.hash not in HASHES:
+            raise OptionError(f"--hash must be one of {', '.join(HASHES)}, got {self.hash!r}")
         return self
 
     def detected(self, kind: str) -> "BuildSettings":
@@ -170,9 +187,18 @@ class BuildSettings:
 
     def to_json(self) -> dict[str, Any]:
         """The record (``build.settings`` in the manifest, ``settings`` in the saved plan): every
-        member written, so the record says what the build did without knowing the defaults."""
-        return {"source": self.source.to_json(), "layout": asdict(self.layout), "codec": self.codec,
-                "checks": asdict(self.checks), "labels": self.labels.to_json()}
+        member written, so the record says what the build did without knowing the defaults; except
+        the members added later (``checks.reject_duplicates``, ``hash``), written only when set, so
+        a build that does not use them records exactly what earlier builds did (an absent member
+        reads as its default)."""
+        document = {"source": self.source.to_json(), "layout": asdict(self.layout), "codec": self.codec,
+                    "checks": asdict(self.checks), "labels": self.labels.to_json(), "hash": self.hash}
+        for group, members in _OMITTED_AT_DEFAULT.items():
+            where = document[group] if group else document
+            for name, default in members.items():
+                if where.get(name) == default:
+                    del where[name]
+        return document
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], *, strict: bool = True,
@@ -217,17 +243,23 @@ class BuildSettings:
                 settings = _checked(replace(settings, codec=document["codec"]), settings, strict)
             elif strict:
                 raise OptionError(f"build settings: codec is {document['codec']!r}")
+        if "hash" in document:
+            if document["hash"] in HASHES:
+                settings = replace(settings, hash=document["hash"])
+            elif strict:
+                raise OptionError(f"build settings: hash is {document['hash']!r}; expected one of "
+                                  f"{', '.join(HASHES)}")
         return settings
 
     def differences(self, other: "BuildSettings", *, then: str = "saved", now: str = "asked") -> list[str]:
         """What differs from ``other``, one ``--option: saved X, asked Y`` each, named by the option
         the user types (the class list by where it came from: ``--classes-from``)."""
         found = []
-        for name in ("source", "layout", "codec", "checks", "labels"):
+        for name in ("source", "layout", "codec", "checks", "labels", "hash"):
             ours, theirs = getattr(self, name), getattr(other, name)
-            if name == "codec":
+            if name in ("codec", "hash"):
                 if ours != theirs:
-                    found.append(f"--codec: {then} {ours!r}, {now} {theirs!r}")
+                    found.append(f"--{name}: {then} {ours!r}, {now} {theirs!r}")
                 continue
             for member in dataclasses.fields(ours):
                 if not member.compare:

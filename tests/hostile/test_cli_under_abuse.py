@@ -287,6 +287,27 @@ def test_bad_values_are_usage_errors_naming_the_option(paths, tmp_path):
     count_trial("class8-usage-errors", 9)
 
 
+def _ctrl_c_reaches_the_child() -> None:
+    """``preexec_fn`` of the children these tests interrupt: SIGINT at its default action, as a
+    command started from an interactive terminal has it. Started as a background job of a
+    non-interactive shell (``make test &``, ``bash -c 'pytest ... & wait'``, some CI runners), the
+    suite inherits SIGINT *ignored* (POSIX: an asynchronous list ignores SIGINT and SIGQUIT), its
+    children too, and Python then installs no KeyboardInterrupt handler: the Ctrl-C sent below
+    would be lost, whatever packer does. packer itself keeps an inherited SIG_IGN (as Python, the
+    shells and ``nohup`` do: the shell ignores it on purpose, so that a Ctrl-C meant for the
+    script does not stop its background jobs); ``kill`` (SIGTERM) stops such a build."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """This process takes Ctrl-C as KeyboardInterrupt for the test (Python's default; not so when
+    the suite was started with SIGINT ignored, see ``_ctrl_c_reaches_the_child``)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 _INTERRUPT = """
 import json, os, signal, sys, threading
 sys.argv = ["packer"]
@@ -309,7 +330,7 @@ def test_ctrl_c_at_any_moment_prints_one_line_and_exits_130(tmp_path):
         argv = ["build", str(src), str(tmp_path / f"out{i}"), "--workers", "2", "--shard-size", "16K"]
         done = subprocess.run([sys.executable, "-c", _INTERRUPT], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(REPO), "DELAY": str(delay),
-                                   "ARGV": json.dumps(argv)})
+                                   "ARGV": json.dumps(argv)}, preexec_fn=_ctrl_c_reaches_the_child)
         outcomes.append((delay, done.returncode, done.stderr))
         if done.returncode == 0:
             continue  # finished before the signal: nothing to check
@@ -442,7 +463,8 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
     for i, extra in enumerate((0.0, 0.05, 0.15, 0.3, 0.6)):
         process = subprocess.Popen([sys.executable, "-m", "packer", "build", str(src), str(tmp_path / f"o{i}"),
                                     "--workers", "2", "--shard-size", "16K"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+                                   preexec_fn=_ctrl_c_reaches_the_child)
         time.sleep(2 * startup + extra)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=120)
@@ -497,7 +519,7 @@ def test_staging_files_planted_or_damaged_never_hang_resume(tmp_path, planted):
     count_trial("staging-planted")
 
 
-def test_ctrl_c_while_the_workers_fork_stops_the_build(tmp_path, monkeypatch):
+def test_ctrl_c_while_the_workers_fork_stops_the_build(tmp_path, monkeypatch, ctrl_c_raises):
     """A Ctrl-C taken by another thread while the pool forks is handled by Python in the main
     thread wherever it is, e.g. inside an at-fork hook, which reports and swallows the
     KeyboardInterrupt ("Exception ignored in _releaseLock"): the build then ran to the end. The
@@ -525,3 +547,30 @@ def test_ctrl_c_while_the_workers_fork_stops_the_build(tmp_path, monkeypatch):
     monkeypatch.undo()
     build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=2, resume=True))
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_an_ignored_ctrl_c_stays_ignored_while_the_workers_fork(tmp_path, monkeypatch):
+    """A build started with SIGINT ignored (a background job of a script: `packer build ... &`)
+    keeps it ignored, the fork of its workers included: a SIGINT sent then is not recorded and
+    raised as a Ctrl-C, and the disposition is still SIG_IGN afterwards."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    src = noisy_png_classes(tmp_path / "src", classes=2, per_class=8)
+    real_submit = ProcessPoolExecutor.submit
+    calls = []
+
+    def submit_with_a_sigint(pool, *args, **kwargs):
+        if not calls:
+            os.kill(os.getpid(), signal.SIGINT)
+        calls.append(args)
+        return real_submit(pool, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", submit_with_a_sigint)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = build(src, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)),
+                       RunOptions(workers=2))
+        assert calls and result.sample_count == 16
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 L = pytest.importorskip("lightning", reason="the Lightning tests need lightning: pip install 'packer-shards[lightning]'")
 import torch  # noqa: E402  (lightning imports torch)
@@ -291,3 +293,125 @@ def test_the_training_order_is_one_value_and_the_old_keywords_still_work(splits)
     assert caught.value.message == (f"PackedDataModule has batch_size={BATCH} but its order has batch_size="
                                     f"{BATCH * 2}; give the same, or leave the order's out")
     assert PackedDataModule(splits["train"], batch_size=BATCH, order=ReadOrder(batch_size=BATCH)).order.batch_size == BATCH
+
+
+# --- positions as a property: resumed k times at random points (issue 41) -----------------------------
+
+
+class _FakeTrainer:
+    """What the module reads of a Trainer: rank, world size, and the loop's processed-batch count
+    (set by the test to what the loop trained, not what the loader prefetched)."""
+
+    def __init__(self, rank: int, world_size: int, processed: int) -> None:
+        from types import SimpleNamespace
+
+        self.global_rank, self.world_size = rank, world_size
+        self.reload_dataloaders_every_n_epochs = 0
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
+            current=SimpleNamespace(processed=processed))))
+
+
+def _train_in_runs(splits, runs, batch: int, seed: int, log: list | None = None,
+                   ended: dict | None = None) -> dict[int, Counter]:
+    """Each run: ``world`` ranks resume from the last saved state, each loader yields up to
+    ``steps + prefetch`` batches (a DataLoader reads ahead), the loop trains ``steps`` of them, and
+    rank 0's state is saved. Lightning is modelled as it counts: its own batch counter is
+    restored from its checkpoint (what it had processed; 0 after an epoch's end) and it ends the
+    epoch when the counter reaches the loader's length. A last one-rank run trains to the end of
+    its epoch. Returns the samples trained per epoch (``log``: a line per rank and run, for a
+    failure's message; ``ended``: each epoch's world size in the run that trained its last batch)."""
+    log = [] if log is None else log
+    ended = {} if ended is None else ended
+    trained: dict[int, Counter] = {}
+    state, counter = None, 0
+    for world, steps, prefetch in [*runs, (1, 10 ** 6, 0)]:
+        saved = None
+        for rank in range(world):
+            data = PackedDataModule(splits["train"], batch_size=batch, order=ReadOrder("random", seed=seed),
+                                    train_options={"fields": ("index",), "decode": False})
+            data.trainer = _FakeTrainer(rank, world, counter)
+            if state:
+                data.load_state_dict(state)
+            loader = data.train_dataloader()
+            epoch = loader.batch_sampler.epoch
+            taken = []
+            for batch_number, got in enumerate(loader if steps + prefetch else ()):  # 0: saved before the first
+                taken.append(got["index"].tolist())
+                if batch_number + 1 == steps + prefetch:
+                    break
+            done = taken[:max(min(steps, len(loader) - counter), 0)]  # Lightning stops at its length
+            if steps == 10 ** 6:  # the last run: an epoch's rest is never empty (one saved at its end starts the next)
+                assert done, log
+            trained.setdefault(epoch, Counter()).update(i for b in done for i in b)
+            processed = counter + len(done)
+            data.trainer.fit_loop.epoch_loop.batch_progress.current.processed = processed
+            log.append(f"world {world} rank {rank}: epoch {epoch}, Lightning at {counter} of {len(loader)}, "
+                       f"trained {len(done)} of {len(taken)} read")
+            if rank == 0:
+                saved = data.state_dict()
+                finished = processed == len(loader)
+                if finished:
+                    ended[epoch] = world
+        state, counter = saved, 0 if finished else processed
+    # Lightning goes on to the next epoch: with the same loader and the length it measured for the
+    # resumed epoch, unless the module asked it to build the loader again (a resume in another
+    # world size); it calls set_epoch, then iterates. The epoch is a whole one, of its length.
+    length = len(loader)
+    if data.trainer.reload_dataloaders_every_n_epochs == 1:
+        loader = data.train_dataloader()
+        length = len(loader)
+    loader.batch_sampler.set_epoch(epoch + 1)
+    assert length == -(-SAMPLES // batch), (length, log)
+    # ... and a checkpoint half-way through it resumes in a new process at that point
+    half = length // 2
+    batches = []
+    for got in loader:
+        batches.append(got["index"].tolist())
+        if len(batches) == half:
+            break
+    data.trainer.fit_loop.epoch_loop.batch_progress.current.processed = half
+    state = data.state_dict()
+    data = PackedDataModule(splits["train"], batch_size=batch, order=ReadOrder("random", seed=seed),
+                            train_options={"fields": ("index",), "decode": False})
+    data.trainer = _FakeTrainer(0, 1, half)
+    data.load_state_dict(state)
+    loader = data.train_dataloader()
+    assert len(loader) == length and loader.batch_sampler.epoch == epoch + 1, (len(loader), length, log)
+    batches += [got["index"].tolist() for got in loader]
+    assert len(batches) == length, (len(batches), length, log)
+    trained[epoch + 1] = Counter(i for got in batches for i in got)
+    ended[epoch + 1] = 1
+    return trained
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(runs=st.lists(st.tuples(st.integers(1, 3), st.one_of(st.just(0), st.integers(1, 14)), st.sampled_from([0, 0, 2])),
+                     max_size=5),
+       batch=st.integers(1, 7), seed=st.integers(0, 1 << 32))
+@example(runs=[(1, 3, 0), (1, 0, 0)], batch=4, seed=1)  # saved before the resumed loader's first batch
+@example(runs=[(2, 5, 2), (3, 0, 0), (1, 2, 2)], batch=3, seed=5)  # other world sizes, read-ahead
+def test_resumed_k_times_at_random_points_every_sample_is_trained_once_per_epoch(splits, runs, batch, seed):
+    """The saved position is the loop's count, not the loader's read-ahead; a resume in another
+    world size, a resume before the first batch, and one at the very end of an epoch (the next
+    epoch starts) each leave every sample trained once per epoch: exactly once, but for the pad
+    rule's repeats (``packer.order``: the last ``R`` positions padded to a multiple of the world
+    size, at most ``W - 1`` samples twice, ``W`` that of the run that ends the epoch)."""
+    log: list[str] = []
+    ended: dict[int, int] = {}
+    trained = _train_in_runs(splits, runs, batch, seed, log, ended)
+    for epoch, counts in trained.items():
+        assert set(counts) == set(range(SAMPLES)), (epoch, counts, log)  # none skipped
+        assert sum(counts.values()) - SAMPLES <= ended[epoch] - 1, (epoch, counts, ended, log)  # only padding twice
+        if ended[epoch] == 1:
+            assert max(counts.values()) == 1, (epoch, counts, log)
+
+
+def test_the_positions_property_catches_a_state_that_counts_the_read_ahead(splits, monkeypatch):
+    """Break the rule (save the batches the loader handed out, as if the loop had trained the
+    read-ahead) and the property fails: the prefetched samples are never trained."""
+    runs = [(1, 3, 2)]
+    trained = _train_in_runs(splits, runs, 4, 1)
+    assert all(sorted(c.elements()) == list(range(SAMPLES)) for c in trained.values())
+    monkeypatch.setattr(PackedDataModule, "_loop_batches", lambda self: None)
+    trained = _train_in_runs(splits, runs, 4, 1)
+    assert len(set(trained[0])) == SAMPLES - 2 * 4  # the two read-ahead batches were never trained

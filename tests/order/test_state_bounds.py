@@ -11,7 +11,7 @@ from helpers import write_images
 
 import packer
 from packer.errors import OptionError
-from packer.order import MAX_EPOCH, check_epoch
+from packer.order import MAX_EPOCH, ReadOrder, check_epoch
 
 
 @pytest.mark.parametrize("epoch", [MAX_EPOCH + 1, 2**64 + 5, 10**30])
@@ -20,6 +20,16 @@ def test_check_epoch_names_an_epoch_past_int64(epoch: int) -> None:
         check_epoch(epoch)
     assert caught.value.message == f"epoch must be at most 2**63 - 1 (a reader's position is an int64), got {epoch!r}"
     assert check_epoch(MAX_EPOCH) == MAX_EPOCH
+
+
+def test_a_read_order_state_keeps_the_largest_epoch_and_names_the_next() -> None:
+    order = ReadOrder("random", seed=4)
+    state = order.state_dict(10, epoch=0, consumed=3)
+    assert order.check_state({**state, "epoch": MAX_EPOCH}, 10) == (MAX_EPOCH, 3)
+    with pytest.raises(OptionError) as caught:
+        order.check_state({**state, "epoch": MAX_EPOCH + 1}, 10)
+    assert caught.value.message == ("the saved state's epoch must be at most 2**63 - 1 (a reader's position is an "
+                                    f"int64), got {MAX_EPOCH + 1}")
 
 
 def test_a_sampler_state_with_a_huge_epoch_is_refused_by_name(tmp_path: Path) -> None:

@@ -62,3 +62,39 @@ def test_the_cli_finds_a_leak_between_two_urls(s3, tmp_path, monkeypatch):
     found = json.loads(result.stdout)["duplicates"]
     assert [[(m["dataset"], m["key"]) for m in g["members"]] for g in found["groups"]] == [
         [("train", "a/1.jpg"), ("val", "a/copy.jpg")]]
+
+
+def test_a_url_built_with_hashes_and_duplicate_rejection_takes_an_append(s3, tmp_path):
+    """--hash perceptual and --reject-duplicates recorded in a dataset at a URL: an append reads the
+    samples already there through the URL (the staging folder holds the manifest and index only),
+    hashes the new samples, and rejects a copy of an existing one naming it."""
+    import packer
+    from packer.duplicates.phash import hash_dataset
+    from packer.duplicates.sidecar import load_or_compute
+
+    photos = [photo_like(seed, (64, 80)) for seed in range(5)]
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "more" / "a").mkdir(parents=True)
+    for number in range(3):
+        (tmp_path / "src" / "a" / f"{number}.jpg").write_bytes(encode(photos[number]))
+    shutil.copy(tmp_path / "src" / "a" / "1.jpg", tmp_path / "more" / "a" / "again-1.jpg")
+    for number in (3, 4):
+        (tmp_path / "more" / "a" / f"{number}.jpg").write_bytes(encode(photos[number]))
+    options = options_for(s3, tmp_path / "cache")
+    url = f"s3://{s3.bucket}/hashed"
+    settings = packer.BuildSettings(hash="perceptual", checks=packer.CheckSettings(reject_duplicates=True))
+    packer.build_dataset(tmp_path / "src", url, settings, packer.RunOptions(workers=1, remote=options))
+    result = packer.append_dataset(url, tmp_path / "more", run=packer.RunOptions(workers=1, remote=options))
+    assert result.sample_count == 5
+    assert {r.key: (r.reason, r.message) for r in result.rejected} == {
+        "a/again-1.jpg": ("duplicate-content", "the same bytes as 'a/1.jpg', already in the dataset")}
+    with packer.open_dataset(url, remote=options) as dataset:
+        table, source = load_or_compute(dataset, store=False)
+        fresh = hash_dataset(dataset)
+    # the append's hashes were kept in the node cache's folder of the new generation, not the store
+    assert source == "stored"
+    assert table.status.tolist() == fresh.status.tolist() == [0] * 5 and (table.hashes == fresh.hashes).all()
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.direct, region_name="us-east-1")
+    assert not [o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket)["Contents"] if o["Key"].endswith(".pkh")]

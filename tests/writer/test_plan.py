@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from packer import format as fmt
@@ -485,3 +487,70 @@ def _png_of_size(size: int, seed: int) -> bytes:
     result = body + filler.to_bytes(4, "big") + chunk + crc + iend
     assert len(result) == size
     return result
+
+
+# --- plan: the capacity rule as a property, whatever the order (issue 41) ---------------------------
+
+
+def _listing_of_sizes(sizes: list[int]) -> Any:
+    """A listing of ``len(sizes)`` files of these sizes (no file behind them: planning reads none)."""
+    from packer.sources import SourceListing
+
+    count = len(sizes)
+    return SourceListing(root=Path("."), kind="folder", classes=(), key_blob=np.zeros(0, dtype=np.uint8),
+                         key_offsets=np.zeros(count + 1, dtype=np.uint64),
+                         sizes=np.asarray(sizes, dtype=np.uint64), labels=np.full(count, -1, dtype=np.int64),
+                         meta_blob=np.zeros(0, dtype=np.uint8), meta_offsets=np.zeros(count + 1, dtype=np.uint64),
+                         label_type="none")
+
+
+def _check_capacity_rule(sizes: list[int], alignment: int, shard_size: int, shuffle: bool, seed: int) -> None:
+    """Every planned shard holds at most ``shard_size`` bytes (header region + aligned payloads)
+    unless it holds one sample that alone is larger; each shard is greedily full (the next
+    sample would not have fitted); every listed file is in exactly one shard, in pack order."""
+    plan = make_plan(_listing_of_sizes(sizes), layout(alignment=alignment, shard_size=shard_size, shuffle=shuffle,
+                                                      seed=seed))
+    assert sorted(plan.order.tolist()) == list(range(len(sizes)))
+    starts = plan.shard_starts.tolist()
+    assert starts[0] == 0 and starts[-1] == len(sizes) and all(a < b for a, b in zip(starts, starts[1:]))
+    data_offset = fmt.shard_data_offset(alignment)
+    padded = [fmt.align_up(sizes[member], alignment) for member in plan.order.tolist()]
+    for shard in range(plan.shard_count):
+        first, end = starts[shard], starts[shard + 1]
+        used = data_offset + sum(padded[first:end])
+        assert used <= shard_size or end - first == 1, (shard, used, shard_size)
+        if end < len(sizes):  # greedy: the sample that starts the next shard would not have fitted
+            assert used + padded[end] > shard_size, (shard, used, padded[end], shard_size)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 48 << 10), max_size=120), alignment=st.sampled_from([1, 64, 512, 4096]),
+       shard_size=st.integers(4096, 96 << 10), shuffle=st.booleans(), seed=st.integers(0, (1 << 64) - 1))
+def test_every_shard_is_within_the_target_unless_one_sample_is_larger(sizes: list[int], alignment: int,
+                                                                      shard_size: int, shuffle: bool,
+                                                                      seed: int) -> None:
+    _check_capacity_rule(sizes, alignment, shard_size, shuffle, seed)
+
+
+@pytest.mark.parametrize("broken", ["capacity-without-the-header", "close-one-early"])
+def test_the_capacity_property_catches_a_broken_cut(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the cut (the header region forgotten; a shard closed before it is full) and the
+    property fails on a plain case: it can fail, so its passing means something."""
+    import packer.writer.plan as plan_module
+
+    honest = plan_module.plan_shards
+
+    def forgets_the_header(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarray:
+        return honest(sizes, alignment, shard_size + fmt.shard_data_offset(alignment))
+
+    def closes_early(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarray:
+        starts = honest(sizes, alignment, shard_size).tolist()
+        cut = [0] + [max(b - 1, a + 1) if b - a > 1 else b for a, b in zip(starts, starts[1:])]
+        return np.asarray(sorted(set(cut) | {len(sizes)}), dtype=np.int64)
+
+    case = dict(sizes=[4096] * 10, alignment=4096, shard_size=16 << 10, shuffle=True, seed=3)
+    _check_capacity_rule(**case)
+    monkeypatch.setattr(plan_module, "plan_shards",
+                        forgets_the_header if broken == "capacity-without-the-header" else closes_early)
+    with pytest.raises(AssertionError):
+        _check_capacity_rule(**case)

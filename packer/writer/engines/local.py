@@ -145,8 +145,11 @@ def _run_pool(context: Any, workers: int, initializer: Callable[..., None], init
         # inside the try below, where the workers are stopped.
         blocked = hasattr(signal, "pthread_sigmask")
         interrupted: list[int] = []
-        # (only the main thread may set handlers; None: a handler not set from Python, kept)
-        record = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None
+        # (only the main thread may set handlers; None: a handler not set from Python, kept;
+        # SIG_IGN: SIGINT ignored, as a background job of a non-interactive shell inherits it
+        # (`packer build ... &` in a script): a Ctrl-C meant for the script is not this build's)
+        record = (threading.current_thread() is threading.main_thread()
+                  and signal.getsignal(signal.SIGINT) not in (None, signal.SIG_IGN))
         if record:
             previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         if blocked:
