@@ -10,7 +10,7 @@ from .errors import *  # noqa: F401,F403  (the error classes are part of the pub
 from .errors import __all__ as _error_names
 
 __all__ = ["__version__", "open_dataset", "open_index", "build_dataset", "append_dataset", "verify_dataset",
-           "ReadOrder", "find_duplicates", "Writer", "pack",
+           "ReadOrder", "find_duplicates", "Writer", "pack", "view", "Mixture", "Stream",
            "BuildSettings", "SourceSettings", "LayoutSettings", "CheckSettings", "LabelSettings", "RunOptions",
            *_error_names]
 
@@ -46,4 +46,10 @@ def __getattr__(name: str):  # lazy: keep `import packer` cheap
     if name == "find_duplicates":
         from .duplicates import find_duplicates
         return find_duplicates
+    if name in ("Mixture", "Stream"):  # several datasets read as one, each taking its share of an epoch
+        from . import mixture
+        return getattr(mixture, name)
+    if name == "view":  # a subset of a dataset, by selectors, as a small view file
+        from .views import view
+        return view
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -49,6 +49,8 @@ from .errors import (DatasetChangedError, IndexMismatchError, ManifestError, Opt
                      SampleIndexError, SampleIndexTypeError, SampleKeyError, TruncatedFileError)
 from .location import Location, parse_location
 from .place import Place, open_place
+from .selection import SelectedColumns
+from .viewfile import ViewFile, check_base, is_view_file, parse_view, read_view
 from .remote.options import RemoteOptions
 
 __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset", "as_sample_indices"]
@@ -86,10 +88,19 @@ class DatasetIndex:
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, manifest_bytes: bytes | None = None,
-                 remote: RemoteOptions | dict[str, Any] | None = None) -> None:
+                 remote: RemoteOptions | dict[str, Any] | None = None, view_bytes: bytes | None = None) -> None:
         self._location = parse_location(path, what="the dataset")
-        self.url: str | None = self._location.url.text if self._location.url is not None else None
-        self.place: Place = self._open_place(self._location, remote=remote, manifest_bytes=manifest_bytes)
+        self.view: ViewFile | None = None
+        self._view_bytes: bytes | None = None
+        base = self._location
+        if self._location.url is None and (view_bytes is not None or is_view_file(self._location.local_path())):
+            # A view file: the dataset is its base, seen through the view's selection (packer.viewfile).
+            view_path = self._location.local_path()
+            self._view_bytes = view_bytes if view_bytes is not None else read_view(view_path)
+            self.view = parse_view(self._view_bytes, path=view_path)
+            base = parse_location(self.view.base_location(view_path), what="the view's dataset")
+        self.url: str | None = base.url.text if base.url is not None else None
+        self.place: Place = self._open_place(base, remote=remote, manifest_bytes=manifest_bytes)
         self.path = self.place.folder
         self._manifest_bytes = self.place.manifest_bytes
         self.manifest = fmt.parse_manifest(self._manifest_bytes, path=self.path / fmt.MANIFEST_NAME)
@@ -116,6 +127,30 @@ class DatasetIndex:
                                      f"{len(self.manifest.classes)} classes", path=real, sample=bad)
         self._shard_firsts = np.zeros(len(self.manifest.shards) + 1, dtype=np.int64)
         np.cumsum([s.sample_count for s in self.manifest.shards], out=self._shard_firsts[1:])
+        self._count = self.manifest.sample_count
+        self._stored_firsts = self._shard_firsts  # the shards' rows as stored (a view's base's)
+        if self.view is not None:
+            self._select(self.view, base)
+
+    def _select(self, view: ViewFile, base: Location) -> None:
+        """Turn this dataset into the view's: its rows are the selected rows of the base (V9 first)."""
+        check_base(view, self.index, self.manifest.sample_count, path=self._location.display, base=base.display)
+        rows = view.selected.view(np.int64) if view.selected.dtype == np.uint64 else view.selected.astype(np.int64)  # < 2^40 (V4)
+        # The base's rows are grouped by shard in order, and the selection ascends: a view's rows
+        # of one shard are consecutive too, so shard_range stays a range.
+        self._shard_firsts = np.searchsorted(rows, self._shard_firsts).astype(np.int64)
+        self.index = SelectedColumns(self.index, rows, self.manifest.fields)  # type: ignore[assignment]
+        self._count = len(rows)
+
+    @property
+    def base_rows(self) -> np.ndarray | None:
+        """For a view, the base dataset's sample number of each of its samples (int64); else None."""
+        return self.index.rows if self.view is not None else None  # type: ignore[attr-defined]
+
+    @property
+    def is_view(self) -> bool:
+        """Whether this is a view of a dataset (opened from a view file)."""
+        return self.view is not None
 
     def _open_place(self, location: Location, *, remote: RemoteOptions | dict[str, Any] | None,
                     manifest_bytes: bytes | None) -> Place:
@@ -138,7 +173,7 @@ class DatasetIndex:
 
     # --- tables ---
     def __len__(self) -> int:
-        return self.manifest.sample_count
+        return self._count
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -163,7 +198,7 @@ class DatasetIndex:
         return self.manifest.alignment
 
     def _check(self, i: int) -> int:
-        n = self.manifest.sample_count
+        n = self._count
         if not -n <= i < n:
             raise SampleIndexError(f"sample {i} out of range for a dataset of {n} samples")
         return i % n if n else i
@@ -289,6 +324,7 @@ class DatasetIndex:
         label = int(ix.label[i])
         return {
             "index": i, "key": self.key(i), "label": label,
+            **({"base_index": int(self.index.rows[i])} if self.view is not None else {}),  # type: ignore[attr-defined]
             "class": self.classes[label] if 0 <= label < len(self.classes) else None,
             "shard": shard, "shard_path": self.manifest.shards[shard].path,
             "offset": int(ix.offset[i]), "size": int(ix.size[i]), "checksum": fmt.checksum_hex(int(ix.checksum[i])),
@@ -315,6 +351,19 @@ class DatasetIndex:
     def shard_range(self, shard: int) -> tuple[int, int]:
         """[first, end) sample indices of shard ``shard``."""
         return int(self._shard_firsts[shard]), int(self._shard_firsts[shard + 1])
+
+    def stored_layout(self, shard: int) -> tuple[int, int, int]:
+        """Shard ``shard`` as stored: ``(first, end, origin)``, its rows ``[first, end)`` in stored
+        numbering (``stored_rows``) and the offset of its first stored sample. What a check of the
+        raw layout counts from (a view's rows of a shard need not be consecutive in it)."""
+        first, end = int(self._stored_firsts[shard]), int(self._stored_firsts[shard + 1])
+        columns = self.index.base if self.view is not None else self.index  # type: ignore[attr-defined]
+        return first, end, int(columns.offset[first]) if end > first else 0
+
+    def stored_rows(self, indices: np.ndarray) -> np.ndarray:
+        """Samples ``indices`` (in range, non-negative) in stored numbering: a view's base's rows."""
+        rows = self.base_rows
+        return indices if rows is None else rows[indices]
 
     def close(self) -> None:
         index = getattr(self, "index", None)
@@ -357,9 +406,10 @@ class Dataset(DatasetIndex):
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, backend: str = "mmap",
                  verify_checksums: bool = False, max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
-                 manifest_bytes: bytes | None = None, remote: RemoteOptions | dict[str, Any] | None = None) -> None:
+                 manifest_bytes: bytes | None = None, remote: RemoteOptions | dict[str, Any] | None = None,
+                 view_bytes: bytes | None = None) -> None:
         self._backend_asked = check_backend_name(backend)  # before anything is mapped or hashed
-        super().__init__(path, manifest_bytes=manifest_bytes, remote=remote)
+        super().__init__(path, manifest_bytes=manifest_bytes, remote=remote, view_bytes=view_bytes)
         # The backend reads go through: the one asked for, or for a URL "remote" (the node cache's extents).
         self.backend_name = self.place.backend
         self.verify_checksums = verify_checksums
@@ -375,13 +425,14 @@ class Dataset(DatasetIndex):
     # --- pickling: manifest bytes + options, a few KB ---
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self._location, "manifest": self._manifest_bytes, "backend": self._backend_asked,
-                "verify": self.verify_checksums, "max_open": self.max_open_shards, "remote": self.place.options}
+                "verify": self.verify_checksums, "max_open": self.max_open_shards, "remote": self.place.options,
+                "view": self._view_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         try:
             Dataset.__init__(self, state["path"], backend=state["backend"], verify_checksums=state["verify"],
                              max_open_shards=state["max_open"], manifest_bytes=state["manifest"],
-                             remote=state.get("remote"))
+                             remote=state.get("remote"), view_bytes=state.get("view"))
         except DatasetChangedError:
             raise
         except PackerError as exc:
@@ -438,7 +489,14 @@ class Dataset(DatasetIndex):
     def plan_reads(self, indices: Any) -> None:
         """This process will read samples ``indices`` in this order (the readers say so at the start
         of an epoch): a dataset in object storage fetches what comes next ahead of the reads."""
-        self.place.plan(as_sample_indices(indices).reshape(-1))
+        self.place.plan(self._base_numbers(as_sample_indices(indices).reshape(-1)))
+
+    def _base_numbers(self, indices: np.ndarray) -> np.ndarray:
+        """Sample numbers of this dataset as the place knows them: a view's are its base's."""
+        rows = self.base_rows
+        if rows is None:
+            return indices
+        return rows[indices % max(len(rows), 1)] if len(rows) else indices
 
     def reads_advanced(self, position: int) -> None:
         """The reader has handed out ``position`` samples of its planned order."""
@@ -569,7 +627,7 @@ class Dataset(DatasetIndex):
             # Whole pages when the layout allows (the tail padding is in the file, zeros): page-sized
             # reads into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
             runs = plan_runs(ix, idx, round_to=PAGE if self.manifest.alignment % PAGE == 0 else 1)
-            self.place.ensure(runs.unique)  # in object storage: the batch's missing extents, fetched in parallel
+            self.place.ensure(self._base_numbers(runs.unique))  # in object storage: the batch's missing extents, fetched in parallel
             data = self._read_runs(runs)
         batch = Batch(data=data, starts=runs.starts, sizes=runs.batch_sizes)
         if self.verify_checksums:

@@ -53,7 +53,7 @@ __all__ = [
     "class_list_checksum",
     "FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "DEFAULT_ALIGNMENT", "MAX_ALIGNMENT",
     "MANIFEST_NAME", "REPORT_NAME", "SHARD_DIR", "SHARD_MAGIC", "INDEX_MAGIC", "PLAN_MAGIC",
-    "HASHES_MAGIC", "HASHES_NAME",
+    "HASHES_MAGIC", "HASHES_NAME", "VIEW_MAGIC",
     "SHARD_HEADER_SIZE", "SHARD_HEADER_RESERVED", "COLUMN_FILE_HEADER_SIZE", "COLUMN_ENTRY_SIZE", "COLUMN_ALIGNMENT",
     "CHECKSUM_ALGORITHM", "MAX_MANIFEST_BYTES", "MAX_SAMPLES", "MAX_SHARDS", "MAX_COLUMNS",
     "MAX_FILE_SIZE", "MAX_SHARD_NUMBER", "MAX_COLUMN_NAME_BYTES",
@@ -102,6 +102,8 @@ PLAN_MAGIC = b"PKPLAN\x00\x00"
 #: ``packer.duplicates.sidecar``'s, as the tiled JPEG's are ``packer.codecs.tiles``').
 HASHES_MAGIC = b"PKHASH\x00\x00"
 HASHES_NAME = "perceptual-hashes.pkh"
+#: A view file (SPEC §17): a subset of a dataset by sample number (layout and checks: ``packer.viewfile``).
+VIEW_MAGIC = b"PKVIEW\x00\x00"
 
 # --- shard header: 64 bytes, zero-padded up to the data offset -----------------------------
 #   0  8s magic           SHARD_MAGIC

@@ -213,7 +213,7 @@ class EpochOrdered(grain.MapDataset):
         self._source = source
         self._space = IndexSpace(source.dataset)
         self._rank = (int(self._read_order.rank), int(self._read_order.world_size))  # type: ignore[arg-type]
-        self._per_epoch = self._read_order.share(len(source)).per_rank
+        self._per_epoch = self._read_order.share(self._space.num_samples).per_rank  # a mixture's epoch is its own
         self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:

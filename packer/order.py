@@ -775,6 +775,12 @@ class IndexSpace:
     """
 
     def __init__(self, index: Any = None, *, num_samples: int | None = None, blocks: Any = None) -> None:
+        # A dataset that orders itself (a packer.Mixture: its epochs are its streams' shares) gives
+        # its own space, which every reader then uses through this one.
+        own = getattr(index, "own_space", None) if index is not None and not callable(index) else None
+        self._own: Any = own() if own is not None and blocks is None else None
+        if self._own is not None:
+            num_samples = self._own.num_samples
         if num_samples is None:
             if index is None or callable(index):
                 raise OptionError("IndexSpace needs num_samples without an open index")
@@ -828,11 +834,15 @@ class IndexSpace:
 
     def epoch_order(self, order: ReadOrder, epoch: int) -> np.ndarray:
         """``epoch_order`` of ``order``'s kind over this space (the block order over its blocks)."""
+        if self._own is not None:
+            return self._own.epoch_order(order, epoch)
         blocks = self.blocks(order) if order.kind == "block" else None
         return order.epoch_order(self._num_samples, epoch, blocks)
 
     def identity(self, order: ReadOrder | None = None) -> dict[str, Any]:
         """``{"num_samples": N}``, and for a block ``order`` the fingerprint of its blocks here."""
+        if self._own is not None:
+            return self._own.identity(order)
         identity: dict[str, Any] = {"num_samples": self._num_samples}
         if order is not None and order.kind == "block":
             identity["blocks"] = _blocks_fingerprint(self.blocks(order))

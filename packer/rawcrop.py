@@ -127,8 +127,7 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         if gather is not None:  # one memcpy per sample into out, without the GIL (packer/_rawresample.c)
             gather(dataset.shard(shard).array, out, offsets, rows, sample)
             continue
-        first, end = dataset.shard_range(shard)
-        base = int(dataset.index.offset[first])
+        first, end, base = dataset.stored_layout(shard)
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
         # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
         # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.

@@ -317,6 +317,10 @@ def _verify_folder(root: Path, *, decode: bool, workers: int | None, progress: b
     from .dataset import open_index  # lazy: keep `import packer.verify` light
 
     started = time.monotonic()
+    from .viewfile import is_view_file
+
+    if is_view_file(root):  # a view: only its samples, through the dataset reader
+        return _verify_view(root, decode=decode, progress=progress, max_pixels=max_pixels, started=started)
     try:
         index = open_index(root)
     except PackerError as exc:
@@ -396,6 +400,93 @@ def _verify_folder(root: Path, *, decode: bool, workers: int | None, progress: b
         return report
     finally:
         index.close()
+
+
+def _verify_view(path: Path, *, decode: bool, progress: bool, max_pixels: int | None,
+                 started: float) -> VerifyReport:
+    """A view file: the view itself (SPEC §17), its base's manifest and index (opening checks both),
+    then each selected sample's payload against its checksum (and with ``decode`` its pixels against
+    the index), shard by shard; samples the view leaves out are not read. Problems name the view's
+    sample numbers (``sample_info`` gives the base's)."""
+    from .dataset import open_dataset
+    from ._internal.progress import BuildProgress
+
+    try:
+        ds = open_dataset(path)
+    except PackerError as exc:
+        problem = Problem(kind="structure", message=str(exc), sample=exc.sample, path=exc.path)
+        return VerifyReport(path=str(path), ok=False, seconds=time.monotonic() - started, decoded=decode,
+                            problems=[problem])
+    try:
+        limit = 0
+        if decode:
+            from .codecs import codec_for, dataset_max_pixels
+            from .decode import decode_image
+
+            try:
+                codec_for(ds, path=path).check_decodable()
+                limit = dataset_max_pixels(ds.manifest, max_pixels)
+            except PackerError as exc:
+                return VerifyReport(path=str(path), ok=False, seconds=time.monotonic() - started, decoded=decode,
+                                    problems=[Problem(kind="structure", message=exc.message, path=exc.path)])
+        ix = ds.index
+        report = VerifyReport(path=str(path), ok=True, samples=len(ds), shards=len(ds.manifest.shards), decoded=decode)
+        problems: list[Problem] = []
+        bar = BuildProgress(len(ds), int(np.asarray(ix.size).sum()), enabled=progress, desc="verifying")
+        try:
+            for number, entry in enumerate(ds.manifest.shards):
+                first, end = ds.shard_range(number)
+                if first == end:
+                    continue
+                try:
+                    backend = ds.shard(number)
+                except PackerError as exc:
+                    problems.append(Problem(kind="missing", shard=number, path=entry.path, sample_range=(first, end),
+                                            message=f"cannot open the shard file ({exc.message}): its "
+                                                    f"{end - first} selected samples cannot be read"))
+                    continue
+                report.shards_checked += 1
+                for i in range(first, end):
+                    offset, size, recorded = int(ix.offset[i]), int(ix.size[i]), int(ix.checksum[i])
+                    if offset + size > entry.size or offset + size > backend.size:
+                        problems.append(Problem(kind="truncated", shard=number, path=entry.path, sample=i,
+                                                message=f"the payload lies past the end of the shard file"))
+                        continue
+                    data = backend.view(offset, size)
+                    digest = fmt.checksum(data)
+                    report.bytes_read += size
+                    report.samples_checked += 1
+                    if digest != recorded:
+                        problems.append(Problem(
+                            kind="checksum", shard=number, path=entry.path, sample=i,
+                            message=f"payload checksum mismatch: the index says {fmt.checksum_hex(recorded)}, the "
+                                    f"{size} bytes at offset {offset} hash to {fmt.checksum_hex(digest)}"))
+                    elif decode and int(ix.image_format[i]) not in fmt.ImageFormat.PIXEL_FORMATS:
+                        try:
+                            pixels = decode_image(data, int(ix.image_format[i]), max_pixels=limit)
+                        except DecodeError as exc:
+                            problems.append(Problem(kind="decode", shard=number, path=entry.path, sample=i,
+                                                    message=exc.message))
+                        else:
+                            width, height = int(ix.width[i]), int(ix.height[i])
+                            if width and height and pixels.shape[:2] != (height, width):
+                                problems.append(Problem(
+                                    kind="decode", shard=number, path=entry.path, sample=i,
+                                    message=f"decodes to {pixels.shape[0]}x{pixels.shape[1]} (HxW) pixels but "
+                                            f"the index says {height}x{width}"))
+                    del data
+                    bar.update(1, size)
+        finally:
+            bar.__exit__(None, None, None)
+        for k, problem in enumerate(problems):
+            if problem.sample is not None:
+                problems[k] = dataclasses.replace(problem, key=ds.key(problem.sample))
+        report.problems = problems
+        report.ok = not problems
+        report.seconds = time.monotonic() - started
+        return report
+    finally:
+        ds.close()
 
 
 def _built_with_hashes(manifest: fmt.Manifest) -> bool:

@@ -1198,6 +1198,90 @@ def make_hashes(folder: Path) -> None:
     _write_json(folder / "expected.json", expected)
 
 
+# --- view file (section 17) ------------------------------------------------------------------------
+
+#: The valid view selects samples 0 and 2 of ``valid/base-align512`` (three samples).
+VIEW_BASE = "../valid/base-align512"
+VIEW_SELECTED = [0, 2]
+VIEW_SELECTORS = [{"keys": ["cat/a.png", "dog/c.bmp"]}]
+
+
+def _views_damage(valid: bytes) -> dict[str, tuple[bytes, str, str, str, str, str]]:
+    """name -> (bytes, requirement, error, message fragment, stage, description) for the invalid view files;
+    stage ``parse`` (``parse_view`` raises) or ``open`` (the file parses; opening it against its base raises)."""
+    from packer import viewfile
+
+    def header(fmt_char: str, at: int, value: int) -> bytes:
+        data = bytearray(valid)
+        struct.pack_into("<" + fmt_char, data, at, value)
+        return bytes(data)
+
+    def reseal(data: bytearray) -> bytes:  # keep the checksum right, so only the damage is seen
+        struct.pack_into("<Q", data, 56, fmt.checksum(bytes(data[viewfile.HEADER:])))
+        return bytes(data)
+
+    flipped = bytearray(valid)
+    flipped[viewfile.HEADER + 1] ^= 0x01
+    unsorted = bytearray(valid)
+    struct.pack_into("<QQ", unsorted, viewfile.HEADER, 2, 0)
+    outside = bytearray(valid)
+    struct.pack_into("<Q", outside, viewfile.HEADER + 8, 3)
+    description = bytearray(valid)
+    at = viewfile.HEADER + 16
+    description[at:at + 1] = b"["
+    return {
+        "empty": (b"", "V1", "NotAPackerFileError", "not a packer view file", "parse", "an empty file"),
+        "short-header": (valid[:40], "V1", "TruncatedFileError", "shorter than its 64-byte header", "parse",
+                         "the first 40 bytes of a valid file"),
+        "wrong-magic": (b"PKHASH\x00\x00" + valid[8:], "V2", "NotAPackerFileError", "not a packer view file", "parse",
+                        "the magic of a hashes file"),
+        "version-2": (header("I", 8, 2), "V3", "UnsupportedVersionError", "view file version 2", "parse", "version 2"),
+        "reserved": (header("I", 12, 1), "V4", "CorruptHeaderError", "reserved 1", "parse", "reserved field 1"),
+        "more-than-base": (header("Q", 16, 1), "V4", "CorruptHeaderError", "expected at most as many selected",
+                           "parse", "2 selected of a base of 1 sample"),
+        "truncated": (valid[:-8], "V5", "TruncatedFileError", "(truncated)", "parse", "the last 8 bytes cut"),
+        "extended": (valid + bytes(8), "V5", "TruncatedFileError", "(extended)", "parse", "8 zero bytes appended"),
+        "body-flipped": (bytes(flipped), "V6", "ChecksumMismatchError", "view file checksum mismatch", "parse",
+                         "one bit of the first sample number flipped, the checksum unchanged"),
+        "unsorted": (reseal(unsorted), "V7", "CorruptHeaderError", "strictly ascending", "parse",
+                     "sample numbers 2, 0 (checksum updated)"),
+        "outside": (reseal(outside), "V7", "CorruptHeaderError", "selects sample 3 of a base of 3 samples", "parse",
+                    "sample number 3 of a base of 3 (checksum updated)"),
+        "description": (reseal(description), "V8", "CorruptHeaderError", "description is not a JSON object", "parse",
+                         "the description's first byte is '[' (checksum updated)"),
+        "other-rows": (header("Q", 24, 1), "V9", "IndexMismatchError", "view of", "open",
+                       "rows_checksum 1: the base's rows are other samples"),
+        "bigger-base": (header("Q", 16, 4), "V9", "IndexMismatchError", "was made of its 4 samples, but the dataset "
+                        "now holds 3", "open", "base_samples 4: the base holds 3"),
+    }
+
+
+def make_views(folder: Path, base: Path) -> None:
+    """A valid view of ``valid/base-align512`` and one damaged copy per reader rule V1-V9 (SPEC §17)."""
+    from packer.dataset import open_index
+    from packer.viewfile import ViewFile, encode_view, rows_checksum
+
+    folder.mkdir()
+    with open_index(base) as index:
+        count = len(index)
+        identity = {"base_samples": count, "rows_checksum": rows_checksum(index.index, count),
+                    "index_checksum": index.manifest.index.checksum}
+        keys = [index.key(i) for i in VIEW_SELECTED]
+    valid = encode_view(ViewFile(base=VIEW_BASE, selected=np.array(VIEW_SELECTED, dtype=np.uint64),
+                                 selectors=tuple(VIEW_SELECTORS), **identity))
+    (folder / "valid.pkview").write_bytes(valid)
+    expected: dict[str, Any] = {
+        "valid": {"file": "valid.pkview", "base": VIEW_BASE, "selected": VIEW_SELECTED, "keys": keys,
+                  "base_samples": count, "rows_checksum": fmt.checksum_hex(identity["rows_checksum"]),
+                  "selectors": VIEW_SELECTORS},
+        "invalid": {}}
+    for name, (data, requirement, error, message, stage, description) in _views_damage(valid).items():
+        (folder / f"{name}.pkview").write_bytes(data)
+        expected["invalid"][name] = {"file": f"{name}.pkview", "requirement": requirement, "error": error,
+                                     "message": message, "stage": stage, "description": description}
+    _write_json(folder / "expected.json", expected)
+
+
 def generate(out: Path) -> None:
     """Write every vector under ``out`` (which must not exist), and a README listing them."""
     out = Path(out)
@@ -1211,6 +1295,7 @@ def generate(out: Path) -> None:
         make_unknown_fields(valid / "unknown-fields", valid / "base-align512")
     make_tiled(out / "tiled")
     make_hashes(out / "hashes")
+    make_views(out / "views", valid / "base-align512")
     for name, (requirement, error, message, stage, description, mutate) in {**INVALID, **FIELD_INVALID}.items():
         base = "fields" if name in FIELD_INVALID else "base-align512"
         folder = invalid / name
@@ -1272,6 +1357,13 @@ def _write_readme(out: Path) -> None:
     valid = (out / "hashes" / "valid.pkh").read_bytes()
     for name, (_, requirement, error, _, description) in _hashes_damage(valid).items():
         lines.append(f"- `{name}.pkh` ({requirement}, `{error}`): {description}")
+    lines += ["", "## View file (section 17)", "",
+              "`views/valid.pkview` is a view of samples 0 and 2 of `valid/base-align512`; `expected.json`",
+              "gives its base, numbers and keys. Each other file breaks one reader rule: at stage `parse`",
+              "reading it MUST raise the error named, at `open` opening it against its base MUST.", ""]
+    valid = (out / "views" / "valid.pkview").read_bytes()
+    for name, (_, requirement, error, _, stage, description) in _views_damage(valid).items():
+        lines.append(f"- `{name}.pkview` ({requirement}, {stage}, `{error}`): {description}")
     (out / "README.md").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
 
 

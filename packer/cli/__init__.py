@@ -135,6 +135,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("inspect_cmd", "Summarise DATASET: samples, classes, sizes, rejected files."),
     "sample-data": ("sampledata_cmd", "Write real sample photographs in class folders to OUT."),
     "verify": ("verify_cmd", "Check every byte of DATASET; exit 0 only if it is intact."),
+    "view": ("view_cmd", "Write a view (a subset of DATASET) to the file OUT."),
 }
 COMMAND_MODULES = tuple(module for module, _ in COMMANDS.values())
 

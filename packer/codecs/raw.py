@@ -332,7 +332,8 @@ def raw_runs(dataset: Any, indices: np.ndarray, shape: tuple[int, int, int]) -> 
     with its checksums kept) would otherwise be read at whatever bytes lie there.
 
     Args:
-        dataset: an open dataset (``index``, ``manifest``, ``shard_range``, ``alignment``, ``path``).
+        dataset: an open dataset (``index``, ``manifest``, ``stored_layout``, ``stored_rows``,
+            ``alignment``, ``path``; a view counts positions in its base's shards).
         indices: the batch's sample indices (int64, in range).
         shape: ``(H, W, C)`` of every sample (``RawReader.sample_shape``).
 
@@ -355,11 +356,10 @@ def raw_runs(dataset: Any, indices: np.ndarray, shape: tuple[int, int, int]) -> 
     shards = None if single else ix.shard[indices]
     runs = []
     for shard in ([0] if single else np.unique(shards).tolist()):
-        first, _ = dataset.shard_range(shard)
-        base = int(ix.offset[first])
+        first, _, base = dataset.stored_layout(shard)
         rows = None if single else np.flatnonzero(shards == shard)
         mine = indices if rows is None else indices[rows]
-        positions = mine - first
+        positions = dataset.stored_rows(mine) - first
         offsets = ix.offset[mine].astype(np.int64)
         misplaced = offsets != base + positions * stride
         if misplaced.any():

@@ -55,7 +55,9 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
         sizes = ix.size
         shard_sizes = np.array([s.size for s in manifest.shards], dtype=np.int64)
         shard_counts = np.array([s.sample_count for s in manifest.shards], dtype=np.int64)
-        payload = int(sizes.sum(dtype=np.uint64)) if count else 0
+        # the bytes on disk are the dataset's, a view's too (its own payload is in "view")
+        stored = ix.base.size if index.view is not None else sizes
+        payload = int(stored.sum(dtype=np.uint64)) if len(stored) else 0
         shard_bytes = int(shard_sizes.sum())
         header_bytes = len(manifest.shards) * fmt.shard_data_offset(manifest.alignment)
         padding_bytes = shard_bytes - payload - header_bytes
@@ -99,6 +101,12 @@ def summarize(path: str | os.PathLike[str], *, rejected_shown: int = REJECTED_SH
             "images": _image_stats(ix),
             "fields": field_stats(index),
             "rejected": _rejected(index.build_report(must_contain=b'"rejected"'), rejected_shown),
+            # a view (SPEC §17): the samples above are its own; shards and bytes are its dataset's
+            "view": None if index.view is None else {
+                "base": index.view.base, "base_samples": index.view.base_samples, "samples": count,
+                "base_samples_now": index.manifest.sample_count, "selectors": list(index.view.selectors),
+                "checksum": fmt.checksum_hex(index.view.checksum),
+                "payload": int(sizes.sum(dtype=np.uint64)) if count else 0},
         }
         del ix, labels, sizes
     return summary
@@ -190,8 +198,13 @@ def format_summary(summary: dict[str, Any]) -> str:
     """Render a ``summarize`` result as readable text (one fact per line)."""
     s = summary
     b = s["bytes"]
+    view = s.get("view")
     lines = [
         f"dataset    {s['path']}  (format v{s['dataset_format_version']}, written by {s['created_by'] or 'unknown'})",
+        *([f"view       {view['samples']:,} of the {view['base_samples']:,} samples of {_one_line(view['base'])} "
+           f"(payload {_size(view['payload'])}; selectors: "
+           f"{_one_line(json.dumps(view['selectors'], sort_keys=True, ensure_ascii=False))}); shards and bytes below "
+           f"are the dataset's"] if view else []),
         f"samples    {s['samples']:,} in {s['shards']['count']:,} shard(s)"
         + (f"; shard size {_spread(s['shards']['bytes'], 'bytes')}" if s["shards"]["bytes"] else ""),
         f"bytes      {_size(b['total'])} on disk: payload {_size(b['payload'])}, padding {_size(b['padding'])}, "

@@ -183,6 +183,8 @@ def _places_with_a_colon(root: Path) -> list[Path]:
     (["inspect", "{ds}", "--sample", "0", "--extract", "{url}"], "--extract"),
     (["inspect", "{ds}", "--grid", "{url}"], "--grid"),
     (["inspect", "{ds}", "--html", "{url}"], "--html"),
+    (["view", "{ds}", "{url}"], "OUT"),
+    (["view", "{ds}", "{tmp}/v.pkview", "--keys", "{url}"], "--keys"),
 ])
 @pytest.mark.parametrize("url", ["s3://bucket/out", "gs://bucket/out", "https://host/out", "az://c/out"])
 def test_an_option_that_needs_a_local_path_refuses_a_url_by_name(argv, option, url, local_dataset, tmp_path,

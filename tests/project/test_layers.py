@@ -40,10 +40,14 @@ LAYERS = {
     # where a user's path points (a local path or a URL), then where a dataset's bytes live
     # (fractional: a layer between two, so that no other unit's number changes)
     "location": 6, "place": 6.5,
+    # a view's file and its rows (the dataset reader opens a view file through them)
+    "viewfile": 6.5, "selection": 6.5,
     # bytes to pixels
     "decode": 5, "codecs": 6,
     # the dataset reader, then what builds on it
     "dataset": 7, "rawcrop": 8, "classes": 8,
+    # several datasets read as one dataset with its own sample space
+    "mixture": 7.5,
     # duplicates and leaks: over the dataset reader and the decoders, below the writer (a build
     # option may hash) and inspect (the report)
     "duplicates": 8,
@@ -53,6 +57,8 @@ LAYERS = {
     # readers, checkers and converters over a dataset
     "torch": 10, "dali": 10, "verify": 10, "export": 10, "inspect": 10,
     "threaded": 11, "gpu": 11,
+    # making views: selectors over a dataset, --keys files (export.select), duplicates
+    "views": 10.5,
     # bench times every reader, ThreadedLoader included (--loader threaded)
     "bench": 11.5,
     # integrations with other frameworks: over the torch readers, or over the dataset and orders

@@ -35,6 +35,10 @@ _RAW_VIEW = ("internal: the raw readers call it after the layout check (rawcrop 
 
 #: Bare raises that are not a user's mistake, each with the reason.
 ALLOWED = {
+    "packer/selection.py::_SelectedFields.__getitem__::KeyError#1":
+        "the Mapping protocol of a view's field_columns (as the base's dict raises): callers ask by declared names",
+    "packer/mixture.py::_ConcatFields.__getitem__::KeyError#1":
+        "the Mapping protocol of a mixture's field_columns (as a dataset's dict raises): callers ask by declared names",
     "packer/cli/options.py::SizeType.convert::ValueError#1":
         "caught on the next lines of the same try and reported as click's usage error (self.fail, exit 2)",
     "packer/codecs/raw.py::raw_batch_view::ValueError#1": _RAW_VIEW,

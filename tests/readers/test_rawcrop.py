@@ -523,7 +523,10 @@ def test_raw_gather_refuses_an_index_that_disagrees_with_the_raw_layout(raw_data
         index = SimpleNamespace(size=size, offset=offset, shard=real.index.shard)
         return SimpleNamespace(index=index, manifest=real.manifest, path=real.path, backend_name="mmap",
                                verify_checksums=False, alignment=real.alignment,
-                               shard_range=real.shard_range, shard=real.shard)
+                               shard_range=real.shard_range, shard=real.shard,
+                               stored_layout=lambda shard: (*real.shard_range(shard),
+                                                            int(offset[real.shard_range(shard)[0]])),
+                               stored_rows=lambda rows: rows)
 
     with pytest.raises(IndexMismatchError, match="raw sample of 100 bytes") as error:
         read_raw_batch(fake(100, 0), [3, 7], shape)
