@@ -204,6 +204,11 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
         # a dataset URL stays a URL (a worker reopens it through its node cache), a folder its path
         return index.location, index.manifest.index.checksum, len(index), outputs, specs
 
+    if callable(getattr(source, "own_space", None)):
+        # a packer.Mixture: DALI's workers reopen a dataset by its location, and a mixture has none
+        raise OptionError(f"the DALI sources read one dataset or view, not a packer.Mixture "
+                          f"({getattr(source, 'location', source)}): read the mixture with packer.torch's readers, "
+                          f"or give DALI one source per stream")
     if isinstance(source, DatasetIndex):
         return checked(source)
     with open_index(source) as index:

@@ -47,6 +47,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without lightni
 import torch.utils.data as torch_data
 
 from .classes import check_classes
+from .dataset import Dataset
 from .order import ORDER_KEYWORDS, ReadOrder, read_order_from
 from .torch import PackedBatchSampler, PackedDataset, collate
 
@@ -109,10 +110,10 @@ def _as_dataset(source: Any, options: Mapping[str, Any], split: str) -> PackedDa
             raise OptionError(f"{split}= is a PackedDataset already: its options are its own, so "
                               f"dataset options apply only to splits given as paths")
         return source
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike, Dataset)):  # a folder, URL, view file, open view or Mixture
         return PackedDataset(source, **options)
-    raise OptionError(f"{split}= must be a dataset folder or a packer.torch.PackedDataset, "
-                      f"got {type(source).__name__}")
+    raise OptionError(f"{split}= must be a dataset folder, a view file, an open dataset (a view, a "
+                      f"packer.Mixture) or a packer.torch.PackedDataset, got {type(source).__name__}")
 
 
 class PackedDataModule(_pl.LightningDataModule):

@@ -116,7 +116,15 @@ GROUPS = (
     Group("torch", ("packer/torch/samplers.py", "packer/torch/loader.py", "packer/torch/iterable.py"),
           ("tests/torch/test_torch.py", "tests/torch/test_resume.py", "tests/torch/test_torch_fields.py",
            "tests/torch/test_orders_and_state.py", "tests/torch/test_order_spellings.py",
-           "tests/torch/test_sampler_batch_size.py"), only=_TORCH_STATE),
+           "tests/torch/test_sampler_batch_size.py", "tests/torch/test_loader_threads.py"), only=_TORCH_STATE),
+    # issue 41: the policies round 2 and 3 added (the source contract, export's naming and safe
+    # writes, Lightning's positions)
+    Group("contract", ("packer/sources/contract.py",),
+          ("tests/sources/test_source_contract.py", "tests/sources/test_source_refusals.py",
+           "tests/sources/test_class_lists.py", "tests/sources/test_manifest_rows.py"), skip=_SLOW_BUILD),
+    Group("export", ("packer/export/plan.py", "packer/export/safewrite.py"),
+          ("tests/export/test_export.py", "tests/export/test_export_options.py", "tests/export/test_export_hostile.py")),
+    Group("lightning", ("packer/lightning.py",), ("tests/integrations/test_lightning.py",)),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 
