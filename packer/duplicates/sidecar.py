@@ -145,6 +145,8 @@ def load_or_compute(dataset: Any, *, workers: int = 1, progress: bool = False, s
         (``"stored"``, ``"computed"``, ``"computed (replaced a stale file: ...)"``, ...).
     """
     path = hashes_path(dataset)
+    if getattr(dataset, "is_view", False):
+        return _view_hashes(dataset, path, workers=workers, progress=progress)
     identity = {"index_checksum": dataset.manifest.index.checksum, "sample_count": len(dataset)}
     replaced = None
     try:
@@ -167,6 +169,22 @@ def load_or_compute(dataset: Any, *, workers: int = 1, progress: bool = False, s
             source += f"; not stored ({exc.strerror or exc})"
             _log.warning("could not store the hashes in %s: %s", path, exc.strerror or exc)
     return table, source
+
+
+def _view_hashes(view: Any, path: Path, *, workers: int, progress: bool) -> tuple[HashTable, str]:
+    """A view's hashes: its rows of the dataset's hashes file when that file is valid for the
+    dataset's index, else computed for the view's samples alone and not stored (the file beside the
+    index is the whole dataset's: a view never replaces it)."""
+    rows = view.base_rows
+    try:
+        data = _read(path)
+        if data is not None:
+            whole = parse_hashes(data, path=path, index_checksum=view.manifest.index.checksum)
+            if len(whole.status) > int(rows.max(initial=-1)):
+                return HashTable(hashes=whole.hashes[rows], status=whole.status[rows]), "stored (the dataset's)"
+    except (OSError, FormatError) as exc:
+        _log.warning("not using %s for the view: %s", path, getattr(exc, "strerror", None) or exc)
+    return hash_dataset(view, workers=workers, progress=progress), "computed (a view's samples; not stored)"
 
 
 def _read(path: Path) -> bytes | None:

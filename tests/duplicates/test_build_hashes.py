@@ -23,7 +23,7 @@ from packer import BuildSettings, LayoutSettings, RunOptions
 from packer import format as fmt
 from packer.duplicates import phash
 from packer.duplicates.phash import FLAT, HASHED, UNREADABLE, HashTable, hash_dataset
-from packer.duplicates.sidecar import encode_hashes, parse_hashes
+from packer.duplicates.sidecar import encode_hashes, load_or_compute, parse_hashes
 from packer.errors import OptionError
 from packer.verify import verify
 
@@ -208,3 +208,29 @@ def test_resume_of_a_dataset_built_without_hashes_is_refused_by_name(tmp_path: P
     code, _, err = run_main(["build", str(tmp_path / "src"), str(tmp_path / "ds"), "--resume", "--hash",
                              "perceptual", "--quiet"])
     assert code == 3 and "--hash: built 'none', asked 'perceptual'" in err
+
+
+def test_a_view_reads_its_rows_of_the_datasets_hashes_and_never_replaces_the_file(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view's --duplicates takes its rows of the hashes file beside the dataset's index; without
+    a valid file it hashes its own samples and stores nothing: the file is the whole dataset's (a
+    view's table there would make the dataset's verify fail)."""
+    photos(tmp_path / "src", count=8)
+    packer.build_dataset(tmp_path / "src", tmp_path / "ds", HASHED_BUILD, ONE)
+    (view,) = packer.view(tmp_path / "ds", tmp_path / "c1.pkview", classes="c1")
+    whole = stored(tmp_path / "ds")
+    before = (tmp_path / "ds" / fmt.HASHES_NAME).read_bytes()
+    code, out, err = run_main(["inspect", str(view), "--duplicates", "--json"])
+    assert code == 0, err
+    entry = json.loads(out)["duplicates"]["datasets"][0]
+    assert entry["hashes_source"] == "stored (the dataset's)" and entry["hashes"]["hashed"] == 4
+    with packer.open_dataset(view) as opened:
+        table, _ = load_or_compute(opened)
+        assert np.array_equal(table.hashes, whole.hashes[opened.base_rows])
+    (tmp_path / "ds" / fmt.HASHES_NAME).write_bytes(before[:-1])  # damaged: the view computes its own
+    code, out, err = run_main(["inspect", str(view), "--duplicates", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["duplicates"]["datasets"][0]["hashes_source"] == "computed (a view's samples; not stored)"
+    assert (tmp_path / "ds" / fmt.HASHES_NAME).read_bytes() == before[:-1]  # not replaced by the view's
+    (tmp_path / "ds" / fmt.HASHES_NAME).write_bytes(before)
+    assert verify(tmp_path / "ds").ok
