@@ -371,6 +371,23 @@ class _MixturePlace:
         """The streams close with the mixture."""
 
 
+def _check_epoch_fits(total: int, datasets: Sequence[Dataset], streams: Sequence[Stream]) -> None:
+    """Refuse an epoch whose order (int64 sample numbers, computed whole by every reader) could not
+    fit in this machine's memory: ``choose=10**12`` is a typo, not a plan, and would otherwise end
+    in numpy's allocation error at the first epoch. The datasets this mixture opened are closed."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound known
+        return
+    if 8 * total > memory:
+        for stream, dataset in zip(streams, datasets):
+            if dataset is not stream.source:
+                dataset.close()
+        raise OptionError(f"the mixture's epoch of {total:,} samples needs its order in memory "
+                          f"({8 * total / 2**30:,.1f} GiB of sample numbers), more than this machine's "
+                          f"{memory / 2**30:,.1f} GiB: lower choose=, repeat= or epoch_size")
+
+
 class Mixture(Dataset):
     """Several datasets read as one, each stream taking its planned share of every epoch (module docstring).
 
@@ -405,6 +422,7 @@ class Mixture(Dataset):
             s.source, backend=backend, verify_checksums=verify_checksums, remote=remote) for s in self.streams)
         self.names = tuple(s.name or ds.location for s, ds in zip(self.streams, self.datasets))
         self.counts = tuple(_plan_counts([len(ds) for ds in self.datasets], self.streams, epoch_size))
+        _check_epoch_fits(sum(self.counts), self.datasets, self.streams)
         sizes = [len(ds) for ds in self.datasets]
         self.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.offsets[1:])

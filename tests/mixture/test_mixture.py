@@ -313,3 +313,11 @@ def test_lightning_takes_a_mixture_and_a_view_and_dali_refuses_a_mixture_by_name
     assert caught.value.message.startswith("the DALI sources read one dataset or view, not a packer.Mixture (")
     with pytest.raises(errors.OptionError, match=r"^train= must be a dataset folder, a view file, an open dataset"):
         PackedDataModule(train=42, batch_size=5)
+
+
+def test_an_epoch_larger_than_memory_is_refused_before_any_read(parts):
+    with pytest.raises(errors.OptionError) as caught:
+        packer.Mixture([packer.Stream(parts["A"], choose=10**12)])
+    assert caught.value.message.startswith("the mixture's epoch of 1,000,000,000,000 samples needs its order in "
+                                           "memory (7,450.6 GiB of sample numbers), more than this machine's ")
+    assert caught.value.message.endswith("GiB: lower choose=, repeat= or epoch_size")
