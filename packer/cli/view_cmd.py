@@ -52,7 +52,8 @@ def view_command(dataset: Location, out: Path, classes: str | None, keys: Path |
         if as_json:
             emit_json({"ok": True, "views": views})
         for entry in views:
-            echo(f"wrote {entry['path']}: {entry['samples']} of {entry['of']} samples", err=True)
+            empty = " (warning: the selection is empty: a reader of this view reads nothing)" if not entry["samples"] else ""
+            echo(f"wrote {entry['path']}: {entry['samples']} of {entry['of']} samples{empty}", err=True)
         return EXIT_OK
 
     run_command(body, as_json=as_json)

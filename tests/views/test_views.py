@@ -257,6 +257,9 @@ def test_the_cli_writes_views_and_prints_them(base, tmp_path):
     assert code == 0 and "wrote " + str(tmp_path / "s-0.pkview") in err and (tmp_path / "s-1.pkview").is_file()
     code, out, err = run_main(["view", str(base), str(tmp_path / "v.pkview"), "--classes", "dog"])
     assert code == 2 and "exists: pass overwrite=True (--overwrite)" in err
+    code, out, err = run_main(["view", str(base), str(tmp_path / "none.pkview"), "--where", "label > 100"])
+    assert code == 0 and err.strip().endswith(": 0 of 18 samples (warning: the selection is empty: a reader of "
+                                              "this view reads nothing)")
     code, out, err = run_main(["inspect", str(tmp_path / "v.pkview"), "--json"])
     summary = json.loads(out)
     assert code == 0 and summary["samples"] == 8 and summary["view"]["base_samples"] == 18
