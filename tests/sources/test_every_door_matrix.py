@@ -233,8 +233,20 @@ def make(kind: str, folder: Path, samples: list[tuple[str, str]], unlabeled: lis
 
 #: The finished build re-run with ``--resume`` (through the CLI): a no-op that exits 0.
 RERUN = "done, then `--resume`"
+#: A size bound: ``--max-file-size`` between the samples' sizes, so the larger half is rejected
+#: (``file-too-large``) by the contract, whatever door listed them.
+SIZE_BOUND = "`--max-file-size`"
 OPTION_NAMES = ("plain", "--classes", "--classes-from", "unlabeled", "append", "--resume", "--part K/N", "workers=2",
-                RERUN)
+                SIZE_BOUND, RERUN)
+
+
+def size_bound() -> int:
+    """A bound between the samples' sizes: the median, so about half of them are over it."""
+    return sorted(len(image(key)) for key, _ in SAMPLES)[len(SAMPLES) // 2 - 1]
+
+
+def over_size_bound() -> int:
+    return sum(len(image(key)) > size_bound() for key, _ in SAMPLES)
 
 
 # --- the promise ------------------------------------------------------------------------------------------
@@ -258,11 +270,17 @@ EXPECTED["COCO"] = {"plain": "same images", "--classes": "refused (OptionError)"
                     "unlabeled": "n/a (no main labels)", "append": "refused (OptionError)", "--resume": "same images",
                     "--part K/N": "same images", "workers=2": "same images", RERUN: NO_OP}
 EXPECTED["side files"]["append"] = "refused (OptionError)"  # append does not take declared fields yet
+for _kind in KINDS:
+    EXPECTED[_kind][SIZE_BOUND] = f"same ({over_size_bound()} file-too-large)"
+EXPECTED["COCO"][SIZE_BOUND] = "same images"
 for _kind in PYTHON_DOORS:
     EXPECTED[_kind] = dict.fromkeys(OPTION_NAMES, SAME)
     EXPECTED[_kind]["unlabeled"] = "same (2 unlabeled)"
     EXPECTED[_kind]["append"] = "n/a (no source path)"
     EXPECTED[_kind][RERUN] = NO_OP
+    EXPECTED[_kind][SIZE_BOUND] = f"same ({over_size_bound()} file-too-large)"
+# a Writer given arrays encodes them itself (lossless PNG): its files are not the folder's JPEGs
+EXPECTED["Writer (arrays)"][SIZE_BOUND] = "n/a (encodes its own files)"
 for _kind in PYTHON_DOORS[:2]:  # a Writer's samples live only in the process writing them
     for _option in ("--resume", "--part K/N", RERUN):
         EXPECTED[_kind][_option] = "refused (OptionError)"
@@ -319,6 +337,8 @@ class Matrix:
         if option == "--classes-from":
             with open_dataset(self.train) as ds:
                 labels = replace(labels, classes=ds.classes, classes_origin=f"--classes-from {self.train}")
+        if option == SIZE_BOUND:
+            return replace(OPTIONS, labels=labels, checks=replace(OPTIONS.checks, max_file_size=size_bound()))
         return replace(OPTIONS, labels=labels)
 
     def run(self, kind: str, option: str) -> str:
@@ -364,6 +384,8 @@ class Matrix:
 
         if option == "append":
             return "n/a (no source path)"
+        if option == SIZE_BOUND and kind == "Writer (arrays)":
+            return "n/a (encodes its own files)"
         rows = SAMPLES + ([(key, None) for key in UNLABELED] if option == "unlabeled" else [])
         decoded = kind == "Writer (arrays)"
         image_of = (lambda key: pixels(image(key))) if decoded else image
