@@ -359,28 +359,67 @@ class StagedOutput:
             self._tree.close()
         checkpoint("before-publish")
         try:
-            info = os.stat(self.name, dir_fd=self._parent, follow_symlinks=False)
-        except FileNotFoundError:
-            info = None
-        old: bytes | None = None  # where the replaced OUT ends up, removed once the new one is in place
-        if info is None:
-            if not _renameat2(self._parent, self._stage, self.name, _RENAME_NOREPLACE):
-                os.rename(self._stage, self.name, src_dir_fd=self._parent, dst_dir_fd=self._parent)
-        elif not self.folder or (stat.S_ISDIR(info.st_mode) and not self.overwrite):
-            # a file (or a link) replaced by a file, or an empty folder (checked when opening) by a folder
-            os.rename(self._stage, self.name, src_dir_fd=self._parent, dst_dir_fd=self._parent)
-        elif _renameat2(self._parent, self._stage, self.name, _RENAME_EXCHANGE):
-            old = self._stage  # the stage's name now holds the old OUT
-        else:
-            old = b"." + self.name + STAGE_MARK + secrets.token_hex(8).encode()
-            os.rename(self.name, old, src_dir_fd=self._parent, dst_dir_fd=self._parent)
-            checkpoint("moved-aside")
-            os.rename(self._stage, self.name, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+            old = self._swap_in()
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+            # another process (a second export to OUT) published between the check at the start and now
+            raise OutputExistsError("the export target appeared while this export ran (another export wrote it); "
+                                    "it was left as it is: pass --overwrite to replace it", path=self.out) from None
         self._published = True
         os.fsync(self._parent)
         checkpoint("published")
         if old is not None:
             remove_entry(self._parent, old)
+
+    def _swap_in(self) -> bytes | None:
+        """Put the stage at OUT; returns where a replaced OUT went (removed after), or None.
+
+        Without ``overwrite`` nothing another process put at OUT since the check at the start is
+        ever replaced: a new OUT goes in with ``RENAME_NOREPLACE`` (or, without it, a folder by a
+        rename that cannot replace a non-empty folder, a file by ``link``, which cannot replace
+        anything); the empty folder checked at the start by a rename, which fails once it is not
+        empty. Those failures raise ``OSError`` (EEXIST, ENOTEMPTY, ...), which ``publish`` names.
+        """
+        parent, stage, name = self._parent, self._stage, self.name
+        try:
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            info = None
+        if info is None:
+            try:
+                if _renameat2(parent, stage, name, _RENAME_NOREPLACE):
+                    return None
+            except OSError as exc:
+                if not self.overwrite or exc.errno != errno.EEXIST:
+                    raise
+                return self._replace()  # it appeared since the stat: replaced, as asked
+            if self.folder or self.overwrite:
+                os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
+            else:
+                os.link(stage, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+                os.unlink(stage, dir_fd=parent)
+            return None
+        if not self.overwrite:
+            if not (self.folder and stat.S_ISDIR(info.st_mode)):  # not the empty folder checked at the start
+                raise OSError(errno.EEXIST, "exists", os.fsdecode(name))
+            os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)  # ENOTEMPTY once filled
+            return None
+        return self._replace()
+
+    def _replace(self) -> bytes | None:
+        """Replace OUT as a whole (``overwrite``): exchanged with the stage, or moved aside first."""
+        parent, stage, name = self._parent, self._stage, self.name
+        if not self.folder:
+            os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)  # a file over a file: atomic
+            return None
+        if _renameat2(parent, stage, name, _RENAME_EXCHANGE):
+            return stage  # the stage's name now holds the old OUT
+        old = b"." + name + STAGE_MARK + secrets.token_hex(8).encode()
+        os.rename(name, old, src_dir_fd=parent, dst_dir_fd=parent)
+        checkpoint("moved-aside")
+        os.rename(stage, name, src_dir_fd=parent, dst_dir_fd=parent)
+        return old
 
     # --- closing ---
     def _discard(self) -> None:

@@ -115,3 +115,60 @@ def test_a_killed_export_leaves_the_old_target_or_nothing(dataset: Path, tmp_pat
     export(dataset, out, to=target, overwrite=True)
     assert snapshot(out) == new
     assert [name for name in os.listdir(tmp_path) if ".packer-export-" in name] == []  # ... and removed now
+
+
+RACER = r"""
+import os, sys, time
+from pathlib import Path
+from packer.errors import OutputExistsError
+from packer.export import safewrite
+from packer.export import export
+target, dataset, out, cls, overwrite, gate, mode = sys.argv[1:]
+if mode == "fallback":  # a kernel or file system without renameat2
+    safewrite._renameat2 = lambda *args: False
+def checkpoint(name):
+    if name == "before-publish":  # both exports staged before either publishes
+        Path(gate, f"{os.getpid()}").touch()
+        deadline = time.monotonic() + 60
+        while len(os.listdir(gate)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+safewrite.checkpoint = checkpoint
+try:
+    export(dataset, out, to=target, classes=[cls], overwrite=overwrite == "1")
+except OutputExistsError as exc:
+    print("refused:", exc.message)
+    sys.exit(17)
+"""
+
+
+@pytest.mark.parametrize("mode", ["exchange", "fallback"])
+@pytest.mark.parametrize("target", ["folder", "tar"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_exports_publishing_into_one_out_at_once_leave_one_whole_export(dataset: Path, tmp_path: Path,
+                                                                            target: str, overwrite: bool,
+                                                                            mode: str) -> None:
+    """Two processes export other classes to one OUT, both staged before either publishes: OUT is
+    exactly one of the two exports, never a mix; without --overwrite the second is refused by name;
+    no stage is left behind (issue 41: concurrent publishers)."""
+    name = "out.tar" if target == "tar" else "out"
+    wholes = {}
+    for cls in ("cat", "dog"):
+        export(dataset, tmp_path / f"{cls}-{name}", to=target, classes=[cls])
+        wholes[cls] = snapshot(tmp_path / f"{cls}-{name}")
+    out, gate = tmp_path / "race" / name, tmp_path / "gate"
+    out.parent.mkdir()
+    gate.mkdir()
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, target, str(dataset), str(out), cls,
+                                "1" if overwrite else "0", str(gate), mode], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for cls in ("cat", "dog")]
+    results = [(racer.wait(timeout=120), racer.stdout.read(), racer.stderr.read()) for racer in racers]
+    codes = sorted(code for code, _, _ in results)
+    if overwrite:
+        assert codes == [0, 0], results
+    else:
+        assert codes == [0, 17], results
+        assert any(text.startswith("refused: the export target appeared while this export ran (another export "
+                                   "wrote it); it was left as it is: pass --overwrite to replace it")
+                   for _, text, _ in results), results
+    assert snapshot(out) in (wholes["cat"], wholes["dog"])
+    assert sorted(p.name for p in out.parent.iterdir()) == [name]  # no stage or moved-aside OUT left
