@@ -204,11 +204,6 @@ def _dataset_path_and_version(source: Any, *, check_formats: bool = True, fields
         # a dataset URL stays a URL (a worker reopens it through its node cache), a folder its path
         return index.location, index.manifest.index.checksum, len(index), outputs, specs
 
-    if callable(getattr(source, "own_space", None)):
-        # a packer.Mixture: DALI's workers reopen a dataset by its location, and a mixture has none
-        raise OptionError(f"the DALI sources read one dataset or view, not a packer.Mixture "
-                          f"({getattr(source, 'location', source)}): read the mixture with packer.torch's readers, "
-                          f"or give DALI one source per stream")
     if isinstance(source, DatasetIndex):
         return checked(source)
     with open_index(source) as index:
@@ -232,15 +227,20 @@ class _PackedSource:
         read_order = read_order.resolved(batch_size=batch_size, reader=reader)
         self.path, self._index_checksum, num_samples, self.fields, self._specs = _dataset_path_and_version(
             dataset, check_formats=check_formats, fields=fields, return_index=return_index, field_images=field_images)
+        #: a packer.Mixture has no location to reopen: it travels itself (a mixture pickles as its
+        #: streams' locations and settings, and opens them again in a DALI worker)
+        self._mixture = dataset if callable(getattr(dataset, "own_space", None)) else None
         #: a dataset URL's RemoteOptions (endpoint, cache) for the workers that reopen it
         self.remote = getattr(getattr(dataset, "place", None), "options", None)
         self.field_images = field_images
-        if consumed > num_samples:
-            raise OptionError(f"consumed={consumed} exceeds the {num_samples} samples of an epoch")
         # The cursor's position is (first_epoch, consumed): DALI's epoch 0 is first_epoch, resumed
         # at consumed; later epochs start at their beginning. Blocks are computed per process
         # (the space opens this process's dataset when it first needs them).
-        self.cursor = EpochCursor(read_order, IndexSpace(self._open, num_samples=num_samples))
+        space = (IndexSpace(self._mixture) if self._mixture is not None  # the mixture's epochs: its streams' shares
+                 else IndexSpace(self._open, num_samples=num_samples))
+        if consumed > space.num_samples:
+            raise OptionError(f"consumed={consumed} exceeds the {space.num_samples} samples of an epoch")
+        self.cursor = EpochCursor(read_order, space)
         self.cursor.position.load(first_epoch, consumed)
         self.batch_size = batch_size
         self.backend = backend
@@ -299,8 +299,11 @@ class _PackedSource:
             from .dataset import open_dataset
 
             self._reset_process_state()
-            dataset = open_dataset(self.path, backend=self.backend, verify_checksums=self.verify_checksums,
-                                   remote=self.remote)
+            if self._mixture is not None:  # its streams' datasets reopen their shards after a fork themselves
+                dataset = self._mixture
+            else:
+                dataset = open_dataset(self.path, backend=self.backend, verify_checksums=self.verify_checksums,
+                                       remote=self.remote)
             if dataset.manifest.index.checksum != self._index_checksum:
                 dataset.close()
                 raise DatasetChangedError("the dataset was replaced after the DALI source was created",

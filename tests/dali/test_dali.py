@@ -401,3 +401,30 @@ def test_dali_iterator_without_a_size_ignores_drop(jpeg_dataset: Path) -> None:
                                  auto_reset=True, last_batch_policy=LastBatchPolicy.DROP)
     got = [batch[0]["index"].tolist() for batch in loader]
     assert len(got) == 3 and sum(got, []) == _expected(18, 0, shard_id=1, num_shards=2, seed=9)  # padded, not dropped
+
+
+@pytest.mark.parametrize("parallel, start", [(False, "fork"), (True, "fork"), (True, "spawn")],
+                         ids=["serial", "parallel-fork", "parallel-spawn"])
+def test_a_mixture_feeds_dali_its_planned_counts_per_stream(jpeg_dataset: Path, tmp_path: Path, parallel: bool,
+                                                              start: str) -> None:
+    """A packer.Mixture through the DALI sample source: each epoch is the mixture's order (the same
+    samples the torch readers read), the planned count from each stream, the bytes of each
+    stream's sample; the source travels to spawned workers as its streams' locations."""
+    import packer
+    from packer.order import IndexSpace
+
+    (view,) = packer.view(jpeg_dataset, tmp_path / "some.pkview", where="label < 2")
+    mixture = packer.Mixture([packer.Stream(jpeg_dataset, choose=5), packer.Stream(view, weight=1)],
+                             epoch_size=12, seed=3)
+    assert mixture.counts == (5, 7)
+    source = PackedSampleSource(mixture, BATCH, order=ReadOrder("random", seed=4), return_index=True)
+    assert source.num_samples == 12
+    pipe = _sample_pipeline(source, parallel=parallel, start_method=start)
+    space = IndexSpace(mixture)
+    for epoch, batches in enumerate(_run_epochs(pipe, 2)):
+        indices = [int(i) for b in batches for i in b[2]]
+        assert indices == space.epoch_order(source.read_order, epoch).tolist()
+        assert sorted(mixture.stream_of(i) for i in indices) == [0] * 5 + [1] * 7
+        for data, labels, index in batches:
+            for d, label, i in zip(data, labels, index):
+                assert d.tobytes() == mixture.read(int(i)) and int(label) == int(mixture.labels[int(i)])

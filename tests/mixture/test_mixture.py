@@ -297,9 +297,8 @@ def test_iterable_resume_with_other_workers_ranks_and_batch_size(parts):
     assert Counter(read) + Counter(rest) == want  # 24 left = 3 x 8: exactly the rest, none twice
 
 
-def test_lightning_takes_a_mixture_and_a_view_and_dali_refuses_a_mixture_by_name(parts):
+def test_lightning_takes_a_mixture_and_a_view(parts):
     pytest.importorskip("lightning")
-    from packer.dali import PackedBatchSource
     from packer.lightning import PackedDataModule
 
     mixture = packer.Mixture([packer.Stream(parts["A"], choose=6), packer.Stream(parts["cats"], choose=4)], seed=2)
@@ -308,9 +307,6 @@ def test_lightning_takes_a_mixture_and_a_view_and_dali_refuses_a_mixture_by_name
     got = [int(i) for _, labels in module.train_dataloader() for i in labels]
     assert len(got) == 10
     assert sum(len(labels) for _, labels in module.val_dataloader()) == 20  # the view: the 20 cats
-    with pytest.raises(errors.OptionError) as caught:
-        PackedBatchSource(mixture, batch_size=4)
-    assert caught.value.message.startswith("the DALI sources read one dataset or view, not a packer.Mixture (")
     with pytest.raises(errors.OptionError, match=r"^train= must be a dataset folder, a view file, an open dataset"):
         PackedDataModule(train=42, batch_size=5)
 
