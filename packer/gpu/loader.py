@@ -8,6 +8,7 @@ batch is made of; the package's ``__init__`` says which to use.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -183,8 +184,11 @@ class GpuBatchReader(CursorReader):
         # A private reader for the loader's thread (LRU of open shards is not thread-safe), pinned
         # to the same index version as the caller's dataset.
         # (a dataset URL is reopened by its URL and options: its folder in the node cache holds no shards)
-        self._reader = Dataset(self.dataset.location, backend="kvikio" if io == "kvikio" else options.backend,
-                               remote=self.dataset.place.options)
+        if callable(getattr(self.dataset, "own_space", None)):  # a packer.Mixture: has no location of its own;
+            self._reader = copy.deepcopy(self.dataset)         # its copy reopens each stream's dataset
+        else:
+            self._reader = Dataset(self.dataset.location, backend="kvikio" if io == "kvikio" else options.backend,
+                                   remote=self.dataset.place.options)
         if self._reader.manifest.index.checksum != self.dataset.manifest.index.checksum:
             self._reader.close()
             raise DatasetChangedError("the dataset was replaced since it was opened", path=self.dataset.path)

@@ -317,3 +317,30 @@ def test_an_epoch_larger_than_memory_is_refused_before_any_read(parts):
     assert caught.value.message.startswith("the mixture's epoch of 1,000,000,000,000 samples needs its order in "
                                            "memory (7,450.6 GiB of sample numbers), more than this machine's ")
     assert caught.value.message.endswith("GiB: lower choose=, repeat= or epoch_size")
+
+
+def test_the_gpu_raw_loader_reads_a_mixture_of_raw_datasets(tmp_path):
+    """GpuRawBatches (on CPU tensors here: no GPU) over a mixture of two raw datasets: the mixture's
+    order, its counts per stream, each sample's stored pixels; its private reader is a copy of the
+    mixture that reopened every stream's dataset."""
+    pytest.importorskip("torch")
+    from packer.gpu import GpuRawBatches
+
+    raw = packer.BuildSettings(codec="raw:size=12x10")
+    write_images(tmp_path / "a", {"cat": 7, "dog": 5}, size=16)
+    write_images(tmp_path / "b", {"emu": 6}, seed=3, size=16)
+    for name in "ab":
+        packer.build_dataset(tmp_path / name, tmp_path / name.upper(), raw, packer.RunOptions(workers=1))
+    mixture = packer.Mixture([packer.Stream(tmp_path / "A", choose=6), packer.Stream(tmp_path / "B", repeat=0.5)],
+                             seed=4)
+    order = ReadOrder("random", seed=0)
+    with GpuRawBatches(mixture, 4, device="cpu", order=order, fields=("image", "label", "index")) as loader:
+        assert loader._reader is not mixture and loader._reader.datasets[0] is not mixture.datasets[0]
+        batches = list(loader)
+    got = [int(i) for b in batches for i in b["index"]]
+    assert got == IndexSpace(mixture).epoch_order(order, 0).tolist()
+    assert Counter(_streams_of(mixture, got)) == {0: 6, 1: 3}
+    for batch in batches:
+        for image, label, i in zip(batch["image"], batch["label"], batch["index"]):
+            assert image.contiguous().numpy().tobytes() == mixture.read(int(i))
+            assert int(label) == int(mixture.labels[int(i)])
