@@ -172,3 +172,30 @@ def test_two_exports_publishing_into_one_out_at_once_leave_one_whole_export(data
                    for _, text, _ in results), results
     assert snapshot(out) in (wholes["cat"], wholes["dog"])
     assert sorted(p.name for p in out.parent.iterdir()) == [name]  # no stage or moved-aside OUT left
+
+
+@pytest.mark.parametrize("target", ["folder", "tar"])
+def test_an_out_that_appears_before_publishing_is_left_and_named(dataset: Path, tmp_path: Path, target: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process (the promise inventory's view of the race above): OUT is written by someone else
+    after the check at the start; without --overwrite it is left as it is and named."""
+    from packer.errors import OutputExistsError
+    from packer.export import safewrite
+
+    out = tmp_path / ("out.tar" if target == "tar" else "out")
+
+    def someone_else(point: str) -> None:
+        if point == "before-publish":
+            if target == "tar":
+                out.write_bytes(b"theirs")
+            else:
+                (out / "theirs").mkdir(parents=True)
+
+    monkeypatch.setattr(safewrite, "checkpoint", someone_else)
+    with pytest.raises(OutputExistsError) as caught:
+        export(dataset, out, to=target)
+    assert caught.value.message == ("the export target appeared while this export ran (another export wrote it); "
+                                    "it was left as it is: pass --overwrite to replace it")
+    assert caught.value.path == str(out)
+    assert (out.read_bytes() == b"theirs") if target == "tar" else sorted(p.name for p in out.iterdir()) == ["theirs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
