@@ -204,7 +204,7 @@ def test_options_are_checked(splits):
 
     with pytest.raises(OptionError, match="only to splits given as paths"):
         PackedDataModule(PackedDataset(splits["train"]), batch_size=BATCH, train_options={"decode": False})
-    with pytest.raises(OptionError, match="dataset folder or a packer.torch.PackedDataset"):
+    with pytest.raises(OptionError, match=r"an open dataset \(a view, a packer.Mixture\) or a packer.torch.PackedDataset, got "):
         PackedDataModule(42, batch_size=BATCH)
     data = _module(splits)
     with pytest.raises(OptionError, match="version"):
