@@ -38,10 +38,12 @@ def test_a_view_of_a_url_in_a_dataloader_with_two_workers(s3, small_dataset, tmp
     upload_dataset(small_dataset, parse_url(url), options_for(s3, tmp_path / "up"))
     options = options_for(s3, tmp_path / "cache")
     (path,) = packer.view(url, tmp_path / "v.pkview", classes=[0], remote=options)
-    dataset = PackedDataset(packer.open_dataset(path, remote=options), decode=False, fields=("index", "image"))
+    opened = packer.open_dataset(path, remote=options)
+    dataset = PackedDataset(opened, decode=False, fields=("index", "image"))
     loader = DataLoader(dataset, batch_sampler=PackedBatchSampler(dataset, batch_size=2, order="block"),
                         num_workers=2, collate_fn=lambda samples: samples)
     seen = {int(s["index"]): bytes(s["image"]) for batch in loader for s in batch}
+    opened.close()  # its fetch threads end here, not in a later test's forks
     with packer.open_dataset(small_dataset) as local:
         rows = [i for i in range(len(local)) if local.labels[i] == 0]
         assert seen == {k: bytes(local.get(i)) for k, i in enumerate(rows)} and torch is not None
@@ -60,11 +62,12 @@ def test_a_mixture_of_a_folder_a_url_and_a_view_in_one_dataloader_with_two_worke
     upload_dataset(small_dataset, parse_url(url), options_for(s3, tmp_path / "up"))
     options = options_for(s3, tmp_path / "cache")
     (view,) = packer.view(small_dataset, tmp_path / "v.pkview", classes=[0])
-    chosen = len(packer.open_dataset(view))
+    with packer.open_dataset(view) as opened:
+        chosen = len(opened)
+    remote = packer.open_dataset(url, remote=options)
 
     def mixture():
-        return packer.Mixture([packer.Stream(small_dataset, weight=1),
-                               packer.Stream(packer.open_dataset(url, remote=options), weight=1),
+        return packer.Mixture([packer.Stream(small_dataset, weight=1), packer.Stream(remote, weight=1),
                                packer.Stream(view, repeat=2)], epoch_size=2 * chosen + 20, seed=1)
 
     mixed = mixture()
@@ -80,3 +83,5 @@ def test_a_mixture_of_a_folder_a_url_and_a_view_in_one_dataloader_with_two_worke
             source = cats if stream == 2 else local
             assert data_bytes == bytes(source.get(local_number))
     assert Counter(s for _, s, _ in got) == {0: 10, 1: 10, 2: 2 * chosen}
+    mixed.close()
+    remote.close()  # its fetch threads end here, not in a later test's forks
