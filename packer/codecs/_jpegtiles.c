@@ -18,6 +18,16 @@
  * Python (or numpy) cannot do it at build speed, and no maintained Python library exposes lossless
  * transcoding with restart markers (jpegtran's job).
  *
+ * Where the time goes (~165,000 symbols in a 100 KB photo): the counting pass decodes each symbol
+ * with one 9-bit table lookup that also gives its extra bits' count, mask and block step and its
+ * record, so a code and its extra bits leave the bit buffer in one shift; the buffer is refilled
+ * from one 8-byte load when those bytes hold no 0xFF (byte by byte otherwise), at exactly the
+ * points a byte-at-a-time reader would refill, so that a damaged file stops at the same byte and is
+ * refused or kept as before. The writing pass replays the records: one table lookup gives a
+ * symbol's new code already shifted above its extra bits, and the whole bytes go out with one
+ * 8-byte store when none is 0xFF. Decoding is ~70% of the time, bound by the serial chain
+ * lookup -> shift -> lookup of a Huffman decoder; benchmarks/bench_transcode.py measures it.
+ *
  * The input is untrusted: every length and table is checked, nothing is read out of bounds, and
  * any problem raises ValueError("unsupported: ...") or ValueError("corrupt: ...") (transcode) or
  * returns None (window). All work happens without the GIL and without Python objects.
@@ -105,7 +115,8 @@ typedef struct {
     int32_t maxcode[18];     /* largest code of length l, -1 if none */
     int32_t valptr[17];      /* index into values of the first code of length l */
     int32_t mincode[17];
-    uint16_t fast[1 << 9];   /* 9-bit lookahead: (length << 8) | value, 0 = slow path */
+    int slot;                /* 0-3: DC table 0-3, 4-7: AC table 0-3 */
+    uint64_t fast[1 << 9];   /* 9-bit lookahead: lookup_entry(), 0 = a longer code (decode_long) */
 } DecodeTable;
 
 typedef struct {
@@ -113,7 +124,43 @@ typedef struct {
     uint8_t size[256];       /* 0: symbol has no code */
 } EncodeTable;
 
-static void build_decode_table(Failure *failure, DecodeTable *table, int table_class) {
+/* A recorded symbol: its table slot (0-3 DC, 4-7 AC), the symbol, its extra bits and their count
+ * (at most 15 bits: 8-bit JPEGs need 11 for DC, 10 for AC; `bits` has nothing above them). The
+ * top 12 bits, slot and symbol, index replay_pass's table of codes. */
+static inline uint32_t pack_symbol(int slot, int symbol, uint32_t bits, int size) {
+    return ((uint32_t)slot << 28) | ((uint32_t)symbol << 20) | ((uint32_t)size << 16) | bits;
+}
+
+/* A decoded symbol as the hot loop wants it, so that a code and its extra bits are taken in one
+ * shift, the block position advances without decoding run and size, and the symbol is recorded
+ * without re-packing it:
+ *   bits 0-7    total: the code's length + the symbol's count of extra bits (DC: the symbol,
+ *               a magnitude category; AC: its low 4 bits)
+ *   bits 8-15   AC: the coefficients it covers, run + 1, for a symbol with extra bits; else
+ *               NO_EXTRA_BITS (end of block, or a run of 16 zeros: the loop's rare branch)
+ *   bits 16-31  the extra bits' mask, (1 << count) - 1
+ *   bits 32-63  the record's top bits: pack_symbol(slot, symbol, 0, count); the top 12 bits,
+ *               (slot << 8) | symbol, index the symbol's count in Transcoder.frequency
+ * Never 0 (a code is at least 1 bit long). */
+#define NO_EXTRA_BITS 0x80
+
+static uint64_t lookup_entry(int slot, int length, int value) {
+    int table_class = slot >> 2;
+    int extra = table_class ? value & 15 : value;  /* DC symbols above 15 are refused before */
+    int total = length + extra;
+    uint64_t step = table_class ? (extra ? (uint64_t)(value >> 4) + 1 : NO_EXTRA_BITS) : 0;
+    return ((uint64_t)pack_symbol(slot, value, 0, extra) << 32) | ((uint64_t)((1u << extra) - 1) << 16) |
+           (step << 8) | (uint64_t)total;
+}
+
+static inline int entry_total(uint64_t entry) { return (int)(entry & 0xFF); }
+static inline int entry_step(uint64_t entry) { return (int)((entry >> 8) & 0xFF); }
+static inline int entry_symbol(uint64_t entry) { return (int)((entry >> 52) & 0xFF); }
+static inline int entry_extra(uint64_t entry) { return (int)((entry >> 48) & 15); }
+static inline uint32_t entry_high(uint64_t entry) { return (uint32_t)(entry >> 32); }
+
+static void build_decode_table(Failure *failure, DecodeTable *table, int table_class, int id) {
+    table->slot = 4 * table_class + id;
     int code = 0, k = 0;
     for (int length = 1; length <= 16; length++) {
         table->valptr[length] = k;
@@ -127,6 +174,11 @@ static void build_decode_table(Failure *failure, DecodeTable *table, int table_c
         code <<= 1;
     }
     table->maxcode[17] = 0x7fffffff;
+    for (int i = 0; i < table->total; i++) {
+        /* DC symbols are magnitude categories; 15 is the most a 16-bit coefficient can need. */
+        if (table_class == 0 && table->values[i] > 15)
+            fail(failure, "corrupt: DC Huffman table has symbol %d", table->values[i]);
+    }
     memset(table->fast, 0, sizeof table->fast);
     code = 0;
     k = 0;
@@ -134,14 +186,9 @@ static void build_decode_table(Failure *failure, DecodeTable *table, int table_c
         for (int i = 0; i < table->counts[length]; i++, k++, code++) {
             int shift = 9 - length;
             for (int fill = 0; fill < (1 << shift); fill++)
-                table->fast[(code << shift) | fill] = (uint16_t)((length << 8) | table->values[k]);
+                table->fast[(code << shift) | fill] = lookup_entry(table->slot, length, table->values[k]);
         }
         code <<= 1;
-    }
-    for (int i = 0; i < table->total; i++) {
-        /* DC symbols are magnitude categories; 15 is the most a 16-bit coefficient can need. */
-        if (table_class == 0 && table->values[i] > 15)
-            fail(failure, "corrupt: DC Huffman table has symbol %d", table->values[i]);
     }
 }
 
@@ -153,17 +200,28 @@ static void optimal_table(const long frequency_in[256], uint8_t counts[17], uint
     memcpy(frequency, frequency_in, 256 * sizeof(long));
     frequency[256] = 1; /* reserves one code point so no real code is all ones */
     for (int i = 0; i < 257; i++) { codesize[i] = 0; others[i] = -1; }
+    /* The symbols still in play (nonzero frequency), ascending: the scans below visit them in the
+     * order a scan of all 257 would, so they pick the same two (the last of equal frequencies). */
+    int active[257], live = 0;
+    for (int i = 0; i <= 256; i++)
+        if (frequency[i]) active[live++] = i;
     for (;;) {
-        int c1 = -1, c2 = -1;
+        int c1 = -1, c2 = -1, c2_at = -1;
         long v = 1000000000L;
-        for (int i = 0; i <= 256; i++)
-            if (frequency[i] && frequency[i] <= v) { v = frequency[i]; c1 = i; }
+        for (int j = 0; j < live; j++) {
+            int i = active[j];
+            if (frequency[i] <= v) { v = frequency[i]; c1 = i; }
+        }
         v = 1000000000L;
-        for (int i = 0; i <= 256; i++)
-            if (frequency[i] && frequency[i] <= v && i != c1) { v = frequency[i]; c2 = i; }
+        for (int j = 0; j < live; j++) {
+            int i = active[j];
+            if (frequency[i] <= v && i != c1) { v = frequency[i]; c2 = i; c2_at = j; }
+        }
         if (c2 < 0) break;
         frequency[c1] += frequency[c2];
         frequency[c2] = 0;
+        memmove(active + c2_at, active + c2_at + 1, (size_t)(live - c2_at - 1) * sizeof *active);
+        live--;
         codesize[c1]++;
         while (others[c1] >= 0) { c1 = others[c1]; codesize[c1]++; }
         others[c1] = c2;
@@ -215,75 +273,146 @@ static void build_encode_table(const uint8_t counts[17], const uint8_t values[25
 typedef struct {
     const uint8_t *data;
     size_t position, end;
-    uint64_t bits;      /* left-aligned: the next bit is bit 63 */
+    uint64_t bits;      /* left-aligned: the next bit is bit 63; the bits below `count` are zero */
     int count;          /* valid bits in `bits` */
     int padding;        /* how many of the lowest valid bits are zero padding past a marker */
     int at_marker;
 } BitReader;
 
-static void reader_fill(BitReader *reader) {
-    while (reader->count <= 56) {
+/* The two passes over the symbols are also compiled for CPUs with BMI2, picked at load time
+ * (GCC's ifunc on glibc/x86-64): its shifts by a variable count (shlx, shrx) are single
+ * instructions that leave the flags alone, ~5% of the transcode's time. Same C, same bytes. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
+#define BMI2_CLONES __attribute__((target_clones("bmi2", "default")))
+#else
+#define BMI2_CLONES
+#endif
+
+/* The hot loop keeps a reader (and a writer) in a local copy that the compiler holds in
+ * registers: the helpers below are forced inline and never take a reader's address out of line
+ * (the rare paths take and return one by value). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HOT static inline __attribute__((always_inline))
+#define COLD static __attribute__((noinline))
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define HOT static inline
+#define COLD static
+#define UNLIKELY(x) (x)
+#endif
+
+/* The byte-at-a-time refill, for the bytes at and after an 0xFF and the last 7 bytes of the
+ * data: undo 0xFF 0x00 stuffing; at a marker (or the end of the data) stop and feed zero bytes,
+ * counted in `padding` so that consuming them fails (reader_take). */
+COLD BitReader reader_fill_bytes(BitReader reader, int limit) {
+    while (reader.count <= limit) {
         uint8_t byte = 0;
-        if (!reader->at_marker && reader->position < reader->end) {
-            byte = reader->data[reader->position];
+        if (!reader.at_marker && reader.position < reader.end) {
+            byte = reader.data[reader.position];
             if (byte == 0xFF) {
-                uint8_t next = reader->position + 1 < reader->end ? reader->data[reader->position + 1] : 0xD9;
+                uint8_t next = reader.position + 1 < reader.end ? reader.data[reader.position + 1] : 0xD9;
                 if (next == 0x00) {
-                    reader->position += 2;
+                    reader.position += 2;
                 } else {
-                    reader->at_marker = 1;
+                    reader.at_marker = 1;
                     byte = 0;
                 }
             } else {
-                reader->position++;
+                reader.position++;
             }
         } else {
-            reader->at_marker = 1;
+            reader.at_marker = 1;
         }
-        if (reader->at_marker) reader->padding += 8;
-        reader->bits |= (uint64_t)byte << (56 - reader->count);
-        reader->count += 8;
+        if (reader.at_marker) reader.padding += 8;
+        reader.bits |= (uint64_t)byte << (56 - reader.count);
+        reader.count += 8;
     }
+    return reader;
 }
 
-static void reader_consume(Failure *failure, BitReader *reader, int count) {
-    reader->bits <<= count;
-    reader->count -= count;
-    if (reader->count < reader->padding) fail(failure, "corrupt: entropy-coded data ends early");
-}
-
-static int reader_bits(Failure *failure, BitReader *reader, int count) {
-    if (count == 0) return 0;
-    if (reader->count < 32) reader_fill(reader);
-    int value = (int)(reader->bits >> (64 - count));
-    reader_consume(failure, reader, count);
-    return value;
-}
-
-static int reader_symbol(Failure *failure, BitReader *reader, const DecodeTable *table) {
-    if (reader->count < 32) reader_fill(reader);
-    unsigned look = (unsigned)(reader->bits >> (64 - 9));
-    uint16_t entry = table->fast[look];
-    if (entry) {
-        reader_consume(failure, reader, entry >> 8);
-        return entry & 0xFF;
+/* Take whole bytes while `count` <= `limit` (<= 56), to more than `limit` valid bits. The common
+ * case takes them from one bounds-checked 8-byte load when none of those 8 bytes is 0xFF (no
+ * stuffing, no marker): exactly the bytes reader_fill_bytes would take, in one shift. */
+HOT void reader_fill_to(BitReader *reader, int limit) {
+    if (!reader->at_marker && reader->end - reader->position >= 8) {
+        const uint8_t *p = reader->data + reader->position;
+        uint64_t word = ((uint64_t)p[0] << 56) | ((uint64_t)p[1] << 48) | ((uint64_t)p[2] << 40) |
+                        ((uint64_t)p[3] << 32) | ((uint64_t)p[4] << 24) | ((uint64_t)p[5] << 16) |
+                        ((uint64_t)p[6] << 8) | (uint64_t)p[7];
+        /* a byte of ~word is zero exactly where a byte of word is 0xFF */
+        if (!((~word - 0x0101010101010101ULL) & word & 0x8080808080808080ULL)) {
+            int take = (limit + 8 - reader->count) >> 3;  /* 1..8 whole bytes */
+            reader->bits |= (word >> (64 - 8 * take)) << (64 - 8 * take - reader->count);
+            reader->position += (size_t)take;
+            reader->count += 8 * take;
+            return;
+        }
     }
-    uint32_t peek = (uint32_t)(reader->bits >> (64 - 16));
+    *reader = reader_fill_bytes(*reader, limit);
+}
+
+/* The refill before every read that finds fewer than 32 bits (a code, or extra bits), where a
+ * byte-at-a-time reader refills: the reader stops at the same byte at the end of a restart
+ * interval or of the scan, so a damaged file is accepted or refused exactly as before. */
+HOT void reader_fill(BitReader *reader) { reader_fill_to(reader, 56); }
+
+/* A code longer than the 9-bit lookahead, as a lookahead entry, from the first 16 bits. */
+COLD uint64_t decode_long(Failure *failure, uint64_t bits, const DecodeTable *table) {
+    uint32_t peek = (uint32_t)(bits >> (64 - 16));
     for (int length = 10; length <= 16; length++) {
         int32_t code = (int32_t)(peek >> (16 - length));
         if (code <= table->maxcode[length]) {
             int32_t index = table->valptr[length] + code - table->mincode[length];
             if (index < 0 || index >= table->total) break;
-            reader_consume(failure, reader, length);
-            return table->values[index];
+            return lookup_entry(table->slot, length, table->values[index]);
         }
     }
     fail(failure, "corrupt: invalid Huffman code");
-    return 0;
+}
+
+/* One Huffman symbol's lookup entry, with at least 32 bits in `bits` (enough for a code of up
+ * to 16 bits and its up to 15 extra bits); nothing consumed yet. */
+HOT uint64_t reader_peek_symbol(Failure *failure, BitReader *reader, const DecodeTable *table) {
+    if (reader->count < 32) reader_fill(reader);
+    uint64_t entry = table->fast[reader->bits >> (64 - 9)];
+    if (UNLIKELY(!entry)) entry = decode_long(failure, reader->bits, table);
+    return entry;
+}
+
+/* Consume a peeked symbol's code and its extra bits in one shift; returns the extra bits. The
+ * same as a reader that consumes the code, refills if fewer than 32 bits are left (reader_fill),
+ * then takes the extra bits: the refill takes the same bytes, after the shift; and either
+ * running past the data's end is the same error. */
+HOT uint32_t reader_take(Failure *failure, BitReader *reader, uint64_t entry, int has_extra) {
+    int total = entry_total(entry), size = entry_extra(entry);
+    uint32_t extra = (uint32_t)(reader->bits >> ((unsigned)-total & 63)) & (uint32_t)(entry >> 16);
+    reader->bits <<= total;
+    reader->count -= total;
+    if ((has_extra || size) && reader->count + size < 32) reader_fill_to(reader, 56 - size);
+    if (UNLIKELY(reader->count < reader->padding)) fail(failure, "corrupt: entropy-coded data ends early");
+    return extra;
+}
+
+HOT uint32_t reader_take_symbol(Failure *failure, BitReader *reader, uint64_t entry) {
+    return reader_take(failure, reader, entry, 0);
+}
+
+/* reader_take_symbol for a symbol known to have extra bits */
+HOT uint32_t reader_take_extra(Failure *failure, BitReader *reader, uint64_t entry) {
+    return reader_take(failure, reader, entry, 1);
+}
+
+/* A symbol that runs past the end of its block, before its code is consumed: a reader that
+ * consumes the code first fails there if the code itself runs past the data's end. */
+COLD NORETURN void block_overrun(Failure *failure, const BitReader *reader, uint64_t entry, const char *message) {
+    if (reader->count - (entry_total(entry) - entry_extra(entry)) < reader->padding)
+        fail(failure, "corrupt: entropy-coded data ends early");
+    fail(failure, "%s", message);
 }
 
 static int extend(int value, int size) {
-    return value < (1 << (size - 1)) ? value - (1 << size) + 1 : value;
+    int negative = -(value < ((1 << size) >> 1));
+    return value + (negative & (1 - (1 << size)));
 }
 
 /* Restart marker in the input: drop the padding bits, expect RSTn, reset. */
@@ -310,7 +439,7 @@ typedef struct {
 
 static void writer_flush_bytes(Failure *failure, BitWriter *writer) {
     /* At most 7 whole bytes are pending, each maybe stuffed with a 0x00: reserve once, then
-     * write without a capacity check per byte (this loop runs for every byte of every tile). */
+     * write without a capacity check per byte. */
     Buffer *out = writer->out;
     buffer_reserve(failure, out, 16);
     uint8_t *data = out->data;
@@ -325,11 +454,38 @@ static void writer_flush_bytes(Failure *failure, BitWriter *writer) {
     writer->bits &= (writer->count ? ((uint64_t)1 << writer->count) - 1 : 0);
 }
 
-static void writer_put(Failure *failure, BitWriter *writer, uint32_t value, int size) {
-    if (size == 0) return;
-    writer->bits = (writer->bits << size) | (value & (((uint64_t)1 << size) - 1));
+/* The 32 oldest of 32..63 pending bits as 4 bytes: one store when none of them is 0xFF, else
+ * byte by byte with an 0x00 stuffed after each 0xFF. The same bytes writer_flush_bytes writes. */
+HOT void writer_flush_word(Failure *failure, BitWriter *writer) {
+    Buffer *out = writer->out;
+    if (UNLIKELY(out->capacity - out->size < 8)) buffer_reserve(failure, out, 8);
+    writer->count -= 32;
+    uint32_t word = (uint32_t)(writer->bits >> writer->count);
+    uint8_t *data = out->data + out->size;
+    uint8_t bytes[4] = {(uint8_t)(word >> 24), (uint8_t)(word >> 16), (uint8_t)(word >> 8), (uint8_t)word};
+    if (!((~word - 0x01010101u) & word & 0x80808080u)) {  /* no byte is 0xFF */
+        memcpy(data, bytes, 4);
+        out->size += 4;
+    } else {
+        size_t size = 0;
+        for (int i = 0; i < 4; i++) {
+            data[size++] = bytes[i];
+            if (bytes[i] == 0xFF) data[size++] = 0x00;
+        }
+        out->size += size;
+    }
+}
+
+/* Append `size` (0..31) bits; `value` must have no bits above them. The bits above the pending
+ * `count` in `bits` are stale and never read. */
+HOT void writer_put_clean(Failure *failure, BitWriter *writer, uint32_t value, int size) {
+    writer->bits = (writer->bits << size) | value;
     writer->count += size;
-    if (writer->count >= 32) writer_flush_bytes(failure, writer);
+    if (writer->count >= 32) writer_flush_word(failure, writer);
+}
+
+HOT void writer_put(Failure *failure, BitWriter *writer, uint32_t value, int size) {
+    writer_put_clean(failure, writer, size ? value & (uint32_t)(((uint64_t)1 << size) - 1) : 0, size);
 }
 
 /* Pad to a byte boundary with one bits (T.81 F.1.2.3) and write everything out. */
@@ -365,7 +521,7 @@ typedef struct {
     int interval;                /* MCUs per restart interval (one tile) */
     int block_component[MAX_BLOCKS_IN_MCU];
     /* symbol counts and the optimised tables (slots 0-3 DC, 4-7 AC) */
-    long dc_frequency[4][256], ac_frequency[4][256];
+    long frequency[8 * 256];     /* by (slot << 8) | symbol */
     EncodeTable dc_codes[4], ac_codes[4];
     uint8_t counts[8][17], values[8][256];
     int totals[8];
@@ -375,6 +531,7 @@ typedef struct {
     size_t symbol_count, symbol_capacity;
     size_t *tile_ends;
     int recording;
+    uint64_t replay_codes[8 << 8];   /* replay_pass's codes by (slot << 8) | symbol */
     /* output */
     Buffer entropy;
     uint16_t *tile_lengths;
@@ -429,7 +586,7 @@ static void parse_dht(Transcoder *t, const uint8_t *p, unsigned length) {
         if (total > 256 || length - k - 17 < (unsigned)total) fail(failure, "corrupt: DHT segment too short");
         memcpy(table->values, p + k + 17, (size_t)total);
         table->total = total;
-        build_decode_table(failure, table, table_class);
+        build_decode_table(failure, table, table_class, id);
         table->defined = 1;
         k += 17 + (unsigned)total;
     }
@@ -556,87 +713,100 @@ static void plan_geometry(Transcoder *t) {
 
 static int magnitude_size(int value) {
     unsigned a = (unsigned)(value < 0 ? -value : value);
+#if defined(__GNUC__) || defined(__clang__)
+    return a ? 32 - __builtin_clz(a) : 0;
+#else
     int size = 0;
     while (a) { size++; a >>= 1; }
     return size;
+#endif
 }
 
-/* A recorded symbol: its table slot (0-3 DC, 4-7 AC), the symbol, its extra bits and their count
- * (at most 15 bits: 8-bit JPEGs need 11 for DC, 10 for AC). */
-static inline uint32_t pack_symbol(int slot, int symbol, uint32_t bits, int size) {
-    return ((uint32_t)slot << 28) | ((uint32_t)symbol << 20) | ((uint32_t)size << 16) | (bits & 0xFFFF);
-}
-
-static void record_symbol(Transcoder *t, uint32_t packed) {
-    if (t->symbol_count == t->symbol_capacity) {
-        size_t capacity = t->symbol_capacity ? 2 * t->symbol_capacity : (size_t)1 << 16;
-        uint32_t *grown = capacity <= SYMBOLS_MAX ? realloc(t->symbols, capacity * sizeof *grown) : NULL;
-        if (!grown) {  /* too many (or no memory): the writing pass decodes the scan again */
-            t->recording = 0;
-            return;
-        }
-        t->symbols = grown;
-        t->symbol_capacity = capacity;
+/* Room for `room` more symbols (64 per block at most) before an MCU is decoded, so that the loop
+ * over a block records without a check per symbol; when there is none, recording stops. */
+static void reserve_symbols(Transcoder *t, size_t room) {
+    if (t->symbol_capacity - t->symbol_count >= room) return;
+    /* the first guess: about one symbol per 4 bits of entropy-coded data (photos need 5-6) */
+    size_t guess = 2 * (t->size - t->entropy_start) + 4096;
+    size_t capacity = t->symbol_capacity ? 2 * t->symbol_capacity : guess;
+    if (capacity < t->symbol_count + room) capacity = t->symbol_count + room;
+    uint32_t *grown = capacity <= SYMBOLS_MAX ? realloc(t->symbols, capacity * sizeof *grown) : NULL;
+    if (!grown) {  /* too many (or no memory): the writing pass decodes the scan again */
+        t->recording = 0;
+        return;
     }
-    t->symbols[t->symbol_count++] = packed;
+    t->symbols = grown;
+    t->symbol_capacity = capacity;
 }
 
-/* Emit (or count, and record for the replay) one Huffman symbol and its extra bits. */
-static inline void put_symbol(Transcoder *t, BitWriter *writer, const EncodeTable *codes,
-                              long *frequency, int slot, int symbol, uint32_t bits, int size) {
+/* Emit one Huffman symbol and its extra bits (writer), or count it and record it for the replay
+ * (`*record`, when recording). */
+HOT void put_symbol(Transcoder *t, BitWriter *writer, const EncodeTable *codes, uint32_t **record,
+                    int symbol, uint32_t bits, int size, uint32_t high) {
     if (writer) {
         if (!codes->size[symbol]) fail(&t->failure, "corrupt: symbol missing from the optimised table");
         writer_put(&t->failure, writer, codes->code[symbol], codes->size[symbol]);
         writer_put(&t->failure, writer, bits, size);
     } else {
-        frequency[symbol]++;
-        if (t->recording) record_symbol(t, pack_symbol(slot, symbol, bits, size));
+        /* high: pack_symbol(slot, symbol, 0, size), from the lookup entry where there is one */
+        t->frequency[high >> 20]++;
+        if (record) *(*record)++ = high | bits;
     }
 }
 
 /* Copy one block: the DC coefficient is re-coded against `*previous` (the output's predictor),
  * every AC symbol is copied as decoded (same run/size, same extra bits) under the new tables.
  * The coefficients are never materialised: the block's AC coding stays exactly the input's. */
-static void copy_block(Transcoder *t, BitReader *reader, BitWriter *writer, const Component *c,
-                       int *predictor, int *previous) {
+HOT void copy_block(Transcoder *t, BitReader *reader_state, BitWriter *writer, int recording,
+                    const Component *c, int *predictor, int *previous) {
     Failure *failure = &t->failure;
-    int size = reader_symbol(failure, reader, &t->dc[c->dc_table]);
-    int diff = size ? extend(reader_bits(failure, reader, size), size) : 0;
+    BitReader reader_copy = *reader_state, *reader = &reader_copy;  /* held in registers */
+    /* recording (a constant where this is inlined): the caller made room for 64 symbols */
+    uint32_t *cursor = recording ? t->symbols + t->symbol_count : NULL, *first = cursor;
+    uint32_t **record = recording ? &cursor : NULL;
+    uint64_t entry = reader_peek_symbol(failure, reader, &t->dc[c->dc_table]);
+    int size = entry_extra(entry);
+    int diff = extend((int)reader_take_symbol(failure, reader, entry), size);
     *predictor += diff;
     if (*predictor > 32767 || *predictor < -32767) fail(failure, "corrupt: DC coefficient out of range");
     int new_diff = *predictor - *previous;
     *previous = *predictor;
     size = magnitude_size(new_diff);
     if (size > 15) fail(failure, "corrupt: DC difference out of range");
-    put_symbol(t, writer, &t->dc_codes[c->dc_table], t->dc_frequency[c->dc_table], c->dc_table, size,
-               (uint32_t)(new_diff < 0 ? new_diff - 1 : new_diff), size);
+    put_symbol(t, writer, &t->dc_codes[c->dc_table], record, size,
+               (uint32_t)(new_diff < 0 ? new_diff - 1 : new_diff) & ((1u << size) - 1), size,
+               pack_symbol(c->dc_table, size, 0, size));
     const DecodeTable *ac = &t->ac[c->ac_table];
     const EncodeTable *ac_codes = &t->ac_codes[c->ac_table];
-    long *ac_frequency = t->ac_frequency[c->ac_table];
     for (int k = 1; k < 64;) {
-        int rs = reader_symbol(failure, reader, ac);
-        int run = rs >> 4;
-        size = rs & 15;
-        uint32_t bits = 0;
-        if (size == 0) {
-            if (run != 15) {  /* end of block */
-                put_symbol(t, writer, ac_codes, ac_frequency, 4 + c->ac_table, rs, 0, 0);
+        entry = reader_peek_symbol(failure, reader, ac);
+        int step = entry_step(entry);
+        if (UNLIKELY(step == NO_EXTRA_BITS)) {  /* end of block, or 16 zeros */
+            int rs = entry_symbol(entry);
+            if (rs >> 4 != 15) {  /* end of block */
+                reader_take_symbol(failure, reader, entry);
+                put_symbol(t, writer, ac_codes, record, rs, 0, 0, entry_high(entry));
                 break;
             }
             k += 16;
-            if (k > 64) fail(failure, "corrupt: zero run past the end of a block");
-        } else {
-            k += run + 1;
-            if (k > 64) fail(failure, "corrupt: coefficient past the end of a block");
-            bits = (uint32_t)reader_bits(failure, reader, size);
+            if (k > 64) block_overrun(failure, reader, entry, "corrupt: zero run past the end of a block");
+            reader_take_symbol(failure, reader, entry);
+            put_symbol(t, writer, ac_codes, record, rs, 0, 0, entry_high(entry));
+            continue;
         }
-        put_symbol(t, writer, ac_codes, ac_frequency, 4 + c->ac_table, rs, bits, size);
+        k += step;
+        if (k > 64) block_overrun(failure, reader, entry, "corrupt: coefficient past the end of a block");
+        uint32_t bits = reader_take_extra(failure, reader, entry);
+        put_symbol(t, writer, ac_codes, record, entry_symbol(entry), bits,
+                   entry_extra(entry), entry_high(entry));
     }
+    *reader_state = reader_copy;
+    if (recording) t->symbol_count += (size_t)(cursor - first);
 }
 
 /* One pass over the scan: decode every MCU and either count symbols (writer == NULL) or write
  * the MCU as its own restart interval. */
-static void scan_pass(Transcoder *t, BitWriter *writer) {
+BMI2_CLONES static void scan_pass(Transcoder *t, BitWriter *writer) {
     Failure *failure = &t->failure;
     BitReader reader = {t->data, t->entropy_start, t->size, 0, 0, 0, 0};
     int predictor[MAX_COMPONENTS] = {0};
@@ -644,53 +814,141 @@ static void scan_pass(Transcoder *t, BitWriter *writer) {
     int next_restart = 0;
     int previous[MAX_COMPONENTS] = {0};
     size_t start = 0;
+    /* mcu % restart_interval, mcu % interval and mcu / interval, counted instead of divided */
+    long since_restart = 0, tile = 0;
+    int in_tile = 0;
     for (long mcu = 0; mcu < total; mcu++) {
-        if (t->restart_interval && mcu > 0 && mcu % t->restart_interval == 0) {
+        if (t->restart_interval && mcu > 0 && since_restart == 0) {
             reader_restart(failure, &reader, next_restart);
             next_restart = (next_restart + 1) & 7;
             memset(predictor, 0, sizeof predictor);
         }
-        if (mcu % t->interval == 0) {   /* the output restarts every tile */
+        if (in_tile == 0) {   /* the output restarts every tile */
             memset(previous, 0, sizeof previous);
             start = writer ? t->entropy.size : 0;
         }
-        for (int b = 0; b < t->blocks_in_mcu; b++) {
-            int ci = t->block_component[b];
-            copy_block(t, &reader, writer, &t->component[ci], &predictor[ci], &previous[ci]);
+        if (!writer && t->recording) reserve_symbols(t, 64 * (size_t)t->blocks_in_mcu);
+        /* three copies of copy_block, each with its branches on writing and recording folded */
+        if (writer) {
+            for (int b = 0; b < t->blocks_in_mcu; b++) {
+                int ci = t->block_component[b];
+                copy_block(t, &reader, writer, 0, &t->component[ci], &predictor[ci], &previous[ci]);
+            }
+        } else if (t->recording) {
+            for (int b = 0; b < t->blocks_in_mcu; b++) {
+                int ci = t->block_component[b];
+                copy_block(t, &reader, NULL, 1, &t->component[ci], &predictor[ci], &previous[ci]);
+            }
+        } else {
+            for (int b = 0; b < t->blocks_in_mcu; b++) {
+                int ci = t->block_component[b];
+                copy_block(t, &reader, NULL, 0, &t->component[ci], &predictor[ci], &previous[ci]);
+            }
         }
-        if (!writer && t->recording && (mcu + 1) % t->interval == 0) t->tile_ends[mcu / t->interval] = t->symbol_count;
-        if (writer && (mcu + 1) % t->interval == 0) {
+        int tile_ends = in_tile + 1 == t->interval;
+        if (!writer && t->recording && tile_ends) t->tile_ends[tile] = t->symbol_count;
+        if (writer && tile_ends) {
             writer_align(failure, writer);
             size_t length = t->entropy.size - start;
             if (length > 65535) fail(failure, "unsupported: a tile of %zu bytes", length);
-            long tile = mcu / t->interval;
             t->tile_lengths[tile] = (uint16_t)length;
             if (mcu + 1 < total) {
                 buffer_byte(failure, &t->entropy, 0xFF);
                 buffer_byte(failure, &t->entropy, (uint8_t)(0xD0 + (tile & 7)));
             }
         }
+        if (tile_ends) {
+            in_tile = 0;
+            tile++;
+        } else {
+            in_tile++;
+        }
+        if (++since_restart == t->restart_interval) since_restart = 0;
     }
     t->scan_end = reader.position;
 }
 
 /* The writing pass from the counting pass's records: each tile's symbols under the optimised
  * tables, padded to a byte and followed by its restart marker, exactly what scan_pass writes. */
-static void replay_pass(Transcoder *t, BitWriter *writer, long tiles) {
+/* 8 bytes, most significant first. */
+HOT void store_be64(uint8_t *p, uint64_t value) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    value = __builtin_bswap64(value);
+    memcpy(p, &value, 8);
+#else
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(value >> (56 - 8 * i));
+#endif
+}
+
+COLD uint8_t *put_stuffed(uint8_t *w, uint64_t word, int bytes) {
+    for (int i = 0; i < bytes; i++) {
+        uint8_t byte = (uint8_t)(word >> (56 - 8 * i));
+        *w++ = byte;
+        if (byte == 0xFF) *w++ = 0x00;
+    }
+    return w;
+}
+
+BMI2_CLONES static void replay_pass(Transcoder *t, long tiles) {
     Failure *failure = &t->failure;
+    /* Every (slot, symbol) as its code shifted above its extra bits, and the length of both, indexed
+     * by a record's top 12 bits: (code << extra bits << 6) | (code length + extra bits); 0 for a
+     * symbol without a code. */
+    uint64_t *codes = t->replay_codes;
+    for (int slot = 0; slot < 8; slot++) {
+        const EncodeTable *table = slot < 4 ? &t->dc_codes[slot] : &t->ac_codes[slot - 4];
+        for (int symbol = 0; symbol < 256; symbol++) {
+            int extra = slot < 4 ? symbol : symbol & 15;  /* DC symbols with a code are <= 15 */
+            codes[(slot << 8) | symbol] = table->size[symbol] && extra <= 15
+                ? ((uint64_t)table->code[symbol] << (extra + 6)) | (uint64_t)(table->size[symbol] + extra) : 0;
+        }
+    }
+    /* Every symbol recorded was counted, and every symbol counted has a code (optimal_table):
+     * checked here once rather than per symbol. */
+    for (int slot = 0; slot < 8; slot++) {
+        const long *frequency = t->frequency + 256 * slot;
+        for (int symbol = 0; symbol < 256; symbol++)
+            if (frequency[symbol] && !codes[(slot << 8) | symbol])
+                fail(failure, "corrupt: symbol missing from the optimised table");
+    }
+    /* The bit writer of writer_put, with its pending bits (`count`, at most 7 between symbols)
+     * in `pending`, and the whole bytes written after every symbol with one 8-byte store of the
+     * bits left-aligned (the bytes below them are zero, the partial byte is not 0xFF, so the
+     * store holds 0xFF only where a whole byte is; then the byte-at-a-time stuffing). */
+    Buffer *out = &t->entropy;
+    const uint32_t *symbols = t->symbols;
+    uint64_t pending = 0;
+    int count = 0;
     size_t s = 0;
     for (long tile = 0; tile < tiles; tile++) {
-        size_t start = t->entropy.size;
-        for (size_t end = t->tile_ends[tile]; s < end; s++) {
-            uint32_t packed = t->symbols[s];
-            int slot = (int)(packed >> 28), symbol = (int)((packed >> 20) & 0xFF), size = (int)((packed >> 16) & 15);
-            const EncodeTable *codes = slot < 4 ? &t->dc_codes[slot] : &t->ac_codes[slot - 4];
-            if (!codes->size[symbol]) fail(failure, "corrupt: symbol missing from the optimised table");
-            writer_put(failure, writer, codes->code[symbol], codes->size[symbol]);
-            writer_put(failure, writer, packed & 0xFFFF, size);
+        size_t end = t->tile_ends[tile];
+        /* a symbol writes at most 8 bytes (4 of bits, each maybe stuffed), the store 8 more */
+        buffer_reserve(failure, out, (end - s) * 8 + 32);
+        uint8_t *start = out->data + out->size, *w = start;
+        for (; s < end; s++) {
+            uint32_t packed = symbols[s];
+            uint64_t code = codes[packed >> 20];
+            int length = (int)(code & 63);
+            /* the code and its extra bits in one put: at most 16 + 15 bits, 38 with the pending */
+            pending = (pending << length) | (code >> 6) | (packed & 0xFFFF);
+            count += length;
+            uint64_t word = pending << (64 - count);
+            if (UNLIKELY((~word - 0x0101010101010101ULL) & word & 0x8080808080808080ULL)) {
+                w = put_stuffed(w, word, count >> 3);
+            } else {
+                store_be64(w, word);
+                w += count >> 3;
+            }
+            count &= 7;
         }
-        writer_align(failure, writer);
-        size_t length = t->entropy.size - start;
+        if (count) {  /* pad to a byte boundary with one bits (T.81 F.1.2.3) */
+            uint8_t byte = (uint8_t)((pending << (8 - count)) | ((1u << (8 - count)) - 1));
+            *w++ = byte;
+            if (byte == 0xFF) *w++ = 0x00;
+            count = 0;
+        }
+        size_t length = (size_t)(w - start);
+        out->size += length;
         if (length > 65535) fail(failure, "unsupported: a tile of %zu bytes", length);
         t->tile_lengths[tile] = (uint16_t)length;
         if (tile + 1 < tiles) {
@@ -718,7 +976,7 @@ static void transcode(Transcoder *t) {
     parse_header(t);
     plan_geometry(t);
     long total = (long)t->mcu_columns * t->mcu_rows;
-    long (*dc_frequency)[256] = t->dc_frequency, (*ac_frequency)[256] = t->ac_frequency;
+    const long *dc_frequency = t->frequency, *ac_frequency = t->frequency + 4 * 256;
     EncodeTable *dc_codes = t->dc_codes, *ac_codes = t->ac_codes;
     uint8_t (*counts)[17] = t->counts, (*values)[256] = t->values;
     int *totals = t->totals;
@@ -735,11 +993,11 @@ static void transcode(Transcoder *t) {
     }
     for (int id = 0; id < 4; id++) {
         if (used_dc[id]) {
-            optimal_table(dc_frequency[id], counts[id], values[id], &totals[id]);
+            optimal_table(dc_frequency + 256 * id, counts[id], values[id], &totals[id]);
             build_encode_table(counts[id], values[id], totals[id], &dc_codes[id]);
         }
         if (used_ac[id]) {
-            optimal_table(ac_frequency[id], counts[4 + id], values[4 + id], &totals[4 + id]);
+            optimal_table(ac_frequency + 256 * id, counts[4 + id], values[4 + id], &totals[4 + id]);
             build_encode_table(counts[4 + id], values[4 + id], totals[4 + id], &ac_codes[id]);
         }
     }
@@ -749,7 +1007,7 @@ static void transcode(Transcoder *t) {
     buffer_reserve(failure, &t->entropy, t->size + (size_t)total * 3);
     BitWriter writer = {&t->entropy, 0, 0};
     if (t->recording) {
-        replay_pass(t, &writer, tiles);  /* one entropy decode in all */
+        replay_pass(t, tiles);  /* one entropy decode in all */
     } else {
         scan_pass(t, &writer);
     }
