@@ -462,6 +462,50 @@ def test_a_path_2000_folders_deep_is_written_and_replaced_without_recursion(tmp_
             os.close(parent)
 
 
+def _nested_tree(root: Path) -> None:
+    for folder in ("tree/a/b/c", "tree/a/d", "tree/e"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for name in ("tree/x", "tree/a/y", "tree/a/b/z", "tree/a/b/c/w", "tree/e/v"):
+        (root / name).write_bytes(b"1")
+    os.symlink(root / "outside", root / "tree/a/link")  # removed as a link, never followed
+
+
+def test_remove_entry_skips_an_entry_another_process_removed_meanwhile(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two exports cleaning the same leftover: an entry listed but gone by the time it is removed
+    is skipped, and the rest of the folder is still removed."""
+    _nested_tree(tmp_path)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "kept").write_bytes(b"2")
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda fd: ["gone-meanwhile", *listdir(fd)])
+    parent = os.open(tmp_path, os.O_RDONLY)
+    try:
+        remove_entry(parent, b"tree")
+    finally:
+        os.close(parent)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["outside"] and os.listdir(tmp_path / "outside") == ["kept"]
+
+
+def test_remove_entry_works_in_a_process_whose_standard_input_is_closed(tmp_path: Path) -> None:
+    """A daemon runs with descriptor 0 closed, so a folder opened while removing can be descriptor 0:
+    it is a folder like any other (not taken for "no sub-folder" and left open)."""
+    _nested_tree(tmp_path)
+    parent = os.open(tmp_path, os.O_RDONLY)
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        remove_entry(parent, b"tree")
+        with pytest.raises(OSError):  # every folder it opened is closed again, descriptor 0 included
+            os.fstat(0)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(parent)
+    assert os.listdir(tmp_path) == []
+
+
 # --- what changes under the writer between the plan and the last file ----------------------------------
 
 def on_stage_created(monkeypatch: pytest.MonkeyPatch, out: Path, act: Callable[[Path], None]) -> None:
