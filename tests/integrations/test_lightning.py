@@ -427,7 +427,8 @@ def test_every_refusal_names_the_split_or_option_it_is_about(splits):
     for split in ("train", "val", "test"):
         with pytest.raises(OptionError) as caught:
             PackedDataModule(**{split: 42}, batch_size=BATCH)
-        assert caught.value.message == f"{split}= must be a dataset folder or a packer.torch.PackedDataset, got int"
+        assert caught.value.message == (f"{split}= must be a dataset folder, a view file, an open dataset (a view, a "
+                                        f"packer.Mixture) or a packer.torch.PackedDataset, got int")
     from packer.torch import PackedDataset
 
     with pytest.raises(OptionError) as caught:
