@@ -123,7 +123,8 @@ GROUPS = (
           ("tests/sources/test_source_contract.py", "tests/sources/test_source_refusals.py",
            "tests/sources/test_class_lists.py", "tests/sources/test_manifest_rows.py"), skip=_SLOW_BUILD),
     Group("export", ("packer/export/plan.py", "packer/export/safewrite.py"),
-          ("tests/export/test_export.py", "tests/export/test_export_options.py", "tests/export/test_export_hostile.py")),
+          ("tests/export/test_export.py", "tests/export/test_export_options.py", "tests/export/test_export_hostile.py",
+           "tests/export/test_export_side_files.py")),
     Group("lightning", ("packer/lightning.py",), ("tests/integrations/test_lightning.py",)),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}

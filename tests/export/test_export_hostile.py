@@ -315,7 +315,12 @@ UNSAFE_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("key, message", UNSAFE_KEYS, ids=lambda v: v[:20] if isinstance(v, bytes) else None)
+#: Plain parameter ids (scripts/mutate.py selects tests by node id: a key's bytes in an id, a NUL or a
+#: truncated path, made three of them unselectable there).
+UNSAFE_KEY_IDS = ["dotdot", "dot", "empty-component", "absolute", "nul", "hidden", "long-component", "long-path"]
+
+
+@pytest.mark.parametrize("key, message", UNSAFE_KEYS, ids=UNSAFE_KEY_IDS)
 @pytest.mark.parametrize("target", ["folder", "tar", "webdataset"])
 def test_every_unsafe_key_is_refused_or_skipped_and_nothing_escapes(tmp_path: Path, key: bytes, message: str,
                                                                    target: str) -> None:
@@ -462,6 +467,50 @@ def test_a_path_2000_folders_deep_is_written_and_replaced_without_recursion(tmp_
             os.close(parent)
 
 
+def _nested_tree(root: Path) -> None:
+    for folder in ("tree/a/b/c", "tree/a/d", "tree/e"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for name in ("tree/x", "tree/a/y", "tree/a/b/z", "tree/a/b/c/w", "tree/e/v"):
+        (root / name).write_bytes(b"1")
+    os.symlink(root / "outside", root / "tree/a/link")  # removed as a link, never followed
+
+
+def test_remove_entry_skips_an_entry_another_process_removed_meanwhile(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two exports cleaning the same leftover: an entry listed but gone by the time it is removed
+    is skipped, and the rest of the folder is still removed."""
+    _nested_tree(tmp_path)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "kept").write_bytes(b"2")
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda fd: ["gone-meanwhile", *listdir(fd)])
+    parent = os.open(tmp_path, os.O_RDONLY)
+    try:
+        remove_entry(parent, b"tree")
+    finally:
+        os.close(parent)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["outside"] and os.listdir(tmp_path / "outside") == ["kept"]
+
+
+def test_remove_entry_works_in_a_process_whose_standard_input_is_closed(tmp_path: Path) -> None:
+    """A daemon runs with descriptor 0 closed, so a folder opened while removing can be descriptor 0:
+    it is a folder like any other (not taken for "no sub-folder" and left open)."""
+    _nested_tree(tmp_path)
+    parent = os.open(tmp_path, os.O_RDONLY)
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        remove_entry(parent, b"tree")
+        with pytest.raises(OSError):  # every folder it opened is closed again, descriptor 0 included
+            os.fstat(0)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(parent)
+    assert os.listdir(tmp_path) == []
+
+
 # --- what changes under the writer between the plan and the last file ----------------------------------
 
 def on_stage_created(monkeypatch: pytest.MonkeyPatch, out: Path, act: Callable[[Path], None]) -> None:
@@ -535,3 +584,117 @@ def test_an_index_edited_in_place_after_the_plan_stops_the_export(tmp_path: Path
     assert caught.value.message == ("sample '.og/0.png' changed since the export was planned: its key: the hidden "
                                     "component '.og' (a build skips names starting with '.')")
     assert sorted(os.listdir(tmp_path)) == ["ds", "src"]
+
+
+# --- publishing OUT, with renameat2 and without it (the fallback of older kernels and file systems) ---
+
+def _contents(path: Path) -> dict[bytes, bytes] | bytes:
+    return path.read_bytes() if path.is_file() else tree(path)
+
+
+@pytest.fixture
+def two_classes(tmp_path: Path) -> Path:
+    return folder_dataset(tmp_path / "data", {"cat/0.png": png(1), "cat/1.png": png(2), "dog/2.png": png(3)})
+
+
+def _expected(dataset: Path, root: Path, target: str, **options: Any) -> dict[bytes, bytes] | bytes:
+    """What an export gives on its own (with this kernel's renameat2), to compare with."""
+    out = root / f"expected-{len(list(root.iterdir()))}" / ("out.tar" if target == "tar" else "out")
+    out.parent.mkdir()
+    export(dataset, out, to=target, **options)
+    return _contents(out)
+
+
+@pytest.mark.parametrize("mode", ["renameat2", "fallback"])
+@pytest.mark.parametrize("target", ["folder", "tar"])
+def test_publishing_gives_the_same_out_with_or_without_renameat2(two_classes: Path, tmp_path: Path, target: str,
+                                                                 mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new OUT, a new OUT with --overwrite, and an OUT replaced with --overwrite (a folder moved
+    aside and removed, a file renamed over): the same bytes whether the kernel has renameat2 or the
+    fallback renames run, and nothing left beside OUT (no stage, no moved-aside copy) or anywhere
+    else (the working folder stays empty)."""
+    all_samples = _expected(two_classes, tmp_path, target)
+    cats = _expected(two_classes, tmp_path, target, classes=["cat"])
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    if mode == "fallback":
+        monkeypatch.setattr(safewrite, "_renameat2", lambda *args: False)
+    name = "out.tar" if target == "tar" else "out"
+    for overwrite in (False, True):
+        out = tmp_path / f"fresh-{overwrite}" / name
+        out.parent.mkdir()
+        export(two_classes, out, to=target, overwrite=overwrite)
+        assert _contents(out) == all_samples and os.listdir(out.parent) == [name]
+    export(two_classes, out, to=target, overwrite=True, classes=["cat"])
+    assert _contents(out) == cats and os.listdir(out.parent) == [name]
+    assert os.listdir(tmp_path / "cwd") == []
+
+
+@pytest.mark.parametrize("mode", ["renameat2", "fallback"])
+@pytest.mark.parametrize("target", ["folder", "tar"])
+@pytest.mark.parametrize("theirs", ["file", "folder"])
+def test_an_out_that_appears_before_publishing_is_refused_by_name_with_or_without_renameat2(
+        two_classes: Path, tmp_path: Path, target: str, mode: str, theirs: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process writes OUT (a file, or a folder with something in it) after the check at the
+    start: without --overwrite it is left as it is and the export is an OutputExistsError naming OUT,
+    whichever way this kernel publishes; with --overwrite it is replaced."""
+    out = tmp_path / "outs" / ("out.tar" if target == "tar" else "out")
+    out.parent.mkdir()
+
+    def someone_else(point: str) -> None:
+        if point == "before-publish":
+            if theirs == "file":
+                out.write_bytes(b"theirs")
+            else:
+                (out / "theirs").mkdir(parents=True)
+
+    if mode == "fallback":
+        monkeypatch.setattr(safewrite, "_renameat2", lambda *args: False)
+    monkeypatch.setattr(safewrite, "checkpoint", someone_else)
+    with pytest.raises(OutputExistsError) as caught:
+        export(two_classes, out, to=target)
+    assert caught.value.message == ("the export target appeared while this export ran (another export wrote it); "
+                                    "it was left as it is: pass --overwrite to replace it")
+    assert caught.value.path == str(out)
+    assert (out.read_bytes() == b"theirs") if theirs == "file" else os.listdir(out) == ["theirs"]
+    assert os.listdir(out.parent) == [out.name]
+    if (theirs == "file") != (target == "tar"):
+        return  # --overwrite replaces a folder by a folder and a file by a file, not one by the other
+    monkeypatch.setattr(safewrite, "checkpoint", lambda point: None)
+    expected = _expected(two_classes, tmp_path, target)
+    if theirs == "file":
+        out.unlink()
+    else:
+        os.rmdir(out / "theirs")
+        os.rmdir(out)
+    monkeypatch.setattr(safewrite, "checkpoint", someone_else)
+    export(two_classes, out, to=target, overwrite=True)
+    assert _contents(out) == expected and os.listdir(out.parent) == [out.name]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_out_published_between_the_check_and_the_rename_is_never_replaced_unasked(
+        two_classes: Path, tmp_path: Path, overwrite: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The narrowest race: OUT appears after publishing looked and before its no-replace rename.
+    That rename fails (EEXIST): without --overwrite OUT is theirs and the export is refused by name;
+    with --overwrite it is replaced as asked."""
+    out = tmp_path / "outs" / "out"
+    out.parent.mkdir()
+    expected = _expected(two_classes, tmp_path, "folder")
+    real = safewrite._renameat2
+
+    def racing(dir_fd: int, source: bytes, target: bytes, flags: int) -> bool:
+        if flags == safewrite._RENAME_NOREPLACE:
+            (out / "theirs").mkdir(parents=True)
+        return real(dir_fd, source, target, flags)
+
+    monkeypatch.setattr(safewrite, "_renameat2", racing)
+    if not overwrite:
+        with pytest.raises(OutputExistsError, match="the export target appeared while this export ran"):
+            export(two_classes, out)
+        assert os.listdir(out) == ["theirs"]
+    else:
+        export(two_classes, out, overwrite=True)
+        assert _contents(out) == expected
+    assert os.listdir(out.parent) == ["out"]

@@ -415,3 +415,118 @@ def test_the_positions_property_catches_a_state_that_counts_the_read_ahead(split
     monkeypatch.setattr(PackedDataModule, "_loop_batches", lambda self: None)
     trained = _train_in_runs(splits, runs, 4, 1)
     assert len(set(trained[0])) == SAMPLES - 2 * 4  # the two read-ahead batches were never trained
+
+
+# --- what the module promises outside a fit: refusals by name, defaults, loaders, the saved position (issue 41) ---
+
+
+def test_every_refusal_names_the_split_or_option_it_is_about(splits):
+    with pytest.raises(OptionError) as caught:
+        PackedDataModule(batch_size=BATCH)
+    assert caught.value.message == "PackedDataModule needs at least one split: train=, val= or test="
+    for split in ("train", "val", "test"):
+        with pytest.raises(OptionError) as caught:
+            PackedDataModule(**{split: 42}, batch_size=BATCH)
+        assert caught.value.message == (f"{split}= must be a dataset folder, a view file, an open dataset (a view, a "
+                                        f"packer.Mixture) or a packer.torch.PackedDataset, got int")
+    from packer.torch import PackedDataset
+
+    with pytest.raises(OptionError) as caught:
+        PackedDataModule(PackedDataset(splits["train"]), batch_size=BATCH, train_options={"decode": False})
+    assert caught.value.message == ("train= is a PackedDataset already: its options are its own, so dataset options "
+                                    "apply only to splits given as paths")
+    for name in ("batch_size", "eval_batch_size"):
+        for bad in (0, True, 2.5, "4"):
+            with pytest.raises(OptionError) as caught:
+                PackedDataModule(splits["train"], **{"batch_size": BATCH, name: bad})
+            assert caught.value.message == f"{name} must be a positive integer, got {bad!r}"
+    data = _module(splits)
+    for bad in (True, 2.5, "3", None):
+        with pytest.raises(OptionError) as caught:
+            data.load_state_dict({"version": 1, "train": {}, "loop_batches": bad})
+        assert caught.value.message == f"the saved loop_batches must be a non-negative integer, got {bad!r}"
+
+
+def test_loaders_take_the_dataloader_arguments_and_their_defaults(splits):
+    plain = PackedDataModule(splits["train"], splits["val"], batch_size=BATCH)
+    from packer.torch import collate
+
+    for loader in (plain.train_dataloader(), plain.val_dataloader()):
+        assert (loader.num_workers, loader.pin_memory, loader.persistent_workers) == (0, False, False)
+        assert loader.collate_fn is collate
+    own = lambda batch: batch  # noqa: E731
+    data = PackedDataModule(splits["train"], splits["val"], batch_size=BATCH, num_workers=2, persistent_workers=True,
+                            collate_fn=own, loader_options={"prefetch_factor": 3, "timeout": 5})
+    for loader in (data.train_dataloader(), data.val_dataloader()):
+        assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor, loader.timeout) == (2, True, 3, 5)
+        assert loader.collate_fn is own
+
+
+def test_validation_and_test_read_their_split_in_order_by_eval_batch_size(splits):
+    data = PackedDataModule(splits["train"], splits["val"], splits["val"], batch_size=BATCH, eval_batch_size=3,
+                            eval_options={"fields": ("index",), "decode": False})
+    for loader in (data.val_dataloader(), data.test_dataloader()):
+        batches = [batch["index"].tolist() for batch in loader]
+        assert batches == [[0, 1, 2], [3, 4, 5], [6]]  # the seven validation samples, in order
+    assert PackedDataModule(splits["train"], batch_size=BATCH).test_dataloader() == []
+
+
+def test_a_loaded_state_is_the_state_until_a_training_loader_is_made(splits):
+    """Lightning may save a checkpoint between restoring one and asking for the training loader:
+    the position saved then is the one loaded, not an empty state."""
+    state = {"version": 1, "train": {"version": 1, "order": "random", "seed": 7, "num_samples": SAMPLES, "epoch": 0,
+                                     "consumed": 8}, "loop_batches": 2}
+    data = _module(splits)
+    assert data.state_dict() == {}
+    data.load_state_dict(state)
+    assert data.state_dict() == state
+
+
+def _resumed(splits, state: dict, rank: int, world: int, processed: int) -> PackedDataModule:
+    data = PackedDataModule(splits["train"], batch_size=BATCH, order=ReadOrder("random", seed=7),
+                            train_options={"fields": ("index",), "decode": False})
+    data.trainer = _FakeTrainer(rank, world, processed)
+    data.load_state_dict(state)
+    return data
+
+
+def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_start_of_the_next(splits):
+    data = _module(splits)
+    data.trainer = _FakeTrainer(0, 1, 0)
+    loader = data.train_dataloader()
+    first = [batch["index"].tolist() for batch in loader]
+    data.trainer.fit_loop.epoch_loop.batch_progress.current.processed = len(first)
+    state = data.state_dict()
+    assert (state["train"]["epoch"], state["train"]["consumed"]) == (0, SAMPLES)
+    resumed = _resumed(splits, state, 0, 1, 0)
+    loader = resumed.train_dataloader()
+    assert loader.batch_sampler.epoch == 1 and len(loader) == SAMPLES // BATCH
+    fresh = _module(splits).train_dataloader()
+    fresh.batch_sampler.set_epoch(1)
+    assert [b["index"].tolist() for b in loader] == [b["index"].tolist() for b in fresh] != first
+
+
+def test_the_reload_setting_is_borrowed_only_for_a_resume_in_another_world_size_and_put_back_once(splits):
+    """Resumed mid-epoch in the world size it was saved in, the loader's length is a whole epoch's
+    and Lightning's reload setting is left alone; in another world size it is set to 1 for one
+    reload, then the user's setting is put back, once."""
+    data = _module(splits)
+    data.trainer = _FakeTrainer(0, 2, 0)
+    batches = iter(data.train_dataloader())
+    for _ in range(2):
+        next(batches)
+    data.trainer.fit_loop.epoch_loop.batch_progress.current.processed = 2
+    state = data.state_dict()
+    same = _resumed(splits, state, 1, 2, 2)
+    same.trainer.reload_dataloaders_every_n_epochs = 4
+    assert len(same.train_dataloader()) == SAMPLES // (2 * BATCH)
+    assert same.trainer.reload_dataloaders_every_n_epochs == 4
+    other = _resumed(splits, state, 0, 1, 2)
+    other.trainer.reload_dataloaders_every_n_epochs = 4
+    assert len(other.train_dataloader()) == 2 + (SAMPLES - 2 * 2 * BATCH) // BATCH
+    assert other.trainer.reload_dataloaders_every_n_epochs == 1  # Lightning builds the loader again next epoch
+    assert len(other.train_dataloader()) == SAMPLES // BATCH
+    assert other.trainer.reload_dataloaders_every_n_epochs == 4  # put back
+    other.trainer.reload_dataloaders_every_n_epochs = 0  # the user's own change afterwards is theirs
+    other.train_dataloader()
+    assert other.trainer.reload_dataloaders_every_n_epochs == 0
