@@ -46,6 +46,7 @@ from .errors import OptionError, SampleIndexError
 from .fields import FieldSpec
 from .order import IndexSpace, ReadOrder
 from .place import LocalFiles
+from .selection import LazyColumns
 
 __all__ = ["Stream", "Mixture", "MixtureSpace", "STREAM_FIELD", "RUN_SAMPLES"]
 
@@ -199,7 +200,7 @@ class MixtureSpace:
         return {"_mixture": self._mixture, "_spaces": None}
 
 
-class _ConcatColumns:
+class _ConcatColumns(LazyColumns):
     """The streams' index columns end to end (``format.IndexColumns``' attributes), on first use."""
 
     _PLAIN = ("offset", "size", "checksum", "width", "height", "channels", "image_format")
@@ -207,23 +208,12 @@ class _ConcatColumns:
               "meta_offsets": ("meta_offsets", "meta"), "meta": ("meta_offsets", "meta")}
 
     def __init__(self, mixture: "Mixture") -> None:
+        super().__init__()
         self._mixture = mixture
-        self._lock = threading.Lock()
-        self._cache: dict[str, np.ndarray] = {}
         self.field_columns: Mapping[str, np.ndarray] = _ConcatFields(self)
 
     def __len__(self) -> int:
         return int(self._mixture.offsets[-1])
-
-    def _get(self, name: str) -> np.ndarray:
-        column = self._cache.get(name)
-        if column is None:
-            with self._lock:
-                column = self._cache.get(name)
-                if column is None:
-                    column = self._gather(name)
-                    self._cache[name] = column
-        return column
 
     def _gather(self, name: str) -> np.ndarray:
         mixture = self._mixture
@@ -257,7 +247,7 @@ class _ConcatColumns:
     def __getattr__(self, name: str) -> np.ndarray:
         if name.startswith("_") or name not in (*self._PLAIN, *self._BLOBS, "shard", "label"):
             raise AttributeError(name)
-        return self._get(name)
+        return self._column(name)
 
 
 def _concat_blobs(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -52,28 +52,13 @@ def gather_blob(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray, *,
     return new_offsets, out
 
 
-class SelectedColumns:
-    """The columns of ``base`` (``IndexColumns``) at rows ``rows`` (int64, ascending, in range)."""
+class LazyColumns:
+    """Index columns made on first use, once, whichever thread asks first (a subclass's
+    ``_gather(name)`` makes one; it may also fill ``_cache`` with columns made alongside)."""
 
-    _PLAIN = ("shard", "offset", "size", "checksum", "label", "width", "height", "channels", "image_format")
-    #: What every read touches (where the bytes are, and the label).
-    _HOT = ("shard", "offset", "size", "label")
-
-    def __init__(self, base: fmt.IndexColumns, rows: np.ndarray, fields: Sequence[fmt.FieldSpec] = ()) -> None:
-        self._base = base
-        self.rows = rows
-        self._fields = tuple(fields)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cache: dict[str, np.ndarray] = {}
-        self.field_columns: Mapping[str, np.ndarray] = _SelectedFields(self)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def base(self) -> fmt.IndexColumns:
-        """The whole index the rows are taken from."""
-        return self._base
 
     def _column(self, name: str) -> np.ndarray:
         column = self._cache.get(name)
@@ -84,6 +69,32 @@ class SelectedColumns:
                     column = self._gather(name)
                     self._cache[name] = column
         return column
+
+    def _gather(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class SelectedColumns(LazyColumns):
+    """The columns of ``base`` (``IndexColumns``) at rows ``rows`` (int64, ascending, in range)."""
+
+    _PLAIN = ("shard", "offset", "size", "checksum", "label", "width", "height", "channels", "image_format")
+    #: What every read touches (where the bytes are, and the label).
+    _HOT = ("shard", "offset", "size", "label")
+
+    def __init__(self, base: fmt.IndexColumns, rows: np.ndarray, fields: Sequence[fmt.FieldSpec] = ()) -> None:
+        super().__init__()
+        self._base = base
+        self.rows = rows
+        self._fields = tuple(fields)
+        self.field_columns: Mapping[str, np.ndarray] = _SelectedFields(self)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def base(self) -> fmt.IndexColumns:
+        """The whole index the rows are taken from."""
+        return self._base
 
     def _gather(self, name: str) -> np.ndarray:
         base = self._base
