@@ -324,9 +324,7 @@ def _verify_folder(root: Path, *, decode: bool, workers: int | None, progress: b
     try:
         index = open_index(root)
     except PackerError as exc:
-        problem = Problem(kind="structure", message=str(exc), sample=exc.sample, path=exc.path)
-        return VerifyReport(path=str(root), ok=False, seconds=time.monotonic() - started, decoded=decode,
-                            problems=[problem])
+        return _unopenable(root, exc, started, decode)
     limit = 0
     if decode:
         from . import decode as _decode  # noqa: F401  (fail early if the decoders are missing)
@@ -402,6 +400,13 @@ def _verify_folder(root: Path, *, decode: bool, workers: int | None, progress: b
         index.close()
 
 
+def _unopenable(path: Any, exc: PackerError, started: float, decode: bool) -> VerifyReport:
+    """The report of a dataset (or view) that does not open: one structure problem, the error's."""
+    problem = Problem(kind="structure", message=str(exc), sample=exc.sample, path=exc.path)
+    return VerifyReport(path=str(path), ok=False, seconds=time.monotonic() - started, decoded=decode,
+                        problems=[problem])
+
+
 def _verify_view(path: Path, *, decode: bool, progress: bool, max_pixels: int | None,
                  started: float) -> VerifyReport:
     """A view file: the view itself (SPEC §17), its base's manifest and index (opening checks both),
@@ -414,9 +419,7 @@ def _verify_view(path: Path, *, decode: bool, progress: bool, max_pixels: int | 
     try:
         ds = open_dataset(path)
     except PackerError as exc:
-        problem = Problem(kind="structure", message=str(exc), sample=exc.sample, path=exc.path)
-        return VerifyReport(path=str(path), ok=False, seconds=time.monotonic() - started, decoded=decode,
-                            problems=[problem])
+        return _unopenable(path, exc, started, decode)
     try:
         limit = 0
         if decode:

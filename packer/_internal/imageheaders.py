@@ -294,7 +294,7 @@ def _gif(v: BytesLike) -> Header | None:
                 after = pos + 1 + length
                 if after >= n or v[after] == 0:
                     return None  # the same over-read after an empty loop block
-            pos = _gif_skip_blocks(v, pos)
+            pos = gif_skip_sub_blocks(v, pos)
             if pos < 0:
                 return None
         elif block == 0x2C:
@@ -321,8 +321,9 @@ def _gif(v: BytesLike) -> Header | None:
     return Header("GIF", (width, height), "P" if palette else "L")
 
 
-def _gif_skip_blocks(v: BytesLike, pos: int) -> int:
-    """Offset after the data sub-blocks starting at ``pos`` (their terminator included); -1 if cut."""
+def gif_skip_sub_blocks(v: BytesLike, pos: int) -> int:
+    """Offset after the GIF data sub-blocks starting at ``pos`` (their terminator included); -1 if
+    cut. ``imageinfo``'s GIF walk uses it too."""
     n = len(v)
     while pos < n:
         length = v[pos]

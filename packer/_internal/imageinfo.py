@@ -56,7 +56,7 @@ from PIL import Image, ImageMode
 
 from ..errors import OptionError, RejectedImageError
 from ..format import ImageFormat
-from .imageheaders import MODE_CHANNELS, parse_header
+from .imageheaders import MODE_CHANNELS, gif_skip_sub_blocks, parse_header
 from .pillowformats import CORE_FORMATS, accept_pillow_format
 
 __all__ = ["ImageInfo", "DEFAULT_MAX_PIXELS", "VALIDATE_MODES", "probe_image",
@@ -516,7 +516,7 @@ def _gif_problem(view: bytes | memoryview) -> str | None:
         if block == 0x3B:
             return None
         if block == 0x21:  # extension: label, then sub-blocks
-            pos = _skip_sub_blocks(view, pos + 2)
+            pos = gif_skip_sub_blocks(view, pos + 2)
         elif block == 0x2C:  # image descriptor, optional local colour table, LZW data
             if pos + 10 > size:
                 break
@@ -524,7 +524,7 @@ def _gif_problem(view: bytes | memoryview) -> str | None:
             pos += 10
             if flags & 0x80:
                 pos += 3 << ((flags & 7) + 1)
-            pos = _skip_sub_blocks(view, pos + 1)
+            pos = gif_skip_sub_blocks(view, pos + 1)
             frames += 1
         else:  # Pillow skips stray bytes between blocks, so the check does too (at C speed)
             found = _GIF_BLOCK.search(view, pos + 1)
@@ -534,18 +534,6 @@ def _gif_problem(view: bytes | memoryview) -> str | None:
     return (f"GIF ends without its trailer byte (0x3B) after {frames} complete frame(s): "
             f"expected the block structure to end with 0x3B within the file ({size} bytes): "
             f"the file is truncated")
-
-
-def _skip_sub_blocks(view: bytes | memoryview, pos: int) -> int:
-    """Offset after a chain of GIF data sub-blocks starting at ``pos``, or -1 if it runs out."""
-    size = len(view)
-    while pos < size:
-        length = view[pos]
-        pos += 1
-        if length == 0:
-            return pos
-        pos += length
-    return -1
 
 
 def _webp_problem(view: bytes | memoryview) -> str | None:
