@@ -200,6 +200,11 @@ class DatasetIndex:
     def alignment(self) -> int:
         return self.manifest.alignment
 
+    def shard_alignment(self, shard: int) -> int:
+        """The alignment shard ``shard`` was written with: the dataset's (a mixture's shards each
+        keep their own stream's, which raw readers need for the distance between two samples)."""
+        return self.manifest.alignment
+
     @property
     def shard_sizes(self) -> np.ndarray:
         """Each shard file's size in bytes (int64), from the manifest: where whole-block reads stop."""
