@@ -1,4 +1,4 @@
-"""What a smaller ``--alignment`` costs (or saves) the readers of small records.
+"""What the small-record layout (``--alignment auto``, formats/SPEC.md §3.4) costs or saves the readers.
 
 Usage::
 
@@ -7,14 +7,15 @@ Usage::
 
 A 32x32 RGB sample stored ``--codec raw`` is 3,072 bytes; at the default alignment of 4,096 every
 sample takes a whole 4 KiB block, so a quarter of the shard is padding. A 2 KB PNG stored as it
-is (pass-through) pays twice its size in padding. This script builds the same ``--images``
-32x32 PNGs four times: raw at alignment 4096 and 64, pass-through at 4096 and 1, and times, in
-interleaved rounds (``harness.interleave``), random batches of ``--batch-size`` read through:
+is (pass-through) pays twice its size in padding. ``--alignment auto`` (the default) packs such
+records at 64 bytes and reads runs of them as whole 4 KiB page blocks. This script builds the same
+``--images`` 32x32 PNGs four times: raw and pass-through, each at ``--alignment 4096`` and at the
+default (``auto``: 64 for both), and times, in interleaved rounds (``harness.interleave``), random
+batches of ``--batch-size`` read through:
 
 * ``read_batch`` with the ``mmap`` backend (the default): the coalesced gather of the payloads;
-* ``read_batch`` with the ``direct`` backend (O_DIRECT): where a sample does not start on a
-  4 KiB block it is read through a bounce buffer and copied (skipped where the file system
-  refuses O_DIRECT);
+* ``read_batch`` with the ``direct`` backend (O_DIRECT): each run's 4 KiB page block read straight
+  into the batch buffer (skipped where the file system refuses O_DIRECT);
 * the batched raw crop path (raw datasets): ``PackedDataset(decode=RandomResizedCrop(32, seed=0),
   layout="HWC").__getitems__``, one gather and one vectorised crop per batch.
 
@@ -43,7 +44,7 @@ import packer  # noqa: E402
 from packer.errors import DirectIOUnsupportedError  # noqa: E402
 
 
-def build(source: Path, out: Path, codec: str, alignment: int) -> Path:
+def build(source: Path, out: Path, codec: str, alignment: int | str) -> Path:
     if not (out / "manifest.json").is_file():
         settings = packer.BuildSettings(layout=packer.LayoutSettings(alignment=alignment), codec=codec)
         packer.build_dataset(source, out, settings, packer.RunOptions(workers=2, progress=False))
@@ -54,7 +55,9 @@ def on_disk(path: Path) -> dict[str, Any]:
     with packer.open_dataset(path) as ds:
         payload = int(ds.index.size.sum())
         shards = sum(shard.size for shard in ds.manifest.shards)
-    return {"shard_mb": round(shards / 1e6, 2), "padding_share": round(1 - payload / shards, 3)}
+        alignment = ds.alignment
+    return {"alignment": alignment, "shard_mb": round(shards / 1e6, 2), "payload_mb": round(payload / 1e6, 2),
+            "size_over_payload": round(shards / payload, 3)}
 
 
 def reader(path: Path, backend: str, batch_size: int, batches: int) -> Callable[[], harness.Stretch] | None:
@@ -108,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                                       max_size=32, formats=("png",))
     datasets = {
         ("raw", 4096): build(source, args.out / "raw-4096", "raw:size=32x32", 4096),
-        ("raw", 64): build(source, args.out / "raw-64", "raw:size=32x32", 64),
+        ("raw", "auto"): build(source, args.out / "raw-auto", "raw:size=32x32", "auto"),
         ("passthrough", 4096): build(source, args.out / "png-4096", "passthrough", 4096),
-        ("passthrough", 1): build(source, args.out / "png-1", "passthrough", 1),
+        ("passthrough", "auto"): build(source, args.out / "png-auto", "passthrough", "auto"),
     }
     load = harness.machine_load()
     report: dict[str, Any] = {"images": args.images, "batch_size": args.batch_size, "datasets": {}, "tables": {}}
     for (codec, alignment), path in datasets.items():
         report["datasets"][f"{codec} alignment {alignment}"] = on_disk(path)
-        print(f"{codec:>12} alignment {alignment:>4}: {on_disk(path)}")
+        print(f"{codec:>12} --alignment {alignment:>4}: {on_disk(path)}")
     for codec in ("raw", "passthrough"):
         candidates = []
         for (kind, alignment), path in datasets.items():

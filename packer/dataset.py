@@ -57,6 +57,9 @@ __all__ = ["DatasetIndex", "Dataset", "Batch", "open_index", "open_dataset", "as
 
 #: Shards kept open per process by default (each holds one fd and, for mmap, one mapping).
 DEFAULT_MAX_OPEN_SHARDS = 64
+#: Backends whose ``read_batch`` reads whole 4 KiB page blocks (formats/SPEC.md §3.4); mmap gathers
+#: exact runs from the mapping, and a URL's node cache reads what its extents hold.
+PAGE_BACKENDS = ("pread", "direct", "kvikio")
 
 
 def as_sample_indices(indices: Any) -> np.ndarray:
@@ -196,6 +199,20 @@ class DatasetIndex:
     @property
     def alignment(self) -> int:
         return self.manifest.alignment
+
+    def shard_alignment(self, shard: int) -> int:
+        """The alignment shard ``shard`` was written with: the dataset's (a mixture's shards each
+        keep their own stream's, which raw readers need for the distance between two samples)."""
+        return self.manifest.alignment
+
+    @property
+    def shard_sizes(self) -> np.ndarray:
+        """Each shard file's size in bytes (int64), from the manifest: where whole-block reads stop."""
+        sizes = self.__dict__.get("_shard_sizes")
+        if sizes is None:
+            sizes = self.__dict__["_shard_sizes"] = np.fromiter(
+                (entry.size for entry in self.manifest.shards), dtype=np.int64, count=len(self.manifest.shards))
+        return sizes
 
     def _check(self, i: int) -> int:
         n = self._count
@@ -623,9 +640,16 @@ class Dataset(DatasetIndex):
             # The page cache is already in memory: exact runs, joined without alignment games.
             runs = plan_runs(ix, idx)
             data = self._gather_mapped(runs)
+        elif self.backend_name in PAGE_BACKENDS:
+            # Whole pages, whatever the alignment (formats/SPEC.md §3.4): page-sized reads at page
+            # offsets into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce
+            # buffer, and small records sharing a page come in one read.
+            runs = plan_runs(ix, idx, pages=self.shard_sizes)
+            self.place.ensure(self._base_numbers(runs.unique))
+            data = self._read_runs(runs)
         else:
-            # Whole pages when the layout allows (the tail padding is in the file, zeros): page-sized
-            # reads into page-aligned memory let O_DIRECT / GPUDirect backends skip their bounce buffer.
+            # In object storage: the payloads and their aligned ends only, which lie in the extents
+            # of the samples asked (a page block could reach into an extent nobody asked for).
             runs = plan_runs(ix, idx, round_to=PAGE if self.manifest.alignment % PAGE == 0 else 1)
             self.place.ensure(self._base_numbers(runs.unique))  # in object storage: the batch's missing extents, fetched in parallel
             data = self._read_runs(runs)

@@ -523,6 +523,10 @@ class Mixture(Dataset):
         stream, local = self._shard_owners[number]
         return self.datasets[stream].shard(local, field)
 
+    def shard_alignment(self, shard: int) -> int:
+        """Shard ``shard``'s stream's alignment (streams built with other alignments mix)."""
+        return self.datasets[self._shard_owners[shard][0]].alignment
+
     def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """``Dataset.read_batch``; streams read through other backends (a URL's node cache) each read
         their part of the batch, joined into one ``Batch`` in the order asked."""

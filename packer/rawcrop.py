@@ -121,13 +121,13 @@ def read_raw_batch(dataset: Any, indices: Any, shape: tuple[int, int, int], *,
         batch = dataset.read_batch(idx)
         out[...] = raw_samples_view(batch.data, batch.starts, shape)
         return out
-    stride = raw_sample_stride(shape, dataset.alignment)
     gather = _compiled_gather() if out.flags.c_contiguous and out.dtype == np.uint8 else None
     for shard, rows, offsets, local in runs:
         if gather is not None:  # one memcpy per sample into out, without the GIL (packer/_rawresample.c)
             gather(dataset.shard(shard).array, out, offsets, rows, sample)
             continue
         first, end, base = dataset.stored_layout(shard)
+        stride = raw_sample_stride(shape, dataset.shard_alignment(shard))  # a mixture's streams may differ
         view = raw_batch_view(dataset.shard(shard).array[base:], end - first, stride, shape)
         # Fancy indexing gathers from the strided view directly; numpy.take would first copy the
         # whole (non-contiguous) shard view to a contiguous array: 60 ms per batch at 50 k samples.

@@ -344,6 +344,37 @@ def make_unknown_fields(out: Path, base: Path) -> None:
     _write_json(out / "expected.json", expected)
 
 
+def make_small_records(out: Path, tmp: Path) -> None:
+    """Records of ~0.7-1.4 KB with ``alignment="auto"`` (which gives 64, SPEC §3.4), and the page
+    blocks (P = 4096) of some runs, worked out here from the index by the spec's formula."""
+    sizes = [(14, 16), (16, 20), (18, 22), (20, 22), (15, 18), (17, 20), (19, 21), (16, 16), (20, 20)]
+    files = {f"{'ab'[k % 2]}/{k:02d}.png": (png_bytes(w, h, k), (2, w, h, 3)) for k, (w, h) in enumerate(sizes)}
+    options = BuildSettings(layout=LayoutSettings(alignment="auto", shard_size=6144, shuffle=False))
+    _folder_vector(out, tmp, files=files, classes=["a", "b"], options=options,
+                   description="9 PNGs of 0.7-1.4 KB with --alignment auto (chose 64): samples packed at 64 "
+                               "bytes, 2 shards; page_blocks lists the 4 KiB page block of some runs (SPEC §3.4)")
+    expected = json.loads((out / "expected.json").read_bytes())
+    with packer.open_index(out) as index:
+        alignment = index.manifest.alignment
+        shard = index.index.shard.astype(int).tolist()
+        offset = index.index.offset.astype(int).tolist()
+        size = index.index.size.astype(int).tolist()
+        file_size = [entry.size for entry in index.manifest.shards]
+    page = 4096
+
+    def page_block(i: int, j: int) -> dict[str, Any]:
+        start = offset[i] - offset[i] % page
+        end = min(-(-(offset[j] + size[j]) // page) * page, file_size[shard[j]])
+        return {"first": i, "last": j, "shard": shard[i], "start": start, "end": end}
+
+    runs = [(0, 0), (1, 3), (4, 4)] + [(first, last) for first, last in (
+        (shard.index(s), len(shard) - 1 - shard[::-1].index(s)) for s in sorted(set(shard)))]
+    expected["alignment"] = alignment
+    expected["page_size"] = page
+    expected["page_blocks"] = [page_block(i, j) for i, j in runs]
+    _write_json(out / "expected.json", expected)
+
+
 #: name -> maker(out, tmp); ``base-align512`` first: the others and the invalid vectors derive from it.
 VALID: dict[str, Callable[[Path, Path], None]] = {
     "base-align512": make_base_align512,
@@ -353,6 +384,7 @@ VALID: dict[str, Callable[[Path, Path], None]] = {
     "manifest-metadata": make_manifest_metadata,
     "empty": make_empty,
     "fields": make_fields,
+    "small-records": make_small_records,
 }
 
 # --- mutation helpers ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..format import align_up_array
+from .buffers import PAGE
 
 __all__ = ["RunPlan", "plan_runs", "sorted_unique"]
 
@@ -35,7 +36,9 @@ class RunPlan:
 
     The batch buffer holds the runs' blocks back to back (run ``r`` at ``run_pos[r]``). With
     ``round_to=A`` each block is a whole number of ``A``-byte units, so every run starts
-    ``A``-aligned in the buffer when the buffer does.
+    ``A``-aligned in the buffer when the buffer does; with ``pages=`` every run starts at a
+    page-aligned file offset and a page-aligned buffer position (a run that ends at the end of
+    its shard may be shorter than its slot).
 
     Attributes:
         indices: the requested sample indices, in batch order (may repeat).
@@ -43,7 +46,7 @@ class RunPlan:
         where: ``indices[j] == unique[where[j]]``.
         sample_pos: position of ``unique[u]`` in the buffer.
         sizes: payload size of ``unique[u]``.
-        run_shard, run_offset, run_bytes: each run's shard, file offset and block length.
+        run_shard, run_offset, run_bytes: each run's shard, file offset and the bytes to read.
         run_pos: ``len(runs) + 1`` buffer positions; ``run_pos[-1]`` is the buffer size.
     """
 
@@ -88,7 +91,7 @@ class RunPlan:
         return out
 
 
-def plan_runs(index: Any, indices: Any, *, round_to: int = 1) -> RunPlan:
+def plan_runs(index: Any, indices: Any, *, round_to: int = 1, pages: np.ndarray | None = None) -> RunPlan:
     """Group a batch into runs of consecutive samples of one shard and lay their blocks out.
 
     Args:
@@ -96,8 +99,12 @@ def plan_runs(index: Any, indices: Any, *, round_to: int = 1) -> RunPlan:
         indices: sample indices, non-negative and in range (the caller checked them).
         round_to: round each run's end up to a multiple of this. Pass the dataset alignment ``A``
             (or a divisor of it): a payload region ends at ``align_up(end, A)``, which never passes
-            the end of the shard file, and whole pages let O_DIRECT / GPUDirect reads skip their
-            bounce buffer. ``1`` reads exactly the payload bytes.
+            the end of the shard file. ``1`` reads exactly the payload bytes.
+        pages: each shard's file size (``DatasetIndex.shard_sizes``), to read whole 4 KiB page
+            blocks (formats/SPEC.md §3.4; what O_DIRECT and GPUDirect Storage read without a bounce
+            buffer): each run widens to ``align_down(start, PAGE)`` .. ``min(align_up(end, PAGE),
+            shard size)``, runs whose pages touch become one read, and each run's place in the
+            buffer starts on a page. None: exact runs of consecutive samples.
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     unique = sorted_unique(idx)
@@ -105,19 +112,29 @@ def plan_runs(index: Any, indices: Any, *, round_to: int = 1) -> RunPlan:
     shard_of = np.asarray(index.shard[unique], dtype=np.int64)
     offsets = np.asarray(index.offset[unique], dtype=np.int64)
     sizes = np.asarray(index.size[unique], dtype=np.int64)
+    ends = offsets + sizes
+    starts = offsets
+    block = 1 if pages is None else PAGE
+    if pages is not None:
+        starts = offsets & ~np.int64(PAGE - 1)
+        ends = np.minimum(align_up_array(ends, PAGE), np.asarray(pages, dtype=np.int64)[shard_of])
     breaks = np.ones(len(unique), dtype=bool)
     if len(unique) > 1:
-        breaks[1:] = (np.diff(unique) != 1) | (shard_of[1:] != shard_of[:-1])
+        # A new run where the next sample is not the next one of the same shard, or (whole blocks)
+        # where its first block starts after the previous sample's last block ends.
+        adjacent = np.diff(unique) == 1 if block == 1 else starts[1:] <= ends[:-1]
+        breaks[1:] = ~adjacent | (shard_of[1:] != shard_of[:-1])
     run_of = np.cumsum(breaks) - 1
     first = np.flatnonzero(breaks)
     last = np.append(first[1:], len(unique)) - 1
-    run_offset = offsets[first]
-    ends = offsets[last] + sizes[last]
+    run_offset = starts[first]
+    run_ends = ends[last]  # offsets grow with the sample number within a shard, so do the ends
     if round_to > 1:
-        ends = align_up_array(ends, round_to)
-    run_bytes = ends - run_offset
+        run_ends = align_up_array(run_ends, round_to)
+    run_bytes = run_ends - run_offset
+    slots = align_up_array(run_bytes, block) if block > 1 else run_bytes
     run_pos = np.zeros(len(first) + 1, dtype=np.int64)
-    np.cumsum(run_bytes, out=run_pos[1:])
+    np.cumsum(slots, out=run_pos[1:])
     sample_pos = run_pos[:-1][run_of] + (offsets - run_offset[run_of])
     return RunPlan(indices=idx, unique=unique, where=where, sample_pos=sample_pos, sizes=sizes,
                    run_shard=shard_of[first], run_offset=run_offset, run_bytes=run_bytes, run_pos=run_pos)

@@ -53,6 +53,8 @@ def raw_codec_note(dataset: Dataset) -> str | None:
     (``packer.rawcrop``), in DataLoader workers or in ``packer.threaded.ThreadedLoader``.
     """
     from ..codecs import codec_for, raw_sample_stride
+    from ..writer.plan import choose_alignment
+    from ..writer.settings import DEFAULT_SHARD_SIZE
 
     count = len(dataset)
     if count == 0 or codec_for(dataset).stores_pixels:
@@ -62,20 +64,18 @@ def raw_codec_note(dataset: Dataset) -> str | None:
     if max(height, width) > SMALL_IMAGE_SIDE or min(height, width) < 1:
         return None
     shape = (height, width, 3)
-    stride = raw_sample_stride(shape, dataset.alignment)
+    # what `--codec raw` would choose with the default --alignment auto (formats/SPEC.md §3.4)
+    alignment = choose_alignment(np.full(1, height * width * 3, dtype=np.uint64), DEFAULT_SHARD_SIZE)
+    stride = raw_sample_stride(shape, alignment)
     raw_bytes = count * stride
     current = sum(shard.size for shard in dataset.manifest.shards)
-    packed = raw_sample_stride(shape, 64)
     note = (f"small images (median {width}x{height} px): --codec raw is the fast path for them "
             f"(decoded pixels, no decode on read; RandomResizedCrop/CenterCrop then crop whole "
             f"batches at once, packer.rawcrop, also in the in-process packer.threaded."
             f"ThreadedLoader). `packer build SRC OUT --codec raw --size {height}x{width}` stores "
-            f"{stride:,} bytes per image at this dataset's alignment ({dataset.alignment}): "
+            f"{stride:,} bytes per image (--alignment auto packs them at {alignment} bytes): "
             f"{raw_bytes / 1e6:,.1f} MB for {count:,} images, {raw_bytes / max(current, 1):.1f}x "
             f"the {current / 1e6:,.1f} MB of these shards")
-    if packed < stride:
-        note += (f" (with --alignment 64: {packed:,} bytes per image, "
-                 f"{count * packed / 1e6:,.1f} MB)")
     return note
 
 

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from . import cli, configure_logging, echo, emit_json, run_command
-from .options import (SIZE, json_option, max_file_size_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, root_option,
+from .options import (ALIGNMENT, SIZE, json_option, max_file_size_option, max_pixels_option, location_type, path_type, quiet_option, verbose_option, root_option,
                       seed_option, workers_option)
 from ..writer.settings import DEFAULT_MAX_FILE_SIZE
 from .._internal.imageinfo import DEFAULT_MAX_PIXELS
@@ -55,47 +56,45 @@ def describe_labels(summary: dict, class_count: int, class_order: str | None = N
             f"build other splits with --classes-from this dataset")
 
 
-#: Padding and headers above this share of a dataset's bytes make the build suggest a smaller
-#: --alignment (32x32 raw pixels at 4096: 25 %; 2 KB PNGs passed through: about half).
+#: Padding and headers above this share of a dataset's bytes make a build with an explicit
+#: --alignment suggest the default (32x32 raw pixels at 4096: 25 %; 2 KB PNGs passed through: about half).
 PADDING_ADVICE_SHARE = 0.2
 #: ... and only when the padding is worth a thought (a sample-sized dataset's kilobytes are not):
 #: 50,000 raw 32x32 samples pad 51 MB.
 PADDING_ADVICE_MIN_BYTES = 8 << 20
-#: The alignment the advice suggests: a cache line, so every sample still starts on one.
-SMALL_RECORD_ALIGNMENT = 64
 
 
 def alignment_advice(result: Any) -> str | None:
-    """Advice for small records: the share of the dataset's bytes that 4 KiB alignment spends on
-    padding, what a smaller --alignment would store, and when 4 KiB matters; None when the padding
-    is small or the alignment already is.
+    """Advice for small records built with an explicit ``--alignment``: the share of the dataset's
+    bytes spent on padding and what ``--alignment auto`` (the default) would store; None when the
+    padding is small, or the alignment was chosen by ``auto`` (which avoids it).
 
-    The numbers quoted are those of ``benchmarks/bench_alignment.py`` (docs/guides/small-images.md):
-    from the page cache, mmap reads and the batched raw crops ran as fast at alignment 64 as at
-    4096; O_DIRECT reads ran at 0.83-0.90x (a record not on a 4 KiB block goes through a bounce
-    buffer); GPUDirect Storage reads whole 4 KiB blocks into GPU memory.
+    The reader costs quoted are those of ``benchmarks/bench_alignment.py`` (docs/guides/small-images.md):
+    the same CPU per sample within a few per cent at 64 as at 4096 for mmap reads, batched raw
+    crops and O_DIRECT reads, which read runs of small records as whole 4 KiB page blocks.
     """
     settings = fmt.recorded_build_settings(result.summary) or {}
     layout = settings.get("layout") if isinstance(settings.get("layout"), dict) else {}
     alignment = layout.get("alignment")
     samples = result.sample_count
-    if not isinstance(alignment, int) or alignment <= SMALL_RECORD_ALIGNMENT or not samples or not result.total_bytes:
+    if not isinstance(alignment, int) or alignment <= 64 or not samples or not result.total_bytes:
         return None
     spent = result.total_bytes - result.payload_bytes
     share = spent / result.total_bytes
     if share <= PADDING_ADVICE_SHARE or spent < PADDING_ADVICE_MIN_BYTES:
         return None
-    # at most SMALL_RECORD_ALIGNMENT - 1 bytes a sample, half of it on average, plus the shard headers
-    smaller = (result.payload_bytes + samples * SMALL_RECORD_ALIGNMENT // 2
-               + result.shard_count * fmt.shard_data_offset(SMALL_RECORD_ALIGNMENT))
+    from ..writer.plan import choose_alignment  # what auto would take, for this average record
+
+    average = max(1, round(result.payload_bytes / samples))
+    auto = choose_alignment(np.full(1, average, dtype=np.uint64), 1 << 62)
+    smaller = (result.payload_bytes + samples * (auto // 2)
+               + result.shard_count * fmt.shard_data_offset(auto))
     return (f"alignment: padding and headers are {share:.0%} of the {result.total_bytes / 1e6:,.1f} MB on disk "
             f"(every sample starts on a {alignment:,}-byte boundary; a sample holds "
-            f"{result.payload_bytes / samples:,.0f} bytes on average). With --alignment {SMALL_RECORD_ALIGNMENT} "
-            f"these samples take about {smaller / 1e6:,.1f} MB, and readers that map or pread the shards "
-            f"(PackedDataset, ThreadedLoader, DALI's sources) read them as fast (measured from the page cache: "
-            f"mmap reads and batched raw crops within 3 %). Keep {alignment:,} for O_DIRECT reads (--backend "
-            f"direct: 0.83-0.90x at 64, each record through a bounce buffer) and GPUDirect Storage "
-            f"(packer.gpu with kvikio), which read whole 4 KiB blocks")
+            f"{result.payload_bytes / samples:,.0f} bytes on average). Without --alignment (the default, auto) "
+            f"these samples would be packed at {auto} bytes and take about {smaller / 1e6:,.1f} MB; readers "
+            f"read them at the same CPU cost per sample (mmap, batched raw crops, and O_DIRECT or GPUDirect "
+            f"Storage, which read runs of small records as whole 4 KiB page blocks: formats/SPEC.md §3.4)")
 
 
 @cli.command("build")
@@ -105,8 +104,9 @@ def alignment_advice(result: Any) -> str | None:
              "manifest's folder).")
 @click.option("--shard-size", default="512M", show_default=True, type=SIZE,
               help="Target shard size (e.g. 256M, 1G).")
-@click.option("--alignment", default=4096, show_default=True, type=click.IntRange(1, 1 << 30),
-              help="Payload alignment in bytes: a power of two (1 disables padding).")
+@click.option("--alignment", default="auto", show_default=True, type=ALIGNMENT,
+              help="Payload alignment in bytes: a power of two (1 disables padding), or 'auto': 4096 unless "
+                   "the samples are small records, then 64, 8 or 1 (formats/SPEC.md §3.4).")
 @seed_option()
 @click.option("--no-shuffle", is_flag=True, help="Keep the sorted source order in the shards.")
 @click.option("--codec", default="passthrough", show_default=True,
@@ -181,7 +181,7 @@ def alignment_advice(result: Any) -> str | None:
 @quiet_option()
 @verbose_option()
 @json_option("Print the build summary as JSON on stdout.")
-def build_command(source: Path, out: Path, root: Path | None, shard_size: int, alignment: int, seed: int,
+def build_command(source: Path, out: Path, root: Path | None, shard_size: int, alignment: int | str, seed: int,
                   no_shuffle: bool, codec: str, validate: str, max_pixels: int, workers: int | None,
                   on_error: str, overwrite: bool, resume: bool, part: str | None, plan_only: bool,
                   finish_only: bool,

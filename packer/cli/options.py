@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["SIZE", "SizeType", "PathType", "path_type", "LocationType", "location_type", "option_name", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
+__all__ = ["SIZE", "SizeType", "ALIGNMENT", "AlignmentType", "PathType", "path_type", "LocationType", "location_type", "option_name", "POSITIVE_FLOAT", "PositiveFloat", "MAX_SEED", "workers_option", "json_option", "quiet_option", "verbose_option",
            "seed_option", "root_option", "max_pixels_option", "max_file_size_option"]
 
 #: Seeds are unsigned 64-bit (what numpy's generators accept).
@@ -51,6 +51,25 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class AlignmentType(click.ParamType):
+    """``auto`` (the writer chooses from the payload sizes) or a number of bytes (``4096``, ``4K``).
+
+    Whether a number is a power of two is the settings' rule (``LayoutSettings.check``), not repeated here.
+    """
+
+    name = "alignment"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str) and not value.strip()[:1].isdigit():
+            self.fail(f"{value!r} is neither 'auto' nor a number of bytes like 64 or 4096", param, ctx)
+        return SIZE.convert(value, param, ctx)
+
+
+ALIGNMENT = AlignmentType()
 
 
 class PathType(click.Path):

@@ -351,7 +351,6 @@ def raw_runs(dataset: Any, indices: np.ndarray, shape: tuple[int, int, int]) -> 
         bad = int(indices[np.argmax(wrong_size)])
         raise IndexMismatchError(f"raw sample of {int(ix.size[bad])} bytes, expected {sample} "
                                  f"({shape[0]}x{shape[1]}x{shape[2]})", path=dataset.path, sample=bad)
-    stride = raw_sample_stride(shape, dataset.alignment)
     single = len(dataset.manifest.shards) == 1
     shards = None if single else ix.shard[indices]
     runs = []
@@ -361,6 +360,7 @@ def raw_runs(dataset: Any, indices: np.ndarray, shape: tuple[int, int, int]) -> 
         mine = indices if rows is None else indices[rows]
         positions = dataset.stored_rows(mine) - first
         offsets = ix.offset[mine].astype(np.int64)
+        stride = raw_sample_stride(shape, dataset.shard_alignment(shard))
         misplaced = offsets != base + positions * stride
         if misplaced.any():
             bad = int(mine[np.argmax(misplaced)])

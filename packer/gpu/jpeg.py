@@ -13,7 +13,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import format as fmt
-from ..backends.runs import plan_runs
 from ..codecs import codec_for
 from ..errors import GpuPathError, MissingDependencyError, OptionError, PackerError
 from ..order import ReadOrder
@@ -141,7 +140,7 @@ class GpuJpegBatches(GpuBatchReader):
                           GpuFallbackWarning, stacklevel=2)
 
     def _produce(self, indices: np.ndarray) -> Any:
-        batch = plan_runs(self.dataset.index, indices, round_to=self.alignment)
+        batch = self._plan(indices)
         tensor, array = self._host_buffer(batch.nbytes)
         self._read_host(batch, array)
         formats = self.dataset.index.image_format

@@ -19,7 +19,7 @@ import numpy as np
 from ..backends.buffers import PAGE
 from ..backends.kvikio import GPU_EXTRA, import_kvikio, kvikio_get, set_kvikio_threads
 from ..backends.readahead import ReadAhead
-from ..backends.runs import RunPlan
+from ..backends.runs import RunPlan, plan_runs
 from ..errors import DatasetChangedError, MissingDependencyError, OptionError
 from ..order import CursorReader, EpochCursor, IndexSpace, RankPlan, ReadOrder, read_order_from
 
@@ -196,7 +196,7 @@ class GpuBatchReader(CursorReader):
         read_order = (options.order or self.DEFAULT_ORDER).resolved(batch_size=batch_size, reader=type(self).__name__)
         self.cursor = EpochCursor(read_order, IndexSpace(self.dataset))
         self.double_buffer = bool(options.double_buffer)
-        self.read_block = max(options.read_block, self.alignment)
+        self.read_block = max(options.read_block, PAGE)  # whole pages (plan_runs(pages=))
         self.io_threads = options.io_threads
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: ReadAhead | None = None
@@ -249,7 +249,7 @@ class GpuBatchReader(CursorReader):
 
     def _read_host(self, plan: RunPlan, out: np.ndarray) -> None:
         """Fill ``out`` with the plan's blocks: large preads, in parallel when there are several."""
-        reads = plan.reads(self.read_block, self.alignment)
+        reads = plan.reads(self.read_block, PAGE)
         numbers = set(plan.run_shard.tolist())
         # Parallel reads need every shard open at once: not when the batch spans more than the LRU.
         if len(reads) == 1 or self.io_threads == 1 or len(numbers) > self._reader.max_open_shards:
@@ -265,6 +265,11 @@ class GpuBatchReader(CursorReader):
         wait_futures(futures)
         for future in futures:
             future.result()
+
+    def _plan(self, indices: np.ndarray) -> RunPlan:
+        """One batch's reads: whole 4 KiB pages at page offsets (formats/SPEC.md §3.4), so GPUDirect
+        Storage and O_DIRECT read straight into the aligned staging buffers, whatever the alignment."""
+        return plan_runs(self.dataset.index, indices, pages=self.dataset.shard_sizes)
 
     def _read_device(self, plan: RunPlan) -> Any:
         """The plan's blocks in device memory: kvikio straight in, or host pinned + copy."""

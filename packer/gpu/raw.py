@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..backends.runs import RunPlan, plan_runs
+from ..backends.runs import RunPlan
 from ..errors import OptionError, PackerError
 from .loader import GpuBatchReader, GpuLoaderOptions
 
@@ -96,7 +96,9 @@ class GpuRawBatches(GpuBatchReader):
                                   f"without decode=, or crop with PackedDataset(fields=...), which moves them")
             codec = codec_for(self.dataset)
             self.shape = codec.pixel_shape()  # ManifestError for payloads that are not stored pixels
-            self.stride = codec.stride(self.alignment)
+            #: each shard's distance between two samples (a mixture's streams may differ in alignment)
+            self.strides = np.array([codec.stride(self.dataset.shard_alignment(shard))
+                                     for shard in range(len(self.dataset.manifest.shards))], dtype=np.int64)
             codec.check_index(self.dataset.index)  # every row one sample of that shape, checked once
         except PackerError:
             self.close()
@@ -104,12 +106,11 @@ class GpuRawBatches(GpuBatchReader):
 
     def _produce(self, indices: np.ndarray) -> Any:
         torch = self._torch
-        batch = plan_runs(self.dataset.index, indices, round_to=self.alignment)
+        batch = self._plan(indices)
         block = self._read_device(batch)
         height, width, channels = self.shape
-        # Runs are whole multiples of the stride, so distinct sample u sits at u * stride: a view of
-        # (samples, sample bytes) rows skips the padding, and one row gather puts them in batch order.
-        rows = torch.as_strided(block, (len(batch.unique), height * width * channels), (self.stride, 1))
+        rows = self._rows(block, batch.sample_pos, self.strides[self.dataset.index.shard[batch.unique]],
+                          height * width * channels)
         where = torch.from_numpy(batch.where)
         if self.device.type == "cuda":
             where = where.to(self.device, non_blocking=True)
@@ -119,6 +120,22 @@ class GpuRawBatches(GpuBatchReader):
         if self.fields:
             return self._with_fields(images, batch)
         return images, self._labels(batch)
+
+    def _rows(self, block: Any, positions: np.ndarray, strides: np.ndarray, sample: int) -> Any:
+        """``(distinct samples, sample bytes)`` rows of the read blocks, without their padding.
+
+        Within a shard raw samples sit one stride apart (``strides``: each sample's shard's), so
+        each stretch of distinct samples whose buffer positions step by their stride is one
+        strided view; one stretch (the usual case: a run, or a batch from one block) is a view,
+        several are joined by one copy.
+        """
+        torch = self._torch
+        breaks = np.flatnonzero((np.diff(positions) != strides[1:]) | (strides[1:] != strides[:-1])) + 1
+        bounds = [0, *breaks.tolist(), len(positions)]
+        base = block.storage_offset()  # as_strided's offset counts from the storage, not the view
+        pieces = [torch.as_strided(block, (end - start, sample), (int(strides[start]), 1), base + int(positions[start]))
+                  for start, end in zip(bounds[:-1], bounds[1:])]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def _with_fields(self, images: Any, batch: RunPlan) -> dict[str, Any]:
         """The ``fields=`` dict of one batch: each array field one gather from its index column."""

@@ -115,7 +115,7 @@ def finish_build(plan: BuildPlan, out: Path, *, history: Sequence[dict[str, Any]
         build_info["codec_notes"] = dict(sorted(notes.items()))
     hashes = record_hashes([records[i] for i in live]) if settings.hash == "perceptual" else None
     result = commit_dataset(out, columns, shards, classes=listing.classes, codec=codec.manifest_entry(),
-                            alignment=settings.layout.alignment, build_info=build_info, rejected=rejected,
+                            alignment=plan.alignment, build_info=build_info, rejected=rejected,
                             history=list(history), cleanup=cleanup,
                             max_pixels=recorded_max_pixels(settings.checks.max_pixels),
                             fields=fields, hashes=hashes)

@@ -124,7 +124,7 @@ def pack_segment(plan: BuildPlan, out: Path, shard: int, segment: int = 0, segme
     """
     settings = plan.settings
     codec = get_codec(settings.codec)
-    alignment = settings.layout.alignment
+    alignment = plan.alignment
     listing = plan.listing
     image_fields = listing.fields.image_specs if listing.fields is not None else ()
     members = _segment_members(plan, shard, segment, segments)
@@ -320,7 +320,7 @@ def assemble_shard(plan: BuildPlan, out: Path, shard: int, parts: Sequence[Segme
         BuildError: an output I/O error.
     """
     parts = sorted(parts, key=lambda p: p.segment)
-    alignment = plan.settings.layout.alignment
+    alignment = plan.alignment
     first = Path(parts[0].path)
     image_fields = [spec.name for spec in plan.listing.fields.image_specs] if plan.listing.fields is not None else []
     columns = record_columns(plan.listing.fields.image_specs if plan.listing.fields is not None else (),

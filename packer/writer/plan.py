@@ -28,9 +28,9 @@ from ..sources.members import members_columns, members_from_columns, members_hea
 from ..fields import specs_from_json
 from ..sources.fieldvalues import FieldTable
 from ..sources import Rejection, SourceListing, SourceSettings
-from .settings import DEFAULT_MAX_FILE_SIZE, DEFAULT_SHARD_SIZE, BuildOptions, BuildSettings
+from .settings import ALIGNMENT_AUTO, DEFAULT_MAX_FILE_SIZE, DEFAULT_SHARD_SIZE, BuildOptions, BuildSettings
 
-__all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "save_plan", "load_plan",
+__all__ = ["BuildOptions", "BuildPlan", "make_plan", "plan_shards", "choose_alignment", "SMALL_RECORD_ALIGNMENTS", "save_plan", "load_plan",
            "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE"]
 
 @dataclass
@@ -41,6 +41,9 @@ class BuildPlan:
     settings: BuildSettings    # with the source kind as detected (the listing's)
     order: np.ndarray          # int64 listing indices, in pack order
     shard_starts: np.ndarray   # int64 positions in ``order`` where planned shard i starts; len = shards + 1
+    #: The dataset's alignment: ``settings.layout.alignment``, or what ``choose_alignment`` made of
+    #: ``"auto"`` (settings keep what was asked, so a resume asking ``"auto"`` again matches).
+    alignment: int
     fingerprint: int = 0       # xxh3 of the saved plan file (0 until saved or loaded)
     source: str = ""           # how the source was given (informative)
     first_shard_number: int = 0  # planned shard i is written as shard number first + i (append continues)
@@ -55,6 +58,34 @@ class BuildPlan:
     def shard_members(self, shard: int) -> np.ndarray:
         """Listing indices of planned shard ``shard``, in pack order."""
         return self.order[self.shard_starts[shard]:self.shard_starts[shard + 1]]
+
+
+#: The alignments ``"auto"`` chooses from, largest first: a 4 KiB page (every sample one aligned
+#: O_DIRECT / GPUDirect read), a cache line, a word, none. Runs of small records are still read
+#: as whole pages (formats/SPEC.md §3.4).
+SMALL_RECORD_ALIGNMENTS = (fmt.DEFAULT_ALIGNMENT, 64, 8, 1)
+#: ``"auto"`` keeps an alignment while its padding is at most this share of the payload bytes.
+MAX_PADDING_SHARE = 1 / 16
+
+
+def choose_alignment(sizes: np.ndarray, shard_size: int) -> int:
+    """The alignment ``"auto"`` gives payloads of these sizes (formats/SPEC.md §3.4).
+
+    The largest of ``SMALL_RECORD_ALIGNMENTS`` (and at most ``shard_size``) whose padding, summed
+    over every sample, is at most 1/16 of the payload bytes: ~100 KB photos keep 4096 (2 % of
+    padding), 32x32 raw pixels (3,072 bytes) and 2 KB PNGs get 64, records of a few hundred
+    bytes 8. A pure function of the sizes, so every part of a split build and a resume choose
+    the same; an empty listing keeps 4096.
+    """
+    sizes = np.asarray(sizes, dtype=np.uint64)
+    payload = int(sizes.sum(dtype=np.uint64))
+    for alignment in SMALL_RECORD_ALIGNMENTS:
+        if alignment > shard_size:
+            continue
+        padding = int((-sizes % np.uint64(alignment)).sum(dtype=np.uint64)) if alignment > 1 else 0
+        if padding <= payload * MAX_PADDING_SHARE:
+            return alignment
+    return 1
 
 
 def plan_shards(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarray:
@@ -90,9 +121,10 @@ def make_plan(listing: SourceListing, settings: BuildSettings, *, source: str = 
     the open dataset an append extends) has are rejected first (``writer.dedupe``): every door
     plans through here, so every door applies it."""
     layout = settings.layout
-    fmt.check_alignment(layout.alignment)
-    if layout.shard_size < layout.alignment:
-        raise BuildError(f"shard size {layout.shard_size} is smaller than the alignment {layout.alignment}")
+    if layout.alignment != ALIGNMENT_AUTO:
+        fmt.check_alignment(layout.alignment)
+        if layout.shard_size < layout.alignment:
+            raise BuildError(f"shard size {layout.shard_size} is smaller than the alignment {layout.alignment}")
     if settings.checks.reject_duplicates:
         from .dedupe import reject_duplicate_content
 
@@ -105,8 +137,11 @@ def make_plan(listing: SourceListing, settings: BuildSettings, *, source: str = 
     from ..codecs import get_codec  # a re-encoding codec changes payload sizes: plan by its estimate
 
     estimated = get_codec(settings.codec).estimate_sizes(listing.sizes[order])
-    starts = plan_shards(estimated, layout.alignment, layout.shard_size)
+    alignment = (choose_alignment(estimated, layout.shard_size) if layout.alignment == ALIGNMENT_AUTO
+                 else layout.alignment)
+    starts = plan_shards(estimated, alignment, layout.shard_size)
     return BuildPlan(listing=listing, settings=settings.detected(listing.kind), order=order, shard_starts=starts,
+                     alignment=alignment,
                      source=source, first_shard_number=first_shard_number, source_probes=source_probes)
 
 
@@ -118,6 +153,7 @@ def _plan_header(plan: BuildPlan) -> bytes:
         "rejected": [r.to_json() for r in plan.listing.rejected],
         "source": plan.source,
         "first_shard_number": plan.first_shard_number,
+        "alignment": plan.alignment,
         "label_type": plan.listing.label_type,
         "warnings": plan.listing.warnings,
     }
@@ -199,6 +235,8 @@ def load_plan(path: Path, root: Path, *, source: SourceSettings | None = None) -
             listing.fields = FieldTable.from_plan_columns(specs_from_json(header["fields"]), columns, rows)
         order = columns["order"].astype(np.int64)
         starts = columns["shard_starts"].astype(np.int64)
+        # what "auto" chose (a plan saved before "auto" existed has the number in its settings)
+        alignment = fmt.check_alignment(header.get("alignment", settings.layout.alignment), path=path)
     except OptionError as exc:  # (a PackerError: before the clause below) the saved settings do not parse
         raise BuildError(f"the saved build plan is unusable ({exc!r}); delete {path.parent} to start over",
                          path=path) from None
@@ -214,7 +252,7 @@ def load_plan(path: Path, root: Path, *, source: SourceSettings | None = None) -
             or len(starts) < 1 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 0)
             or (n and (order.min() < 0 or order.max() >= n))):
         raise BuildError(f"the saved build plan is inconsistent; delete {path.parent} to start over", path=path)
-    return BuildPlan(listing=listing, settings=settings, order=order, shard_starts=starts,
+    return BuildPlan(listing=listing, settings=settings, order=order, shard_starts=starts, alignment=alignment,
                      fingerprint=fmt.checksum(data), source=header.get("source", ""),
                      first_shard_number=int(header.get("first_shard_number", 0)),
                      source_probes=probes if isinstance(probes, dict) else None)

@@ -43,7 +43,7 @@ from ..sources import APPEND_ORIGIN, SOURCE_KINDS, LabelSettings, SourceSettings
 
 __all__ = ["BuildSettings", "LayoutSettings", "CheckSettings", "RunOptions", "BuildOptions", "SourceSettings",
            "LabelSettings", "parse_part", "settings_and_run", "run_from_legacy", "settings_from_record",
-           "labels_for_append", "option_name", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE", "ENGINES", "HASHES"]
+           "labels_for_append", "option_name", "ALIGNMENT_AUTO", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_FILE_SIZE", "ENGINES", "HASHES"]
 
 #: Default target shard size: large enough for GPUDirect-sized reads and few files, small
 #: enough that a damaged or re-built shard is cheap to replace.
@@ -54,6 +54,9 @@ DEFAULT_MAX_FILE_SIZE = 1 << 30
 #: ``RunOptions.engine``: a local process pool, or Ray.
 ENGINES = ("local", "ray")
 _MAX_SEED = (1 << 64) - 1
+#: ``LayoutSettings.alignment``'s default: the writer chooses from the payload sizes (small
+#: records get a small alignment, everything else 4 KiB: ``writer.plan.choose_alignment``).
+ALIGNMENT_AUTO = "auto"
 
 
 def _option(name: str, **extra: Any) -> dict[str, Any]:
@@ -71,23 +74,26 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LayoutSettings:
-    """Where samples go: ``alignment`` (bytes, a power of two; 1 disables padding), the target
-    ``shard_size`` in bytes, ``shuffle`` (a seeded pack order, on by default) and its ``seed``."""
+    """Where samples go: ``alignment`` (bytes, a power of two; 1 disables padding; ``"auto"``, the
+    default: chosen from the payload sizes, formats/SPEC.md §3.4), the target ``shard_size`` in
+    bytes, ``shuffle`` (a seeded pack order, on by default) and its ``seed``."""
 
-    alignment: int = field(default=fmt.DEFAULT_ALIGNMENT, metadata=_option("--alignment"))
+    alignment: int | str = field(default=ALIGNMENT_AUTO, metadata=_option("--alignment"))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_option("--shard-size"))
     shuffle: bool = field(default=True, metadata=_option("--no-shuffle", given_when=False))
     seed: int = field(default=0, metadata=_option("--seed"))
 
     def check(self) -> "LayoutSettings":
         """Raises OptionError naming the option (``--alignment``, ``--shard-size``, ...) and what is allowed."""
-        try:
-            fmt.check_alignment(self.alignment)  # the format's rule, one place
-        except FormatError as exc:
-            raise OptionError(f"--{exc.message}") from None  # "--alignment must be a power of two ..."
-        if not _is_int(self.shard_size) or not self.alignment <= self.shard_size < fmt.MAX_FILE_SIZE:
-            raise OptionError(f"--shard-size must be at least the alignment ({self.alignment} bytes) and below "
-                              f"2^62, got {self.shard_size!r}")
+        if self.alignment != ALIGNMENT_AUTO:
+            try:
+                fmt.check_alignment(self.alignment)  # the format's rule, one place
+            except FormatError as exc:  # "--alignment must be a power of two ..., or 'auto'"
+                raise OptionError(f"--{exc.message}, or 'auto'") from None
+        auto = self.alignment == ALIGNMENT_AUTO  # chooses at most the shard size: any size of a byte or more
+        if not _is_int(self.shard_size) or not (1 if auto else self.alignment) <= self.shard_size < fmt.MAX_FILE_SIZE:
+            least = "1 byte" if auto else f"the alignment ({self.alignment} bytes)"
+            raise OptionError(f"--shard-size must be at least {least} and below 2^62, got {self.shard_size!r}")
         if not isinstance(self.shuffle, bool):
             raise OptionError(f"shuffle must be True or False (--no-shuffle turns it off), got {self.shuffle!r}")
         if not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED:
@@ -290,6 +296,8 @@ def _shown(member: dataclasses.Field, value: Any) -> str:  # type: ignore[type-a
 
 
 def _json_type_fits(name: str, value: Any, default: Any) -> bool:
+    if name == "alignment":  # a number of bytes, or "auto" (recorded as asked; the manifest has the result)
+        return value == ALIGNMENT_AUTO or _is_int(value)
     if name in ("root", "image_column", "classes_origin"):
         return value is None or isinstance(value, str)
     if name == "classes":
@@ -399,7 +407,7 @@ class BuildOptions:
     """Deprecated: the flat options of packer 0.1 (use ``packer.BuildSettings``). Still accepted by
     ``packer.build_dataset`` for one release, with a ``DeprecationWarning``."""
 
-    alignment: int = fmt.DEFAULT_ALIGNMENT
+    alignment: int | str = ALIGNMENT_AUTO
     shard_size: int = DEFAULT_SHARD_SIZE
     shuffle: bool = True
     seed: int = 0

@@ -1,4 +1,4 @@
-"""``packer build`` advises a smaller ``--alignment`` when 4 KiB alignment pads small records
+"""``packer build`` advises the default ``--alignment auto`` when an explicit 4 KiB alignment pads small records
 (benchmarks/bench_alignment.py measured what it costs the readers), and only then."""
 
 from __future__ import annotations
@@ -29,13 +29,16 @@ def _advice(*args: str) -> list[str]:
 
 def test_small_raw_records_get_the_alignment_advice(tmp_path: Path, monkeypatch) -> None:
     source = _folder(tmp_path / "png32", 32)
-    assert _advice(str(source), str(tmp_path / "tiny"), "--codec", "raw", "--size", "32x32") == []  # kilobytes
+    paged = ("--alignment", "4096")
+    assert _advice(str(source), str(tmp_path / "tiny"), "--codec", "raw", "--size", "32x32", *paged) == []  # kilobytes
     monkeypatch.setattr(packer.cli.build_cmd, "PADDING_ADVICE_MIN_BYTES", 0)  # as if it held 50,000 of them
-    (line,) = _advice(str(source), str(tmp_path / "raw"), "--codec", "raw", "--size", "32x32")
+    (line,) = _advice(str(source), str(tmp_path / "raw"), "--codec", "raw", "--size", "32x32", *paged)
     assert "every sample starts on a 4,096-byte boundary; a sample holds 3,072 bytes on average" in line
-    assert "With --alignment 64" in line and "Keep 4,096 for O_DIRECT reads" in line and "GPUDirect" in line
+    assert "Without --alignment (the default, auto) these samples would be packed at 64 bytes" in line
+    assert "page blocks" in line and "GPUDirect" in line
     assert _advice(str(source), str(tmp_path / "raw64"), "--codec", "raw", "--size", "32x32", "--alignment", "64") == []
-    assert _advice(str(source), str(tmp_path / "png"))  # 3 KB PNGs passed through: padded too
+    assert _advice(str(source), str(tmp_path / "auto"), "--codec", "raw", "--size", "32x32") == []  # auto chose 64
+    assert _advice(str(source), str(tmp_path / "png"), *paged)  # 3 KB PNGs passed through: padded too
 
 
 def test_large_records_get_no_alignment_advice(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("fields")
     manifest = make_field_source(root / "src")
     out = root / "out"
-    build(manifest, out, BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3))
+    build(manifest, out, BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3, alignment=4096))
     return manifest, out
 
 
@@ -214,7 +214,7 @@ def test_field_errors_on_read_are_typed(built: tuple[Path, Path]) -> None:
 def test_build_with_fields_is_deterministic_and_workers_do_not_matter(built: tuple[Path, Path], tmp_path: Path) -> None:
     manifest, out = built
     again = tmp_path / "again"
-    build(manifest, again, BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3), workers=2)
+    build(manifest, again, BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3, alignment=4096), workers=2)
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(again).as_posix() for p in again.rglob("*") if p.is_file())
     for name in files:
@@ -263,7 +263,7 @@ def test_csv_manifest_fields_need_no_label(tmp_path: Path) -> None:
 def test_resume_keeps_field_values(built: tuple[Path, Path], tmp_path: Path) -> None:
     manifest, out = built
     split = tmp_path / "split"
-    options = BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3)
+    options = BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3, alignment=4096)
     build(manifest, split, options, plan_only=True)
     build(manifest, split, options, resume=True)
     assert (split / "manifest.json").read_bytes() == (out / "manifest.json").read_bytes()
@@ -284,7 +284,7 @@ def test_cli_declares_fields(built: tuple[Path, Path], tmp_path: Path) -> None:
 
     manifest, out = built
     result = CliRunner().invoke(main, ["build", str(manifest), str(tmp_path / "cli"), "-q", "--seed", "3",
-                                       "--shard-size", str(3 * 8192), *sum((["--field", f] for f in FIELDS), [])])
+                                       "--shard-size", str(3 * 8192), "--alignment", "4096", *sum((["--field", f] for f in FIELDS), [])])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cli" / "manifest.json").read_bytes() == (out / "manifest.json").read_bytes()
     bad = CliRunner().invoke(main, ["build", str(manifest), str(tmp_path / "bad"), "--field", "boxes=float33"])

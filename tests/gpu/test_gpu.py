@@ -107,7 +107,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def raw_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu-raw") / "ds"
     # 24 samples of 360 bytes -> stride 4096; ~5 samples per shard: several shards and runs.
-    build(sources / "jpeg", out, BuildOptions(shard_size=20 << 10, codec="raw:size=12x10"), workers=1,
+    build(sources / "jpeg", out, BuildOptions(shard_size=20 << 10, alignment=4096, codec="raw:size=12x10"), workers=1,
           progress=False)
     return out
 
@@ -123,14 +123,14 @@ def raw_dataset_unaligned(sources: Path, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="module")
 def jpeg_only_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu-jpeg-only") / "ds"
-    build(sources / "jpeg", out, BuildOptions(shard_size=24 << 10), workers=1, progress=False)
+    build(sources / "jpeg", out, BuildOptions(shard_size=24 << 10, alignment=4096), workers=1, progress=False)
     return out
 
 
 @pytest.fixture(scope="module")
 def jpeg_dataset(sources: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu-jpeg") / "ds"
-    build(sources / "mixed", out, BuildOptions(shard_size=24 << 10), workers=1, progress=False)
+    build(sources / "mixed", out, BuildOptions(shard_size=24 << 10, alignment=4096), workers=1, progress=False)
     return out
 
 
@@ -193,7 +193,7 @@ def test_raw_batches_match_the_stored_pixels(raw_dataset: Path, order: str, doub
 def test_raw_batches_with_an_alignment_below_the_sample(raw_dataset_unaligned: Path) -> None:
     with gpu.GpuRawBatches(raw_dataset_unaligned, 7, device="cpu", order="random") as loader, \
             open_dataset(raw_dataset_unaligned) as ds:
-        assert loader.stride == 360 and len(ds.manifest.shards) > 1
+        assert loader.strides.tolist() == [360] * len(ds.manifest.shards) and len(ds.manifest.shards) > 1
         indices, batches = _collect(loader)
         images = torch.cat([b[0] for b in batches])
         for j, i in enumerate(indices):

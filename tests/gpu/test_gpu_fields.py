@@ -38,7 +38,7 @@ def raw_fields(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      "boxes": [[0, 0, i, i]] * (i % 2), "tags": ["a", "b"][: i % 3], "caption": f"#{i}",
                      "mask": f"{i}.mask.png"})
     (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
-    build(root / "rows.jsonl", root / "ds", BuildOptions(fields=FIELDS, codec="raw:size=12x10", shard_size=20 << 10),
+    build(root / "rows.jsonl", root / "ds", BuildOptions(fields=FIELDS, codec="raw:size=12x10", shard_size=20 << 10, alignment=4096),
           workers=1, progress=False)
     return root / "ds"
 

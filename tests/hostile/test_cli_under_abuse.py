@@ -468,6 +468,10 @@ def test_ctrl_c_to_the_process_group_of_a_real_build(tmp_path):
         time.sleep(2 * startup + extra)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=120)
+        if "Fatal Python error: init_import_site" in err:
+            # On a loaded machine the child may still be in Python's own startup (its ``site``
+            # import) after twice the startup measured above: not packer's code, nothing to cover.
+            continue
         outcomes.append(process.returncode)
         # Python itself may report a Ctrl-C that lands inside an import-lock callback as
         # "Exception ignored in ..." (an unraisable error, printed by the interpreter; nothing can

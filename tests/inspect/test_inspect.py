@@ -37,7 +37,7 @@ def make_images(root: Path) -> Path:
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("inspect")
     out = tmp / "ds"
-    build(make_images(tmp / "src"), out, BuildOptions(shard_size=12 << 10, seed=3), workers=1, progress=False)
+    build(make_images(tmp / "src"), out, BuildOptions(shard_size=12 << 10, seed=3, alignment=4096), workers=1, progress=False)
     return out
 
 

@@ -29,7 +29,7 @@ from helpers import rewrite_index
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
     root = tmp_path_factory.mktemp("inspect-fields")
     manifest = make_field_source(root / "src")
-    build(manifest, root / "ds", BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3), workers=1, progress=False)
+    build(manifest, root / "ds", BuildOptions(fields=FIELDS, shard_size=3 * 8192, seed=3, alignment=4096), workers=1, progress=False)
     rows = [json.loads(line) for line in manifest.read_text("utf-8").splitlines()]
     return rows, root / "ds"
 

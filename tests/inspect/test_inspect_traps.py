@@ -28,7 +28,7 @@ def test_percentiles_of_two_values_are_nearest_rank() -> None:
 
 def test_p95_of_two_shards_is_the_larger(tmp_path: Path) -> None:
     write_images(tmp_path / "src", {"a": 6, "b": 5}, size=40)
-    build(tmp_path / "src", tmp_path / "ds", BuildOptions(shard_size=32 << 10, shuffle=False), workers=1,
+    build(tmp_path / "src", tmp_path / "ds", BuildOptions(shard_size=32 << 10, shuffle=False, alignment=4096), workers=1,
           progress=False)
     summary = summarize(tmp_path / "ds")
     shards = summary["shards"]

@@ -344,3 +344,39 @@ def test_the_gpu_raw_loader_reads_a_mixture_of_raw_datasets(tmp_path):
         for image, label, i in zip(batch["image"], batch["label"], batch["index"]):
             assert image.contiguous().numpy().tobytes() == mixture.read(int(i))
             assert int(label) == int(mixture.labels[int(i)])
+
+
+def test_raw_streams_of_other_alignments_mix_in_every_raw_reader(tmp_path):
+    """A stream written with --alignment 4096 beside one the default packed at 64 (SPEC §3.4): each
+    shard keeps its own stream's distance between samples, in the batched crops, the threaded
+    loader, the raw gather and GpuRawBatches; every reader returns each sample's stored pixels."""
+    pytest.importorskip("torch")
+    from packer.gpu import GpuRawBatches
+    from packer.rawcrop import read_raw_batch
+    from packer.threaded import ThreadedLoader
+    from packer.torch import PackedDataset
+
+    write_images(tmp_path / "a", {"cat": 7, "dog": 5}, size=16)
+    write_images(tmp_path / "b", {"emu": 6}, seed=3, size=16)
+    for name, alignment in (("a", 4096), ("b", "auto")):
+        packer.build_dataset(tmp_path / name, tmp_path / name.upper(), packer.BuildSettings(
+            codec="raw:size=12x10", layout=packer.LayoutSettings(alignment=alignment)), packer.RunOptions(workers=1))
+    def mix():  # one per reader: closing a reader closes the mixture it was given
+        return packer.Mixture([packer.Stream(tmp_path / "A"), packer.Stream(tmp_path / "B")], seed=1)
+
+    mixture = mix()
+    assert [ds.alignment for ds in mixture.datasets] == [4096, 8]  # 360-byte samples: auto packs them at 8
+    stored = np.stack([np.frombuffer(mixture.read(i), np.uint8).reshape(12, 10, 3) for i in range(len(mixture))])
+    everything = np.arange(len(mixture))
+    assert np.array_equal(read_raw_batch(mixture, everything[::-1], (12, 10, 3)), stored[::-1])
+    strided = np.zeros((len(mixture), 12, 10, 4), dtype=np.uint8)[..., :3]  # not contiguous: the strided-view path
+    assert np.array_equal(read_raw_batch(mixture, everything, (12, 10, 3), out=strided), stored)
+    mapped = PackedDataset(mixture, layout="HWC", fields=("image", "index"))
+    batch = mapped.__getitems__(everything.tolist())
+    assert np.array_equal(np.stack([np.asarray(s["image"]) for s in batch]), stored)
+    with ThreadedLoader(mix(), batch_size=5, decode=False, fields=("image", "index"), threads=2) as loader:
+        for got in loader:
+            assert np.array_equal(np.asarray(got["image"]).reshape(-1, 12, 10, 3), stored[np.asarray(got["index"])])
+    with GpuRawBatches(mix(), 5, device="cpu", order=ReadOrder("random", seed=2), fields=("image", "index")) as gpu:
+        for got in gpu:
+            assert np.array_equal(got["image"].numpy(), stored[got["index"].numpy()])

@@ -37,7 +37,7 @@ def uniform_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("uniform")
     write_images(root / "src", {"a": 20, "b": 20}, size=24)
     packer.build_dataset(root / "src", root / "ds", packer.BuildSettings(
-        codec="raw:size=24x24", layout=packer.LayoutSettings(shard_size=48 << 10)), packer.RunOptions(workers=1))
+        codec="raw:size=24x24", layout=packer.LayoutSettings(shard_size=48 << 10, alignment=4096)), packer.RunOptions(workers=1))
     return root / "ds"
 
 

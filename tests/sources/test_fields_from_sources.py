@@ -193,7 +193,7 @@ def test_non_utf8_side_file_names_are_refused_with_fields(tmp_path: Path) -> Non
 
 def test_folder_fields_deterministic_across_workers_and_resume(tmp_path: Path) -> None:
     src = side_file_folder(tmp_path / "src", count=6)
-    options = BuildSettings(layout=LayoutSettings(shard_size=3 * 4096, seed=5), labels=LabelSettings(fields=FOLDER_FIELDS))
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=3 * 4096, seed=5), labels=LabelSettings(fields=FOLDER_FIELDS))
     build(src, tmp_path / "one", options)
     build(src, tmp_path / "two", options, RunOptions(workers=2))
     first = all_files(tmp_path / "one")
@@ -234,7 +234,7 @@ def test_webdataset_fields_read_back_as_written(tmp_path: Path, mode: str, suffi
     shards = [write_shard(tmp_path / f"train-{n}.{suffix}", wds_members(5 * n, 5), mode) for n in range(2)]
     source = f"{tmp_path}/train-{{0..1}}.{suffix}"
     out = tmp_path / "out"
-    result = build(source, out, BuildSettings(layout=LayoutSettings(shuffle=False, shard_size=4 * 4096), labels=LabelSettings(fields=WDS_FIELDS)))
+    result = build(source, out, BuildSettings(layout=LayoutSettings(alignment=4096, shuffle=False, shard_size=4 * 4096), labels=LabelSettings(fields=WDS_FIELDS)))
     assert result.sample_count == 10 and result.rejected == [] and shards
     with open_dataset(out, verify_checksums=True) as ds:
         assert len(ds.manifest.shards) > 1
@@ -292,7 +292,7 @@ def test_webdataset_fields_deterministic_and_resumable(tmp_path: Path) -> None:
     write_shard(tmp_path / "train-0.tar", wds_members(0, 6))
     write_shard(tmp_path / "train-1.tar", wds_members(6, 6))
     source = f"{tmp_path}/train-{{0..1}}.tar"
-    options = BuildSettings(layout=LayoutSettings(shard_size=3 * 4096, seed=9), labels=LabelSettings(fields=WDS_FIELDS))
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=3 * 4096, seed=9), labels=LabelSettings(fields=WDS_FIELDS))
     build(source, tmp_path / "one", options)
     build(source, tmp_path / "two", options, RunOptions(workers=2))
     first = all_files(tmp_path / "one")
@@ -471,7 +471,7 @@ def test_hostile_coco_entries_are_rejections_with_reasons(tmp_path: Path) -> Non
 
 def test_coco_builds_are_deterministic_and_resumable(tmp_path: Path) -> None:
     annotations, images = coco_source(tmp_path / "src")
-    options = BuildSettings(layout=LayoutSettings(shard_size=2 * 4096, seed=1))
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=2 * 4096, seed=1))
     build(annotations, tmp_path / "one", with_source(options, root=images))
     build(annotations, tmp_path / "two", with_source(options, root=images), RunOptions(workers=2))
     first = all_files(tmp_path / "one")

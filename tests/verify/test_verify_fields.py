@@ -42,7 +42,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i, row in enumerate(rows):
         row["flag"], row["flags"] = bool(i % 2), [True, False][: i % 3]
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
-    build(manifest, root / "ds", BuildOptions(fields=FLAGGED, shard_size=3 * 8192, seed=3), workers=1,
+    build(manifest, root / "ds", BuildOptions(fields=FLAGGED, shard_size=3 * 8192, seed=3, alignment=4096), workers=1,
           progress=False)
     return root / "ds"
 
@@ -584,7 +584,7 @@ def value_fields_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      "aux": f"img/{i}.aux.jpg"})
     manifest = root / "src" / "rows.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
-    build(manifest, root / "ds", BuildOptions(fields=VALUE_FIELDS, shard_size=4096, seed=0), workers=1, progress=False)
+    build(manifest, root / "ds", BuildOptions(fields=VALUE_FIELDS, shard_size=4096, seed=0, alignment=4096), workers=1, progress=False)
     return root / "ds"
 
 

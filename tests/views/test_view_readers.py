@@ -117,7 +117,7 @@ def test_a_view_of_stored_pixels_takes_the_raw_batch_path(tmp_path):
 
     write_images(tmp_path / "src", {"cat": 10, "dog": 10}, size=16)
     packer.build_dataset(tmp_path / "src", tmp_path / "ds", packer.BuildSettings(
-        codec="raw:size=8x8", layout=packer.LayoutSettings(shard_size=40 << 10)))
+        codec="raw:size=8x8", layout=packer.LayoutSettings(shard_size=40 << 10, alignment=4096)))
     (path,) = packer.view(tmp_path / "ds", tmp_path / "v.pkview", classes="dog")
     view, base = PackedDataset(path, layout="HWC"), PackedDataset(tmp_path / "ds", layout="HWC")
     rows = view.dataset.base_rows

@@ -31,7 +31,7 @@ def source(tmp_path: Path) -> Path:
 
 
 def test_round_trip_every_byte_and_label(source: Path, tmp_path: Path) -> None:
-    result = build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
+    result = build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 << 10)), RunOptions(workers=1))
     assert result.sample_count == 18 and result.shard_count > 1 and not result.rejected
     with open_dataset(tmp_path / "ds", verify_checksums=True) as ds:
         assert ds.classes == ("cat", "dog", "emu")
@@ -47,7 +47,7 @@ def test_round_trip_every_byte_and_label(source: Path, tmp_path: Path) -> None:
 
 
 def test_identical_bytes_whatever_the_worker_count(source: Path, tmp_path: Path) -> None:
-    options = BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=7))
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12 << 10, seed=7))
     build(source, tmp_path / "w1", options, RunOptions(workers=1))
     build(source, tmp_path / "w2", options, RunOptions(workers=2))
     build(source, tmp_path / "w3", options, RunOptions(workers=3))
@@ -67,7 +67,7 @@ def test_seed_changes_order_and_no_shuffle_keeps_sorted(source: Path, tmp_path: 
 
 
 def test_layout_is_aligned_and_padding_is_zero(source: Path, tmp_path: Path) -> None:
-    build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1))
+    build(source, tmp_path / "ds", BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 << 10)), RunOptions(workers=1))
     ds = open_dataset(tmp_path / "ds")
     for number, entry in enumerate(ds.manifest.shards):
         data = (tmp_path / "ds" / entry.path).read_bytes()
@@ -199,7 +199,7 @@ def test_a_shard_split_into_segments_gives_the_same_bytes(source: Path, tmp_path
     import packer.writer.pack as build_module
 
     (source / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")  # a rejection inside a segment
-    options = BuildSettings(layout=LayoutSettings(shard_size=1 << 30))  # one shard
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=1 << 30))  # one shard
     build(source, tmp_path / "one", options, RunOptions(workers=1))
     calls = []
     real = build_module.segment_count
@@ -239,7 +239,7 @@ def test_a_failing_segmented_build_leaves_no_segment_files(source: Path, tmp_pat
     monkeypatch.setattr(build_module, "segment_count", lambda plan, shard, wanted, min_bytes=1:
                         real(plan, shard, wanted, min_bytes=1))
     with pytest.raises(BuildError, match="--on-error fail"):
-        build(source, tmp_path / "out", BuildSettings(layout=LayoutSettings(shard_size=1 << 30)), RunOptions(workers=4, on_error="fail"))
+        build(source, tmp_path / "out", BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=1 << 30)), RunOptions(workers=4, on_error="fail"))
     assert not list((tmp_path / "out").rglob("*.partial"))
     assert not (tmp_path / "out" / "manifest.json").exists()
 

@@ -114,7 +114,7 @@ def test_a_build_where_everything_is_rejected_says_why(tmp_path: Path) -> None:
 def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 6, bad=2), tmp_path / "ds"
     (src / "stray.png").write_bytes(b"a file outside every class folder: rejected when listed")
-    settings = BuildSettings(layout=LayoutSettings(shard_size=12288, seed=3))
+    settings = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12288, seed=3))
     result = build(src, out, settings, RunOptions(workers=1))
     with open_index(out) as ds:
         manifest = ds.manifest
@@ -149,14 +149,14 @@ def test_build_summary_report_and_result_are_exact(tmp_path: Path) -> None:
 
 def test_overwrite_removes_what_no_manifest_names(tmp_path: Path) -> None:
     src, out = png_folder(tmp_path / "src", 6), tmp_path / "ds"
-    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12288)), RunOptions(workers=1))
+    build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12288)), RunOptions(workers=1))
     stale = [out / ".manifest.json.999.tmp", out / ".build-report.jsonl.999.tmp",
              out / "shards" / "shard-00099-00000000000000ff.pks", out / "index-00000000000000ff.pki"]
     for path in stale:
         path.write_bytes(b"x")
     keep = out / "shards" / "notes.txt"
     keep.write_bytes(b"mine")
-    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12288, seed=5)), RunOptions(workers=1, overwrite=True))
+    build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12288, seed=5)), RunOptions(workers=1, overwrite=True))
     assert not any(p.exists() for p in stale)
     assert keep.exists(), "only packer's own file names are removed"
     with open_index(out) as ds:
@@ -221,7 +221,7 @@ def test_codec_notes_are_summed_over_shards(tmp_path: Path) -> None:
         pixels = rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(src / "a" / f"{i}.jpg", quality=90, progressive=(i == 4))
     (src / "a" / "p.png").write_bytes((src / "a" / "0.jpg").read_bytes() and _png_bytes())
-    result = build(src, tmp_path / "ds", BuildSettings(layout=LayoutSettings(shard_size=8192), codec="tiled"), RunOptions(workers=1))
+    result = build(src, tmp_path / "ds", BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=8192), codec="tiled"), RunOptions(workers=1))
     assert result.shard_count >= 3
     assert result.summary["codec_notes"] == {"kept: not a JPEG (png)": 1, "kept: progressive": 1, "tiled": 4}
     assert list(result.summary["codec_notes"]) == sorted(result.summary["codec_notes"])
@@ -329,7 +329,7 @@ def field_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 5-sample build with a text field and an image field, one sample per shard."""
     base = tmp_path_factory.mktemp("fields")
     src = side_file_folder(base / "src", 5)
-    build(src, base / "ds", BuildSettings(layout=LayoutSettings(shuffle=False, shard_size=8192), labels=LabelSettings(fields=FIELDS)), RunOptions(workers=1))
+    build(src, base / "ds", BuildSettings(layout=LayoutSettings(alignment=4096, shuffle=False, shard_size=8192), labels=LabelSettings(fields=FIELDS)), RunOptions(workers=1))
     return src, base / "ds"
 
 
@@ -465,7 +465,7 @@ def test_finish_build_without_cleanup_keeps_staging_and_unreferenced_files(tmp_p
     for i in range(3):
         (src / "a" / f"{i}.png").write_bytes(png_bytes(i))
     out = tmp_path / "ds"
-    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=8192)), RunOptions(workers=1, part=(0, 1)))
+    build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=8192)), RunOptions(workers=1, part=(0, 1)))
     stray = out / fmt.shard_file_name(99, 0xAB)  # "shards/shard-00099-....pks"
     stray.write_bytes(b"x")
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)

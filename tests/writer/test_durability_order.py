@@ -140,7 +140,7 @@ def make_images(root: Path, count: int, seed: int = 0) -> Path:
     return root
 
 
-OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=12 << 10))
+OPTIONS = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12 << 10))
 
 
 def traced_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> tuple[list[Event], Path]:
@@ -178,7 +178,7 @@ def test_overwrite_commits_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     src, out = make_images(tmp_path / "src", 6), tmp_path / "ds"
     build(src, out, OPTIONS, RunOptions(workers=1))
     tracer = Tracer(monkeypatch)
-    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=12 << 10, seed=1)), RunOptions(workers=1, overwrite=True))
+    build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=12 << 10, seed=1)), RunOptions(workers=1, overwrite=True))
     assert violations(tracer.events, out) == []
 
 

@@ -46,7 +46,7 @@ from packer import BuildSettings, LayoutSettings, RunOptions
 
 from helpers import make_png_classes
 
-OPTIONS = BuildSettings(layout=LayoutSettings(shard_size=16 << 10))
+OPTIONS = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 << 10))
 REPO = Path(__file__).resolve().parents[2]
 #: Trial counts, printed at the end of the module (run with -s to see them).
 TRIALS: dict[str, int] = {}
@@ -336,7 +336,7 @@ def test_resume_with_other_options_is_refused(sources, tmp_path):
     assert killed(run_forked(lambda: build(src, out, OPTIONS, RunOptions(workers=1)),
                              point="pack-file", kill_at=6))
     with pytest.raises(OptionError, match="different options.*--shard-size: saved 16384, asked 32768"):
-        build(src, out, BuildSettings(layout=LayoutSettings(shard_size=32 << 10)), RunOptions(workers=1, resume=True))
+        build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=32 << 10)), RunOptions(workers=1, resume=True))
     assert not (out / fmt.MANIFEST_NAME).exists()
 
 
@@ -367,7 +367,7 @@ def test_sigkill_cli_from_outside(sources, tmp_path):
 
     # Measure how long packing and finishing take (from the plan file to the manifest) once.
     probe_out = tmp_path / "timing"
-    probe = _cli("build", str(src), str(probe_out), "--shard-size", "16K", "--workers", "2", "-q")
+    probe = _cli("build", str(src), str(probe_out), "--shard-size", "16K", "--alignment", "4096", "--workers", "2", "-q")
     wait_for(probe_out / plan_file, probe)
     pack_time = wait_for(probe_out / fmt.MANIFEST_NAME, probe)
     assert probe.wait(timeout=120) == 0, probe.stderr.read().decode()
@@ -376,7 +376,7 @@ def test_sigkill_cli_from_outside(sources, tmp_path):
     trials = len(fractions)
     for trial, fraction in enumerate(fractions):
         out = tmp_path / f"out{trial}"
-        process = _cli("build", str(src), str(out), "--shard-size", "16K", "--workers", "2", "-q")
+        process = _cli("build", str(src), str(out), "--shard-size", "16K", "--alignment", "4096", "--workers", "2", "-q")
         if fraction is None:
             time.sleep(0.05)
         else:
@@ -507,7 +507,7 @@ def test_disk_full_real_tmpfs(sources, tmp_path, small_tmpfs):
     temp file; then --resume on a bigger disk (same folder, copied) completes identically."""
     src = make_source(tmp_path / "big", classes=4, per_class=30, seed=4)  # ~120 files x 4-8 KiB on disk
     out = small_tmpfs / "out"
-    done = subprocess.run([sys.executable, "-m", "packer", "build", str(src), str(out), "--shard-size", "16K",
+    done = subprocess.run([sys.executable, "-m", "packer", "build", str(src), str(out), "--shard-size", "16K", "--alignment", "4096",
                            "--workers", "1", "-q"], cwd=REPO, capture_output=True, timeout=120)
     stderr = done.stderr.decode()
     assert done.returncode == 3, stderr
@@ -624,7 +624,7 @@ def test_source_changes_while_workers_pack(tmp_path):
     src = make_source(tmp_path / "src", classes=4, per_class=30, seed=8)
     victims = sorted(src.rglob("*.png"))[::7]
     out = tmp_path / "out"
-    process = _cli("build", str(src), str(out), "--shard-size", "16K", "--workers", "2", "-q", "--json")
+    process = _cli("build", str(src), str(out), "--shard-size", "16K", "--alignment", "4096", "--workers", "2", "-q", "--json")
     for path in victims:  # while it runs: some before listing, some during packing, some after
         path.unlink()
         time.sleep(0.005)
@@ -748,7 +748,7 @@ def test_concurrent_cli_builds_never_mix(sources, tmp_path):
     results: dict[str, int] = {}
     for trial in range(trials):
         out = tmp_path / f"out{trial}"
-        processes = [_cli("build", str(sources[which]), str(out), "--shard-size", "16K", "--workers", "1",
+        processes = [_cli("build", str(sources[which]), str(out), "--shard-size", "16K", "--alignment", "4096", "--workers", "1",
                           "--overwrite", "-q") for which in ("a", "b")]
         for process in processes:
             _, stderr = process.communicate(timeout=120)
@@ -769,7 +769,7 @@ def test_concurrent_cli_builds_never_mix(sources, tmp_path):
 def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path) -> None:
     """Mutant: ``read_record`` no longer compares the shard file's size with its record."""
     src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
-    options = BuildSettings(layout=LayoutSettings(shard_size=16 << 10))
+    options = BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 << 10))
     build(src, out, options, RunOptions(workers=1, part=(0, 1)))  # every shard packed, no manifest
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
     assert plan.shard_count >= 2
@@ -790,7 +790,7 @@ def test_resume_repacks_a_finished_shard_whose_file_was_truncated(tmp_path: Path
 
 def test_a_record_of_a_truncated_shard_is_redone_by_pack(tmp_path: Path) -> None:
     src, out = make_png_classes(tmp_path / "src"), tmp_path / "ds"
-    build(src, out, BuildSettings(layout=LayoutSettings(shard_size=16 << 10)), RunOptions(workers=1, part=(0, 1)))
+    build(src, out, BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 << 10)), RunOptions(workers=1, part=(0, 1)))
     plan = load_plan(out / STAGING_DIR / PLAN_NAME, src)
     header, _ = read_record(record_path(out, 0), plan.fingerprint, out)
     shard = out / header["path"]
@@ -827,5 +827,5 @@ def test_ctrl_c_during_a_pool_build_leaves_the_pool_threads_quiet(tmp_path, monk
     for trial in range(20):
         delay[0] = 0.004 * (trial % 5)
         with pytest.raises(KeyboardInterrupt):
-            build(src, tmp_path / f"out{trial}", BuildSettings(layout=LayoutSettings(shard_size=16 * 1024)), RunOptions(workers=2))
+            build(src, tmp_path / f"out{trial}", BuildSettings(layout=LayoutSettings(alignment=4096, shard_size=16 * 1024)), RunOptions(workers=2))
     assert thread_errors == []

@@ -44,13 +44,14 @@ from helpers import png_bytes, png_folder
 
 
 @pytest.mark.parametrize("settings, message", [
-    (layout(alignment=3), "--alignment must be a power of two between 1 and 16777216, got 3"),
-    (layout(alignment=0), "--alignment must be a power of two between 1 and 16777216, got 0"),
-    (layout(alignment=1 << 25), "--alignment must be a power of two between 1 and 16777216, got 33554432"),
+    (layout(alignment=3), "--alignment must be a power of two between 1 and 16777216, got 3, or 'auto'"),
+    (layout(alignment=0), "--alignment must be a power of two between 1 and 16777216, got 0, or 'auto'"),
+    (layout(alignment=1 << 25), "--alignment must be a power of two between 1 and 16777216, got 33554432, or 'auto'"),
     (layout(alignment=4096, shard_size=4095),
      "--shard-size must be at least the alignment (4096 bytes) and below 2^62, got 4095"),
     (layout(shard_size=fmt.MAX_FILE_SIZE),
-     f"--shard-size must be at least the alignment (4096 bytes) and below 2^62, got {fmt.MAX_FILE_SIZE}"),
+     f"--shard-size must be at least 1 byte and below 2^62, got {fmt.MAX_FILE_SIZE}"),
+    (layout(shard_size=0), "--shard-size must be at least 1 byte and below 2^62, got 0"),
     (layout(seed=-1), "--seed must be an integer from 0 to 2^64-1, got -1"),
     (layout(seed=1 << 64), f"--seed must be an integer from 0 to 2^64-1, got {1 << 64}"),
     (layout(shuffle=1), "shuffle must be True or False (--no-shuffle turns it off), got 1"),
@@ -102,7 +103,7 @@ def test_build_settings_edges_are_accepted() -> None:
     BuildSettings(source=SourceSettings(kind="python")).check()  # packer.Writer's samples: no door, no path
     assert BuildSettings().to_json() == {
         "source": {"kind": "auto", "root": None, "label_field": "label", "image_column": None},
-        "layout": {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True, "seed": 0},
+        "layout": {"alignment": "auto", "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True, "seed": 0},
         "codec": "passthrough",
         "checks": {"validate": "header", "max_pixels": CheckSettings().max_pixels, "max_file_size": DEFAULT_MAX_FILE_SIZE,
                    "normalize_formats": False},
@@ -121,7 +122,7 @@ def test_the_flat_build_options_are_the_same_settings() -> None:
         source=SourceSettings(kind="zip"), layout=LayoutSettings(512, 8192, False, 3), codec="raw:size=8x8",
         checks=CheckSettings("full", 99, 77, True),
         labels=LabelSettings(classes=("b", "a"), label_type="str", fields=("score=float32",)))
-    assert BuildOptions().to_json() == {"alignment": 4096, "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
+    assert BuildOptions().to_json() == {"alignment": "auto", "shard_size": DEFAULT_SHARD_SIZE, "shuffle": True,
                                         "seed": 0, "codec": "passthrough", "validate": "header",
                                         "max_pixels": BuildOptions().max_pixels,
                                         "max_file_size": DEFAULT_MAX_FILE_SIZE}
@@ -132,10 +133,10 @@ def test_the_flat_build_options_are_the_same_settings() -> None:
 
 def test_plan_order_and_cuts(tmp_path: Path) -> None:
     listing = list_source(png_folder(tmp_path / "src", 9))
-    shuffled = make_plan(listing, layout(seed=4, shard_size=3 * 4096 + 4096))
+    shuffled = make_plan(listing, layout(seed=4, shard_size=3 * 4096 + 4096, alignment=4096))
     assert shuffled.order.tolist() == np.random.Generator(np.random.PCG64(4)).permutation(9).tolist()
     assert shuffled.order.dtype == np.int64
-    kept = make_plan(listing, layout(shuffle=False, shard_size=3 * 4096 + 4096))
+    kept = make_plan(listing, layout(shuffle=False, shard_size=3 * 4096 + 4096, alignment=4096))
     assert kept.order.tolist() == list(range(9)) and kept.order.dtype == np.int64
     assert kept.shard_starts.tolist() == [0, 3, 6, 9] and kept.shard_count == 3
     assert kept.shard_members(1).tolist() == [3, 4, 5]
@@ -148,7 +149,7 @@ def test_plan_order_and_cuts(tmp_path: Path) -> None:
     assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 64 + 19).tolist() == [0, 1, 2]
     assert plan_shards(np.array([10, 10], dtype=np.uint64), 1, 10).tolist() == [0, 1, 2]
     with pytest.raises(BuildError, match="^shard size 100 is smaller than the alignment 4096$"):
-        make_plan(listing, layout(shard_size=100))
+        make_plan(listing, layout(shard_size=100, alignment=4096))
 
 
 def test_plan_saves_and_loads_exactly(tmp_path: Path) -> None:

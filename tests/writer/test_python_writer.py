@@ -258,8 +258,10 @@ def test_a_writer_refuses_an_output_holding_a_dataset_or_locked(tmp_path: Path) 
 
 
 def test_writer_options_are_checked_and_named(tmp_path: Path) -> None:
-    with pytest.raises(OptionError, match="--shard-size"):
-        packer.Writer(tmp_path / "out", shard_size=3)
+    with pytest.raises(OptionError, match=r"--shard-size must be at least 1 byte .*got 0"):
+        packer.Writer(tmp_path / "out", shard_size=0)
+    with pytest.raises(OptionError, match=r"--shard-size must be at least the alignment \(4096 bytes\)"):
+        packer.Writer(tmp_path / "out", shard_size=3, alignment=4096)
     with pytest.raises(OptionError, match="shard_size= is given twice"):
         packer.Writer(tmp_path / "out", shard_size=1 << 20, settings=BuildSettings(layout=LayoutSettings(shard_size=2 << 20)))
     with pytest.raises(OptionError, match="not for a Writer"):

@@ -197,7 +197,7 @@ def test_the_manifest_records_every_setting_and_the_kind_detected_once(src: Path
     ({"labels": {"classes": ["a", 1]}}, "build settings: labels.classes is ['a', 1]"),
     ({"source": {"root": 5}}, "build settings: source.root is 5"),
     ({"codec": 5}, "build settings: codec is 5"),
-    ({"layout": {"alignment": 3}}, "--alignment must be a power of two between 1 and 16777216, got 3"),
+    ({"layout": {"alignment": 3}}, "--alignment must be a power of two between 1 and 16777216, got 3, or 'auto'"),
     ({"codec": "nope"}, "unknown codec 'nope'; available: jpeg, passthrough, raw, tiled"),
 ])
 def test_a_record_read_strictly_refuses_what_no_setting_is(document, message) -> None:
@@ -379,7 +379,7 @@ def test_the_differences_are_named_as_the_user_types_them() -> None:
                                                label_type="int", fields=("score=float32",)))
     assert built.differences(asked, then="built") == [
         "--label-field: built 'label', asked 'y'", "--image-column: built 'img', asked None",
-        "--alignment: built 4096, asked 512", "--no-shuffle: built not given, asked given",
+        "--alignment: built 'auto', asked 512", "--no-shuffle: built not given, asked given",
         "--codec: built 'passthrough', asked 'jpeg:quality=80'", "--validate: built 'header', asked 'full'",
         "--max-file-size: built 1073741824, asked 10", "--normalize-formats: built not given, asked given",
         "--classes-from: built 2 names ['a', 'b'], asked 3 names ['a', 'b', 'c']",
