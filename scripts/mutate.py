@@ -121,7 +121,8 @@ GROUPS = (
     # writes, Lightning's positions)
     Group("contract", ("packer/sources/contract.py",),
           ("tests/sources/test_source_contract.py", "tests/sources/test_source_refusals.py",
-           "tests/sources/test_class_lists.py", "tests/sources/test_manifest_rows.py"), skip=_SLOW_BUILD),
+           "tests/sources/test_class_lists.py", "tests/sources/test_manifest_rows.py",
+           "tests/sources/test_contract_rules.py"), skip=_SLOW_BUILD),
     Group("export", ("packer/export/plan.py", "packer/export/safewrite.py"),
           ("tests/export/test_export.py", "tests/export/test_export_options.py", "tests/export/test_export_hostile.py",
            "tests/export/test_export_side_files.py")),

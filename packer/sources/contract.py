@@ -30,6 +30,8 @@ the same way for every door:
      ``bad-label``); ``auto`` reads text of plain ASCII digits as an integer and other text as
      a class name, and refuses text that only looks like an integer (``" 1"``, ``1_0``,
      ``007``: ``bad-label``). With a class list given, ``auto`` reads text as class names.
+     A label, text or a class name given by the source's structure, that is empty or not Unicode
+     text (an unpaired surrogate escape) is ``bad-label``.
      A source that numbers its own classes (``ClassLabel``) has its integers read as those names.
    * Integers and class names never mix in one build (``SourceError``); nor in an ``append`` to
      a dataset with class names, where text of plain digits that is not one of its names would
@@ -569,6 +571,13 @@ def _labels(raw: RawListing, options: SourceOptions, declared: tuple[str, ...], 
         name_ids = np.array([intern(text) for text in texts], dtype=np.int64)
         typed[is_name] = _TYPED_NAME
         value[is_name] = name_ids[values[is_name]]
+        for number, text in enumerate(texts):  # a door's class name that is not Unicode text: as for text
+            problem = _text_problem(text)
+            if problem:
+                bad = is_name & (values == number)
+                messages.append(f"label {text[:80]!r} {problem}")
+                typed[bad] = _TYPED_BAD
+                value[bad] = len(messages) - 1
         if options.labels.label_type == "int":
             messages.append("the label is a class name (the source's folder or class tar), not an integer "
                             "(--label-type int)")
