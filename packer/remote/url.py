@@ -29,10 +29,11 @@ def _redact_one(url: str) -> str:
     authority, tail = rest[:cut], rest[cut:]
     if "@" in authority:  # user-info (user:password@, a key:secret@): never shown
         authority = "<redacted>@" + authority.rpartition("@")[2]
-    for mark in "?#":  # a signed URL's query (X-Amz-Signature, a SAS token) or a fragment: never shown
-        if mark in tail:
-            tail = tail[:tail.index(mark)] + mark + "<redacted>"
-            break
+    # a signed URL's query (X-Amz-Signature, a SAS token) or a fragment: never shown, from the
+    # first of the two on (a fragment may hold a "?": what comes before it is no less secret)
+    marks = [i for i in (tail.find(mark) for mark in "?#") if i >= 0]
+    if marks:
+        tail = tail[:min(marks) + 1] + "<redacted>"
     return f"{scheme}://{authority}{tail}"
 
 
