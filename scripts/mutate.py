@@ -143,10 +143,9 @@ GROUPS = (
            "tests/remote/test_remote_refusals.py", "tests/remote/test_remote_properties.py"), common=False),
     Group("remote-upload", ("packer/remote/upload.py",),
           ("tests/remote/test_remote_upload.py", "tests/remote/test_remote_properties.py",
-           "tests/remote/test_remote_lock_object.py", "tests/remote/test_remote_refusals.py"), common=False),
+           "tests/remote/test_remote_lock_object.py"), common=False),
     Group("remote-reader", ("packer/remote/reader.py",),
-          ("tests/remote/test_remote_reader.py", "tests/remote/test_remote_properties.py",
-           "tests/remote/test_remote_refusals.py"), common=False),
+          ("tests/remote/test_remote_reader.py", "tests/remote/test_remote_properties.py"), common=False),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 

@@ -127,7 +127,8 @@ def parse_url(text: str | os.PathLike[str]) -> DatasetURL:
             raise OptionError(f"a file:// URL names a local folder (file:///path), got host "
                               f"{_redact_one('file://' + parts.netloc)[len('file://'):]!r}")
         path = unquote(parts.path).rstrip("/") or "/"
-        return DatasetURL(text=raw.rstrip("/"), scheme=scheme, bucket="", prefix=path)
+        # the root folder keeps its slashes: "file:///" stripped would be "file:", not a URL
+        return DatasetURL(text=raw.rstrip("/") if path != "/" else raw, scheme=scheme, bucket="", prefix=path)
     if "@" in parts.netloc:
         raise OptionError("credentials do not go in a dataset URL; they come from the environment or the "
                           "store's standard credential chain")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import stat
 import threading
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,6 +288,7 @@ def _in_child(work) -> int:
     """Run ``work()`` in a forked child; its exit status (0: True)."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        signal.alarm(60)
         try:
             os._exit(0 if work() else 1)
         except BaseException:
@@ -327,7 +331,10 @@ def test_a_byte_another_process_holds_is_refused_without_waiting(tmp_path):
     ready_r, ready_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child holds byte 7 until told
+    if pid == 0:  # pragma: no cover - the child holds byte 7 until told (or its parent is gone)
+        signal.alarm(60)
+        os.close(done_w)
+        os.close(ready_r)
         fd = os.open(path, os.O_RDWR)
         fcntl.lockf(fd, fcntl.LOCK_EX, 1, 7, os.SEEK_SET)
         os.write(ready_w, b"1")
@@ -364,7 +371,10 @@ def test_one_process_evicts_at_a_time(tmp_path):
     ready_r, ready_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child holds the eviction lock until told
+    if pid == 0:  # pragma: no cover - the child holds the eviction lock until told (or its parent is gone)
+        signal.alarm(60)
+        os.close(done_w)
+        os.close(ready_r)
         fd = os.open(tmp_path / "evict.lock", os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(ready_w, b"1")
@@ -386,3 +396,38 @@ def test_one_process_evicts_at_a_time(tmp_path):
         os.waitpid(pid, 0)
         for fd in (ready_r, ready_w, done_r, done_w):
             os.close(fd)
+
+
+def test_a_temp_file_is_stale_only_past_the_hour(tmp_path, monkeypatch):
+    from packer.remote import cache as cache_module
+
+    at_hour = _extent_file(tmp_path, "v1/k/g/extents/main/0/.tmp-hour", 1)
+    past = _extent_file(tmp_path, "v1/k/g/extents/main/0/.tmp-past", 1)
+    os.utime(at_hour, (1_000_000_000, 1_000_000_000))
+    os.utime(past, (999_999_999, 999_999_999))
+    monkeypatch.setattr(cache_module, "time", types.SimpleNamespace(time=lambda: 1_000_003_600.0))
+    assert scan_extents(tmp_path) == []
+    assert at_hour.exists() and not past.exists()
+
+
+def test_a_stale_temp_another_process_removed_meanwhile_is_skipped(tmp_path, monkeypatch):
+    from packer.remote import cache as cache_module
+
+    temp = _extent_file(tmp_path, "v1/k/g/extents/main/0/.tmp-old", 1, age=7200)
+    extent = _extent_file(tmp_path, "v1/k/g/extents/main/0/64-128", 64)
+
+    class RacingOs:
+        """``os`` where another process removes a temp file right after this one stats it."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        def stat(self, path: str) -> os.stat_result:
+            result = os.stat(path)
+            if os.path.basename(path).startswith("."):
+                os.unlink(path)
+            return result
+
+    monkeypatch.setattr(cache_module, "os", RacingOs())
+    assert [(path, size) for path, size, _ in scan_extents(tmp_path)] == [(extent, 64)]
+    assert not temp.exists()

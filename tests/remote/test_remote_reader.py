@@ -319,8 +319,7 @@ def test_the_eviction_rank_of_every_kind_of_cache_file(store, tmp_path):
         order = np.asarray([sample(e) for e in (1, 2, 3, 1, 4, 5, 2, 6)], dtype=np.int64)
         place.plan(order)
         _drain(place)
-        state.position[""] = 0
-        assert state.cursor[""] == 2  # the prefetcher fetched 1 and 2
+        assert state.position[""] == 0 and state.cursor[""] == 2  # a new plan starts at 0; 1 and 2 fetched
         assert rank(place._extent_path("", 1)) == (float("inf"),)  # needed now
         assert rank(place._extent_path("", 2)) == (float("inf"),)  # needed before the frontier
         assert rank(place._extent_path("", 3)) == (3.0, -2.0)
@@ -579,6 +578,8 @@ def test_the_build_report_is_read_in_requests_of_request_bytes(store, uniform, t
     store.objects[f"ds/{fmt.REPORT_NAME}"] = report
     with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
         assert len(list(remote.place.build_report())) == 3000
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        assert list(remote.place.build_report(must_contain=b'"n": 17}')) == [{"n": 17}]
     gets = [r for r in store.ranges if r[0].endswith(fmt.REPORT_NAME)]
     assert gets == [(f"ds/{fmt.REPORT_NAME}", s, min(s + EXTENT, len(report))) for s in range(0, len(report), EXTENT)]
     monkeypatch.setattr(reader_module, "MAX_REPORT_BYTES", 100)
@@ -640,3 +641,318 @@ def test_a_file_checked_by_this_process_is_not_hashed_again(store, tmp_path, mon
     with packer.open_dataset(URL, remote=options) as remote:
         remote.get(0)
     assert len(hashed) == 2
+
+
+def test_a_fresh_shards_first_read_maps_the_right_extent(store, uniform, tmp_path):
+    """The fast path on a shard whose extents are not mapped yet (shard 1: its extents are numbered
+    after shard 0's), then reads that cross the header or run past the last extent."""
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("")
+        number = 1
+        entry = remote.manifest.shards[number]
+        data = (uniform / entry.path).read_bytes()
+        first = int(table.shard_extents[number])
+        assert first > 0 and int(table.shard_extents[number + 1]) - first >= 2
+        shard = place.open_shard("", number, entry, lambda head, where: None)
+        start = int(table.start[first + 1])
+        out = bytearray(16)
+        shard.read_into(start + 8, out)  # extent k=1 of this shard, never mapped
+        assert bytes(out) == data[start + 8:start + 24]
+        head = int(table.start[first])
+        out = bytearray(20)
+        shard.read_into(head - 10, out)  # the header's last bytes (zeros), then the first extent
+        assert bytes(out) == bytes(10) + data[head:head + 10]
+        last = int(table.end[int(table.shard_extents[number + 1]) - 1])
+        out = bytearray(16)
+        shard.read_into(last - 8, out)  # the last extent, then past it (zeros)
+        assert bytes(out) == data[last - 8:last] + bytes(8)
+        final = len(remote.manifest.shards) - 1
+        entry = remote.manifest.shards[final]
+        shard = place.open_shard("", final, entry, lambda head, where: None)
+        end = int(table.end[-1])
+        assert bytes(shard.view(end - 4, 8)) == (uniform / entry.path).read_bytes()[end - 4:end] + bytes(4)
+
+
+# --- an image field's own shards and extents --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def with_fields(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 rows with an image field ``mask`` (small PNGs) beside the main JPEGs."""
+    from helpers import make_field_source
+
+    from packer.sources import LabelSettings
+
+    root = tmp_path_factory.mktemp("fields")
+    manifest = make_field_source(root / "src", 8)
+    packer.build_dataset(manifest, root / "ds", packer.BuildSettings(
+        layout=packer.LayoutSettings(shard_size=4096, alignment=64, shuffle=False),
+        labels=LabelSettings(fields=("mask=image",))), packer.RunOptions(workers=1))
+    return root / "ds"
+
+
+@pytest.fixture
+def field_store(monkeypatch, with_fields) -> Store:
+    transport = Store()
+    transport.load_folder(with_fields, "ds")
+    memory_store(monkeypatch, transport)
+    return transport
+
+
+def _field_options(tmp_path: Path, **changes: Any) -> RemoteOptions:
+    settings: dict[str, Any] = dict(extent_bytes=256, request_bytes=256, lookahead_bytes=512)
+    settings.update(changes)
+    return _options(tmp_path, **settings)
+
+
+def test_an_image_fields_bytes_come_from_its_own_extents(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote, \
+            packer.open_dataset(with_fields) as local:
+        place = remote.place
+        fields, main = place.table("mask"), place.table("")
+        assert len(fields) >= 4 and not np.array_equal(fields.start, main.start[:len(fields.start)])
+        for i in (5, 0, 7, 3, 1, 6, 2, 4):
+            assert bytes(remote.field_bytes("mask", i)) == bytes(local.field_bytes("mask", i))
+        assert bytes(remote.get(2)) == bytes(local.get(2))
+        folder = place.root / "extents" / ("field-" + "mask".encode().hex())
+        cached = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        assert cached == sorted(f"{int(fields.shard[e])}/{int(fields.start[e])}-{int(fields.end[e])}"
+                                for e in range(len(fields)))
+        spec = remote.manifest.field("mask")
+        head, where = place.shard_header("mask", 1)
+        assert head == (with_fields / spec.shards[1].path).read_bytes()[:fmt.SHARD_HEADER_SIZE]
+        assert where == f"{URL}/{spec.shards[1].path}"
+        assert (place.root / "headers" / f"field-{'mask'.encode().hex()}-1").read_bytes() == head
+
+
+def test_a_field_shard_read_maps_its_own_extents(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        spec = remote.manifest.field("mask")
+        number = int(table.shard[-1])
+        first = int(table.shard_extents[number])
+        entry = spec.shards[number]
+        data = (with_fields / entry.path).read_bytes()
+        shard = place.open_shard("mask", number, entry, lambda head, where: None)
+        k = int(table.shard_extents[number + 1]) - first - 1
+        start = int(table.start[first + k])
+        out = bytearray(8)
+        shard.read_into(start, out)
+        assert bytes(out) == data[start:start + 8]
+        span = bytearray(int(table.end[first + k]) - int(table.start[first]) + 8)
+        shard.read_into(int(table.start[first]), span)
+        assert bytes(span) == data[int(table.start[first]):int(table.end[first + k])] + bytes(8)
+
+
+def test_a_field_plan_and_ensure_fetch_the_fields_extents(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path, lookahead_bytes=2048)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        order = np.asarray([7, 6, 5, 4, 3, 2, 1, 0])
+        place.plan(order, family="mask")
+        _drain(place)
+        folder = place.root / "extents" / ("field-" + "mask".encode().hex())
+        want = list(dict.fromkeys(int(table.of_sample[i]) for i in order))  # first-need order, by hand
+        assert want == [int(e) for e in place._local().plans["mask"].sequence]
+        got = [e for e in range(len(table)) if os.path.exists(place._extent_path("mask", e))]
+        budget = 0
+        expected = []
+        for e in want:
+            budget += table.nbytes(e)
+            if budget > 2048:
+                break
+            expected.append(e)
+        assert expected and got == sorted(expected) and folder.is_dir()
+        assert not (place.root / "extents" / "main").exists()
+        before = {e for e in range(len(table)) if os.path.exists(place._extent_path("mask", e))}
+        for i in range(8):
+            remote.get(i)  # the main extents are cached too: their files must not stand for the field's
+        place.ensure([0, 1, 2, 3], family="mask")
+        _drain(place)
+        got = {e for e in range(len(table)) if os.path.exists(place._extent_path("mask", e))}
+        assert got == before | {int(table.of_sample[i]) for i in range(4)}
+        state = place._local()
+        state.position["mask"], state.cursor["mask"] = 0, 1
+        last = int(table.of_sample[0])  # sample 0's extent: the order reads it last
+        upcoming = min(p for p, i in enumerate(order.tolist()) if int(table.of_sample[i]) == last)
+        assert upcoming >= 5
+        assert place._evict_rank(state, Path(place._extent_path("mask", last)), 1.0) == (3.0, -float(upcoming))
+
+
+def test_damage_in_a_fields_bytes_names_the_field(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        spec = remote.manifest.field("mask")
+        offsets, _sizes, _ = place._sample_columns("mask")
+        main_offsets, _, _ = place._sample_columns("")
+        # an extent whose first sample lies elsewhere in its field shard than in its main shard
+        extent = next(e for e in range(len(table))
+                      if int(offsets[int(table.first[e])]) != int(main_offsets[int(table.first[e])]))
+        shard_path = spec.shards[int(table.shard[extent])].path
+        start = int(table.start[extent])
+
+        def tamper(key, lo, hi, data):  # type: ignore[no-untyped-def]
+            if key == f"ds/{shard_path}" and lo <= start < hi:
+                data = bytearray(data)
+                data[start - lo] ^= 0xFF
+            return bytes(data)
+
+        field_store.tamper = tamper
+        sample = int(table.first[extent])
+        with pytest.raises(ChecksumMismatchError) as caught:
+            remote.field_bytes("mask", sample)
+        assert caught.value.message == (
+            f"field 'mask' bytes fetched twice from the store do not match the index checksum (range "
+            f"{start}-{int(table.end[extent])}; the stored object is damaged)")
+        assert caught.value.path == f"{URL}/{shard_path}"
+        assert caught.value.sample == sample and caught.value.offset == int(offsets[sample])
+        field_store.tamper = None
+        main = place.table("")
+        assert (int(main.start[extent]), int(main.end[extent])) != (start, int(table.end[extent]))
+        bad = memoryview(b"x" * table.nbytes(extent))
+        error = place._cache_damage("mask", extent, place._extent_damage("mask", extent, bad))
+        assert error.path == f"{URL}/{shard_path}"
+        assert error.message.startswith(f"the node cache's copy of bytes {start}-{int(table.end[extent])} of this "
+                                        f"object is damaged (sample {sample} does not match its checksum)")
+        assert f"(cache file {place._extent_path('mask', extent)})" in error.message
+        assert error.sample == sample
+        assert place._extent_path("mask", extent) != place._extent_path("", extent)
+
+
+def test_an_extent_evicted_as_soon_as_it_enters_is_fetched_three_times_then_refused(store, tmp_path, monkeypatch):
+    """Another process with a tiny bound evicts each extent between its fetch and this reader's
+    mapping of it: three fetches, then an error naming the bound (not a fetch loop)."""
+    from packer.remote.cache import evict
+
+    cache = tmp_path / "cache"
+    fetch = RemoteFiles._fetch_now
+    fetched: list[int] = []
+
+    def fetch_then_evicted(self, family: str, extent: int, **kwargs: Any) -> None:
+        fetch(self, family, extent, **kwargs)
+        fetched.append(extent)
+        assert evict(cache, 1, lambda path, mtime: (0.0, mtime))[1] > 0
+
+    monkeypatch.setattr(RemoteFiles, "_fetch_now", fetch_then_evicted)
+    with packer.open_dataset(URL, remote=_options(tmp_path, cache_bytes=4096)) as remote:
+        with pytest.raises(RemoteStoreError) as caught:
+            remote.get(5)
+        assert fetched == [int(remote.place.table("").of_sample[5])] * 3
+        assert remote.remote_stats()["downloads"] == 3
+    assert caught.value.path == URL
+    assert caught.value.message == (f"extent {fetched[0]} left the cache as soon as it entered (cache_bytes 4096 is "
+                                    f"too small for the read-ahead)")
+
+
+def test_a_batch_ensured_ahead_moves_the_prefetcher_past_it(field_store, tmp_path):
+    """``ensure`` notes the batch's extents as needed: the prefetcher's window starts after them."""
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        window = 2 * max(table.nbytes(e) for e in range(len(table)))
+        place.options = place.options.with_(lookahead_bytes=window)
+        place.plan(np.arange(8), family="mask")
+        _drain(place)
+        sequence = list(dict.fromkeys(int(e) for e in table.of_sample[:8]))  # first-need order, by hand
+        assert sequence == [int(e) for e in place._local().plans["mask"].sequence] and len(sequence) >= 5
+
+        def within(first: int, budget: int) -> set[int]:
+            """The entries of the sequence from ``first`` whose sizes add up to at most ``budget``."""
+            picked, used = set(), 0
+            for e in sequence[first:]:
+                used += table.nbytes(e)
+                if used > budget:
+                    break
+                picked.add(e)
+            return picked
+
+        cached = lambda: {e for e in range(len(table)) if os.path.exists(place._extent_path("mask", e))}  # noqa: E731
+        initial = within(0, window)
+        assert cached() == initial and sequence[-1] not in initial
+        j = len(sequence) - 3
+        place.ensure([int(table.first[sequence[j]]), int(table.first[sequence[j + 1]])], family="mask")
+        _drain(place)
+        # the window now starts after the batch's last extent: the next one is fetched ahead
+        assert cached() == initial | {sequence[j], sequence[j + 1]} | within(j + 1, window)
+        assert sequence[j + 2] in cached()
+
+
+def test_the_lookahead_is_a_byte_budget_from_the_readers_position(store, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path, lookahead_bytes=3 * EXTENT - 1)) as remote:
+        place = remote.place
+        table = place.table("")
+        order = np.asarray([int(table.first[e]) for e in (4, 1, 6, 3)], dtype=np.int64)
+        remote.plan_reads(order)
+        _drain(place)
+        assert _cached(place) == [1, 4]  # a third extent would pass the budget by one byte
+
+
+def test_a_plan_of_a_batch_matrix_is_its_rows_in_order(store, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path, lookahead_bytes=EXTENT)) as remote:
+        place = remote.place
+        table = place.table("")
+        matrix = np.asarray([[int(table.first[e]) for e in (5, 2)], [int(table.first[e]) for e in (7, 2)]])
+        place.plan(matrix)
+        plan = place._local().plans[""]
+        assert plan.sequence.tolist() == [5, 2, 7]
+        assert plan.last_need.tolist()[2] == 3 and plan.next_need(2, 2) == 3
+
+
+def test_a_reader_waiting_on_a_prefetch_gets_its_bytes(store, uniform, tmp_path):
+    import threading as _threading
+
+    started = _threading.Event()
+
+    def slow(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            started.set()
+            time.sleep(0.3)
+        return data
+
+    store.tamper = slow
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote, packer.open_dataset(uniform) as local:
+        table = remote.place.table("")
+        remote.plan_reads(np.asarray([int(table.first[3])]))
+        assert started.wait(10)
+        assert bytes(remote.get(int(table.first[3]))) == bytes(local.get(int(table.first[3])))
+        assert remote.remote_stats()["downloads"] == 1
+
+
+def test_the_prefetcher_skips_an_extent_another_process_is_fetching(field_store, tmp_path):
+    """Prefetching never waits: an extent whose lock byte another process holds is left to it."""
+    import fcntl as _fcntl
+    import signal as _signal
+
+    with packer.open_dataset(URL, remote=_field_options(tmp_path, lookahead_bytes=1 << 20)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        held = int(table.of_sample[2])
+        lock_path = place.root / "locks" / f"field-{'mask'.encode().hex()}-{int(table.shard[held])}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path.touch()
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the other process holds the extent's byte until told
+            _signal.alarm(60)
+            os.close(done_w)
+            os.close(ready_r)
+            fd = os.open(lock_path, os.O_RDWR)
+            _fcntl.lockf(fd, _fcntl.LOCK_EX, 1, int(table.ordinal[held]), os.SEEK_SET)
+            os.write(ready_w, b"1")
+            os.read(done_r, 1)
+            os._exit(0)
+        try:
+            os.read(ready_r, 1)
+            place.plan(np.arange(8), family="mask")
+            place._local().prefetch_pool.submit(lambda: None).result(timeout=10)
+            cached = {e for e in range(len(table)) if os.path.exists(place._extent_path("mask", e))}
+            assert cached == set(range(len(table))) - {held}
+        finally:
+            os.write(done_w, b"1")
+            os.waitpid(pid, 0)
+            for fd in (ready_r, ready_w, done_r, done_w):
+                os.close(fd)

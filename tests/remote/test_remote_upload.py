@@ -388,8 +388,9 @@ def test_a_recorded_name_out_of_the_dataset_is_never_deleted(memory):
     transport, options = memory
     store = Store(URL, options, transport=transport)
     transport.objects.update({"ds/x": b"1", f"ds/{REPLACED_NAME}": b'{"objects": ["../escape", "x"]}'})
-    with pytest.raises(UnsafePathError, match="'../escape' does not stay inside the dataset"):
+    with pytest.raises(UnsafePathError, match="'../escape' does not stay inside the dataset") as caught:
         retire_names(store, URL, set(), set(), "g")
+    assert caught.value.path == "s3://bucket/ds"
     assert "ds/x" in transport.objects and not any(kind == "delete" for kind, _, _ in transport.log)
 
 
@@ -530,3 +531,54 @@ def test_mirror_of_a_url_without_a_dataset_is_refused(memory, tmp_path):
     _transport, options = memory
     with pytest.raises(RemoteStoreError, match=r"GET manifest.json failed: .*the object does not exist"):
         mirror(URL, options, tmp_path / "copy")
+
+
+def test_mirror_of_a_manifest_that_does_not_parse_names_it(memory, tmp_path):
+    transport, options = memory
+    transport.objects[f"ds/{fmt.MANIFEST_NAME}"] = b'{"format": "something else"}'
+    with pytest.raises(packer.errors.PackerError) as caught:
+        mirror(URL, options, tmp_path / "copy")
+    assert caught.value.path == f"s3://bucket/ds/{fmt.MANIFEST_NAME}"
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_record_deleted_between_its_head_and_its_read_names_no_object(memory):
+    transport, options = memory
+    store = Store(URL, options, transport=transport)
+    transport.objects.update({"ds/x": b"1", f"ds/{REPLACED_NAME}": b'{"objects": ["x"]}'})
+    transport.fail["get_range"] = FileNotFoundError("deleted meanwhile")
+    info, record = upload._read_record(store)
+    assert info is not None and info.size == len(b'{"objects": ["x"]}') and record is None
+
+
+def test_a_record_over_64_mib_is_not_read_whole(memory):
+    transport, options = memory
+    store = Store(URL, options, transport=transport)
+    padding = "p" * ((64 << 20) + 10)
+    record = json.dumps({"objects": ["x"], "padding": padding}).encode()
+    transport.objects.update({"ds/x": b"1", f"ds/{REPLACED_NAME}": record})
+    assert upload._read_record(store)[1] is None  # cut at the bound: not JSON, names no object
+    assert retire_names(store, URL, set(), set(), "g") == ([], [])
+    assert "ds/x" in transport.objects
+
+
+def test_a_record_without_version_tokens_is_replaced_plainly(memory):
+    transport, options = memory
+    store = Store(URL, options, transport=transport)
+    transport.objects.update({"ds/x": b"1", f"ds/{REPLACED_NAME}": b'{"objects": ["x"]}'})
+    head = transport.head
+    transport.head = lambda key: ObjectInfo(size=head(key).size, etag=None)  # type: ignore[method-assign]
+    assert retire_names(store, URL, {"old"}, set(), "g") == (["x"], ["old"])
+    assert [kwargs for kind, key, kwargs in transport.log if key == f"ds/{REPLACED_NAME}"] == [{}]
+
+
+def test_a_lock_object_over_its_bound_counts_as_stale(lock_store):
+    transport, store = lock_store
+    lock = json.dumps({"token": "other", "time": time.time() + 3600, "pad": ""}).encode()
+    exact = lock[:-2] + b"x" * (4097 - len(lock)) + lock[-2:]  # 4097 bytes: read whole (the bound plus one)
+    assert len(exact) == 4097
+    transport.objects[f"ds/{LOCK_NAME}"] = exact
+    assert upload._CommitGuard(store, URL)._holder()["token"] == "other"
+    over = lock[:-2] + b"x" * (4098 - len(lock)) + lock[-2:]
+    transport.objects[f"ds/{LOCK_NAME}"] = over
+    assert upload._CommitGuard(store, URL)._holder() == {"token": "?", "time": 0}

@@ -49,6 +49,15 @@ def test_the_schemes():
     ("file:///tmp/ds/", "file", "", "/tmp/ds", "file:///tmp/ds"),
     ("file://localhost/tmp/ds", "file", "", "/tmp/ds", "file://localhost/tmp/ds"),
     ("file:///a%20b", "file", "", "/a b", "file:///a%20b"),
+    ("file:///", "file", "", "/", "file:///"),  # was "file:" (every slash stripped), not a URL
+    ("file://localhost/", "file", "", "/", "file://localhost/"),
+    ("file://", "file", "", "/", "file://"),
+    # names that begin or end with the letters a mutant might strip along with the slashes
+    ("s3://bucket/Xa/bX", "s3", "bucket", "Xa/bX", "s3://bucket/Xa/bX"),
+    ("s3://bucket/XX/", "s3", "bucket", "XX", "s3://bucket/XX"),
+    ("file:///tmp/dX", "file", "", "/tmp/dX", "file:///tmp/dX"),
+    ("file:///tmp/XX/", "file", "", "/tmp/XX", "file:///tmp/XX"),
+    ("gs://bX", "gs", "bX", "", "gs://bX"),
 ])
 def test_a_url_splits_into_scheme_bucket_and_prefix(text, scheme, bucket, prefix, stored):
     url = parse_url(text)
