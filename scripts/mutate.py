@@ -237,8 +237,9 @@ def run_group(group: Group, *, children: int, retest: bool, log: Path) -> float:
     if group.only and not retest:
         command += list(group.only)
     if retest:
+        equivalent = load_equivalent()  # listed with a reason: rerunning them only costs time
         survivors = [name for codes in results(group).values() for name, code in codes.items()
-                     if code in SURVIVED or code in NO_TESTS]
+                     if (code in SURVIVED or code in NO_TESTS) and name not in equivalent]
         if not survivors:
             print(f"[{group.name}] no survivors to retest")
             return 0.0

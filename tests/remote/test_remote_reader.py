@@ -956,3 +956,80 @@ def test_the_prefetcher_skips_an_extent_another_process_is_fetching(field_store,
             os.waitpid(pid, 0)
             for fd in (ready_r, ready_w, done_r, done_w):
                 os.close(fd)
+
+
+def test_mapped_extents_are_bounded_least_recently_used_first(store, uniform, tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_MAPPED_EXTENTS", 2)
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote, packer.open_dataset(uniform) as local:
+        place = remote.place
+        state = place._local()
+        table = place.table("")
+        shard = place.open_shard("", 0, remote.manifest.shards[0], lambda head, where: None)
+        views = place.shard_views("", 0)
+        for extent in (0, 1, 0, 2):
+            place.extent_view("", extent)
+        assert list(state.maps) == [("", 0), ("", 2)]  # 1 was used least recently
+        assert views[1] is None and views[0] is not None and views[2] is not None
+        start = int(table.start[1])
+        out = bytearray(16)
+        shard.read_into(start, out)  # mapped again on demand
+        assert bytes(out) == (uniform / remote.manifest.shards[0].path).read_bytes()[start:start + 16]
+        assert list(state.maps) == [("", 2), ("", 1)]
+        assert [bytes(remote.get(i)) for i in range(6)] == [bytes(local.get(i)) for i in range(6)]
+
+
+def test_a_shards_slot_table_holds_the_extents_mapped_before_it(store, uniform, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("")
+        first, stop = int(table.shard_extents[1]), int(table.shard_extents[2])
+        for extent in range(first, stop):
+            place.extent_view("", extent)
+        views = place.shard_views("", 1)
+        assert len(views) == stop - first and all(view is not None for view in views)
+        assert bytes(views[1]) == bytes(place.extent_view("", first + 1))
+
+
+def test_two_damaged_cache_files_are_two_repairs_and_an_empty_one_is_named(store, uniform, tmp_path, monkeypatch):
+    options = _options(tmp_path)
+    with packer.open_dataset(URL, remote=options) as remote:
+        table = remote.place.table("")
+        remote.get(int(table.first[0]))
+        remote.get(int(table.first[1]))
+        paths = [Path(remote.place._extent_path("", e)) for e in (0, 1)]
+    for path in paths:
+        path.write_bytes(b"")
+    with packer.open_dataset(URL, remote=options) as remote, packer.open_dataset(uniform) as local:
+        for e in (0, 1):
+            assert bytes(remote.get(int(table.first[e]))) == bytes(local.get(int(table.first[e])))
+        assert remote.place.stats()["repaired"] == 2
+    monkeypatch.setattr(reader_module, "write_cached", lambda target, pieces: Path(target).write_bytes(b"") or 0)
+    paths[0].write_bytes(b"")
+    with packer.open_dataset(URL, remote=options) as remote:
+        with pytest.raises(ChecksumMismatchError) as caught:
+            remote.get(int(table.first[0]))
+    size = table.nbytes(0)
+    assert f"is 0 bytes, not {size}; fetched again, it is 0 bytes, not {size} (cache file" in caught.value.message
+
+
+def test_a_field_shards_header_is_the_fields_own(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        spec = remote.manifest.field("mask")
+        entry = spec.shards[1]
+        seen: list[tuple[bytes, str]] = []
+        place.open_shard("mask", 1, entry, lambda head, where: seen.append((head, where)))
+        head = (with_fields / entry.path).read_bytes()[:fmt.SHARD_HEADER_SIZE]
+        assert seen == [(head, f"{URL}/{entry.path}")]
+        cached = place.root / "headers" / f"field-{'mask'.encode().hex()}-1"
+        cached.write_bytes(b"junk")
+        seen.clear()
+
+        def check(data: bytes, where: str) -> None:
+            seen.append((data, where))
+            if data == b"junk":
+                raise ManifestError("not a header", path=where)
+
+        place.open_shard("mask", 1, entry, check)
+        assert seen == [(b"junk", f"{URL}/{entry.path}"), (head, f"{URL}/{entry.path}")]
+        assert cached.read_bytes() == head

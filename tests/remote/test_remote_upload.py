@@ -179,6 +179,7 @@ def test_an_append_whose_base_changed_is_refused_at_once(memory, generations):
         upload_dataset(generations["B"], URL, options, expect_manifest=b"{}")
     assert caught.value.message == ("the dataset changed while the append was being built (its manifest is not the "
                                     "one the new generation extends); nothing was committed")
+    assert caught.value.path == "s3://bucket/ds"
     assert transport.log == []
 
 
@@ -207,6 +208,7 @@ def test_an_append_whose_base_changes_during_the_upload_commits_nothing(memory, 
         upload_dataset(generations["B"], URL, options, expect_manifest=base, before_commit=another_writer)
     assert caught.value.message == ("the dataset changed while the append was being uploaded (another writer "
                                     "committed first); nothing was committed: run the append again")
+    assert caught.value.path == "s3://bucket/ds"
     assert transport.objects[f"ds/{fmt.MANIFEST_NAME}"] == (generations["C"] / fmt.MANIFEST_NAME).read_bytes()
 
 
@@ -220,6 +222,7 @@ def test_a_dataset_created_during_a_new_upload_is_not_overwritten(memory, genera
         upload_dataset(generations["A"], URL, options, before_commit=another_writer)
     assert caught.value.message == ("another writer created a dataset here while this one was being uploaded; nothing "
                                     "was committed (pass --overwrite to replace it)")
+    assert caught.value.path == "s3://bucket/ds"
     assert _manifest_writes(transport) == []
 
 
@@ -236,6 +239,7 @@ def test_an_overwrite_raced_by_another_commit_is_refused(memory, generations):
     assert caught.value.message == ("the dataset changed while the overwrite was being uploaded (another writer "
                                     "committed first); nothing was committed: run it again to replace that "
                                     "generation")
+    assert caught.value.path == "s3://bucket/ds"
     assert _manifest_writes(transport) == [] and not any(kind == "delete" for kind, _, _ in transport.log)
 
 
@@ -582,3 +586,75 @@ def test_a_lock_object_over_its_bound_counts_as_stale(lock_store):
     over = lock[:-2] + b"x" * (4098 - len(lock)) + lock[-2:]
     transport.objects[f"ds/{LOCK_NAME}"] = over
     assert upload._CommitGuard(store, URL)._holder() == {"token": "?", "time": 0}
+
+
+def test_a_folder_without_a_report_uploads_without_one(memory, generations, tmp_path):
+    import shutil
+
+    transport, options = memory
+    folder = tmp_path / "no-report"
+    shutil.copytree(generations["A"], folder)
+    (folder / fmt.REPORT_NAME).unlink()
+    report = upload_dataset(folder, URL, options)
+    assert fmt.REPORT_NAME not in report.uploaded and f"ds/{fmt.REPORT_NAME}" not in transport.objects
+
+
+def test_a_local_manifest_that_does_not_parse_is_named(memory, tmp_path):
+    _transport, options = memory
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / fmt.MANIFEST_NAME).write_bytes(b"{}")
+    with pytest.raises(packer.errors.PackerError) as caught:
+        upload_dataset(tmp_path / "bad", URL, options)
+    assert caught.value.path == str(tmp_path / "bad" / fmt.MANIFEST_NAME)
+
+
+class _Clock:
+    """``time`` for the upload module: wall and monotonic time move only when it sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_fresh_lock_is_waited_for_exactly_the_stale_time_and_ten_settles(memory, monkeypatch):
+    transport, options = memory
+    transport.conditional = False
+    store = Store(URL, options, transport=transport)
+    clock = _Clock()
+    monkeypatch.setattr(upload, "time", clock)
+    monkeypatch.setattr(upload, "LOCK_STALE_S", 1.0)
+    monkeypatch.setattr(upload, "LOCK_SETTLE_S", 0.125)
+    transport.objects[f"ds/{LOCK_NAME}"] = json.dumps({"token": "other", "time": 1e12}).encode()
+    with pytest.raises(DatasetChangedError):
+        with upload._CommitGuard(store, URL):
+            pass
+    assert clock.sleeps == [0.125] * 19  # refused once past 1.0 + 10 * 0.125 s
+
+
+def test_a_lock_exactly_the_stale_time_old_is_still_held(memory, monkeypatch):
+    transport, options = memory
+    transport.conditional = False
+    store = Store(URL, options, transport=transport)
+    clock = _Clock()
+    monkeypatch.setattr(upload, "time", clock)
+    monkeypatch.setattr(upload, "LOCK_STALE_S", 1.0)
+    monkeypatch.setattr(upload, "LOCK_SETTLE_S", 0.125)
+    transport.objects[f"ds/{LOCK_NAME}"] = json.dumps({"token": "other", "time": 999.0}).encode()
+    with upload._CommitGuard(store, URL) as guard:
+        assert guard.held
+    assert clock.sleeps[0] == 0.125 and len(clock.sleeps) == 2  # waited one settle, then took it over
+    transport.objects[f"ds/{LOCK_NAME}"] = json.dumps({"token": "other"}).encode()  # no time: stale
+    clock.sleeps.clear()
+    with upload._CommitGuard(store, URL) as guard:
+        assert guard.held
+    assert clock.sleeps == [0.125]
