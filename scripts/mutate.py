@@ -72,6 +72,10 @@ class Group:
     #: a module of which only some functions hold the data (the torch sampler state) is scoped
     #: to those functions; the others are neither run nor counted.
     only: tuple[str, ...] = ()
+    #: Whether COMMON_TESTS join the group's tests: not for modules the data modules' unit tests
+    #: never call, where they would only lengthen the first (stats) run, or, for a function every
+    #: open calls (``is_url``), make each of its mutants run the dataset suite.
+    common: bool = True
 
     def in_scope(self, name: str) -> bool:
         return not self.only or any(fnmatch.fnmatch(name, pattern) for pattern in self.only)
@@ -127,6 +131,22 @@ GROUPS = (
           ("tests/export/test_export.py", "tests/export/test_export_options.py", "tests/export/test_export_hostile.py",
            "tests/export/test_export_side_files.py")),
     Group("lightning", ("packer/lightning.py",), ("tests/integrations/test_lightning.py",)),
+    # object storage (issue 41): the policies (url parsing, options, extents, the cache's eviction)
+    # and the I/O around them (the retry classification, generation deletes, the reader's cache).
+    # In-process tests against fakes (conftest.MemoryTransport); the loopback S3 server starts in a
+    # forked mutant's own session only for the few files that use it.
+    Group("remote-policy", ("packer/remote/url.py", "packer/remote/options.py", "packer/remote/extents.py",
+                            "packer/remote/cache.py"),
+          ("tests/remote/test_remote_urls.py", "tests/remote/test_remote_extents.py", "tests/remote/test_remote_refusals.py",
+           "tests/remote/test_remote_properties.py"), common=False),
+    Group("remote-store", ("packer/remote/store.py",),
+          ("tests/remote/test_remote_store.py", "tests/remote/test_remote_retry_table.py",
+           "tests/remote/test_remote_refusals.py", "tests/remote/test_remote_properties.py"), common=False),
+    Group("remote-upload", ("packer/remote/upload.py",),
+          ("tests/remote/test_remote_upload.py", "tests/remote/test_remote_properties.py",
+           "tests/remote/test_remote_lock_object.py"), common=False),
+    Group("remote-reader", ("packer/remote/reader.py",),
+          ("tests/remote/test_remote_reader.py", "tests/remote/test_remote_properties.py"), common=False),
 )
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}
 
@@ -150,7 +170,7 @@ def load_equivalent() -> dict[str, str]:
 
 def test_selection(group: Group) -> list[str]:
     """The group's test files and COMMON_TESTS, each once (a node id only when its file is not listed)."""
-    tests = [t for t in dict.fromkeys(group.tests + COMMON_TESTS) if (REPO / t.split("::")[0]).exists()]
+    tests = [t for t in dict.fromkeys(group.tests + (COMMON_TESTS if group.common else ())) if (REPO / t.split("::")[0]).exists()]
     files = {t for t in tests if "::" not in t}
     return [t for t in tests if t.split("::")[0] not in files or "::" not in t]
 
@@ -218,8 +238,9 @@ def run_group(group: Group, *, children: int, retest: bool, log: Path) -> float:
     if group.only and not retest:
         command += list(group.only)
     if retest:
+        equivalent = load_equivalent()  # listed with a reason: rerunning them only costs time
         survivors = [name for codes in results(group).values() for name, code in codes.items()
-                     if code in SURVIVED or code in NO_TESTS]
+                     if (code in SURVIVED or code in NO_TESTS) and name not in equivalent]
         if not survivors:
             print(f"[{group.name}] no survivors to retest")
             return 0.0

@@ -29,10 +29,11 @@ def _redact_one(url: str) -> str:
     authority, tail = rest[:cut], rest[cut:]
     if "@" in authority:  # user-info (user:password@, a key:secret@): never shown
         authority = "<redacted>@" + authority.rpartition("@")[2]
-    for mark in "?#":  # a signed URL's query (X-Amz-Signature, a SAS token) or a fragment: never shown
-        if mark in tail:
-            tail = tail[:tail.index(mark)] + mark + "<redacted>"
-            break
+    # a signed URL's query (X-Amz-Signature, a SAS token) or a fragment: never shown, from the
+    # first of the two on (a fragment may hold a "?": what comes before it is no less secret)
+    marks = [i for i in (tail.find(mark) for mark in "?#") if i >= 0]
+    if marks:
+        tail = tail[:min(marks) + 1] + "<redacted>"
     return f"{scheme}://{authority}{tail}"
 
 
@@ -126,7 +127,8 @@ def parse_url(text: str | os.PathLike[str]) -> DatasetURL:
             raise OptionError(f"a file:// URL names a local folder (file:///path), got host "
                               f"{_redact_one('file://' + parts.netloc)[len('file://'):]!r}")
         path = unquote(parts.path).rstrip("/") or "/"
-        return DatasetURL(text=raw.rstrip("/"), scheme=scheme, bucket="", prefix=path)
+        # the root folder keeps its slashes: "file:///" stripped would be "file:", not a URL
+        return DatasetURL(text=raw.rstrip("/") if path != "/" else raw, scheme=scheme, bucket="", prefix=path)
     if "@" in parts.netloc:
         raise OptionError("credentials do not go in a dataset URL; they come from the environment or the "
                           "store's standard credential chain")

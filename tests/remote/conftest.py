@@ -201,6 +201,11 @@ def fake_fsspec_store(monkeypatch: pytest.MonkeyPatch, protocol: str, module: st
             super().__init__()
 
     Fake.__name__ = class_name
+    # a Store made by an earlier test (or an earlier pytest session in this process, as mutmut runs
+    # its sessions) for the same URL would hold another Fake's files
+    from packer.remote import store as store_module
+
+    monkeypatch.setattr(store_module, "_STORES", {})
     fake = types.ModuleType(module)
     setattr(fake, class_name, Fake)
     monkeypatch.setitem(sys.modules, module, fake)

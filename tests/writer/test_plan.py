@@ -555,3 +555,79 @@ def test_the_capacity_property_catches_a_broken_cut(broken: str, monkeypatch: py
                         forgets_the_header if broken == "capacity-without-the-header" else closes_early)
     with pytest.raises(AssertionError):
         _check_capacity_rule(**case)
+
+
+# --- the plan's rejection of duplicates (--reject-duplicates: every door plans through make_plan) -----
+
+
+def test_make_plan_rejects_duplicate_content_only_when_asked(tmp_path: Path) -> None:
+    import shutil
+
+    src = png_folder(tmp_path / "src", 4)
+    shutil.copyfile(src / "dog" / "000.png", src / "cat" / "copy.png")
+    listing = list_source(src)
+    assert len(listing) == 5
+    plain = make_plan(listing, layout(shard_size=8192))
+    assert len(plain.listing) == 5 and plain.listing.rejected == []
+    checked = BuildSettings(layout=LayoutSettings(shard_size=8192), checks=CheckSettings(reject_duplicates=True))
+    plan = make_plan(listing, checked)
+    assert len(plan.listing) == 4
+    assert sorted(plan.order.tolist()) == [0, 1, 2, 3]
+    assert [(r.key, r.reason) for r in plan.listing.rejected] == [("dog/000.png", "duplicate-content")]
+    assert plan.shard_starts[-1] == 4
+    # files over --max-file-size are not read (packing rejects them): no duplicate is found among them
+    small = BuildSettings(layout=LayoutSettings(shard_size=8192),
+                          checks=CheckSettings(reject_duplicates=True, max_file_size=64))
+    assert len(make_plan(listing, small).listing) == 5
+
+
+def test_make_plan_rejects_what_the_dataset_appended_to_holds(tmp_path: Path) -> None:
+    import shutil
+
+    from packer.dataset import open_dataset
+
+    old_src = png_folder(tmp_path / "old", 2)
+    build(old_src, tmp_path / "ds", settings=BuildSettings(codec="passthrough"), run=RunOptions(workers=1))
+    new_src = png_folder(tmp_path / "new", 3, seed=5)
+    shutil.copyfile(old_src / "cat" / "001.png", new_src / "cat" / "again.png")
+    checked = BuildSettings(layout=LayoutSettings(shard_size=8192), checks=CheckSettings(reject_duplicates=True))
+    with open_dataset(tmp_path / "ds") as existing:
+        plan = make_plan(list_source(new_src), checked, existing=existing)
+    assert [(r.key, r.reason) for r in plan.listing.rejected] == [("cat/again.png", "duplicate-content")]
+    assert len(plan.listing) == 3
+    assert len(make_plan(list_source(new_src), checked).listing) == 4  # without the dataset: no duplicate
+
+
+def test_a_plan_saved_with_flat_options_takes_the_source_settings_given(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    _rewrite_header(path, lambda h: (h.pop("settings"), h.update(options={"seed": 7, "shard_size": 8192},
+                                                                  kind="manifest")))
+    loaded = load_plan(path, src, source=SourceSettings(label_field="cls"))
+    assert loaded.settings.layout.seed == 7 and loaded.settings.layout.shard_size == 8192
+    assert loaded.settings.source.label_field == "cls" and loaded.settings.source.kind == "manifest"
+    assert load_plan(path, src).settings.source.label_field == "label"
+
+
+def test_a_saved_plan_keeps_class_order_and_probes_only_of_their_types(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path, source_probes={"dog/000.png": 5})
+    _rewrite_header(path, lambda h: h.update(class_order="sorted"))
+    loaded = load_plan(path, src)
+    assert loaded.listing.class_order == "sorted" and loaded.source_probes == {"dog/000.png": 5}
+    _rewrite_header(path, lambda h: h.update(class_order=3, source_probes=["dog/000.png"]))
+    loaded = load_plan(path, src)
+    assert loaded.listing.class_order is None and loaded.source_probes is None
+
+
+def test_an_unusable_plan_names_its_file(tmp_path: Path) -> None:
+    path, src = _saved_plan(tmp_path)
+    _rewrite_header(path, lambda h: h.update(rejected=[{"key": "k"}]))  # a TypeError building a Rejection
+    with pytest.raises(BuildError) as caught:
+        load_plan(path, src)
+    assert caught.value.message.startswith("the saved build plan is unusable (TypeError(")
+    assert caught.value.path == str(path)
+
+
+def test_make_plan_keeps_the_source_probes_given(tmp_path: Path) -> None:
+    listing = list_source(png_folder(tmp_path / "src", 2))
+    assert make_plan(listing, layout()).source_probes is None
+    assert make_plan(listing, layout(), source_probes={"dog/000.png": 9}).source_probes == {"dog/000.png": 9}
