@@ -523,6 +523,7 @@ def test_raw_gather_refuses_an_index_that_disagrees_with_the_raw_layout(raw_data
         index = SimpleNamespace(size=size, offset=offset, shard=real.index.shard)
         return SimpleNamespace(index=index, manifest=real.manifest, path=real.path, backend_name="mmap",
                                verify_checksums=False, alignment=real.alignment,
+                               shard_alignment=real.shard_alignment,
                                shard_range=real.shard_range, shard=real.shard,
                                stored_layout=lambda shard: (*real.shard_range(shard),
                                                             int(offset[real.shard_range(shard)[0]])),
