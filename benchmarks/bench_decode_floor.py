@@ -152,12 +152,12 @@ class Floor:
             y0 = min(max(int((box[1] - y) * f + 0.5), 0), rows - 1)
             x1 = min(max(int((box[2] - x) * f + 0.5), x0 + 1), cols)
             y1 = min(max(int((box[3] - y) * f + 0.5), y0 + 1), rows)
-            source = torch.from_numpy(pixels[y0:y1, x0:x1]).permute(2, 0, 1).unsqueeze(0)
-            source = source.contiguous(memory_format=torch.channels_last)
-            resized = resize(source, out_size, False, None)[0].permute(1, 2, 0)
+            crop = np.ascontiguousarray(pixels[y0:y1, x0:x1])  # channels-last 1xCxHxW below
+            resized = resize(torch.from_numpy(crop.reshape(1, *crop.shape).transpose(0, 3, 1, 2)), out_size,
+                             False, None).numpy()[0].transpose(1, 2, 0)
             if flip:
-                resized = torch.flip(resized, [1])
-            torch.from_numpy(out[k % slots]).copy_(resized)
+                resized = torch.flip(torch.from_numpy(resized), [1]).numpy()
+            np.copyto(out[k % slots], resized)
         return len(self.plans)
 
     def check(self) -> bool:

@@ -514,8 +514,27 @@ class DecodeTransform:
         else:
             x0, y0, x1, y1 = plan
             size = (self.out_height, self.out_width)
-            crop = pixels[y0:y1, x0:x1]  # raw pixels may be a read-only view of a shard
-            source = torch.from_numpy(crop if crop.flags.writeable else crop.copy())
+            # The crop is copied out with numpy (a read-only shard view, a strided crop), and viewed
+            # as a channels-last 1xCxHxW batch with numpy's strides: one torch call fewer per step
+            # than torch's unsqueeze/permute/contiguous, each of which gives up and takes back the
+            # GIL (issue 40: threads decoding side by side hand it over at every call).
+            crop = pixels[y0:y1, x0:x1]
+            if not (crop.flags.c_contiguous and crop.flags.writeable):
+                crop = np.array(crop, order="C")
+            # reshape, not crop[None]: numpy gives a new axis a stride of 0, which torch takes for planar
+            batch = torch.from_numpy(crop.reshape(1, *crop.shape).transpose(0, 3, 1, 2))
+            resized = _resize_antialiased(torch, functional, batch, size)
+            hwc = resized.numpy()[0].transpose(1, 2, 0)  # channels-last: a contiguous HWC view
+            if flip:
+                result = torch.flip(torch.from_numpy(hwc), [1]).numpy()
+            elif out is None:
+                return hwc, used
+            else:
+                result = hwc
+            if out is None:
+                return result, used
+            np.copyto(out, result)
+            return out, used
         # torch's AVX2 uint8 antialiased bilinear kernel works on channels-last images, and its
         # output then keeps that layout, so the HWC result below is contiguous (a crop view, or
         # a 1xCxHxW view torch does not recognise as channels-last, would come back planar and
