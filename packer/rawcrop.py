@@ -65,6 +65,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _INDEX_MULT = np.uint64(0xD1B54A32D192ED03)
+_GOLDEN_INT, _MIX1_INT, _MIX2_INT, _INDEX_MULT_INT = (int(v) for v in (_GOLDEN, _MIX1, _MIX2, _INDEX_MULT))
 #: Images up to this side are filtered with two dense batched matrix products; larger ones with
 #: ``K`` gathers per axis (whose cost does not grow with the image's side).
 DENSE_MAX_SIDE = 128
@@ -220,6 +221,23 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _mix64_int(z: int) -> int:
+    """``_mix64`` of one value, in Python ints (the same wrapping arithmetic, masked to 64 bits)."""
+    z = ((z ^ (z >> 30)) * _MIX1_INT) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2_INT) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _uniforms_one(seed: int, epoch: int, index: int, count: int) -> list[float]:
+    """``sample_uniforms`` of one index, in Python ints: the same 64-bit integers, then the same
+    exact conversion (53 bits times a power of two), so the same floats."""
+    key = _mix64_int(((seed & _MASK64) + _GOLDEN_INT) & _MASK64)
+    key = _mix64_int(key ^ (((epoch & _MASK64) * _GOLDEN_INT) & _MASK64))
+    per_sample = _mix64_int(key ^ ((index * _INDEX_MULT_INT) & _MASK64))
+    scale = 1.0 / (1 << 53)
+    return [(_mix64_int((per_sample + j * _GOLDEN_INT) & _MASK64) >> 11) * scale for j in range(1, count + 1)]
+
+
 def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarray:
     """``count`` uniform draws in ``[0, 1)`` per sample, a pure function of (seed, epoch, index, j).
 
@@ -239,6 +257,8 @@ def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarr
     if seed < 0 or epoch < 0 or count < 0 or (idx.size and idx.min() < 0):
         raise OptionError(f"seed, epoch, count and indices must be non-negative, got seed={seed}, "
                           f"epoch={epoch}, count={count}, min index={idx.min() if idx.size else None}")
+    if idx.size == 1:  # one sample (the per-sample path): the same integers in Python, no array calls
+        return np.array([_uniforms_one(int(seed), int(epoch), int(idx[0]), count)], dtype=np.float64).reshape(1, count)
     key = _mix64(np.array([int(seed) & _MASK64], dtype=np.uint64) + _GOLDEN)
     key = _mix64(key ^ (np.array([int(epoch) & _MASK64], dtype=np.uint64) * _GOLDEN))
     per_sample = _mix64(key ^ (idx.astype(np.uint64) * _INDEX_MULT))
@@ -247,16 +267,18 @@ def sample_uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarr
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
+def random_resized_crop_boxes(uniforms: np.ndarray, width: Any, height: Any, *,
                               scale: tuple[float, float] = (0.08, 1.0),
                               ratio: tuple[float, float] = (3 / 4, 4 / 3),
                               flip: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """torchvision's ``RandomResizedCrop`` box rule for a batch of same-size images.
+    """torchvision's ``RandomResizedCrop`` box rule for a batch of images.
 
     Args:
         uniforms: ``(N, RRC_DRAWS)`` draws in ``[0, 1)`` (``sample_uniforms``, or
             ``rng.random((N, RRC_DRAWS))``).
-        width, height: every image's size in pixels.
+        width, height: every image's size in pixels (ints), or each image's (``(N,)`` int
+            arrays: a batch of images of different sizes, e.g. JPEGs, drawn in one call; row
+            ``k`` is exactly what the ints ``width[k]``, ``height[k]`` give).
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's width / height.
         flip: draw a horizontal flip (probability 0.5) from the last draw.
@@ -272,7 +294,21 @@ def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
     if u.ndim != 2 or u.shape[1] < RRC_DRAWS:
         raise OptionError(f"need an (N, {RRC_DRAWS}) array of draws, got shape {u.shape}")
     count = len(u)
-    area = float(width * height)
+    per_image = np.ndim(width) > 0 or np.ndim(height) > 0
+    if count == 1 and not per_image:
+        box, flipped = _one_box(u, int(width), int(height), scale, ratio, flip)
+        return np.array([box], dtype=np.float64), np.array([flipped], dtype=bool)
+    if per_image:
+        widths = np.broadcast_to(np.asarray(width, dtype=np.int64), (count,))
+        heights = np.broadcast_to(np.asarray(height, dtype=np.int64), (count,))
+        # the same float64 values, element by element, as the scalar formulas below
+        area: Any = (widths * heights).astype(np.float64)[:, None]
+        width_col, height_col = widths[:, None], heights[:, None]
+        width_row, height_row = widths, heights
+    else:
+        area = float(width * height)
+        width_col = width_row = width
+        height_col = height_row = height
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
     # The ten tries of every sample at once, as (N, 10) arrays (each element is the per-try
     # formula's, in the same order); a sample takes its first try that fits.
@@ -280,26 +316,74 @@ def random_resized_crop_boxes(uniforms: np.ndarray, width: int, height: int, *,
     aspect = np.exp(log_low + (log_high - log_low) * u[:, 1:20:2])
     w = np.round(np.sqrt(target_area * aspect))  # half to even, like Python's round()
     h = np.round(np.sqrt(target_area / aspect))
-    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    fits = (w > 0) & (w <= width_col) & (h > 0) & (h <= height_col)
     first = np.argmax(fits, axis=1)
     found = fits[np.arange(count), first]
     crop_w = np.where(found, w[np.arange(count), first], 0.0)
     crop_h = np.where(found, h[np.arange(count), first], 0.0)
-    top = np.floor(u[:, 20] * (height - crop_h + 1))
-    left = np.floor(u[:, 21] * (width - crop_w + 1))
+    top = np.floor(u[:, 20] * (height_row - crop_h + 1))
+    left = np.floor(u[:, 21] * (width_row - crop_w + 1))
     if not found.all():  # torchvision's fallback: the whole image at the nearest allowed ratio
-        in_ratio = width / height
-        if in_ratio < min(ratio):
-            fw, fh = width, int(round(width / min(ratio)))
-        elif in_ratio > max(ratio):
-            fw, fh = int(round(height * max(ratio))), height
-        else:
-            fw, fh = width, height
-        crop_w[~found], crop_h[~found] = fw, fh
-        top[~found], left[~found] = (height - fh) // 2, (width - fw) // 2
+        for k in np.flatnonzero(~found).tolist():
+            full_w = int(widths[k]) if per_image else width
+            full_h = int(heights[k]) if per_image else height
+            fw, fh = _fallback_crop(full_w, full_h, ratio)
+            crop_w[k], crop_h[k] = fw, fh
+            top[k], left[k] = (full_h - fh) // 2, (full_w - fw) // 2
     boxes = np.stack([left, top, left + crop_w, top + crop_h], axis=1)
     flips = (u[:, RRC_DRAWS - 1] < 0.5) if flip else np.zeros(count, dtype=bool)
     return boxes, flips
+
+
+def _one_box(u: np.ndarray, width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],
+             flip: bool) -> tuple[tuple[float, float, float, float], bool]:
+    """``random_resized_crop_boxes`` of one ``(1, RRC_DRAWS)`` row, in Python floats: the same IEEE
+    operations in the same order (``sqrt`` is exact in both; ``round`` halves to even in both; the
+    aspect ratios come from the same ``numpy.exp`` call on the same view), so the same box, at a
+    fifth of the cost of the whole-array version's twenty numpy calls (the per-sample path draws
+    one box per image; ``tests/readers/test_rawcrop.py`` compares the two on many draws)."""
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    aspects = np.exp(log_low + (log_high - log_low) * u[:, 1:20:2])[0].tolist()
+    draws = u[0].tolist()
+    area = float(width * height)
+    span = scale[1] - scale[0]
+    crop_w = crop_h = 0.0
+    found = False
+    for t in range(10):
+        target_area = area * (scale[0] + span * draws[2 * t])
+        w = float(round(math.sqrt(target_area * aspects[t])))
+        h = float(round(math.sqrt(target_area / aspects[t])))
+        if 0 < w <= width and 0 < h <= height:
+            crop_w, crop_h, found = w, h, True
+            break
+    if found:
+        top = float(math.floor(draws[20] * (height - crop_h + 1)))
+        left = float(math.floor(draws[21] * (width - crop_w + 1)))
+    else:
+        fw, fh = _fallback_crop(width, height, ratio)
+        crop_w, crop_h = float(fw), float(fh)
+        top, left = float((height - fh) // 2), float((width - fw) // 2)
+    return (left, top, left + crop_w, top + crop_h), bool(flip and draws[RRC_DRAWS - 1] < 0.5)
+
+
+def _seeded_box(seed: int, epoch: int, index: int, width: int, height: int, scale: tuple[float, float],
+                ratio: tuple[float, float], flip: bool) -> tuple[tuple[float, float, float, float], bool]:
+    """``random_resized_crop_boxes(sample_uniforms(seed, epoch, [index], RRC_DRAWS), width, height)``
+    of one sample, as Python values ``((left, top, right, bottom), flip)``: the same box without
+    the arrays and their checks (the per-sample path draws one box per image; the caller passes
+    a non-negative seed, epoch and index)."""
+    row = np.array([_uniforms_one(seed, epoch, index, RRC_DRAWS)], dtype=np.float64)
+    return _one_box(row, width, height, scale, ratio, flip)
+
+
+def _fallback_crop(width: int, height: int, ratio: tuple[float, float]) -> tuple[int, int]:
+    """torchvision's crop when no try fits: the whole image at the nearest allowed ratio."""
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        return width, int(round(width / min(ratio)))
+    if in_ratio > max(ratio):
+        return int(round(height * max(ratio))), height
+    return width, height
 
 
 def resample_taps(start: np.ndarray, end: np.ndarray, low: np.ndarray, high: np.ndarray,

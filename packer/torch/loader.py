@@ -223,7 +223,10 @@ def _threads(given: dict[str, Any], worker_mode: str) -> int:
     ``"auto"`` takes threads only where they are known to be faster and mean the same: a
     ``PackedDataset`` whose batches are copies of stored pixels (``copies_batches``), read through
     a ``PackedBatchSampler`` with packer's ``collate``, and none of the arguments that only worker
-    processes use. ``"threads"`` asks for them and is refused where they would not mean the same.
+    processes use. ``"threads"`` asks for them and is refused where they would not mean the same;
+    it also takes a dataset that a fused transform decodes into one batch tensor without the GIL
+    (``decodes_without_gil``: JPEGs under ``RandomResizedCrop``), which ``"auto"`` leaves to
+    worker processes (see ``docs/performance.md``, the JPEG loader against its decode floor).
     """
     workers = given.get("num_workers", 0)
     if worker_mode == "processes" or not workers:
@@ -234,7 +237,7 @@ def _threads(given: dict[str, Any], worker_mode: str) -> int:
         reasons.append("the dataset is not a PackedDataset")
     elif not isinstance(batch_sampler, PackedBatchSampler):
         reasons.append("the loader does not batch through a PackedBatchSampler")
-    elif not dataset.copies_batches():
+    elif not dataset.copies_batches() and not (worker_mode == "threads" and dataset.decodes_without_gil()):
         reasons.append("its batches are decoded or transformed in Python (threads would share one GIL)")
     if given.get("collate_fn") not in (None, collate):
         reasons.append("collate_fn is not packer's collate")

@@ -32,6 +32,16 @@ from .pipeline import (_BatchSamples, _label_column, _Pipeline, _raw_fast_batch,
 from .runtime import BatchPool, DecodeFn, PathOrDataset, _empty_batch, _open
 
 
+def _plain_calls(decode: Any) -> bool:
+    """The fused transform decodes as ``DecodeTransform`` does (a subclass that overrides
+    ``__call__`` or ``decode_with_geometry`` is called through them, sample by sample)."""
+    from ..transforms import DecodeTransform
+
+    kind = type(decode)
+    return (kind.__call__ is DecodeTransform.__call__
+            and kind.decode_with_geometry is DecodeTransform.decode_with_geometry)
+
+
 class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
     """A map-style ``torch.utils.data.Dataset`` over a packed dataset: ``ds[i] -> (image, label)``.
 
@@ -271,14 +281,22 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         else:
             batch = _empty_batch(shape, self._pool)
         out = batch.numpy()
+        decode, index = pipeline.decode, dataset.index
+        # A seeded crop's boxes, drawn for the whole batch in one go (for the sizes the index
+        # records; the transform draws again for a sample that decodes to another size).
+        draws = decode._seeded_draws(index.width[idx], index.height[idx], idx) if _plain_calls(decode) else None
+        formats = index.image_format[idx].tolist()
         for k, i in enumerate(idx.tolist()):
             data = np.frombuffer(dataset.get(i), dtype=np.uint8)
             try:
-                if geometries is None:
-                    pipeline.decode(data, int(dataset.index.image_format[i]), out=out[k], index=i)
+                if draws is not None:
+                    geometry = decode._decode_drawn(data, formats[k], out[k], i, draws[k], geometries is not None)[1]
+                    if geometries is not None:
+                        geometries.append(geometry)
+                elif geometries is None:
+                    decode(data, formats[k], out=out[k], index=i)
                 else:
-                    geometries.append(pipeline.decode.decode_with_geometry(
-                        data, int(dataset.index.image_format[i]), out=out[k], index=i)[1])
+                    geometries.append(decode.decode_with_geometry(data, formats[k], out=out[k], index=i)[1])
             except DecodeError as exc:
                 raise DecodeError(f"{exc.message} (key {dataset.key(i)!r})", path=dataset.path,
                                   sample=i) from None
@@ -340,6 +358,19 @@ class PackedDataset(_ImageFolderRefusals, torch_data.Dataset):
         if self._plan is not None and self._fields != DEFAULT_FIELDS:
             return False
         return _raw_fast_shape(self.dataset, self._pipeline, 1) is not None
+
+    def decodes_without_gil(self) -> bool:
+        """True when ``load_batch`` decodes each image straight into one batch tensor with a fused
+        transform from ``packer.transforms`` (mmap backend, no ``transform``, the default fields):
+        the decode (simplejpeg, the tile window, Pillow) and the resize (torch) run without the
+        GIL, and the Python around them is a few % of a JPEG's decode, so threads of one process
+        decode in parallel (``tests/codecs/test_gil_release.py``); ``PackedDataLoader`` reads such a
+        dataset on threads when asked (``worker_mode="threads"``)."""
+        if self._plan is not None and self._fields != DEFAULT_FIELDS:
+            return False
+        pipeline, dataset = self._pipeline, self.dataset
+        return (pipeline.batch_shape(1) is not None and dataset.backend_name == "mmap"
+                and not dataset.verify_checksums)
 
     def fast_batch_buffer(self, count: int) -> torch.Tensor | None:
         """An uninitialised images tensor for ``load_batch(..., out=)`` on the batched paths

@@ -7,7 +7,7 @@ import math
 import mmap
 import os
 import sys
-from typing import Any, Union
+from typing import Any, Tuple, Union
 
 import numpy as np
 import simplejpeg
@@ -18,7 +18,7 @@ from ..decode import PILLOW_JPEG_COLORSPACES, decode_image
 from ..errors import DecodeError, OptionError
 from ..format import ImageFormat
 from .._internal.imageinfo import byte_view, detect_format
-from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms
+from ..rawcrop import RRC_DRAWS, crop_resize_batch, random_resized_crop_boxes, sample_uniforms, _seeded_box
 from .geometry import (
     DEFAULT_MASK_INTERPOLATION,
     DEFAULT_MIN_BOX_AREA,
@@ -36,6 +36,8 @@ from .geometry import (
 
 #: Anything with the buffer protocol: bytes, bytearray, memoryview, a 1-D numpy uint8 array.
 ImageBytes = Union[bytes, bytearray, memoryview, np.ndarray]
+#: A sample's seeded draw made with its batch: ``(width, height, box, flip)``, the size it was drawn for.
+Drawn = Tuple[int, int, Tuple[float, float, float, float], bool]
 #: DCT-domain scales (numerators over 8) that decode faster than a full decode: libjpeg-turbo
 #: has SIMD inverse DCTs for 8x8, 4x4, 2x2 and 1x1 only, so 3/8 and 5/8..7/8 cost more.
 FAST_SCALES = (1, 2, 4, 8)
@@ -65,6 +67,21 @@ def _dct_scale(box_width: float, box_height: float, out_size: tuple[int, int]) -
         if m * box_width >= 8 * out_width and m * box_height >= 8 * out_height:
             return m
     return 8
+
+
+def _resize_antialiased(torch: Any, functional: Any, batch: Any, size: tuple[int, int]) -> Any:
+    """``functional.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)``.
+
+    That call ends in ``torch._C._nn._upsample_bilinear2d_aa(batch, size, False, None)`` after
+    argument checks in Python (4-15 µs a call here, about 1 % of an image's decode and resize);
+    they hold by construction on this path (a 4-D uint8 tensor, an explicit size), so the op is
+    called directly when this torch has it (``tests/transforms/test_fused.py`` compares the
+    two), else ``interpolate``.
+    """
+    op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+    if op is None:  # pragma: no cover - every torch 2.x has it
+        return functional.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return op(batch, size, False, None)
 
 
 class DecodeTransform:
@@ -175,14 +192,39 @@ class DecodeTransform:
         """``(N, 4)`` boxes and ``(N,)`` flips for a batch of same-size images."""
         raise NotImplementedError
 
-    def _draw(self, width: int, height: int, rng: np.random.Generator,
-              index: int | None) -> tuple[tuple[float, float, float, float], bool]:
+    def _draw(self, width: int, height: int, rng: np.random.Generator, index: int | None,
+              drawn: "Drawn | None" = None) -> tuple[tuple[float, float, float, float], bool]:
         """The box and flip of one sample: seeded draws of ``(seed, epoch, index)`` when both
-        are known (the same as the batched path's), else the generator's."""
+        are known (the same as the batched path's), else the generator's. ``drawn``: this
+        sample's seeded draw made beforehand with its batch (``_seeded_draws``), used when it
+        was drawn for this very size."""
         if self.seed is None or index is None:
             return self._box(width, height, rng)
+        if drawn is not None and drawn[0] == width and drawn[1] == height:
+            return drawn[2], drawn[3]
         boxes, flips = self._batch_boxes(width, height, np.array([index], dtype=np.int64), rng)
         return tuple(float(v) for v in boxes[0]), bool(flips[0])  # type: ignore[return-value]
+
+    def _seeded_draws(self, widths: Any, heights: Any, indices: Any) -> "list[Drawn] | None":
+        """Every sample's seeded box and flip for a batch, in one vectorised draw: each is
+        ``_draw(widths[k], heights[k], rng, indices[k])``'s, made for that size (the index's
+        recorded one; a sample whose stored image turns out to have another size is drawn again
+        by ``_draw``). None for an unseeded transform (its draws come from a generator, in
+        order, per sample). Drawn alone, a sample's box cost 0.1-0.2 ms of numpy calls (a tenth
+        of a tiled JPEG's decode; ~25 µs now, ``rawcrop._seeded_box``); drawn with its batch of
+        64, ~5 µs."""
+        if self.seed is None:
+            return None
+        index_array = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(index_array):
+            return []
+        width_array = np.asarray(widths, dtype=np.int64).reshape(-1)
+        height_array = np.asarray(heights, dtype=np.int64).reshape(-1)
+        if width_array.min() < 1 or height_array.min() < 1:
+            return None  # sizes not recorded: each sample draws for the size it decodes to
+        boxes, flips = self._batch_boxes(width_array, height_array, index_array, self._process_rng())
+        return [(w, h, (b[0], b[1], b[2], b[3]), f) for w, h, b, f in
+                zip(width_array.tolist(), height_array.tolist(), boxes.tolist(), flips.tolist())]
 
     def geometry(self, width: int, height: int, index: int | None = None, *,
                  rng: np.random.Generator | None = None) -> CropGeometry:
@@ -327,6 +369,12 @@ class DecodeTransform:
         """
         return self._apply(data, image_format, rng, out, name, index, False)[0]
 
+    def _decode_drawn(self, data: ImageBytes, image_format: int | None, out: np.ndarray | None, index: int,
+                      drawn: "Drawn | None", with_geometry: bool) -> tuple[np.ndarray, CropGeometry | None]:
+        """``__call__`` (``decode_with_geometry`` with ``with_geometry``) of sample ``index`` with its
+        seeded draw made beforehand (``_seeded_draws``): the readers' batched path."""
+        return self._apply(data, image_format, None, out, "", index, with_geometry, drawn)
+
     def decode_with_geometry(self, data: ImageBytes, image_format: int | None = None,
                              rng: np.random.Generator | None = None, *, out: np.ndarray | None = None,
                              name: str = "", index: int | None = None) -> tuple[np.ndarray, CropGeometry]:
@@ -340,10 +388,11 @@ class DecodeTransform:
 
     def _apply(self, data: ImageBytes, image_format: int | None, rng: np.random.Generator | None,
                out: np.ndarray | None, name: str, index: int | None,
-               with_geometry: bool) -> tuple[np.ndarray, CropGeometry | None]:
+               with_geometry: bool, drawn: "Drawn | None" = None) -> tuple[np.ndarray, CropGeometry | None]:
         """The pixel path: decode, crop, resize, flip; the geometry when asked."""
         if rng is None:
             rng = self._process_rng()
+        use_torch = self._use_torch()
         if isinstance(data, np.ndarray) and data.ndim == 3:
             if data.dtype != np.uint8 or data.shape[2] != 3 or data.shape[0] < 1 or data.shape[1] < 1:
                 raise DecodeError(f"decoded pixels must be (H, W, 3) uint8, got {data.shape} "
@@ -358,7 +407,7 @@ class DecodeTransform:
             view = byte_view(data)
             if image_format is None or image_format == ImageFormat.UNKNOWN:
                 image_format = detect_format(view) if len(view) else ImageFormat.UNKNOWN
-            decoded = (self._decode_jpeg(view, rng, index) if image_format == ImageFormat.JPEG
+            decoded = (self._decode_jpeg(view, rng, index, drawn, use_torch) if image_format == ImageFormat.JPEG
                        else None)
         # The decoded grid's coordinates to the source image's: source = origin + grid / factor
         # (a JPEG decoded at DCT scale M/8, maybe only a window of its tiles).
@@ -367,12 +416,12 @@ class DecodeTransform:
             if pixels is None:
                 pixels = decode_image(view, image_format, name=name)
             height, width = pixels.shape[:2]
-            box, flip = self._draw(width, height, rng, index)
+            box, flip = self._draw(width, height, rng, index, drawn)
             full_size = True
         else:
             pixels, box, flip, (origin_x, origin_y, factor), (width, height) = decoded
             full_size = False
-            if self._use_torch():
+            if use_torch:
                 # At a DCT scale M/8 the last decoded column/row can be only partly inside the image
                 # (427 px at 1/4: 106.75 decoded px, 107 decoded); the torch path rounds the box to
                 # whole decoded pixels, so it resamples from those wholly inside: the crop box (and
@@ -384,7 +433,7 @@ class DecodeTransform:
         if out is not None and (out.shape != self.output_shape or out.dtype != np.uint8):
             raise OptionError(f"out must be a {self.output_shape} uint8 array, got {out.shape} "
                               f"{out.dtype}")
-        if self._use_torch():
+        if use_torch:
             result, used = self._resize_torch(pixels, box, flip, out)
         else:
             used = box  # Pillow's box= is fractional; a raw crop's box is whole pixels already
@@ -465,15 +514,37 @@ class DecodeTransform:
         else:
             x0, y0, x1, y1 = plan
             size = (self.out_height, self.out_width)
-            crop = pixels[y0:y1, x0:x1]  # raw pixels may be a read-only view of a shard
-            source = torch.from_numpy(crop if crop.flags.writeable else crop.copy())
+            # The crop is copied out with numpy (a read-only shard view, a strided crop), and viewed
+            # as a channels-last 1xCxHxW batch with numpy's strides: one torch call fewer per step
+            # than torch's unsqueeze/permute/contiguous, each of which gives up and takes back the
+            # GIL (issue 40: threads decoding side by side hand it over at every call).
+            crop = pixels[y0:y1, x0:x1]
+            if not (crop.flags.c_contiguous and crop.flags.writeable):
+                crop = np.array(crop, order="C")
+            # reshape, not crop[None]: numpy gives a new axis a stride of 0, which torch takes for planar
+            batch = torch.from_numpy(crop.reshape(1, *crop.shape).transpose(0, 3, 1, 2))
+            resized = _resize_antialiased(torch, functional, batch, size)
+            hwc = resized.numpy()[0].transpose(1, 2, 0)  # channels-last: a contiguous HWC view
+            if flip:
+                result = torch.flip(torch.from_numpy(hwc), [1]).numpy()
+            elif out is None:
+                return hwc, used
+            else:
+                result = hwc
+            if out is None:
+                return result, used
+            np.copyto(out, result)
+            return out, used
         # torch's AVX2 uint8 antialiased bilinear kernel works on channels-last images, and its
         # output then keeps that layout, so the HWC result below is contiguous (a crop view, or
         # a 1xCxHxW view torch does not recognise as channels-last, would come back planar and
-        # cost a transposing copy: 2x slower in all).
-        batch = source.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
-        resized = functional.interpolate(batch, size=size, mode="bilinear", antialias=True,
-                                         align_corners=False)[0].permute(1, 2, 0)
+        # cost a transposing copy: 2x slower in all). The batch dimension goes first, then the
+        # permute: a whole image (CenterCrop, a crop as wide as the decode) is then channels-last
+        # as it is (batch stride H*W*C), where permute-then-unsqueeze gave it a batch stride of C,
+        # which torch took for planar: its output came back planar, the resize ~1.5x slower
+        # (issue 40; the same pixels, tests/transforms/test_fused.py).
+        batch = source.unsqueeze(0).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        resized = _resize_antialiased(torch, functional, batch, size)[0].permute(1, 2, 0)
         if self._resize_then_crop:
             resized = resized[y0:y0 + self.out_height, x0:x0 + self.out_width]
         if flip:
@@ -483,8 +554,8 @@ class DecodeTransform:
         torch.from_numpy(out).copy_(resized)
         return out, used
 
-    def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator, index: int | None = None
-                     ) -> tuple[np.ndarray, tuple[float, float, float, float], bool, tuple[float, float, float],
+    def _decode_jpeg(self, view: bytes | memoryview, rng: np.random.Generator, index: int | None = None,
+                     drawn: "Drawn | None" = None, use_torch: bool | None = None) -> tuple[np.ndarray, tuple[float, float, float, float], bool, tuple[float, float, float],
                                 tuple[int, int]] | None:
         """Scaled simplejpeg decode: ``(pixels, box in decoded pixels, flip, (origin_x, origin_y,
         factor), (width, height))``, or None; a decoded pixel ``g`` is source pixel
@@ -499,11 +570,11 @@ class DecodeTransform:
             return None
         if colorspace in PILLOW_JPEG_COLORSPACES or width < 1 or height < 1:
             return None
-        box, flip = self._draw(width, height, rng, index)
+        box, flip = self._draw(width, height, rng, index, drawn)
         left, top, right, bottom = box
         m = _dct_scale(right - left, bottom - top, self.size)
         if not self._resize_then_crop:
-            windowed = self._decode_window(view, box, m)
+            windowed = self._decode_window(view, box, m, self._use_torch() if use_torch is None else use_torch)
             if windowed is not None:
                 return windowed[0], windowed[1], flip, (*windowed[2], m / 8), (width, height)
         try:
@@ -527,8 +598,8 @@ class DecodeTransform:
         return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=self.fast_dct,
                                       fastupsample=self.fast_upsample, **scaled)
 
-    def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float], m: int
-                       ) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[float, float]] | None:
+    def _decode_window(self, view: bytes | memoryview, box: tuple[float, float, float, float], m: int,
+                       use_torch: bool) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[float, float]] | None:
         """For a tiled JPEG (``packer.codecs.tiles``), decode only the tiles under ``box``, at M/8.
 
         Returns ``(pixels, box in decoded pixels, the window's origin in source pixels)``, or
@@ -540,7 +611,7 @@ class DecodeTransform:
         """
         left, top, right, bottom = box
         margin = window_margin(m)
-        if not self._use_torch():  # Pillow's box= resize reads up to one output pixel outside
+        if not use_torch:  # Pillow's box= resize reads up to one output pixel outside
             margin += math.ceil(max((right - left) / self.out_width,
                                     (bottom - top) / self.out_height)) + 1
         window = cut_window(view, box, margin)
@@ -638,6 +709,14 @@ class RandomResizedCrop(DecodeTransform):
         top, left, h, w = self.get_params(width, height, rng)
         flip = self.flip and bool(rng.random() < 0.5)
         return (float(left), float(top), float(left + w), float(top + h)), flip
+
+    def _draw(self, width: int, height: int, rng: np.random.Generator, index: int | None,
+              drawn: "Drawn | None" = None) -> tuple[tuple[float, float, float, float], bool]:
+        if self.seed is not None and index is not None and drawn is None and index >= 0:
+            # one sample's seeded draw without arrays: _batch_boxes' box for [index] (rawcrop._seeded_box)
+            return _seeded_box(self.seed, self.epoch, int(index), int(width), int(height), self.scale, self.ratio,
+                               self.flip)
+        return super()._draw(width, height, rng, index, drawn)
 
     def _batch_boxes(self, width: int, height: int, indices: np.ndarray,
                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -596,3 +596,56 @@ def test_in_place_crops_refuse_an_index_that_disagrees_with_the_raw_layout(tmp_p
     with open_dataset(short) as dataset:  # its other samples crop as ever
         crops = crop_resize_raw(dataset, [0, 2], (6, 5, 3), np.array([[0.0, 0.0, 5.0, 6.0]] * 2), None, (3, 3))
         assert crops.shape == (2, 3, 3, 3)
+
+
+def test_boxes_of_images_of_different_sizes_are_each_sizes_own() -> None:
+    """Issue 40: a batch of JPEGs of different sizes draws its seeded boxes in one call (``(N,)``
+    widths and heights); row ``k`` is exactly the box the ints ``width[k]``, ``height[k]`` give, the
+    fallback for a box that never fits included."""
+    rng = np.random.default_rng(7)
+    draws = sample_uniforms(5, 1, np.arange(400), RRC_DRAWS)
+    widths = rng.integers(1, 2000, 400)
+    heights = rng.integers(1, 2000, 400)
+    widths[:40], heights[:40] = rng.integers(1, 12, 40), rng.integers(300, 2000, 40)  # too narrow: fallbacks
+    for scale in ((0.08, 1.0), (0.9, 1.0)):
+        boxes, flips = random_resized_crop_boxes(draws, widths, heights, scale=scale)
+        for k in range(len(draws)):
+            box, flip = random_resized_crop_boxes(draws[k:k + 1], int(widths[k]), int(heights[k]), scale=scale)
+            assert boxes[k].tolist() == box[0].tolist() and bool(flips[k]) == bool(flip[0]), k
+            whole, _ = random_resized_crop_boxes(np.tile(draws[k], (3, 1)), int(widths[k]), int(heights[k]),
+                                                 scale=scale)
+            assert whole[1].tolist() == box[0].tolist(), k  # the one-row path is the array rule's
+        assert np.all(boxes[:, 2] <= widths) and np.all(boxes[:, 3] <= heights)
+
+
+@pytest.mark.parametrize("scale", [(0.08, 1.0), (0.99, 1.0), (0.3, 0.6)])
+def test_one_row_draws_equal_the_array_rule_on_many_draws(scale: tuple) -> None:
+    """The per-sample path draws one row at a time in Python floats (``rawcrop._one_box``): the
+    same boxes and flips as the whole-array rule, fallbacks included."""
+    rng = np.random.default_rng(11)
+    for width, height in [(500, 375), (375, 500), (7, 900), (900, 7), (1, 1), (4000, 3000)]:
+        draws = rng.random((300, RRC_DRAWS))
+        boxes, flips = random_resized_crop_boxes(draws, width, height, scale=scale)
+        for k in range(len(draws)):
+            box, flip = random_resized_crop_boxes(draws[k:k + 1], width, height, scale=scale)
+            assert box.shape == (1, 4) and box.dtype == np.float64 and flip.dtype == bool
+            assert boxes[k].tolist() == box[0].tolist() and bool(flips[k]) == bool(flip[0]), (width, height, k)
+    no_flip = random_resized_crop_boxes(draws[:1], 50, 40, flip=False)[1]
+    assert no_flip.tolist() == [False]
+
+
+def test_one_index_draws_equal_the_array_rule() -> None:
+    """``sample_uniforms`` of one index (the per-sample path) takes the same 64-bit integers in
+    Python ints: the same floats as the array rule, large seeds, epochs and indices included."""
+    rng = np.random.default_rng(5)
+    for seed in (0, 1, 2**63 - 1, 2**64 + 5, int(rng.integers(0, 2**62))):
+        for epoch in (0, 7, 2**40):
+            indices = np.concatenate([rng.integers(0, 2**40, 30), [0, 2**62]])
+            whole = sample_uniforms(seed, epoch, indices, RRC_DRAWS)
+            for k, index in enumerate(indices.tolist()):
+                one = sample_uniforms(seed, epoch, [index], RRC_DRAWS)
+                assert one.shape == (1, RRC_DRAWS) and one.dtype == np.float64
+                assert one[0].tolist() == whole[k].tolist(), (seed, epoch, index)
+    assert sample_uniforms(0, 0, [3], 0).shape == (1, 0)
+    with pytest.raises(OptionError, match="non-negative"):
+        sample_uniforms(0, 0, [-1], RRC_DRAWS)

@@ -84,9 +84,13 @@ def test_auto_keeps_processes_where_threads_would_not_mean_the_same(folders: dic
         loader = PackedDataLoader(raw, batch_size=4, order=order, num_workers=1, **{name: value})
         assert loader.worker_mode == "processes", name
     assert PackedDataLoader(raw, batch_size=4, order=order).worker_mode == "processes"  # num_workers=0
+    in_python = PackedDataset(folders["stored"], decode=CenterCrop(16), transform=lambda image: image)
     with pytest.raises(OptionError, match=r"^PackedDataLoader\(worker_mode='threads'\): its batches are decoded "
                                           r"or transformed in Python \(threads would share one GIL\)"):
-        PackedDataLoader(decoded, batch_size=4, order=order, num_workers=1, worker_mode="threads")
+        PackedDataLoader(in_python, batch_size=4, order=order, num_workers=1, worker_mode="threads")
+    own_decode = PackedDataset(folders["stored"], decode=lambda data, image_format: np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(OptionError, match=r"its batches are decoded or transformed in Python"):
+        PackedDataLoader(own_decode, batch_size=4, order=order, num_workers=1, worker_mode="threads")
     with pytest.raises(OptionError, match=r"worker_init_fn= is given \(it is for worker processes\)"):
         PackedDataLoader(raw, batch_size=4, order=order, num_workers=1, worker_mode="threads",
                          worker_init_fn=lambda worker: None)
@@ -95,3 +99,27 @@ def test_auto_keeps_processes_where_threads_would_not_mean_the_same(folders: dic
     forced = PackedDataLoader(raw, batch_size=4, order=order, num_workers=2, worker_mode="threads",
                               persistent_workers=True, prefetch_factor=4, pin_memory=True)
     assert forced.worker_mode == "threads" and sum(len(labels) for _, labels in forced) == N
+
+
+def test_a_fused_decode_runs_on_threads_when_asked_with_the_batches_processes_give(folders: dict[str, Path]) -> None:
+    """Issue 40: JPEGs (and PNGs) under a fused transform decode without the GIL
+    (``tests/codecs/test_gil_release.py``), so ``worker_mode="threads"`` reads them on threads of
+    this process; ``"auto"`` keeps worker processes for them (docs/performance.md says why)."""
+    from packer.transforms import RandomResizedCrop
+
+    order = ReadOrder("random", seed=2)
+    dataset = PackedDataset(folders["stored"], decode=RandomResizedCrop(12, seed=5))
+    assert dataset.decodes_without_gil() and not dataset.copies_batches()
+    assert not PackedDataset(folders["stored"], decode=RandomResizedCrop(12), backend="pread").decodes_without_gil()
+    assert not PackedDataset(folders["stored"]).decodes_without_gil()  # decode=True: per-sample arrays
+    auto = PackedDataLoader(dataset, batch_size=6, order=order, num_workers=2)
+    assert auto.worker_mode == "processes"
+    threads = PackedDataLoader(dataset, batch_size=6, order=order, num_workers=2, worker_mode="threads")
+    assert (threads.worker_mode, threads.threads, threads.num_workers) == ("threads", 2, 0)
+    for epoch in (0, 1):
+        threads.set_epoch(epoch)
+        auto.set_epoch(epoch)
+        got, want = _batches(threads), _batches(auto)
+        assert [labels for _, labels in got] == [labels for _, labels in want] and len(got) == 7
+        assert all(np.array_equal(a[0], b[0]) for a, b in zip(got, want, strict=True))
+        assert got[0][0].shape == (6, 3, 12, 12)

@@ -407,3 +407,24 @@ def test_normalize_on_gpu_refuses_a_layout_it_does_not_know_or_a_batch_of_the_ot
     with pytest.raises(OptionError) as caught:
         normalize_on_gpu(batch, device="cpu", layout="NCHW")
     assert caught.value.message == "expected an (N, 3, H, W) batch for layout 'NCHW', got shape (2, 8, 8, 3)"
+
+
+@pytest.mark.parametrize("source,size", [((1, 3, 375, 500), (224, 224)), ((1, 3, 37, 50), (224, 100)),
+                                         ((1, 3, 224, 224), (224, 224)), ((1, 3, 1, 7), (3, 5))])
+def test_the_direct_resize_op_is_interpolates(source: tuple, size: tuple) -> None:
+    """The torch path calls ``interpolate``'s antialiased bilinear op itself (issue 40: the
+    argument checks cost ~1 % of an image); the pixels are ``interpolate``'s."""
+    torch = pytest.importorskip("torch")
+    from packer.transforms.fused import _resize_antialiased
+
+    pixels = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (*source[2:], 3), dtype=np.uint8))
+    batch = pixels.unsqueeze(0).permute(0, 3, 1, 2)  # what the torch path hands it: channels-last as it is
+    assert batch.is_contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)
+    got = _resize_antialiased(torch, torch.nn.functional, batch, size)
+    assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, want)
+    # the layout the torch path used before (a batch stride of C on a whole image: planar output)
+    # resamples to the same pixels
+    planar_in = pixels.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    assert torch.equal(_resize_antialiased(torch, torch.nn.functional, planar_in, size), want)
