@@ -79,13 +79,13 @@ def choose_alignment(sizes: np.ndarray, shard_size: int) -> int:
     """
     sizes = np.asarray(sizes, dtype=np.uint64)
     payload = int(sizes.sum(dtype=np.uint64))
-    for alignment in SMALL_RECORD_ALIGNMENTS:
+    for alignment in SMALL_RECORD_ALIGNMENTS[:-1]:  # the last, 1, pads nothing: where the others fail
         if alignment > shard_size:
             continue
-        padding = int((-sizes % np.uint64(alignment)).sum(dtype=np.uint64)) if alignment > 1 else 0
+        padding = int((-sizes % np.uint64(alignment)).sum(dtype=np.uint64))
         if padding <= payload * MAX_PADDING_SHARE:
             return alignment
-    return 1
+    return SMALL_RECORD_ALIGNMENTS[-1]
 
 
 def plan_shards(sizes: np.ndarray, alignment: int, shard_size: int) -> np.ndarray:

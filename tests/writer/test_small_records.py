@@ -194,3 +194,35 @@ def test_settings_refuse_what_is_neither_auto_nor_a_power_of_two() -> None:
     assert BuildSettings.from_json({"layout": {"alignment": 512}}).layout.alignment == 512
     with pytest.raises(OptionError, match="layout.alignment"):
         BuildSettings.from_json({"layout": {"alignment": "big"}})
+
+
+def test_an_alignment_equal_to_the_shard_size_is_a_candidate() -> None:
+    assert choose_alignment(np.full(3, 64, dtype=np.uint64), 64) == 64
+    assert choose_alignment(np.full(3, 4096, dtype=np.uint64), 4096) == 4096
+    assert choose_alignment(np.full(3, 4096, dtype=np.uint64), 4095) == 64
+
+
+def _rewrite_plan_header(plan_path: Path, change) -> None:
+    """Re-encode a saved plan with its JSON header changed (an older packer's plan, or a damaged one)."""
+    rows, columns = fmt.parse_column_file(plan_path.read_bytes(), fmt.PLAN_MAGIC, kind="plan")
+    header = json.loads(columns["header"].tobytes())
+    change(header)
+    columns = {name: np.array(array) for name, array in columns.items()}
+    columns["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
+    plan_path.write_bytes(b"".join(bytes(piece) for piece in fmt.encode_column_file(fmt.PLAN_MAGIC, rows, columns)))
+
+
+def test_a_plan_saved_before_auto_takes_the_alignment_of_its_settings(small_pngs: Path, tmp_path: Path) -> None:
+    from packer.writer.plan import load_plan
+    from packer.writer.staging import PLAN_NAME, STAGING_DIR
+
+    out = tmp_path / "ds"
+    assert run_main(["build", str(small_pngs), str(out), "--plan-only", "--alignment", "512", "--quiet"])[0] == 0
+    plan_path = out / STAGING_DIR / PLAN_NAME
+    _rewrite_plan_header(plan_path, lambda header: header.pop("alignment"))  # what packer wrote before "auto"
+    assert load_plan(plan_path, small_pngs).alignment == 512
+    _rewrite_plan_header(plan_path, lambda header: header.update(alignment=48))
+    with pytest.raises(packer.BuildError) as caught:
+        load_plan(plan_path, small_pngs)
+    assert caught.value.message.startswith(f"the saved build plan is damaged ({plan_path}: alignment must be a "
+                                           f"power of two between 1 and 16777216, got 48); delete")
