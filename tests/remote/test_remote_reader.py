@@ -21,8 +21,8 @@ from helpers import write_images
 
 import packer
 from packer import format as fmt
-from packer.errors import (ChecksumMismatchError, DatasetChangedError, ManifestError, RemoteStoreError,
-                           TruncatedFileError)
+from packer.errors import (ChecksumMismatchError, DatasetChangedError, ManifestError, PackerError,
+                           RemoteStoreError, TruncatedFileError)
 from packer.remote import RemoteOptions, parse_url
 from packer.remote import reader as reader_module
 from packer.remote.reader import RemoteFiles, _contiguous, _settle, dataset_key, read_manifest
@@ -37,7 +37,8 @@ def uniform(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("reader")
     write_images(root / "src", {"a": 12, "b": 12}, size=24)
     packer.build_dataset(root / "src", root / "ds", packer.BuildSettings(
-        codec="raw:size=24x24", layout=packer.LayoutSettings(shard_size=48 << 10)), packer.RunOptions(workers=1))
+        codec="raw:size=24x24", layout=packer.LayoutSettings(shard_size=48 << 10, alignment=4096)),
+        packer.RunOptions(workers=1))
     return root / "ds"
 
 
@@ -163,6 +164,7 @@ def test_a_damaged_index_is_fetched_again_once(store, uniform, tmp_path):
         f"the index fetched twice does not match the manifest (size {manifest.index.size}, expected "
         f"{manifest.index.size}; checksum {fmt.checksum_hex(fmt.checksum(bytes(damaged)))}, expected "
         f"{fmt.checksum_hex(manifest.index.checksum)})")
+    assert caught.value.path == f"{URL}/{manifest.index.path}"
     assert [r[0] for r in store.ranges].count(key) == 2 + 2
 
 
@@ -1033,3 +1035,580 @@ def test_a_field_shards_header_is_the_fields_own(field_store, with_fields, tmp_p
         place.open_shard("mask", 1, entry, check)
         assert seen == [(b"junk", f"{URL}/{entry.path}"), (head, f"{URL}/{entry.path}")]
         assert cached.read_bytes() == head
+
+
+# --- process state, locks, the cache bound (issue 41: the survivors of round 4) ----------------------
+
+
+def _shard_gets(store: Store) -> int:
+    return sum(1 for key, _lo, _hi in store.ranges if "/shards/" in key)
+
+
+def test_fetch_threads_are_named_and_at_most_in_flight(store, tmp_path):
+    import threading as _threading
+
+    guard = _threading.Lock()
+    active, peak, names = [0], [0], set()
+
+    def slow(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            with guard:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+                names.add(_threading.current_thread().name.rsplit("_", 1)[0])
+            time.sleep(0.05)
+            with guard:
+                active[0] -= 1
+        return data
+
+    store.tamper = slow
+    remote = packer.open_dataset(URL, remote=_options(tmp_path, in_flight=2, lookahead_bytes=1 << 20))
+    place = remote.place
+    table = place.table("")
+    place.ensure([int(table.first[e]) for e in range(len(table))])
+    remote.close()
+    assert peak[0] == 2 and names == {"packer-fetch"} and len(_cached(place)) == len(table)
+    names.clear()
+    peak[0] = 0
+    remote = packer.open_dataset(URL, remote=_options(tmp_path / "b", in_flight=2, lookahead_bytes=1 << 20))
+    remote.place.plan(np.arange(24))
+    deadline = time.monotonic() + 30
+    while len(_cached(remote.place)) < len(table) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    remote.close()
+    assert names == {"packer-prefetch"} and peak[0] == 2 and len(_cached(remote.place)) == len(table)
+
+
+def test_close_waits_for_the_running_prefetch_and_cancels_the_queued(store, tmp_path):
+    import threading as _threading
+
+    gate, started = _threading.Event(), _threading.Event()
+
+    def held(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            started.set()
+            assert gate.wait(10)
+        return data
+
+    store.tamper = held
+    remote = packer.open_dataset(URL, remote=_options(tmp_path, lookahead_bytes=8 * EXTENT))
+    remote.place.plan(np.arange(24))
+    assert started.wait(10)
+    closer = _threading.Thread(target=remote.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # the running GET is waited for
+    gate.set()
+    closer.join(10)
+    assert not closer.is_alive() and _shard_gets(store) == 1  # the queued ones never ran
+
+
+def test_close_waits_for_the_running_demand_fetch_and_cancels_the_queued(store, tmp_path):
+    import threading as _threading
+
+    gate, started = _threading.Event(), _threading.Event()
+
+    def held(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            started.set()
+            assert gate.wait(10)
+        return data
+
+    store.tamper = held
+    remote = packer.open_dataset(URL, remote=_options(tmp_path))
+    place = remote.place
+    table = place.table("")
+    failures: list[BaseException] = []
+
+    def ensure() -> None:
+        try:
+            place.ensure([int(table.first[e]) for e in range(4)])
+        except BaseException as exc:  # noqa: BLE001 - the cancelled fetches
+            failures.append(exc)
+
+    batch = _threading.Thread(target=ensure)
+    batch.start()
+    assert started.wait(10)
+    closer = _threading.Thread(target=remote.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()
+    gate.set()
+    closer.join(10)
+    batch.join(10)
+    assert not closer.is_alive() and not batch.is_alive()
+    assert _shard_gets(store) == 1 and len(failures) == 1
+
+
+def test_the_cache_usage_is_added_up_between_rescans(store, tmp_path, monkeypatch):
+    totals: list[int] = []
+    calls: list[int] = []
+
+    def fake_evict(root, bound, priority, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(bound)
+        return totals.pop(0), 0
+
+    monkeypatch.setattr(reader_module, "evict", fake_evict)
+    monkeypatch.setattr(reader_module, "_RESCAN_EVERY", 4)
+    place = RemoteFiles(parse_url(URL), _options(tmp_path, cache_bytes=1000))
+    state = place._local()
+    totals[:] = [0]
+    place._account(state, 10)  # the first insertion: the usage is unknown, rescanned
+    assert calls == [1000] and state.usage == 0
+    place._account(state, 0)  # nothing added to an empty cache: no rescan
+    assert calls == [1000] and state.usage == 0
+    place._account(state, 1000)  # exactly the bound is not over it
+    assert calls == [1000] and state.usage == 1000
+    totals[:] = [700]
+    place._account(state, 5)  # the 4th insertion: rescanned
+    assert calls == [1000] * 2 and state.usage == 700
+    place._account(state, 300)
+    assert calls == [1000] * 2 and state.usage == 1000
+    place.close()
+
+
+def test_the_usage_adds_every_byte_a_coalesced_request_wrote(store, uniform, tmp_path):
+    from packer.remote.cache import scan_extents
+
+    options = _options(tmp_path, cache_bytes=1 << 30, request_bytes=2 * EXTENT, lookahead_bytes=1 << 20)
+    with packer.open_dataset(URL, remote=options) as remote, packer.open_dataset(uniform) as local:
+        place = remote.place
+        table = place.table("")
+        place.plan(np.arange(24))
+        _drain(place)
+        assert _cached(place) == list(range(len(table)))
+        assert _shard_gets(store) < len(table)  # coalesced
+        for e in range(len(table)):
+            assert os.path.getsize(place._extent_path("", e)) == table.nbytes(e)
+        sizes = sum(size for _, size, _ in scan_extents(place.cache_root))
+        assert place._local().usage == sizes
+        assert [bytes(remote.get(i)) for i in range(24)] == [bytes(local.get(i)) for i in range(24)]
+        assert place.stats()["repaired"] == 0 and place.stats()["refetched"] == 0
+
+
+def test_other_datasets_files_are_evicted_oldest_first(store, tmp_path):
+    probe = RemoteFiles(parse_url(URL), _options(tmp_path / "probe"))
+    size = probe.table("").nbytes(0)
+    probe.close()
+    options = _options(tmp_path, cache_bytes=size + 8000 - 1)  # one of the two 4000-byte files must go
+    other = options.cache_root / "v1" / "other" / "gen" / "extents" / "main" / "0"
+    other.mkdir(parents=True)
+    old, new = other / "0-4000", other / "4000-8000"
+    for path, age in ((old, 200), (new, 100)):
+        path.write_bytes(bytes(4000))
+        os.utime(path, (time.time() - age, time.time() - age))
+    with packer.open_dataset(URL, remote=options) as remote:
+        remote.get(0)
+        assert not old.exists() and new.exists()
+        assert os.path.exists(remote.place._extent_path("", 0))
+
+
+def test_file_matches_checks_the_size_then_the_checksum(tmp_path):
+    from packer.remote.reader import _file_matches
+
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert _file_matches(empty, 0, fmt.checksum(b""))
+    assert not _file_matches(empty, 0, fmt.checksum(b"x"))
+    full = tmp_path / "full"
+    full.write_bytes(b"abcd")
+    assert _file_matches(full, 4, fmt.checksum(b"abcd"))
+    assert not _file_matches(full, 3, fmt.checksum(b"abc"))
+    assert not _file_matches(full, 4, fmt.checksum(b"abce"))
+    assert not _file_matches(tmp_path / "none", 0, fmt.checksum(b""))
+
+
+def test_the_open_lock_is_one_file_of_mode_0644(store, tmp_path):
+    old = os.umask(0o022)
+    place = None
+    try:
+        place = RemoteFiles(parse_url(URL), _options(tmp_path))
+        lock = place.root / "open.lock"
+        assert sorted(p.name for p in place.root.iterdir()) == sorted(
+            [fmt.MANIFEST_NAME, place.manifest.index.path, "open.lock"])
+        assert lock.stat().st_mode & 0o777 == 0o644
+        lock.unlink()
+        place.shard_header("", 0)  # creates it again
+        assert lock.stat().st_mode & 0o777 == 0o644
+        assert sorted(p.name for p in place.root.iterdir()) == sorted(
+            [fmt.MANIFEST_NAME, place.manifest.index.path, "open.lock", "headers"])
+    finally:
+        os.umask(old)
+        if place is not None:
+            place.close()
+
+
+def test_a_warm_open_takes_no_lock(store, tmp_path):
+    import fcntl as _fcntl
+    import threading as _threading
+
+    options = _options(tmp_path)
+    first = RemoteFiles(parse_url(URL), options)
+    first.close()
+    fd = os.open(first.root / "open.lock", os.O_RDWR)
+    _fcntl.flock(fd, _fcntl.LOCK_EX)  # another process opening the same generation cold
+    opened: list[RemoteFiles] = []
+    warm = _threading.Thread(target=lambda: opened.append(RemoteFiles(parse_url(URL), options)))
+    try:
+        warm.start()
+        warm.join(3)
+        assert opened  # the cache proved the index: no lock taken
+    finally:
+        _fcntl.flock(fd, _fcntl.LOCK_UN)
+        os.close(fd)
+        warm.join(10)
+    opened[0].close()
+
+
+def test_an_extent_table_is_planned_once_per_family(field_store, tmp_path, monkeypatch):
+    calls: list[int] = []
+    real = reader_module.plan_extents
+    monkeypatch.setattr(reader_module, "plan_extents", lambda *a: calls.append(1) or real(*a))
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        main = place.table()
+        assert place.table("") is main and place.table() is main
+        mask = place.table("mask")
+        assert place.table("mask") is mask and mask is not main
+        assert len(calls) == 2
+
+
+def test_one_lock_file_per_shard_and_family_per_process(field_store, tmp_path, monkeypatch):
+    created: list[Path] = []
+    real = reader_module.LockFile
+
+    def counting(path: Path):  # type: ignore[no-untyped-def]
+        created.append(path)
+        return real(path)
+
+    monkeypatch.setattr(reader_module, "LockFile", counting)
+    with packer.open_dataset(URL, remote=_field_options(tmp_path, lookahead_bytes=1 << 20)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        place.extent_view("mask", 0)  # on demand
+        place.extent_view("mask", len(table) - 1)
+        place.plan(np.arange(8), family="mask")  # the rest prefetched
+        _drain(place)
+        assert all(os.path.exists(place._extent_path("mask", e)) for e in range(len(table)))
+        family = "field-" + "mask".encode().hex()
+        shards = sorted({int(s) for s in table.shard.tolist()})
+        assert sorted(os.listdir(place.root / "locks")) == sorted(f"{family}-{s}.lock" for s in shards)
+        assert sorted(p.name for p in created) == sorted(f"{family}-{s}.lock" for s in shards)
+        state = place._local()
+        assert place._lock_file(state, "mask", shards[0]) is place._lock_file(state, "mask", shards[0])
+        assert len(created) == len(shards)
+
+
+def test_each_damaged_answer_is_one_refetch(store, uniform, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote, packer.open_dataset(uniform) as local:
+        place = remote.place
+        table = place.table("")
+        starts = {int(table.start[0]), int(table.start[1])}
+
+        def tamper(key, lo, hi, data):  # type: ignore[no-untyped-def]
+            hit = [s for s in starts if "/shards/" in key and lo <= s < hi]
+            if hit:
+                starts.discard(hit[0])
+                data = bytearray(data)
+                data[hit[0] - lo] ^= 0xFF
+                return bytes(data)
+            return data
+
+        store.tamper = tamper
+        for e in (0, 1):
+            assert bytes(remote.get(int(table.first[e]))) == bytes(local.get(int(table.first[e])))
+        assert place.stats()["refetched"] == 2 and place.stats()["downloads"] == 2
+
+
+def test_a_failed_shard_read_names_the_shard(store, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        entry = remote.manifest.shards[0]
+        del store.objects[f"ds/{entry.path}"]
+        with pytest.raises(RemoteStoreError) as caught:
+            place.extent_view("", 0)
+        assert f"shard {entry.path} bytes" in caught.value.message
+        assert not isinstance(caught.value, DatasetChangedError)
+
+
+def test_a_failed_second_fetch_of_damaged_bytes_names_the_shard(store, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        table = place.table("")
+        entry = remote.manifest.shards[0]
+        start = int(table.start[0])
+        answers = [0]
+
+        def tamper(key, lo, hi, data):  # type: ignore[no-untyped-def]
+            if "/shards/" in key:
+                answers[0] += 1
+                if answers[0] > 1:
+                    raise FileNotFoundError(key)
+                data = bytearray(data)
+                data[start - lo] ^= 0xFF
+                return bytes(data)
+            return data
+
+        store.tamper = tamper
+        with pytest.raises(RemoteStoreError) as caught:
+            place.extent_view("", 0)
+        assert f"shard {entry.path} bytes {start}-{int(table.end[0])}" in caught.value.message
+
+
+def test_a_prefetch_settles_its_extents_with_its_outcome(store, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        state = place._local()
+        table = place.table("")
+        place.extent_view("", 0)
+        landed: Future = Future()
+        state.inflight[("", 0)] = landed
+        place._prefetch_job(state, "", [0])  # it landed meanwhile: nothing to fetch, its lock is let go
+        assert landed.result(timeout=5) is None and ("", 0) not in state.inflight
+        last = len(table) - 1
+        del store.objects[f"ds/{remote.manifest.shards[int(table.shard[last])].path}"]
+        failed: Future = Future()
+        state.inflight[("", last)] = failed
+        place._prefetch_job(state, "", [last])
+        assert isinstance(failed.exception(timeout=5), RemoteStoreError)
+        assert place.stats()["downloads"] == 1
+
+
+def test_a_reader_waiting_on_a_failed_fetch_gets_its_error(store, tmp_path):
+    import threading as _threading
+
+    gate, started = _threading.Event(), _threading.Event()
+
+    def failing(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            started.set()
+            assert gate.wait(10)
+            raise FileNotFoundError(key)
+        return data
+
+    store.tamper = failing
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                place.extent_view("", 0)
+            except RemoteStoreError as exc:
+                errors.append(exc)
+
+        first = _threading.Thread(target=read)
+        first.start()
+        assert started.wait(10)
+        second = _threading.Thread(target=read)
+        second.start()
+        time.sleep(0.2)  # the second waits on the first's fetch
+        gate.set()
+        first.join(10)
+        second.join(10)
+        assert len(errors) == 2 and _shard_gets(store) == 1
+
+
+def test_a_file_changed_within_the_settle_time_is_not_remembered(store, tmp_path, monkeypatch):
+    import types
+
+    options = _options(tmp_path)
+    with packer.open_dataset(URL, remote=options) as remote:
+        remote.get(0)
+        path = remote.place._extent_path("", 0)
+    ctime = os.stat(path).st_ctime_ns
+    now = [0]
+    monkeypatch.setattr(reader_module, "time", types.SimpleNamespace(time_ns=lambda: now[0]))
+    for delay, remembered in ((0, False), (reader_module._SETTLED_NS, False), (reader_module._SETTLED_NS + 1, True)):
+        reader_module._VERIFIED.pop(path, None)
+        now[0] = ctime + delay
+        with packer.open_dataset(URL, remote=options) as remote:
+            remote.get(0)
+        assert (path in reader_module._VERIFIED) is remembered, delay
+
+
+def test_a_damaged_field_cache_file_is_repaired_then_named(field_store, with_fields, tmp_path, monkeypatch):
+    options = _field_options(tmp_path)
+    with packer.open_dataset(URL, remote=options) as remote:
+        place = remote.place
+        table = place.table("mask")
+        extent = int(table.of_sample[3])
+        remote.field_bytes("mask", 3)
+        path = Path(place._extent_path("mask", extent))
+        offsets, _sizes, _ = place._sample_columns("mask")
+        at = int(offsets[3]) - int(table.start[extent])
+        entry = remote.manifest.field("mask").shards[int(table.shard[extent])]
+    damaged = bytearray(path.read_bytes())
+    damaged[at] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    with packer.open_dataset(URL, remote=options) as remote, packer.open_dataset(with_fields) as local:
+        assert bytes(remote.field_bytes("mask", 3)) == bytes(local.field_bytes("mask", 3))
+        assert remote.place.stats()["repaired"] == 1 and remote.place.stats()["downloads"] == 1
+    monkeypatch.setattr(reader_module, "write_cached", lambda target, pieces: Path(target).write_bytes(b"") or 0)
+    path.write_bytes(b"")
+    with packer.open_dataset(URL, remote=options) as remote:
+        with pytest.raises(ChecksumMismatchError) as caught:
+            remote.field_bytes("mask", 3)
+    assert caught.value.path == f"{URL}/{entry.path}"
+    assert f"bytes {int(table.start[extent])}-{int(table.end[extent])} of this object" in caught.value.message
+
+
+def test_reading_a_fields_extent_moves_its_prefetcher(field_store, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path, lookahead_bytes=1 << 20)) as remote:
+        place = remote.place
+        table = place.table("mask")
+        sequence = [int(table.of_sample[i]) for i in range(8)]
+        sequence = list(dict.fromkeys(sequence))
+        assert len(sequence) >= 4
+    budget = table.nbytes(sequence[2]) + table.nbytes(sequence[3])
+    with packer.open_dataset(URL, remote=_field_options(tmp_path / "b", lookahead_bytes=budget)) as remote:
+        place = remote.place
+        place.plan(np.arange(8), family="mask")
+        _drain(place)
+        assert not os.path.exists(place._extent_path("mask", sequence[3]))
+        place.extent_view("mask", sequence[2])  # the reader is there: the prefetcher moves on
+        _drain(place)
+        assert os.path.exists(place._extent_path("mask", sequence[3]))
+
+
+def test_a_header_gone_before_it_is_fetched_again_is_fetched(store, uniform, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path)) as remote:
+        place = remote.place
+        entry = remote.manifest.shards[0]
+        cached = place.root / "headers" / "main-0"
+        seen: list[bytes] = []
+
+        def check(head: bytes, where: str) -> None:
+            seen.append(head)
+            if len(seen) == 1:
+                cached.unlink()  # another process's eviction took it meanwhile
+                raise ManifestError("not a header", path=where)
+
+        place.open_shard("", 0, entry, check)
+        assert seen[1] == (uniform / entry.path).read_bytes()[:fmt.SHARD_HEADER_SIZE] and len(seen) == 2
+        assert cached.read_bytes() == seen[1]
+
+
+def _replace_index(store: Store, data: bytes) -> str:
+    """Put ``data`` in the store as the index, with a manifest that records its size and xxh3."""
+    import json
+
+    manifest = json.loads(store.objects["ds/manifest.json"])
+    store.objects[f"ds/{manifest['index']['path']}"] = data
+    manifest["index"].update(size=len(data), checksum=fmt.checksum_hex(fmt.checksum(data)))
+    store.objects["ds/manifest.json"] = json.dumps(manifest).encode()
+    return manifest["index"]["path"]
+
+
+def test_an_index_that_is_no_index_is_named_with_its_cache_file(store, tmp_path):
+    relative = _replace_index(store, b"not an index, but the manifest's checksum matches it" * 4)
+    place = RemoteFiles(parse_url(URL), _options(tmp_path))
+    with pytest.raises(PackerError) as caught:
+        place.table("")
+    assert caught.value.message == "not a packer index file (starts with b'not an i')"
+    assert str(caught.value.path) == str(place.root / relative)
+    place.close()
+
+
+def test_another_datasets_index_is_named_with_its_cache_file(store, with_fields, tmp_path):
+    relative = _replace_index(store, next(with_fields.glob("index-*")).read_bytes())
+    place = RemoteFiles(parse_url(URL), _options(tmp_path))
+    with pytest.raises(PackerError) as caught:
+        place.table("")
+    assert str(caught.value.path) == str(place.root / relative)
+    place.close()
+
+
+def test_a_manifest_that_is_not_one_is_named_with_its_url(store, tmp_path):
+    store.objects["ds/manifest.json"] = b"{}"
+    with pytest.raises(PackerError) as caught:
+        RemoteFiles(parse_url(URL), _options(tmp_path))
+    assert caught.value.path == f"{URL}/{fmt.MANIFEST_NAME}"
+
+
+def test_a_field_is_checked_against_its_own_checksums(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote, \
+            packer.open_dataset(with_fields) as local:
+        for i in range(8):
+            assert bytes(remote.field_bytes("mask", i)) == bytes(local.field_bytes("mask", i))
+        assert remote.place.stats()["refetched"] == 0
+        table = remote.place.table("mask")
+        offsets, _sizes, _ = remote.place._sample_columns("mask")
+        extent = int(table.of_sample[3])
+        entry = remote.manifest.field("mask").shards[int(table.shard[extent])]
+    at = int(offsets[3])
+    left = [1]
+
+    def tamper(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if key == f"ds/{entry.path}" and lo <= at < hi and left[0]:
+            left[0] -= 1
+            data = bytearray(data)
+            data[at - lo] ^= 0xFF
+            return bytes(data)
+        return data
+
+    field_store.tamper = tamper
+    with packer.open_dataset(URL, remote=_field_options(tmp_path / "again")) as remote, \
+            packer.open_dataset(with_fields) as local:
+        assert bytes(remote.field_bytes("mask", 3)) == bytes(local.field_bytes("mask", 3))
+        assert remote.place.stats()["refetched"] == 1 and left == [0]
+
+
+def test_a_field_shard_reads_its_own_extents_beside_mapped_main_ones(field_store, with_fields, tmp_path):
+    with packer.open_dataset(URL, remote=_field_options(tmp_path)) as remote:
+        place = remote.place
+        for i in range(8):
+            remote.get(i)  # the main shards' slot tables fill up
+        table = place.table("mask")
+        for number, entry in enumerate(remote.manifest.field("mask").shards):
+            data = (with_fields / entry.path).read_bytes()
+            reading = place.open_shard("mask", number, entry, lambda head, where: None)
+            viewing = place.open_shard("mask", number, entry, lambda head, where: None)
+            for e in range(int(table.shard_extents[number]), int(table.shard_extents[number + 1])):
+                lo, hi = int(table.start[e]), int(table.end[e])
+                assert bytes(viewing.view(lo, hi - lo)) == data[lo:hi]
+                out = bytearray(hi - lo)
+                reading.read_into(lo, out)
+                assert bytes(out) == data[lo:hi]
+            viewing = place.open_shard("mask", number, entry, lambda head, where: None)
+            for e in range(int(table.shard_extents[number]), int(table.shard_extents[number + 1])):
+                lo, hi = int(table.start[e]), int(table.end[e])
+                assert bytes(viewing.view(lo, hi - lo)) == data[lo:hi]
+
+
+def test_an_evicted_extent_this_process_never_mapped_is_no_error(store, uniform, tmp_path):
+    with packer.open_dataset(URL, remote=_options(tmp_path, cache_bytes=3 * EXTENT)) as remote, \
+            packer.open_dataset(uniform) as local:
+        place = remote.place
+        table = place.table("")
+        place.ensure([int(table.first[e]) for e in range(6)])  # fetched, never mapped: some evicted
+        assert place.stats()["downloads"] == 6 and len(_cached(place)) <= 3 and not place._local().maps
+        assert [bytes(remote.get(i)) for i in range(12)] == [bytes(local.get(i)) for i in range(12)]
+
+
+def test_the_prefetcher_leaves_an_extent_in_flight_to_its_fetcher(store, tmp_path):
+    import threading as _threading
+
+    gate, started = _threading.Event(), _threading.Event()
+
+    def held(key, lo, hi, data):  # type: ignore[no-untyped-def]
+        if "/shards/" in key:
+            started.set()
+            assert gate.wait(10)
+        return data
+
+    store.tamper = held
+    with packer.open_dataset(URL, remote=_options(tmp_path, lookahead_bytes=1 << 20)) as remote:
+        place = remote.place
+        table = place.table("")
+        reader = _threading.Thread(target=lambda: place.extent_view("", 0))
+        reader.start()
+        assert started.wait(10)
+        place.plan(np.arange(24))  # extent 0 comes first, and is in flight
+        gate.set()
+        reader.join(10)
+        deadline = time.monotonic() + 30
+        while len(_cached(place)) < len(table) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _drain(place)
+        assert _shard_gets(store) == len(table) == place.stats()["downloads"]

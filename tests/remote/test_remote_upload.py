@@ -32,7 +32,7 @@ URL = parse_url("s3://bucket/ds")
 def _build(root: Path, name: str, counts: dict[str, int], seed: int) -> Path:
     write_images(root / f"{name}-src", counts, size=16, seed=seed)
     packer.build_dataset(root / f"{name}-src", root / name, packer.BuildSettings(
-        codec="raw:size=16x16", layout=packer.LayoutSettings(shard_size=8 << 10, seed=seed)),
+        codec="raw:size=16x16", layout=packer.LayoutSettings(shard_size=8 << 10, seed=seed, alignment=4096)),
         packer.RunOptions(workers=1))
     return root / name
 
