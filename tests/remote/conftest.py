@@ -147,12 +147,13 @@ def options_for(server: LoopbackS3, cache: Path, **changes: Any) -> RemoteOption
 
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local dataset of 3 classes x 40 JPEGs in several shards (built once per session)."""
+    """A local dataset of 3 classes x 40 JPEGs in several shards (built once per session), each
+    sample on its own 4 KiB page: the cache-bound tests count extents of two samples."""
     from packer.writer import BuildOptions, build
 
     root = tmp_path_factory.mktemp("remote-src")
     write_images(root / "src", {"cat": 40, "dog": 40, "eel": 40}, size=40)
-    build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10), workers=1)
+    build(root / "src", root / "ds", BuildOptions(shard_size=96 << 10, alignment=4096), workers=1)
     return root / "ds"
 
 
