@@ -698,3 +698,24 @@ def test_an_out_published_between_the_check_and_the_rename_is_never_replaced_una
         export(two_classes, out, overwrite=True)
         assert _contents(out) == expected
     assert os.listdir(out.parent) == ["out"]
+
+
+def test_a_folder_that_holds_files_is_refused_before_anything_is_staged(tmp_path: Path) -> None:
+    """Without --overwrite a non-empty folder is refused by the checks of opening, before a stage
+    exists or a sample is read (the publish step would refuse it too, but only after the work);
+    an empty folder is taken."""
+    from packer.errors import OutputExistsError
+    from packer.export.safewrite import StagedOutput
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    staged = StagedOutput(out, folder=True, overwrite=False)
+    with pytest.raises(OutputExistsError, match="the export target exists; pass --overwrite"):
+        staged.preflight()
+    with pytest.raises(OutputExistsError, match="the export target exists; pass --overwrite"):
+        with StagedOutput(out, folder=True, overwrite=False):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    StagedOutput(out, folder=True, overwrite=False).preflight()  # an empty folder may be exported into
